@@ -1,0 +1,31 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+
+# torch first: the pinned CPU wheel lies on the build machines' disk; an unpinned torch pulls a CUDA build.
+$(STAMP): $(BIN)/python setup.cfg pyproject.toml
+	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install -e ".[test,wandb,hf,bench]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	WANDB_MODE=offline $(BIN)/lightning-xai fit --config examples/configs/sst2.yaml
+
+test: $(STAMP)
+	WANDB_MODE=offline WANDB_SILENT=true $(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf runs lightning_logs wandb .pytest_cache

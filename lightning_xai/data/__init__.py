@@ -1,0 +1,7 @@
+"""Bundled real datasets and the one data module that serves them."""
+from lightning_xai.data.datamodule import TextClassificationDataModule, collate
+from lightning_xai.data.readers import DATASET_SPLITS, Example, read_split, read_user_file
+from lightning_xai.data.vocabulary import Vocabulary
+
+__all__ = ["DATASET_SPLITS", "Example", "TextClassificationDataModule", "Vocabulary", "collate", "read_split",
+           "read_user_file"]

@@ -1,0 +1,6 @@
+"""Reference LightningModules of the attention debate."""
+from lightning_xai.models.attention import ATTENTIONS, masked_softmax
+from lightning_xai.models.classifier import AttentionClassifier
+from lightning_xai.models.encoders import ENCODERS
+
+__all__ = ["ATTENTIONS", "AttentionClassifier", "ENCODERS", "masked_softmax"]

@@ -1,0 +1,199 @@
+"""Jain & Wallace's reference model as a LightningModule: embedding -> encoder -> attention -> linear."""
+from __future__ import annotations
+
+from typing import Any, Iterable, List, Optional, Sequence
+
+import pytorch_lightning as pl
+import torch
+import torchmetrics
+from torch import Tensor, nn
+
+from lightning_xai.adapters.protocol import Batch, ExplainOutput
+from lightning_xai.models.attention import build_attention, masked_softmax
+from lightning_xai.models.encoders import build_encoder
+
+__all__ = ["AttentionClassifier", "check_batch"]
+
+
+def check_batch(batch: Batch) -> None:
+    """Raise a clear error for a batch the reference models cannot read."""
+    for key in ("input_ids", "mask"):
+        if key not in batch:
+            raise KeyError(f"Batch has no {key!r}; batches are dicts with 'input_ids', 'mask' and 'labels' "
+                           "(see TextClassificationDataModule).")
+    ids, mask = batch["input_ids"], batch["mask"]
+    if mask.shape != ids.shape:
+        raise ValueError(f"'mask' has shape {tuple(mask.shape)} but 'input_ids' has {tuple(ids.shape)}; "
+                         "they must match [B, T].")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"'mask' must be a bool tensor, got {mask.dtype}; use mask.bool().")
+    empty = (~mask.any(dim=1)).nonzero().flatten()
+    if empty.numel():
+        raise ValueError(f"Batch rows {empty.tolist()[:10]} have no real token (all pad); drop empty examples "
+                         "before batching.")
+
+
+class AttentionClassifier(pl.LightningModule):
+    """Text classifier with an inspectable attention layer, implementing the ExplainableModel protocol.
+
+    Defaults follow Jain & Wallace (2019): embedding 300, BiLSTM with 128 units per direction, additive
+    tanh attention, Adam (lr 1e-3, amsgrad, weight decay 1e-5 except on attention parameters).
+
+    Args:
+        vocab_size: number of rows of the embedding table (index 0 is the pad).
+        num_classes: number of output classes.
+        encoder: ``"bilstm"``, ``"lstm"``, ``"cnn"`` or ``"mlp"`` (Wiegreffe & Pinter's context-free diagnostic).
+        attention: ``"tanh"`` (J&W additive), ``"dot"``, ``"linear"`` (Pruthi's Linear(2H, 1)) or ``"uniform"``.
+        embedding_dim: size of the word vectors.
+        hidden_dim: units per LSTM direction / MLP width.
+        embedding_std: std of the normal embedding initialisation. PyTorch's default is 1.0; pretrained
+            vectors have norms near 1-4, and the choice changes gradient-based saliency a lot (see README).
+        lr: Adam learning rate.
+        weight_decay: L2 on every parameter except the attention scorer's.
+        dropout: dropout on the embeddings (0 as in Jain & Wallace).
+        objectives: extra training objectives; each is called ``objective(outputs, batch, model=self)`` and its
+            value is added to the cross-entropy and logged under ``train/<name>``.
+        vocab: the token list (saved in checkpoints so the model is reloadable without the data module).
+
+    Example:
+        >>> import torch
+        >>> model = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4)
+        >>> batch = {"input_ids": torch.tensor([[3, 4, 5], [6, 7, 0]]),
+        ...          "mask": torch.tensor([[True, True, True], [True, True, False]])}
+        >>> out = model(batch)
+        >>> out.logits.shape, out.attention.sum(-1)
+        (torch.Size([2, 2]), tensor([1.0000, 1.0000], grad_fn=<SumBackward1>))
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        num_classes: int = 2,
+        encoder: str = "bilstm",
+        attention: str = "tanh",
+        embedding_dim: int = 300,
+        hidden_dim: int = 128,
+        embedding_std: float = 1.0,
+        lr: float = 1e-3,
+        weight_decay: float = 1e-5,
+        dropout: float = 0.0,
+        objectives: Optional[Sequence[nn.Module]] = None,
+        vocab: Optional[List[str]] = None,
+    ) -> None:
+        super().__init__()
+        if vocab_size < 2:
+            raise ValueError(f"vocab_size must be at least 2 (pad + one token), got {vocab_size}.")
+        if num_classes < 2:
+            raise ValueError(f"num_classes must be at least 2, got {num_classes}.")
+        self.save_hyperparameters(ignore=["objectives", "vocab"])
+        self.vocab: Optional[List[str]] = list(vocab) if vocab is not None else None
+        self.embedding = nn.Embedding(vocab_size, embedding_dim, padding_idx=0)
+        nn.init.normal_(self.embedding.weight, std=embedding_std)
+        with torch.no_grad():
+            self.embedding.weight[0].zero_()
+        self.dropout = nn.Dropout(dropout)
+        self.encoder = build_encoder(encoder, embedding_dim, hidden_dim)
+        self.attention = build_attention(attention, self.encoder.output_dim)
+        self.classifier = nn.Linear(self.encoder.output_dim, num_classes)
+        self.objectives = nn.ModuleList(objectives or [])
+        metrics = lambda: torchmetrics.MetricCollection({  # noqa: E731
+            "acc": torchmetrics.Accuracy(task="multiclass", num_classes=num_classes),
+            "f1": torchmetrics.F1Score(task="multiclass", num_classes=num_classes, average="macro"),
+        })
+        self.val_metrics = metrics().clone(prefix="val/")
+        self.test_metrics = metrics().clone(prefix="test/")
+
+    # --- the ExplainableModel protocol -------------------------------------------------------------
+    def embed(self, batch: Batch) -> Tensor:
+        check_batch(batch)
+        return self.embedding(batch["input_ids"])
+
+    def token_mask(self, batch: Batch) -> Tensor:
+        return batch["mask"]
+
+    def input_mask(self, batch: Batch) -> Tensor:
+        """``[B, T]`` positions the encoder reads: real tokens plus special ones such as ``<SOS>``/``<EOS>``."""
+        return batch.get("input_mask", batch["mask"])
+
+    def forward_from_embeddings(
+        self, embeddings: Tensor, batch: Batch, *, attention_override: Optional[Tensor] = None
+    ) -> ExplainOutput:
+        mask = self.token_mask(batch)
+        if embeddings.shape[:2] != mask.shape:
+            raise ValueError(f"embeddings have shape {tuple(embeddings.shape)} but the token mask is "
+                             f"{tuple(mask.shape)}; expected [B, T, E] with the batch's [B, T].")
+        hidden = self.encoder(self.dropout(embeddings), self.input_mask(batch))
+        scores = self.attention(hidden).masked_fill(~mask, float("-inf"))
+        if attention_override is None:
+            attention = masked_softmax(scores, mask)
+        else:
+            if attention_override.shape != mask.shape:
+                raise ValueError(f"attention_override has shape {tuple(attention_override.shape)}; "
+                                 f"expected the token mask's {tuple(mask.shape)}.")
+            # Positions outside the token mask are not attendable: they contribute nothing.
+            attention = attention_override.masked_fill(~mask, 0.0).to(hidden.dtype)
+        context = torch.einsum("bt,bth->bh", attention, hidden)
+        logits = self.classifier(context)
+        return ExplainOutput(logits=logits, attention=attention, hidden_states=hidden, attention_scores=scores,
+                             extras={"context": context})
+
+    def forward(self, batch: Batch, attention_override: Optional[Tensor] = None) -> ExplainOutput:
+        return self.forward_from_embeddings(self.embed(batch), batch, attention_override=attention_override)
+
+    # --- training --------------------------------------------------------------------------------------
+    def _labels(self, batch: Batch) -> Tensor:
+        labels = batch["labels"]
+        if labels.numel() and (labels.min() < 0 or labels.max() >= self.hparams.num_classes):
+            raise ValueError(f"labels must lie in [0, {self.hparams.num_classes}); got values "
+                             f"{sorted(set(labels.tolist()))[:10]}. Set num_classes to the number of classes.")
+        return labels
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        outputs = self(batch)
+        labels = self._labels(batch)
+        loss = nn.functional.cross_entropy(outputs.logits, labels)
+        self.log("train/ce", loss, batch_size=labels.shape[0])
+        for objective in self.objectives:
+            term = objective(outputs, batch, model=self)
+            name = getattr(objective, "name", type(objective).__name__)
+            self.log(f"train/{name}", term, batch_size=labels.shape[0])
+            loss = loss + term
+        self.log("train/loss", loss, prog_bar=True, batch_size=labels.shape[0])
+        return loss
+
+    def _evaluate(self, batch: Batch, metrics: torchmetrics.MetricCollection, stage: str) -> None:
+        outputs = self(batch)
+        labels = self._labels(batch)
+        loss = nn.functional.cross_entropy(outputs.logits, labels)
+        metrics.update(outputs.logits, labels)
+        self.log(f"{stage}/loss", loss, batch_size=labels.shape[0], sync_dist=True)
+        self.log_dict(metrics, prog_bar=stage == "val", batch_size=labels.shape[0])
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        self._evaluate(batch, self.val_metrics, "val")
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        self._evaluate(batch, self.test_metrics, "test")
+
+    def predict_step(self, batch: Batch, batch_idx: int) -> dict:
+        outputs = self(batch)
+        return {"probs": outputs.logits.softmax(-1), "attention": outputs.attention}
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        attention_params = {id(p) for p in self.attention.parameters()}
+        decayed = [p for p in self.parameters() if id(p) not in attention_params]
+        groups = [{"params": decayed, "weight_decay": self.hparams.weight_decay},
+                  {"params": list(self.attention.parameters()), "weight_decay": 0.0}]
+        return torch.optim.Adam([g for g in groups if g["params"]], lr=self.hparams.lr, amsgrad=True)
+
+    # --- the vocabulary travels with the checkpoint ------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if self.vocab is None and datamodule is not None and getattr(datamodule, "vocab", None) is not None:
+            self.vocab = list(datamodule.vocab.itos)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["lightning_xai_vocab"] = self.vocab
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.vocab = checkpoint.get("lightning_xai_vocab", self.vocab)
