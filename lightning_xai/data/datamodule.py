@@ -217,7 +217,9 @@ class TextClassificationDataModule(pl.LightningDataModule):
     def dataset(self, split: str) -> EncodedDataset:
         return EncodedDataset(self.examples(split), self.vocab, self.hparams.add_sos_eos)
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+    def _loader(self, split: str, shuffle: bool):
+        if self._source_split(split) is None:
+            return []  # e.g. a user's data without a val file: Lightning then skips that loop
         generator = torch.Generator().manual_seed(self.hparams.seed) if shuffle else None
         return DataLoader(self.dataset(split), batch_size=self.hparams.batch_size, shuffle=shuffle,
                           collate_fn=collate, generator=generator, num_workers=self.hparams.num_workers)
