@@ -1,1 +1,23 @@
-"""attribution."""
+"""Saliency maps for any :class:`~lightning_xai.adapters.ExplainableModel` through one verb, :func:`attribute`.
+
+Methods: ``attention``, ``gradient``, ``grad_x_input``, ``integrated_gradients``, ``smooth_grad``,
+``leave_one_out`` (and any method registered with :func:`register_method`, or a Captum attribution object).
+:func:`explanation_context` makes explanations safe inside ``trainer.validate``/``test`` and training steps.
+"""
+from lightning_xai.attribution.batching import pad_embeddings, remove_tokens, take_rows
+from lightning_xai.attribution.context import clone_inference_tensors, explanation_context
+from lightning_xai.attribution.core import (
+    ATTRIBUTION_METHODS,
+    attribute,
+    predicted_class,
+    register_method,
+    resolve_target,
+    target_probabilities,
+)
+from lightning_xai.attribution.gradients import IG_RULES, auto_internal_batch_size, ig_nodes
+from lightning_xai.attribution.occlusion import LOO_MODES, occlusion_batch
+
+__all__ = ["ATTRIBUTION_METHODS", "IG_RULES", "LOO_MODES", "attribute", "auto_internal_batch_size",
+           "clone_inference_tensors", "explanation_context", "ig_nodes", "occlusion_batch", "pad_embeddings",
+           "predicted_class", "register_method", "remove_tokens", "resolve_target", "take_rows",
+           "target_probabilities"]

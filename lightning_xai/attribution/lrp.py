@@ -42,6 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, as_explainable
+from lightning_xai.attribution.core import register_method, resolve_target
 from lightning_xai.models.encoders import LSTMEncoder, MLPEncoder
 
 __all__ = ["LRP_ENCODER_RULES", "EncoderRule", "lrp", "lrp_linear", "lstm_forward", "lstm_rule", "per_token_rule",
@@ -370,7 +371,7 @@ def lrp(
                 raise _unsupported(model, "its forward does not return hidden_states")
             token_mask = model.token_mask(batch)
             input_mask = model.input_mask(batch) if hasattr(model, "input_mask") else token_mask
-            target_index = _target(target, logits)
+            target_index = resolve_target(logits, target)
             # classifier: R(logit_target) = logit_target
             relevance_out = torch.zeros_like(logits)
             picked = logits.gather(1, target_index.unsqueeze(1))
@@ -403,16 +404,9 @@ def lrp(
     return relevance
 
 
-def _target(target: Optional[Union[int, Tensor]], logits: Tensor) -> Tensor:
-    batch, classes = logits.shape
-    if target is None:
-        return logits.detach().argmax(-1)
-    index = torch.as_tensor(target, device=logits.device).long()
-    if index.dim() == 0:
-        index = index.expand(batch)
-    if index.shape != (batch,):
-        raise ValueError(f"target must be an int or a [B]={batch} tensor of class indices, got shape "
-                         f"{tuple(index.shape)}.")
-    if index.min() < 0 or index.max() >= classes:
-        raise ValueError(f"target values must lie in [0, {classes}), got {index.tolist()[:10]}.")
-    return index
+@register_method("lrp", resolves_target=True)
+def _lrp_method(model: Any, batch: Batch, target: Any, *, create_graph: bool = False, eps: float = 1e-3,
+                bias_factor: float = 0.0, return_convergence_delta: bool = False) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """``attribute(model, batch, method="lrp", eps=..., bias_factor=..., return_convergence_delta=...)``."""
+    return lrp(model, batch, target, create_graph=create_graph, eps=eps, bias_factor=bias_factor,
+               return_convergence_delta=return_convergence_delta)

@@ -1,0 +1,120 @@
+"""Batch surgery shared by the attribution methods: select/repeat rows, delete tokens, pad embeddings.
+
+A batch is a mapping of named values. Every tensor whose first dimension is the batch size ``B`` is a
+per-example value and follows its rows; every tensor whose first two dimensions are ``[B, T]`` (ids, masks,
+``impermissible``, ``rationale``, ...) is a per-token value and follows its tokens. Anything else (scalars,
+strings, tensors of another leading size) is passed through unchanged. Lists/tuples of length ``B`` are
+treated as per-example values too.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Tuple
+
+import torch
+from torch import Tensor
+
+from lightning_xai.adapters.protocol import Batch, ExplainableModel
+
+__all__ = ["batch_shape", "take_rows", "remove_tokens", "replace_input_ids", "pad_embeddings"]
+
+
+def batch_shape(model: ExplainableModel, batch: Batch) -> Tuple[int, int]:
+    """``(B, T)`` of ``batch`` as the model's token mask sees it."""
+    mask = model.token_mask(batch)
+    if mask.dim() != 2:
+        raise ValueError(f"token_mask(batch) must be [B, T]; got shape {tuple(mask.shape)}.")
+    return int(mask.shape[0]), int(mask.shape[1])
+
+
+def take_rows(batch: Batch, rows: Tensor, batch_size: int) -> Dict[str, Any]:
+    """The batch made of rows ``rows`` (a LongTensor, repeats allowed) of ``batch``.
+
+    Args:
+        batch: the original batch with ``batch_size`` examples.
+        rows: ``[N]`` indices into the batch.
+        batch_size: ``B``; values whose leading size is ``B`` are indexed, others are passed through.
+
+    Example:
+        >>> b = {"input_ids": torch.tensor([[1, 2], [3, 0]]), "labels": torch.tensor([0, 1]), "name": "x"}
+        >>> take_rows(b, torch.tensor([1, 1, 0]), 2)["input_ids"].tolist()
+        [[3, 0], [3, 0], [1, 2]]
+    """
+    out: Dict[str, Any] = {}
+    host_rows = None
+    for key, value in batch.items():
+        if isinstance(value, Tensor) and value.dim() >= 1 and value.shape[0] == batch_size:
+            out[key] = value.index_select(0, rows.to(value.device))
+        elif isinstance(value, (list, tuple)) and len(value) == batch_size:
+            host_rows = rows.tolist() if host_rows is None else host_rows
+            out[key] = type(value)(value[i] for i in host_rows)
+        else:
+            out[key] = value
+    return out
+
+
+def remove_tokens(batch: Batch, remove: Tensor, *, fill: int = 0) -> Dict[str, Any]:
+    """Delete the positions where ``remove`` is True from every per-token value, shifting the rest left.
+
+    Every ``[B, T, ...]`` tensor of the batch (``input_ids``, ``mask``, ``input_mask``, ``impermissible``,
+    ``rationale``, ...) is rearranged the same way, so the masks shrink with the ids. The freed positions at
+    the end are filled with ``fill`` (0: the pad id and False), and the width shrinks to the longest row left.
+
+    Args:
+        batch: a batch whose per-token tensors are ``[B, T, ...]``.
+        remove: ``[B, T]`` bool, True where a token is deleted.
+        fill: value of the freed trailing positions.
+
+    Example:
+        >>> b = {"input_ids": torch.tensor([[5, 6, 7], [8, 9, 0]]),
+        ...      "mask": torch.tensor([[True, True, True], [True, True, False]])}
+        >>> out = remove_tokens(b, torch.tensor([[False, True, False], [True, False, False]]))
+        >>> out["input_ids"].tolist(), out["mask"].tolist()
+        ([[5, 7], [9, 0]], [[True, True], [True, False]])
+    """
+    if remove.dim() != 2 or remove.dtype != torch.bool:
+        raise ValueError(f"remove must be a bool [B, T] tensor; got {remove.dtype} {tuple(remove.shape)}.")
+    B, T = remove.shape
+    kept = (~remove).sum(1)
+    width = int(kept.max()) if B else 0
+    # a stable sort puts the kept positions first, in their original order
+    order = torch.sort(remove.to(torch.int8), dim=1, stable=True).indices[:, :width]
+    freed = torch.arange(width, device=remove.device).unsqueeze(0) >= kept.unsqueeze(1)
+    out: Dict[str, Any] = {}
+    for key, value in batch.items():
+        if isinstance(value, Tensor) and value.dim() >= 2 and tuple(value.shape[:2]) == (B, T):
+            index = order.to(value.device).view(B, width, *([1] * (value.dim() - 2))).expand(
+                B, width, *value.shape[2:])
+            moved = value.gather(1, index)
+            tail = freed.to(value.device).view(B, width, *([1] * (value.dim() - 2)))
+            out[key] = moved.masked_fill(tail, fill)
+        else:
+            out[key] = value
+    return out
+
+
+def replace_input_ids(batch: Batch, where: Tensor, token_id: int) -> Dict[str, Any]:
+    """A copy of ``batch`` whose ``input_ids`` are ``token_id`` where ``where`` is True (masks unchanged)."""
+    if "input_ids" not in batch:
+        raise KeyError("This needs batch['input_ids'] (the pad baseline / pad occlusion embeds pad ids); "
+                       "use baseline='zero' or mode='delete' for models whose batches have no 'input_ids'.")
+    out = dict(batch)
+    out["input_ids"] = batch["input_ids"].masked_fill(where.to(batch["input_ids"].device), token_id)
+    return out
+
+
+def pad_embeddings(model: ExplainableModel, batch: Batch, embeddings: Tensor, *,
+                   pad_token_id: int | None = None) -> Tensor:
+    """``embeddings`` with every real token's vector replaced by the pad token's embedding.
+
+    Positions that are not real tokens (pads, ``<sos>``/``<eos>``, ``[CLS]``) keep their own embedding, so a
+    path from this baseline to ``embeddings`` only moves the tokens that are attributed. The pad id is
+    ``pad_token_id``, else the model's ``pad_token_id`` attribute, else 0.
+    """
+    if pad_token_id is None:
+        pad_token_id = getattr(model, "pad_token_id", None)
+        pad_token_id = 0 if pad_token_id is None else int(pad_token_id)
+    mask = model.token_mask(batch)
+    with torch.no_grad():
+        pads = model.embed(replace_input_ids(batch, mask, pad_token_id)).to(embeddings.dtype)
+    return torch.where(mask.unsqueeze(-1), pads, embeddings)
+

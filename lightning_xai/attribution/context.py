@@ -1,0 +1,109 @@
+"""Run explanations anywhere: inside ``trainer.validate``/``test`` (inference mode), training, or plain code."""
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from typing import Any, Iterator, List, Mapping, Optional
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["explanation_context", "clone_inference_tensors"]
+
+
+def clone_inference_tensors(value: Any) -> Any:
+    """Clone every inference tensor in ``value`` (nested dicts/lists/tuples) into an ordinary tensor.
+
+    Tensors created under :func:`torch.inference_mode` cannot take part in autograd; Lightning's
+    ``trainer.validate/test/predict`` hand such tensors to callbacks. Other values are returned as they are.
+    Call it with inference mode disabled (as :func:`explanation_context` does).
+
+    Example:
+        >>> with torch.inference_mode():
+        ...     batch = {"input_ids": torch.ones(1, 2, dtype=torch.long), "n": 3}
+        >>> clone_inference_tensors(batch)["input_ids"].is_inference()
+        False
+    """
+    if isinstance(value, Tensor):
+        return value.clone() if value.is_inference() else value
+    if isinstance(value, Mapping):
+        return {k: clone_inference_tensors(v) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
+        return type(value)(*(clone_inference_tensors(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(clone_inference_tensors(v) for v in value)
+    return value
+
+
+def _modules(model: Any) -> List[nn.Module]:
+    return list(model.modules()) if isinstance(model, nn.Module) else []
+
+
+@contextmanager
+def explanation_context(model: Any, batch: Optional[Any] = None, *,
+                        freeze_parameters: bool = False) -> Iterator[Any]:
+    """Context in which a model can be explained, whatever the caller's autograd state.
+
+    On entry it
+
+    * disables :func:`torch.inference_mode` and enables gradients (Lightning runs ``validate``/``test``
+      under inference mode, ``fit``'s validation under ``no_grad``);
+    * clones the inference tensors of ``batch`` (the caller's batch is not modified) and yields the result
+      (``None`` when no batch is given);
+    * puts the model in ``eval()`` (no dropout: maps are deterministic);
+    * sets every parameter's ``.grad`` to ``None`` and, with ``freeze_parameters=True``, switches off
+      ``requires_grad`` so that only gradients w.r.t. inputs are built (faster, less memory);
+    * on CUDA, disables cuDNN when the model has RNN layers (cuDNN's RNN backward only runs in train mode).
+
+    On exit — also when an exception is raised — it restores the train/eval flag of every submodule, every
+    parameter's ``requires_grad`` and its previous ``.grad`` (so gradients accumulated by a training step
+    are untouched and no new ``.grad`` is left behind), and the caller's grad/inference mode.
+    It touches no random number generator.
+
+    Args:
+        model: the (explainable) model; non-``nn.Module`` adapters are accepted, only modes of modules are
+            tracked.
+        batch: optional batch to make autograd-safe.
+        freeze_parameters: turn off ``requires_grad`` on the parameters while inside.
+
+    Yields:
+        The batch with inference tensors cloned, or ``None``.
+
+    Example:
+        >>> from lightning_xai.models import AttentionClassifier
+        >>> model = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4).train()
+        >>> with torch.inference_mode():
+        ...     batch = {"input_ids": torch.tensor([[3, 4, 5]]), "mask": torch.ones(1, 3, dtype=torch.bool)}
+        ...     with explanation_context(model, batch) as safe:
+        ...         emb = model.embed(safe).detach().requires_grad_()
+        ...         logit = model.forward_from_embeddings(emb, safe).logits[0, 1]
+        ...         grad, = torch.autograd.grad(logit, emb)
+        >>> grad.shape, model.training, model.embedding.weight.grad is None
+        (torch.Size([1, 3, 8]), True, True)
+    """
+    modules = _modules(model)
+    modes = [m.training for m in modules]
+    params = list(model.parameters()) if isinstance(model, nn.Module) else []
+    flags = [p.requires_grad for p in params]
+    grads = [p.grad for p in params]
+    has_rnn = any(isinstance(m, nn.RNNBase) for m in modules)
+    on_cuda = any(p.is_cuda for p in params)
+    with ExitStack() as stack:
+        stack.enter_context(torch.inference_mode(False))
+        stack.enter_context(torch.enable_grad())
+        if has_rnn and on_cuda:
+            stack.enter_context(torch.backends.cudnn.flags(enabled=False))
+        try:
+            for p in params:
+                p.grad = None
+                if freeze_parameters:
+                    p.requires_grad_(False)
+            for m in modules:
+                m.training = False
+            yield None if batch is None else clone_inference_tensors(batch)
+        finally:
+            for m, mode in zip(modules, modes):
+                m.training = mode
+            for p, flag, grad in zip(params, flags, grads):
+                if p.requires_grad != flag:
+                    p.requires_grad_(flag)
+                p.grad = grad

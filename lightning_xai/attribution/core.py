@@ -1,0 +1,318 @@
+"""The one verb, :func:`attribute`, its method registry, and target helpers."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
+from lightning_xai.attribution.context import explanation_context
+
+__all__ = ["ATTRIBUTION_METHODS", "AttributionFn", "attribute", "register_method", "resolve_target",
+           "predicted_class", "target_probabilities", "check_token_mask", "target_score", "NORMALIZATIONS"]
+
+AttributionFn = Callable[..., Union[Tensor, Tuple[Tensor, ...]]]
+
+#: name -> attribution function. Add entries with :func:`register_method`.
+ATTRIBUTION_METHODS: Dict[str, AttributionFn] = {}
+_RESOLVES_TARGET: set = set()
+#: sibling modules that register methods when imported (loaded on first use if they exist)
+_PLUGIN_MODULES: Tuple[str, ...] = ("lightning_xai.attribution.lrp",)
+_plugins_loaded = False
+
+NORMALIZATIONS = ("l1", "max_abs")
+OUTPUTS = ("probability", "logit", "log_probability")
+
+
+def register_method(name: str, *, resolves_target: bool = False) -> Callable[[AttributionFn], AttributionFn]:
+    """Register an attribution function under ``name`` so ``attribute(..., method=name)`` finds it.
+
+    The function is called as ``fn(model, batch, target, *, create_graph, **options)`` inside
+    :func:`explanation_context` (grad enabled, model in eval mode, parameters frozen unless
+    ``create_graph``), with a batch whose inference tensors were cloned and whose rows all have a real token.
+    ``target`` is a validated ``LongTensor[B]`` — unless ``resolves_target=True``, in which case the function
+    receives the caller's raw ``target`` (``None``/int/tensor) and must call :func:`resolve_target` on the
+    logits it computes anyway (this saves a forward pass). It returns a ``[B, T]`` map, or a tuple whose first
+    element is the map; :func:`attribute` zeroes non-tokens and applies ``normalize``.
+
+    Args:
+        name: the method's string name; re-registering a name replaces it.
+        resolves_target: see above.
+
+    Example:
+        >>> @register_method("constant_one")
+        ... def constant_one(model, batch, target, *, create_graph=False):
+        ...     return torch.ones(model.token_mask(batch).shape)
+        >>> "constant_one" in ATTRIBUTION_METHODS
+        True
+        >>> del ATTRIBUTION_METHODS["constant_one"]
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"A method name must be a non-empty string; got {name!r}.")
+
+    def decorator(fn: AttributionFn) -> AttributionFn:
+        ATTRIBUTION_METHODS[name] = fn
+        if resolves_target:
+            _RESOLVES_TARGET.add(name)
+        else:
+            _RESOLVES_TARGET.discard(name)
+        return fn
+
+    return decorator
+
+
+def _load_plugins() -> None:
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for module in _PLUGIN_MODULES:
+        if module not in sys.modules and importlib.util.find_spec(module) is not None:
+            importlib.import_module(module)
+
+
+def check_token_mask(model: ExplainableModel, batch: Batch) -> Tensor:
+    """``model.token_mask(batch)`` after checking it is a bool ``[B, T]`` with a real token in every row."""
+    mask = model.token_mask(batch)
+    if not isinstance(mask, Tensor) or mask.dim() != 2:
+        raise ValueError(f"{type(model).__name__}.token_mask(batch) must be a [B, T] tensor; got "
+                         f"{getattr(mask, 'shape', type(mask))}.")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"token_mask(batch) must be bool, got {mask.dtype}; return mask.bool().")
+    empty = (~mask.any(dim=1)).nonzero().flatten()
+    if empty.numel():
+        raise ValueError(f"Batch rows {empty.tolist()[:10]} have no real token (all pad/special), so there is "
+                         "nothing to attribute; drop empty examples before batching.")
+    return mask
+
+
+def resolve_target(logits: Tensor, target: Any = None) -> Tensor:
+    """The class each row is explained for, as a validated ``LongTensor[B]``.
+
+    Args:
+        logits: ``[B, C]`` model outputs on the unperturbed input.
+        target: ``None`` (the predicted class), an int (same class for every row), or an integer tensor /
+            sequence of ``B`` class indices.
+
+    Raises:
+        ValueError: wrong length or a class outside ``[0, C)``.
+        TypeError: a float or bool target.
+
+    Example:
+        >>> resolve_target(torch.tensor([[0.1, 2.0], [3.0, 0.0]]))
+        tensor([1, 0])
+        >>> resolve_target(torch.zeros(2, 2), 5)
+        Traceback (most recent call last):
+        ...
+        ValueError: target 5 is out of range for a model with 2 classes: valid targets are 0..1.
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [B, C]; got shape {tuple(logits.shape)}.")
+    B, C = logits.shape
+    if target is None:
+        return logits.detach().argmax(dim=-1)
+    if isinstance(target, bool) or (isinstance(target, Tensor) and target.dtype == torch.bool):
+        raise TypeError("target must be a class index (int or LongTensor[B]), not a bool.")
+    if isinstance(target, int) or (hasattr(target, "__index__") and not isinstance(target, Tensor)
+                                   and not isinstance(target, (list, tuple))):
+        value = int(target)
+        if not 0 <= value < C:
+            raise ValueError(f"target {value} is out of range for a model with {C} classes: valid targets are "
+                             f"0..{C - 1}.")
+        return torch.full((B,), value, dtype=torch.long, device=logits.device)
+    if isinstance(target, (list, tuple)):
+        target = torch.as_tensor(target)
+    if not isinstance(target, Tensor):
+        raise TypeError(f"target must be None, an int or a LongTensor[B]; got {type(target).__name__}.")
+    if target.is_floating_point() or target.is_complex():
+        raise TypeError(f"target must hold class indices (an integer tensor); got {target.dtype}. "
+                        "Use target.long() if the values are whole numbers.")
+    if target.dim() == 0:
+        return resolve_target(logits, int(target))
+    if tuple(target.shape) != (B,):
+        raise ValueError(f"target has shape {tuple(target.shape)}; expected ({B},), one class per row of the "
+                         "batch (or an int for all rows).")
+    target = target.to(device=logits.device, dtype=torch.long)
+    bad = (target < 0) | (target >= C)
+    if bool(bad.any()):
+        raise ValueError(f"target values {sorted(set(target[bad].tolist()))[:10]} are out of range for a model "
+                         f"with {C} classes: valid targets are 0..{C - 1}.")
+    return target
+
+
+def target_score(logits: Tensor, target: Tensor, output: str = "probability") -> Tensor:
+    """``[B]`` score of the target class: its probability, logit, or log-probability."""
+    if output == "probability":
+        values = logits.softmax(dim=-1)
+    elif output == "logit":
+        values = logits
+    elif output == "log_probability":
+        values = logits.log_softmax(dim=-1)
+    else:
+        raise ValueError(f"Unknown output {output!r}; choose one of {list(OUTPUTS)}.")
+    return values.gather(1, target.view(-1, 1)).squeeze(1)
+
+
+def predicted_class(model: Any, batch: Batch) -> Tensor:
+    """``LongTensor[B]``: the class the model predicts for each row (eval mode, no gradients).
+
+    Works under ``torch.inference_mode`` and restores the model's modes.
+
+    Example:
+        >>> from lightning_xai.models import AttentionClassifier
+        >>> _ = torch.manual_seed(0)
+        >>> model = AttentionClassifier(vocab_size=20, num_classes=3, embedding_dim=8, hidden_dim=4)
+        >>> batch = {"input_ids": torch.tensor([[3, 4, 5], [6, 7, 0]]),
+        ...          "mask": torch.tensor([[True, True, True], [True, True, False]])}
+        >>> predicted_class(model, batch).shape
+        torch.Size([2])
+    """
+    model = as_explainable(model)
+    with explanation_context(model, batch) as batch, torch.no_grad():
+        return model.forward_from_embeddings(model.embed(batch), batch).logits.argmax(dim=-1)
+
+
+def target_probabilities(model: Any, batch: Batch, target: Any = None, *,
+                         embeddings: Optional[Tensor] = None, output: str = "probability") -> Tensor:
+    """``[B]`` probability of ``target`` (default: the predicted class) for each row.
+
+    Runs the model as it is (its current train/eval mode) under the caller's grad mode, so the value is
+    differentiable when gradients are enabled (useful in losses); call ``model.eval()`` for deterministic
+    values. ``embeddings`` (``[B, T, E]``) replaces ``model.embed(batch)``, e.g. to score perturbed inputs.
+
+    Example:
+        >>> from lightning_xai.models import AttentionClassifier
+        >>> model = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4).eval()
+        >>> batch = {"input_ids": torch.tensor([[3, 4, 5]]), "mask": torch.ones(1, 3, dtype=torch.bool)}
+        >>> p = target_probabilities(model, batch, target=0) + target_probabilities(model, batch, target=1)
+        >>> torch.allclose(p, torch.ones(1))
+        True
+    """
+    model = as_explainable(model)
+    emb = model.embed(batch) if embeddings is None else embeddings
+    logits = model.forward_from_embeddings(emb, batch).logits
+    return target_score(logits, resolve_target(logits, target), output)
+
+
+def _lookup(method: Any) -> Tuple[AttributionFn, bool, Dict[str, Any]]:
+    if isinstance(method, str):
+        _load_plugins()
+        if method not in ATTRIBUTION_METHODS:
+            raise ValueError(f"Unknown attribution method {method!r}; known methods: "
+                             f"{sorted(ATTRIBUTION_METHODS)}. A Captum attribution object is accepted too.")
+        return ATTRIBUTION_METHODS[method], method in _RESOLVES_TARGET, {}
+    if callable(getattr(method, "attribute", None)):
+        from lightning_xai.attribution.captum_bridge import captum_attribute
+        return captum_attribute, True, {"captum_method": method}
+    raise TypeError(f"method must be a method name ({sorted(ATTRIBUTION_METHODS)}) or an attribution object "
+                    f"with an .attribute(...) method (e.g. captum.attr.Saliency); got {type(method).__name__}.")
+
+
+def _check_options(fn: AttributionFn, name: str, options: Mapping[str, Any]) -> None:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # builtins without a signature
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    accepted = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY and n != "create_graph"]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise TypeError(f"Method {name!r} got unknown option(s) {unknown}; it accepts {accepted}.")
+
+
+def _normalize(scores: Tensor, mode: str) -> Tensor:
+    if mode == "l1":
+        denom = scores.abs().sum(dim=1, keepdim=True)
+    elif mode == "max_abs":
+        denom = scores.abs().amax(dim=1, keepdim=True)
+    else:
+        raise ValueError(f"Unknown normalize {mode!r}; choose one of {list(NORMALIZATIONS)} or None.")
+    return scores / denom.clamp_min(torch.finfo(scores.dtype).tiny)
+
+
+def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = None, *,
+              create_graph: bool = False, normalize: Optional[str] = None,
+              **options: Any) -> Union[Tensor, Tuple[Tensor, ...]]:
+    """Token attributions ``[B, T]`` for ``batch`` from any :class:`ExplainableModel`.
+
+    Methods (options in brackets, defaults first; every gradient method also takes
+    ``output="probability"|"logit"|"log_probability"``, the score that is differentiated):
+
+    * ``"attention"``: the model's own attention distribution.
+    * ``"gradient"``: ∂ score / ∂ embedding reduced over E [``reduction="l2"|"abs_sum"``].
+    * ``"grad_x_input"``: Σ_E (∂p/∂e)·e, Jain & Wallace's importance [``absolute=False`` (True: their
+      \\|Σ_d g·e\\|)].
+    * ``"integrated_gradients"``: Σ_E (e − e′)·∫∂F/∂e dα [``n_steps=50`` or ``"auto"``, ``baseline="zero"|"pad"``,
+      ``rule="gauss_legendre"|"riemann_left"|"riemann_middle"|"riemann_right"|"riemann_trapezoid"``,
+      ``internal_batch_size="auto"``, ``return_convergence_delta=False``, ``rtol=0.01``, ``atol=1e-6``,
+      ``max_steps=256``, ``return_n_steps=False``]; warns when \\|delta\\| > 5% of \\|F(x) − F(x′)\\|.
+    * ``"smooth_grad"``: mean map of a gradient method over noisy embeddings [``n_samples=30``,
+      ``noise_level=0.15`` (σ = 0.15·(max − min) of each row's real-token embeddings), ``stdev=None``,
+      ``seed=0``, ``generator=None``, ``noise=None``, ``base_method="gradient"``, plus the base method's
+      options].
+    * ``"leave_one_out"``: p(target|x) − p(target|x without token i) [``mode="delete"|"pad"``,
+      ``signed=False`` (abs), ``internal_batch_size="auto"``].
+    * any registered name (:data:`ATTRIBUTION_METHODS`), or a Captum attribution object such as
+      ``captum.attr.Saliency(anything)``: its forward function is replaced by one over embeddings that returns
+      probabilities (``output=``), and the ``[B, T, E]`` result is reduced by ``reduction="sum"|"l2"|"abs_sum"``;
+      other options go to its ``.attribute``.
+
+    Args:
+        model: an :class:`ExplainableModel` (reference model or adapter).
+        batch: a dict batch (e.g. from :class:`TextClassificationDataModule`).
+        method: a method name or an attribution object.
+        target: ``None`` (predicted class), an int, or ``LongTensor[B]``.
+        create_graph: keep the graph so the map is differentiable w.r.t. model parameters (for losses).
+            Only for methods built from differentiable ops (not Captum objects).
+        normalize: ``None`` (default: raw values), ``"l1"`` (divide by Σ\\|·\\| per row) or ``"max_abs"``.
+        **options: method options (see above).
+
+    Returns:
+        ``[B, T]`` float map, exactly 0 where ``model.token_mask(batch)`` is False; with
+        ``return_convergence_delta``/``return_n_steps`` a tuple ``(map, delta[B][, n_steps[B]])``.
+
+    Example:
+        >>> from lightning_xai.models import AttentionClassifier
+        >>> _ = torch.manual_seed(0)
+        >>> model = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4)
+        >>> batch = {"input_ids": torch.tensor([[3, 4, 5], [6, 7, 0]]),
+        ...          "mask": torch.tensor([[True, True, True], [True, True, False]])}
+        >>> scores = attribute(model, batch, "integrated_gradients", n_steps=16)
+        >>> scores.shape, scores[1, 2].item()
+        (torch.Size([2, 3]), 0.0)
+    """
+    model = as_explainable(model)
+    if not isinstance(batch, Mapping):
+        raise TypeError(f"batch must be a mapping of named tensors (a dict); got {type(batch).__name__}.")
+    if normalize is not None and normalize not in NORMALIZATIONS:
+        raise ValueError(f"Unknown normalize {normalize!r}; choose one of {list(NORMALIZATIONS)} or None.")
+    fn, resolves_target, extra = _lookup(method)
+    name = method if isinstance(method, str) else type(method).__name__
+    if not extra:
+        _check_options(fn, name, options)
+    with explanation_context(model, batch, freeze_parameters=not create_graph) as batch:
+        mask = check_token_mask(model, batch)
+        if not resolves_target:
+            with torch.no_grad():
+                logits = model.forward_from_embeddings(model.embed(batch), batch).logits
+            target = resolve_target(logits, target)
+        result = fn(model, batch, target, create_graph=create_graph, **extra, **options)
+    scores, rest = (result[0], tuple(result[1:])) if isinstance(result, tuple) else (result, ())
+    if not isinstance(scores, Tensor) or tuple(scores.shape) != tuple(mask.shape):
+        raise RuntimeError(f"Method {name!r} returned {getattr(scores, 'shape', type(scores))}; an attribution "
+                           f"method must return a [B, T] = {tuple(mask.shape)} map.")
+    if not scores.is_floating_point():
+        scores = scores.float()
+    scores = scores.masked_fill(~mask.to(scores.device), 0.0)
+    if not create_graph:
+        scores = scores.detach()
+    if normalize is not None:
+        scores = _normalize(scores, normalize)
+    return (scores, *rest) if rest else scores
+

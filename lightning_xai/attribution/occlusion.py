@@ -1,0 +1,95 @@
+"""Leave-one-out: how much the target probability drops when one token is deleted or replaced by the pad."""
+from __future__ import annotations
+
+import warnings
+from contextlib import nullcontext
+from typing import Any, Optional, Union
+
+import torch
+from torch import Tensor
+
+from lightning_xai.adapters.protocol import Batch, ExplainableModel
+from lightning_xai.attribution.batching import pad_embeddings, remove_tokens, take_rows
+from lightning_xai.attribution.core import register_method, resolve_target, target_score
+from lightning_xai.attribution.gradients import _rows_per_pass
+
+__all__ = ["LOO_MODES", "leave_one_out", "occlusion_batch"]
+
+LOO_MODES = ("delete", "pad")
+
+
+def occlusion_batch(batch: Batch, rows: Tensor, positions: Tensor, batch_size: int) -> dict:
+    """One variant per ``(rows[k], positions[k])``: row ``rows[k]`` of ``batch`` with that token deleted.
+
+    Every per-token value (``input_ids``, ``mask``, ``input_mask``, ``impermissible``, ``rationale``, ...) loses
+    the same position and shifts left, so the masks shrink with the ids; per-example values are repeated.
+
+    Example:
+        >>> b = {"input_ids": torch.tensor([[5, 6, 7]]), "mask": torch.ones(1, 3, dtype=torch.bool),
+        ...      "labels": torch.tensor([1])}
+        >>> v = occlusion_batch(b, torch.tensor([0, 0, 0]), torch.tensor([0, 1, 2]), 1)
+        >>> v["input_ids"].tolist(), v["labels"].tolist()
+        ([[6, 7], [5, 7], [5, 6]], [1, 1, 1])
+    """
+    variants = take_rows(batch, rows, batch_size)
+    width = next(v.shape[1] for v in batch.values() if isinstance(v, Tensor) and v.dim() >= 2
+                 and v.shape[0] == batch_size)
+    remove = torch.zeros(rows.numel(), width, dtype=torch.bool, device=rows.device)
+    remove[torch.arange(rows.numel(), device=rows.device), positions] = True
+    return remove_tokens(variants, remove)
+
+
+@register_method("leave_one_out", resolves_target=True)
+def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
+                  mode: str = "delete", signed: bool = False, internal_batch_size: Union[int, str, None] = "auto",
+                  output: str = "probability", pad_token_id: Optional[int] = None) -> Tensor:
+    """``[B, T]``: score(x) − score(x without token t) for every real token t (\\|·\\| unless ``signed``).
+
+    ``mode="delete"`` removes the token (the sequence gets one shorter, as in Jain & Wallace);
+    ``mode="pad"`` replaces its input embedding by the pad token's (a Captum ``FeatureAblation`` with the pad
+    embedding as baseline). Only real tokens get a variant — Σ_b L_b forward rows, not B × T — and the variants
+    run ``internal_batch_size`` rows per pass. A row with a single real token cannot be deleted into an empty
+    sequence: in delete mode its token is scored in pad mode instead, with a warning.
+    """
+    if mode not in LOO_MODES:
+        raise ValueError(f"Unknown leave_one_out mode {mode!r}; choose one of {list(LOO_MODES)}.")
+    mask = model.token_mask(batch)
+    B, T = mask.shape
+    with nullcontext() if create_graph else torch.no_grad():
+        embeddings = model.embed(batch)
+        logits = model.forward_from_embeddings(embeddings, batch).logits
+        target = resolve_target(logits, target)
+        full = target_score(logits, target, output)
+        rows, positions = mask.nonzero(as_tuple=True)
+        E = embeddings.shape[-1]
+        per_pass = _rows_per_pass(internal_batch_size, T, E, embeddings.device, forward_only=True)
+        occluded = torch.empty(rows.numel(), dtype=full.dtype, device=full.device)
+        by_pad = torch.ones_like(rows, dtype=torch.bool) if mode == "pad" else (mask.sum(1) == 1)[rows]
+        parts = []
+        if mode == "delete":
+            if bool(by_pad.any()):
+                warnings.warn(f"leave_one_out(mode='delete'): rows {rows[by_pad].tolist()[:10]} have a single real "
+                              "token; deleting it leaves nothing to classify, so it is scored by replacing it with "
+                              "the pad token (mode='pad').", RuntimeWarning, stacklevel=3)
+            chosen = (~by_pad).nonzero().flatten()
+            for start in range(0, chosen.numel(), per_pass):
+                k = chosen[start:start + per_pass]
+                variants = occlusion_batch(batch, rows[k], positions[k], B)
+                out = model.forward_from_embeddings(model.embed(variants), variants).logits
+                parts.append((k, target_score(out, target.index_select(0, rows[k]), output)))
+        if bool(by_pad.any()):
+            pads = pad_embeddings(model, batch, embeddings, pad_token_id=pad_token_id)
+            chosen = by_pad.nonzero().flatten()
+            for start in range(0, chosen.numel(), per_pass):
+                k = chosen[start:start + per_pass]
+                r, p = rows[k], positions[k]
+                hit = torch.zeros(k.numel(), T, 1, dtype=torch.bool, device=embeddings.device)
+                hit[torch.arange(k.numel(), device=hit.device), p] = True
+                x = torch.where(hit, pads.index_select(0, r), embeddings.index_select(0, r))
+                out = model.forward_from_embeddings(x, take_rows(batch, r, B)).logits
+                parts.append((k, target_score(out, target.index_select(0, r), output)))
+        for k, values in parts:
+            occluded = occluded.index_copy(0, k, values)
+        change = full.index_select(0, rows) - occluded
+        scores = torch.zeros(B, T, dtype=change.dtype, device=change.device).index_put((rows, positions), change)
+    return scores if signed else scores.abs()
