@@ -246,7 +246,7 @@ def test_unsupported_models_get_a_clear_error(sst2_batch):
     with pytest.raises(ProtocolError):
         lrp(nn.Linear(3, 2), sst2_batch)
     lstm = AttentionClassifier(VOCAB, embedding_dim=8, hidden_dim=4)
-    with pytest.raises(ValueError, match="target"):
+    with pytest.raises(ValueError, match="out of range"):
         lrp(lstm, sst2_batch, target=5)
     with pytest.raises(ValueError, match="bias_factor"):
         lrp(lstm, sst2_batch, bias_factor=2.0)
@@ -261,3 +261,16 @@ def test_encoder_that_breaks_its_rule_is_caught(sst2_batch):
     model.encoder = ScaledLSTM(8, 4)
     with pytest.raises(RuntimeError, match="disagrees with the model's own hidden states"):
         lrp(model, sst2_batch)
+
+
+def test_attribute_verb_dispatches_to_lrp(trained_model, sst2_batch):
+    from lightning_xai.attribution.core import ATTRIBUTION_METHODS, attribute
+
+    scores, delta = attribute(trained_model, sst2_batch, method="lrp", target=1, bias_factor=1.0,
+                              return_convergence_delta=True)
+    assert "lrp" in ATTRIBUTION_METHODS
+    expected = lrp(trained_model, sst2_batch, target=1, bias_factor=1.0)
+    torch.testing.assert_close(scores, expected)
+    assert delta.shape == (sst2_batch["input_ids"].shape[0],)
+    with pytest.raises(TypeError, match="unknown option"):
+        attribute(trained_model, sst2_batch, method="lrp", epsilon=0.1)
