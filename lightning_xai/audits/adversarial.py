@@ -1,0 +1,275 @@
+"""Adversarial attention: Jain & Wallace's per-instance search and the divergences it is measured with.
+
+The divergences here follow Jain & Wallace's official code exactly (natural log, ``eps = 1e-10`` inside the
+logarithms, inputs clamped to ``[0, 1]``), so ``JSD ≤ ln 2 ≈ 0.693``. They operate on the last dimension and
+broadcast, which is what the losses in :mod:`lightning_xai.losses` differentiate through.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, Optional
+
+import torch
+from torch import Tensor
+
+from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
+
+__all__ = ["AdversarialSearchResult", "adversarial_attention_search", "jensen_shannon_divergence", "kl_divergence",
+           "summarize_search", "total_variation"]
+
+EPS = 1e-10
+
+
+def kl_divergence(p: Tensor, q: Tensor, eps: float = EPS) -> Tensor:
+    """KL(p ‖ q) = Σ p·(log(p+eps) − log(q+eps)) over the last dimension (Jain & Wallace's ``kld``).
+
+    Zero entries of ``p`` (pads) contribute exactly 0.
+
+    Example:
+        >>> p, q = torch.tensor([0.5, 0.5, 0.0]), torch.tensor([0.25, 0.75, 0.0])
+        >>> round(kl_divergence(p, q).item(), 4)
+        0.1438
+    """
+    p = p.clamp(0.0, 1.0)
+    q = q.clamp(0.0, 1.0)
+    return (p * (torch.log(p + eps) - torch.log(q + eps))).sum(-1)
+
+
+def jensen_shannon_divergence(p: Tensor, q: Tensor, eps: float = EPS) -> Tensor:
+    """JSD(p, q) = ½KL(p‖m) + ½KL(q‖m), m = ½(p+q), natural log, over the last dimension.
+
+    Example:
+        >>> p, q = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+        >>> round(jensen_shannon_divergence(p, q).item(), 4)  # ln 2, the maximum
+        0.6931
+    """
+    m = 0.5 * (p + q)
+    return 0.5 * (kl_divergence(p, m, eps) + kl_divergence(q, m, eps))
+
+
+def total_variation(p: Tensor, q: Tensor) -> Tensor:
+    """TVD(p, q) = ½ Σ |p − q| over the last dimension (classes).
+
+    For two classes this equals ``|p₁ − q₁|``, the single-output difference Jain & Wallace and Wiegreffe &
+    Pinter compute on the positive-class probability.
+
+    Example:
+        >>> total_variation(torch.tensor([0.9, 0.1]), torch.tensor([0.7, 0.3]))
+        tensor(0.2000)
+    """
+    return 0.5 * (p - q).abs().sum(-1)
+
+
+@dataclass
+class AdversarialSearchResult:
+    """What :func:`adversarial_attention_search` found for a batch of ``B`` instances and ``K`` candidates.
+
+    Attributes:
+        max_jsd: ``[B]`` the largest JSD(α̃, α) among candidates whose output change is within
+            ``max_output_change``; ``nan`` where no candidate qualified.
+        attention: ``[B, T]`` that candidate (the original attention where none qualified).
+        found: ``[B]`` bool, whether a candidate qualified.
+        output_change: ``[B]`` TVD(ŷ̃, ŷ) of the reported candidate (0 where none qualified).
+        candidate_jsd: ``[B, K]`` JSD of every final candidate to the original attention.
+        candidate_output_change: ``[B, K]`` TVD of every final candidate's prediction to the original one.
+        original_attention: ``[B, T]`` the model's own attention.
+        original_probs: ``[B, C]`` the model's own prediction.
+    """
+
+    max_jsd: Tensor
+    attention: Tensor
+    found: Tensor
+    output_change: Tensor
+    candidate_jsd: Tensor
+    candidate_output_change: Tensor
+    original_attention: Tensor
+    original_probs: Tensor
+
+
+@contextmanager
+def _eval_with_grad(model: Any) -> Iterator[None]:
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    try:
+        with torch.inference_mode(False), torch.enable_grad():
+            yield
+    finally:
+        if was_training and hasattr(model, "train"):
+            model.train()
+
+
+def _clone_batch(batch: Batch) -> Dict[str, Any]:
+    return {k: v.clone() if isinstance(v, Tensor) else v for k, v in batch.items()}
+
+
+def _repeat_batch(batch: Dict[str, Any], size: int, repeats: int) -> Dict[str, Any]:
+    return {k: v.repeat_interleave(repeats, dim=0) if isinstance(v, Tensor) and v.dim() and v.shape[0] == size
+            else v for k, v in batch.items()}
+
+
+def _fast_head(model: Any) -> Optional[torch.nn.Module]:
+    """The reference models pool hidden states linearly: logits = classifier(Σ α_t h_t). Return that head."""
+    from lightning_xai.models.classifier import AttentionClassifier
+
+    if isinstance(model, AttentionClassifier):
+        return model.classifier
+    return None
+
+
+def adversarial_attention_search(
+    model: ExplainableModel,
+    batch: Batch,
+    *,
+    num_candidates: int = 5,
+    steps: int = 500,
+    lr: float = 0.01,
+    init_std: float = 3.0,
+    output_penalty: float = 500.0,
+    output_tolerance: float = 0.01,
+    max_output_change: float = 0.05,
+    diversity_weight: float = 1.0,
+    seed: int = 0,
+    fixed_hidden: bool = True,
+) -> AdversarialSearchResult:
+    """Jain & Wallace's per-instance adversarial attention search, batched over instances and candidates.
+
+    For each instance, ``K`` attention candidates α̃ₖ = softmax(zₖ) over the real tokens start at
+    ``z = log(1/L) + N(0, init_std²)`` and are optimised with Adam (amsgrad) to minimise::
+
+        −JSD(α̃ₖ, α) + output_penalty · ReLU(Δŷₖ − output_tolerance) − diversity_weight · mean_{j≠k} JSD(α̃ₖ, α̃ⱼ)
+
+    where Δŷ = TVD(ŷ(α̃), ŷ(α)) = ½Σ_c|Δp_c| (for two classes exactly J&W's |Δσ(logit)| on their single
+    sigmoid output). After ``steps`` steps, candidates with Δŷ ≤ ``max_output_change`` are kept and the largest
+    JSD(α̃, α) among them is reported. All instances and candidates are optimised in one batched tensor;
+    instances are independent (the loss is a sum, Adam is per-coordinate).
+
+    Hidden states stay fixed, as in J&W: for the reference :class:`~lightning_xai.models.AttentionClassifier`
+    the output is recomputed as ``classifier(Σ α̃_t h_t)`` from hidden states computed once
+    (``fixed_hidden=True``); any other model (or ``fixed_hidden=False``) is re-run through
+    ``forward_from_embeddings(..., attention_override=α̃)`` at every step with its embeddings fixed.
+
+    The model's mode, parameters and gradients are left untouched; the search runs with a seeded generator,
+    so equal inputs and seed give equal results.
+
+    Args:
+        model: an explainable model (reference model or adapter).
+        batch: a batch dict with ``input_ids``/``mask`` (whatever the model reads).
+        num_candidates: K, candidates per instance (J&W: 5).
+        steps: Adam steps (J&W: 500).
+        lr: Adam learning rate (J&W: 0.01, amsgrad).
+        init_std: std of the Gaussian noise added to the uniform log-attention (J&W: 3).
+        output_penalty: weight of the hinge on the output change (J&W: 500).
+        output_tolerance: the hinge's threshold (J&W: 0.01).
+        max_output_change: keep candidates whose Δŷ is at most this (J&W: 0.05).
+        diversity_weight: weight of the mean pairwise JSD among candidates (J&W: 1).
+        seed: seed of the initial noise.
+        fixed_hidden: use the fast fixed-hidden-state path where the model allows it.
+
+    Returns:
+        An :class:`AdversarialSearchResult`.
+
+    Example:
+        >>> import torch
+        >>> from lightning_xai.models import AttentionClassifier
+        >>> _ = torch.manual_seed(0)
+        >>> model = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4)
+        >>> batch = {"input_ids": torch.tensor([[3, 4, 5, 6], [6, 7, 8, 0]]),
+        ...          "mask": torch.tensor([[True, True, True, True], [True, True, True, False]])}
+        >>> result = adversarial_attention_search(model, batch, steps=50)
+        >>> result.max_jsd.shape, bool(result.found.all()), bool((result.output_change <= 0.05).all())
+        (torch.Size([2]), True, True)
+    """
+    model = as_explainable(model)
+    if num_candidates < 1 or steps < 0:
+        raise ValueError(f"num_candidates must be >= 1 and steps >= 0, got {num_candidates} and {steps}.")
+    batch = _clone_batch(batch)
+    with _eval_with_grad(model):
+        mask = model.token_mask(batch).bool()
+        size, length = mask.shape
+        k = num_candidates
+        with torch.no_grad():
+            embeddings = model.embed(batch).detach()
+            original = model.forward_from_embeddings(embeddings, batch)
+            base_attention = original.attention.detach()
+            base_probs = original.logits.detach().softmax(-1)
+            head = _fast_head(model) if fixed_hidden else None
+            hidden = original.hidden_states.detach() if head is not None else None
+        big_batch = _repeat_batch(batch, size, k) if head is None else None
+        big_embeddings = embeddings.repeat_interleave(k, dim=0) if head is None else None
+        cand_mask = mask.unsqueeze(1).expand(size, k, length)
+        lengths = mask.sum(-1, keepdim=True).unsqueeze(1).to(embeddings.dtype)  # [B, 1, 1]
+
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        noise = torch.randn((size, k, length), generator=generator, dtype=torch.float32).to(
+            device=embeddings.device, dtype=embeddings.dtype)
+        logits_param = (torch.log(1.0 / lengths).expand(size, k, length) + init_std * noise).requires_grad_(True)
+        optimizer = torch.optim.Adam([logits_param], lr=lr, amsgrad=True)
+        frozen = [p for p in (model.parameters() if hasattr(model, "parameters") else []) if p.requires_grad]
+        for p in frozen:
+            p.requires_grad_(False)
+        try:
+            def evaluate(z: Tensor) -> tuple:
+                attn = torch.softmax(z.masked_fill(~cand_mask, float("-inf")), -1).masked_fill(~cand_mask, 0.0)
+                if head is not None:
+                    probs = head(torch.einsum("bkt,bth->bkh", attn, hidden)).softmax(-1)
+                else:
+                    out = model.forward_from_embeddings(big_embeddings, big_batch,
+                                                        attention_override=attn.reshape(size * k, length))
+                    probs = out.logits.softmax(-1).reshape(size, k, -1)
+                return attn, probs
+
+            for _ in range(steps):
+                attn, probs = evaluate(logits_param)
+                jsd_to_base = jensen_shannon_divergence(attn, base_attention.unsqueeze(1))  # [B, K]
+                change = total_variation(probs, base_probs.unsqueeze(1))
+                loss = -jsd_to_base + output_penalty * torch.relu(change - output_tolerance)
+                if k > 1 and diversity_weight:
+                    pairwise = jensen_shannon_divergence(attn.unsqueeze(2), attn.unsqueeze(1))  # [B, K, K]
+                    loss = loss - diversity_weight * pairwise.sum(-1) / (k - 1)
+                optimizer.zero_grad(set_to_none=True)
+                loss.sum().backward()
+                optimizer.step()
+            with torch.no_grad():
+                attn, probs = evaluate(logits_param)
+                cand_jsd = jensen_shannon_divergence(attn, base_attention.unsqueeze(1))
+                cand_change = total_variation(probs, base_probs.unsqueeze(1))
+        finally:
+            for p in frozen:
+                p.requires_grad_(True)
+
+    ok = cand_change <= max_output_change
+    scored = cand_jsd.masked_fill(~ok, float("-inf"))
+    best = scored.argmax(-1)
+    found = ok.any(-1)
+    rows = torch.arange(size, device=best.device)
+    max_jsd = torch.where(found, cand_jsd[rows, best], torch.full_like(cand_jsd[:, 0], float("nan")))
+    attention = torch.where(found.unsqueeze(-1), attn[rows, best], base_attention)
+    output_change = torch.where(found, cand_change[rows, best], torch.zeros_like(cand_change[:, 0]))
+    return AdversarialSearchResult(max_jsd=max_jsd.detach(), attention=attention.detach(), found=found,
+                                   output_change=output_change.detach(), candidate_jsd=cand_jsd.detach(),
+                                   candidate_output_change=cand_change.detach(), original_attention=base_attention,
+                                   original_probs=base_probs)
+
+
+def summarize_search(max_jsd: Tensor, threshold: float = 0.3) -> Dict[str, float]:
+    """Distribution summary of per-instance max JSD (``nan`` = no qualifying candidate counts as a failure).
+
+    Returns the count, the fraction found, the fraction with JSD ≥ ``threshold`` and quantiles of the found ones.
+
+    Example:
+        >>> s = summarize_search(torch.tensor([0.1, 0.5, float("nan"), 0.6]))
+        >>> s["fraction_found"], s["fraction_at_least_threshold"]
+        (0.75, 0.5)
+    """
+    found = ~torch.isnan(max_jsd)
+    values = max_jsd[found].double()
+    summary = {"count": float(max_jsd.numel()), "fraction_found": found.double().mean().item() if max_jsd.numel() else 0.0,
+               "fraction_at_least_threshold": (found & (max_jsd >= threshold)).double().mean().item()
+               if max_jsd.numel() else 0.0, "threshold": float(threshold)}
+    if values.numel():
+        qs = torch.quantile(values, torch.tensor([0.1, 0.25, 0.5, 0.75, 0.9], dtype=torch.float64))
+        summary.update({"mean": values.mean().item(), "q10": qs[0].item(), "q25": qs[1].item(),
+                        "median": qs[2].item(), "q75": qs[3].item(), "q90": qs[4].item()})
+    return summary

@@ -1,0 +1,50 @@
+"""Helpers shared by the loss modules (private)."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from torch import Tensor
+
+from lightning_xai.adapters.protocol import Batch, ExplainOutput
+
+
+def log_extra(model: Any, key: str, value: Any, batch_size: Optional[int] = None) -> None:
+    """Log ``value`` through ``model.log`` when ``model`` is a LightningModule inside a Trainer hook; else no-op."""
+    if model is None or getattr(model, "_trainer", None) is None:
+        return
+    if getattr(model, "_current_fx_name", None) is None or getattr(model.trainer, "barebones", False):
+        return
+    if isinstance(value, Tensor):
+        value = value.detach()
+    model.log(key, value, batch_size=batch_size)
+
+
+def token_mask(outputs: ExplainOutput, batch: Batch, model: Any = None) -> Tensor:
+    """The ``[B, T]`` real-token mask: from the model if given, else ``batch['mask']``, else attention > 0."""
+    if model is not None and callable(getattr(model, "token_mask", None)):
+        return model.token_mask(batch).bool()
+    if "mask" in batch:
+        return batch["mask"].bool()
+    return outputs.attention > 0
+
+
+def require_model(model: Any, loss_name: str) -> Any:
+    if model is None:
+        raise ValueError(f"{loss_name} needs the model: call it as loss(outputs, batch, model=self) "
+                         "(AttentionClassifier passes model=self to its objectives).")
+    return model
+
+
+def batch_size_of(outputs: ExplainOutput) -> int:
+    return int(outputs.logits.shape[0])
+
+
+def as_float(mask: Tensor, like: Tensor) -> Tensor:
+    return mask.to(device=like.device, dtype=like.dtype)
+
+
+def ensure_scalar(value: Tensor) -> Tensor:
+    return value.reshape(()) if value.numel() == 1 else value.mean()
+
+
+__all__ = ["log_extra", "token_mask", "require_model", "batch_size_of", "as_float", "ensure_scalar"]

@@ -1,0 +1,113 @@
+"""Wiegreffe & Pinter (2019): a model-consistent adversary whose attention differs from a frozen base."""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import torch
+from torch import Tensor, nn
+
+from lightning_xai.adapters.protocol import Batch, ExplainableModel, ExplainOutput, as_explainable
+from lightning_xai.audits.adversarial import jensen_shannon_divergence, kl_divergence, total_variation
+from lightning_xai.losses._common import log_extra
+
+__all__ = ["ModelConsistentAdversary", "model_consistent_adversary_loss"]
+
+
+def model_consistent_adversary_loss(adv_logits: Tensor, base_probs: Tensor, adv_attention: Tensor,
+                                    base_attention: Tensor, lam: float) -> Dict[str, Tensor]:
+    """L = mean_b TVD(ŷ_adv, ŷ_base) − λ·mean_b KL(α_adv ‖ α_base), with the terms (KL, JSD, TVD) for logging.
+
+    Example:
+        >>> terms = model_consistent_adversary_loss(torch.zeros(1, 2), torch.tensor([[0.5, 0.5]]),
+        ...                                         torch.tensor([[1.0, 0.0]]), torch.tensor([[0.5, 0.5]]), 1.0)
+        >>> round(terms["loss"].item(), 4), round(terms["kl"].item(), 4)
+        (-0.6931, 0.6931)
+    """
+    tvd = total_variation(adv_logits.softmax(-1), base_probs).mean()
+    kl = kl_divergence(adv_attention, base_attention).mean()
+    jsd = jensen_shannon_divergence(adv_attention, base_attention).mean()
+    return {"loss": tvd - lam * kl, "tvd": tvd, "kl": kl, "jsd": jsd}
+
+
+class ModelConsistentAdversary(nn.Module):
+    """Wiegreffe & Pinter's model-consistent adversarial objective against a frozen base model.
+
+    L = TVD(ŷ_adv, ŷ_base) − λ·KL(α_adv ‖ α_base), averaged over the batch, where TVD = ½Σ_c|p_c − q_c| over
+    all classes. (Wiegreffe & Pinter's code used |p₁ − q₁| on the positive class only; for two classes the
+    two are equal, for more classes this one is the proper distance between the predicted distributions.)
+    Minimising it keeps the adversary's predictions on the base's while pushing its attention away.
+
+    The base model is frozen: it is held outside this module's parameters (so it is never in an optimiser,
+    never in a checkpoint of the adversary, never switched to train mode by ``adversary.train()``), evaluated
+    in ``eval()`` mode under ``torch.no_grad()``, and its parameters get ``requires_grad=False``. It is moved to
+    the adversary's device on first use.
+
+    Use it as an objective of the adversary — the adversary typically starts from the base's checkpoint — and
+    drop the cross-entropy on gold labels (the adversary follows the base, not the labels); see
+    ``examples/adversary_sst2.py``. Each call logs ``train/<name>_kl``, ``_jsd`` and ``_tvd`` under a Trainer
+    and keeps them in :attr:`last_terms`.
+
+    Args:
+        base_model: the audited model (an ExplainableModel).
+        lam: λ, weight of the attention divergence.
+        name: the logged name.
+
+    Example:
+        >>> import torch
+        >>> from lightning_xai.models import AttentionClassifier
+        >>> base = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4)
+        >>> adversary = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4)
+        >>> objective = ModelConsistentAdversary(base, lam=0.1)
+        >>> batch = {"input_ids": torch.tensor([[3, 4, 5]]), "mask": torch.ones(1, 3, dtype=torch.bool)}
+        >>> loss = objective(adversary(batch), batch)
+        >>> loss.backward()
+        >>> all(p.grad is None for p in base.parameters()), sorted(objective.last_terms)
+        (True, ['jsd', 'kl', 'tvd'])
+    """
+
+    def __init__(self, base_model: ExplainableModel, lam: float = 1.0, name: str = "adversary") -> None:
+        super().__init__()
+        base = as_explainable(base_model)
+        if lam < 0:
+            raise ValueError(f"lam must be >= 0, got {lam}.")
+        self._base = (base,)  # a tuple keeps it out of this module's children and parameters
+        if isinstance(base, nn.Module):
+            base.eval()
+            for p in base.parameters():
+                p.requires_grad_(False)
+        self.lam = float(lam)
+        self.name = name
+        self.last_terms: Dict[str, Tensor] = {}
+
+    @property
+    def base_model(self) -> ExplainableModel:
+        """The frozen base model."""
+        return self._base[0]
+
+    def base_outputs(self, batch: Batch, device: Optional[torch.device] = None) -> ExplainOutput:
+        """The base's output on ``batch`` (eval mode, no gradients)."""
+        base = self.base_model
+        if isinstance(base, nn.Module):
+            base.eval()
+            if device is not None:
+                first = next(base.parameters(), None)
+                if first is not None and first.device != device:
+                    base.to(device)
+        with torch.no_grad():
+            return base.forward_from_embeddings(base.embed(batch), batch)
+
+    def forward(self, outputs: ExplainOutput, batch: Batch, model: Any = None) -> Tensor:
+        base = self.base_outputs(batch, outputs.logits.device)
+        if base.attention.shape != outputs.attention.shape:
+            raise ValueError(f"The base's attention has shape {tuple(base.attention.shape)} but the adversary's "
+                             f"has {tuple(outputs.attention.shape)}; both must read the same tokenisation.")
+        terms = model_consistent_adversary_loss(outputs.logits, base.logits.softmax(-1).to(outputs.logits.dtype),
+                                                outputs.attention, base.attention.to(outputs.attention.dtype),
+                                                self.lam)
+        self.last_terms = {k: v.detach() for k, v in terms.items() if k != "loss"}
+        for key, value in self.last_terms.items():
+            log_extra(model, f"train/{self.name}_{key}", value, int(outputs.logits.shape[0]))
+        return terms["loss"]
+
+    def extra_repr(self) -> str:
+        return f"lam={self.lam}, base={type(self.base_model).__name__}"

@@ -1,0 +1,166 @@
+"""Pruthi et al. (2020): train attention to hide impermissible tokens."""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Union
+
+import torch
+from torch import Tensor, nn
+
+from lightning_xai.adapters.protocol import Batch, ExplainOutput
+from lightning_xai.losses._common import log_extra
+
+__all__ = ["DeceptionPenalty", "deception_penalty", "impermissible_mass"]
+
+_REDUCTIONS = ("mean", "max")
+
+
+def _safe_neg_log_complement(mass: Tensor, eps: float) -> Tensor:
+    """−log(1 − m), finite for m → 1: m is clamped to ``[0, 1 − eps]`` and ``log1p`` keeps precision near 0."""
+    return -torch.log1p(-mass.clamp(0.0, 1.0 - eps))
+
+
+def deception_penalty(mass: Tensor, lam: float, reduction: str = "mean", eps: float = 1e-6) -> Tensor:
+    """Pruthi's penalty from impermissible attention masses ``mass`` (any shape, e.g. ``[B]`` or ``[B, heads]``).
+
+    ``mean``: −λ·mean log(1 − m); ``max``: −λ·min log(1 − m) (the largest single penalty).
+
+    Example:
+        >>> m = torch.tensor([0.0, 0.5])
+        >>> deception_penalty(m, lam=1.0), deception_penalty(m, lam=1.0, reduction="max")
+        (tensor(0.3466), tensor(0.6931))
+    """
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}.")
+    terms = _safe_neg_log_complement(mass, eps)
+    if terms.numel() == 0:
+        return mass.new_zeros(())
+    return lam * (terms.mean() if reduction == "mean" else terms.max())
+
+
+def impermissible_mass(attention: Tensor, impermissible: Tensor) -> Tensor:
+    """Σ_{i∈I} α_i over the last dimension: ``attention`` ``[..., T]``, ``impermissible`` bool ``[B, T]``.
+
+    ``attention`` may carry extra middle dimensions (e.g. ``[B, heads, T]``); the mask broadcasts over them.
+
+    Example:
+        >>> impermissible_mass(torch.tensor([[0.2, 0.3, 0.5]]), torch.tensor([[True, False, True]]))
+        tensor([0.7000])
+    """
+    mask = impermissible.to(device=attention.device, dtype=attention.dtype)
+    while mask.dim() < attention.dim():
+        mask = mask.unsqueeze(1)
+    return (attention * mask).sum(-1)
+
+
+class DeceptionPenalty(nn.Module):
+    """Pruthi et al.'s deception penalty R = −λ·log(1 − Σ_{i∈I} α_i) on the batch's ``impermissible`` tokens.
+
+    Two kinds of attention are supported:
+
+    * ``[B, T]`` token attention (``outputs.attention``, e.g. the BiLSTM): one mass per example;
+      ``mean`` = −λ·mean_b log(1 − m_b), ``max`` = −λ·min_b log(1 − m_b).
+    * multi-head ``outputs.raw_attentions`` (per layer ``[B, heads, T, T]``, e.g. BERT): the query row
+      ``query`` (0 = [CLS]) of the chosen ``layers`` (default the last) and ``heads`` (default all); one mass
+      a_{b,h} per example and head; ``mean`` = −λ·mean_{b,h} log(1 − a_{b,h}), ``max`` = −λ·min_{b,h}
+      log(1 − a_{b,h}), as in Pruthi et al.'s BERT code. Several layers are pooled as extra heads.
+
+    ``source="auto"`` uses ``raw_attentions`` when the output has them, else ``attention``. The mask is read
+    from ``batch["impermissible"]`` (bool ``[B, T]``, aligned with the attention's key positions — for
+    word-piece models the adapter provides the word-piece mask). Masses approaching 1 stay finite (the mass is
+    clamped at ``1 − eps`` and ``log1p`` is used). Examples without any impermissible token contribute 0 and are
+    counted in :attr:`empty_examples` (and logged as ``train/<name>_empty`` under a Trainer); the mean
+    impermissible mass of the last batch is kept in :attr:`last_mass` and logged as ``train/<name>_mass``.
+
+    Args:
+        lam: λ, the penalty weight (Pruthi et al. use 0.1 and 1).
+        reduction: ``"mean"`` or ``"max"``.
+        layers: layer index or indices of ``raw_attentions`` (negative indices count from the end).
+        heads: head indices to use (default all).
+        query: query row of the multi-head maps (0 = [CLS]).
+        source: ``"auto"``, ``"attention"`` or ``"raw"``.
+        eps: clamp margin below mass 1.
+        name: the logged name (``train/<name>``).
+
+    Example:
+        >>> import torch
+        >>> from lightning_xai.adapters import ExplainOutput
+        >>> penalty = DeceptionPenalty(lam=1.0)
+        >>> out = ExplainOutput(logits=torch.zeros(1, 2), attention=torch.tensor([[0.5, 0.25, 0.25]]))
+        >>> penalty(out, {"impermissible": torch.tensor([[True, False, False]])})
+        tensor(0.6931)
+    """
+
+    def __init__(self, lam: float = 1.0, reduction: str = "mean", layers: Union[int, Sequence[int]] = -1,
+                 heads: Optional[Sequence[int]] = None, query: int = 0, source: str = "auto", eps: float = 1e-6,
+                 name: str = "deception") -> None:
+        super().__init__()
+        if reduction not in _REDUCTIONS:
+            raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}.")
+        if source not in ("auto", "attention", "raw"):
+            raise ValueError(f"source must be 'auto', 'attention' or 'raw', got {source!r}.")
+        if lam < 0:
+            raise ValueError(f"lam must be >= 0 (it is a penalty weight), got {lam}.")
+        if not 0 < eps < 1:
+            raise ValueError(f"eps must lie in (0, 1), got {eps}.")
+        self.lam = float(lam)
+        self.reduction = reduction
+        self.layers = [layers] if isinstance(layers, int) else list(layers)
+        self.heads = None if heads is None else list(heads)
+        self.query = query
+        self.source = source
+        self.eps = eps
+        self.name = name
+        self.empty_examples = 0
+        self.seen_examples = 0
+        self.last_mass: Optional[Tensor] = None
+
+    def masses(self, outputs: ExplainOutput, batch: Batch) -> Tensor:
+        """The impermissible masses the penalty is computed from: ``[B]`` or ``[B, heads·layers]``."""
+        if "impermissible" not in batch:
+            raise KeyError("DeceptionPenalty needs batch['impermissible'] (bool [B, T], True at tokens whose "
+                           "attention is penalised). Use a dataset with impermissible masks (sst_wiki, pronoun, "
+                           "occupation) or add the key in your collate function.")
+        impermissible = batch["impermissible"]
+        if impermissible.dtype != torch.bool:
+            raise TypeError(f"batch['impermissible'] must be a bool tensor, got {impermissible.dtype}; use .bool().")
+        use_raw = self.source == "raw" or (self.source == "auto" and outputs.raw_attentions is not None)
+        if use_raw:
+            if not outputs.raw_attentions:
+                raise ValueError("source='raw' but the model output has no raw_attentions; use source='attention' "
+                                 "or an adapter that returns per-layer attention maps.")
+            maps = []
+            n_layers = len(outputs.raw_attentions)
+            for layer in self.layers:
+                if not -n_layers <= layer < n_layers:
+                    raise IndexError(f"layer {layer} out of range for {n_layers} attention layers.")
+                raw = outputs.raw_attentions[layer]
+                if raw.dim() != 4:
+                    raise ValueError(f"raw_attentions[{layer}] has shape {tuple(raw.shape)}; expected "
+                                     "[B, heads, T, T].")
+                rows = raw[:, :, self.query, :]  # [B, heads, T]
+                if self.heads is not None:
+                    rows = rows[:, self.heads]
+                maps.append(rows)
+            attention = torch.cat(maps, dim=1)
+        else:
+            attention = outputs.attention
+        if impermissible.shape != (attention.shape[0], attention.shape[-1]):
+            raise ValueError(f"batch['impermissible'] has shape {tuple(impermissible.shape)} but the attention "
+                             f"covers {(attention.shape[0], attention.shape[-1])} [B, T] positions; the mask must "
+                             "be aligned with the attention's key positions (word pieces for transformers).")
+        return impermissible_mass(attention, impermissible)
+
+    def forward(self, outputs: ExplainOutput, batch: Batch, model: Any = None) -> Tensor:
+        mass = self.masses(outputs, batch)
+        empty = int((~batch["impermissible"].any(-1)).sum())
+        self.empty_examples += empty
+        self.seen_examples += int(batch["impermissible"].shape[0])
+        self.last_mass = mass.detach().mean()
+        value = deception_penalty(mass, self.lam, self.reduction, self.eps)
+        size = int(batch["impermissible"].shape[0])
+        log_extra(model, f"train/{self.name}_mass", self.last_mass, size)
+        log_extra(model, f"train/{self.name}_empty", float(empty), size)
+        return value
+
+    def extra_repr(self) -> str:
+        return f"lam={self.lam}, reduction={self.reduction!r}, layers={self.layers}, heads={self.heads}"
