@@ -1,0 +1,16 @@
+"""Functional metrics: one value per instance, computed over its real tokens, vectorised over the batch.
+
+* agreement between two score maps: :func:`kendall_tau`, :func:`topk_kendall_tau`, :func:`spearman`,
+  :func:`pearson`, :func:`jensen_shannon`, :func:`topk_overlap`;
+* faithfulness by deleting tokens (ERASER): :func:`comprehensiveness`, :func:`sufficiency`, :func:`aopc`;
+* plausibility against a human rationale: :func:`token_f1`, :func:`iou_f1`, :func:`auprc`.
+"""
+from lightning_xai.metrics.functional.agreement import (jensen_shannon, jw_top_k, kendall_tau, pearson, spearman,
+                                                        topk_kendall_tau, topk_overlap)
+from lightning_xai.metrics.functional.faithfulness import (AOPC_BINS, aopc, comprehensiveness, erasure_scores,
+                                                           rationale_mask, sufficiency)
+from lightning_xai.metrics.functional.plausibility import auprc, binarize, iou_f1, span_match_counts, token_f1
+
+__all__ = ["AOPC_BINS", "aopc", "auprc", "binarize", "comprehensiveness", "erasure_scores", "iou_f1",
+           "jensen_shannon", "jw_top_k", "kendall_tau", "pearson", "rationale_mask", "span_match_counts",
+           "spearman", "sufficiency", "token_f1", "topk_kendall_tau", "topk_overlap"]

@@ -1,0 +1,137 @@
+"""ERASER faithfulness (DeYoung et al., 2020) of a token score map, per instance, by deleting tokens.
+
+With ŷ the predicted class on the full input x (or a given ``target``) and r the top-k tokens of the score map:
+
+* comprehensiveness = p(ŷ | x) − p(ŷ | x ∖ r): deleting the rationale should hurt (higher is better);
+* sufficiency = p(ŷ | x) − p(ŷ | r): the rationale alone should keep the prediction (lower is better);
+* AOPC: each averaged over the top-k bins {1, 5, 10, 20, 50}% of the real tokens.
+
+Tokens are *deleted* (the sequence gets shorter, masks stay aligned; see
+:func:`lightning_xai.audits.erasure.erase_tokens`), never replaced. Conventions:
+
+* |r| = clamp(ceil(k · n), 1, n) for a fraction ``k`` (n = real tokens), min(k, n) for an int ``k``; ties in the
+  score map are broken by position (earlier first). Special tokens (``<sos>``/``<eos>``, ``[CLS]``) are never
+  in r and never deleted.
+* x ∖ r keeps at least one real token: at most n − 1 tokens are deleted, the lowest-scored one is kept. An
+  instance with a single real token therefore has comprehensiveness 0, and sufficiency 0 (r = x).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
+from lightning_xai.attribution import explanation_context, resolve_target
+from lightning_xai.audits.erasure import erasure_probabilities
+from lightning_xai.metrics.functional._validation import check_maps, resolve_k, topk_mask
+
+__all__ = ["AOPC_BINS", "aopc", "comprehensiveness", "erasure_scores", "rationale_mask", "sufficiency"]
+
+#: ERASER's AOPC bins: fractions of the real tokens.
+AOPC_BINS: Tuple[float, ...] = (0.01, 0.05, 0.1, 0.2, 0.5)
+
+
+def rationale_mask(scores: Tensor, mask: Tensor, k: Union[int, float]) -> Tensor:
+    """``[B, T]`` bool: the top-k real tokens of ``scores`` (k an int, or a fraction in (0, 1], ≥ 1 token).
+
+    Example:
+        >>> import torch
+        >>> rationale_mask(torch.tensor([[0.1, 0.9, 0.5, 0.7]]), torch.ones(1, 4, dtype=torch.bool), 0.5)
+        tensor([[False,  True, False,  True]])
+    """
+    check_maps(scores, mask=mask, names=("scores",))
+    return topk_mask(scores, mask, resolve_k(k, mask.sum(1)))
+
+
+def _removals(scores: Tensor, mask: Tensor, k: Union[int, float]) -> Tuple[Tensor, Tensor]:
+    """(tokens deleted for comprehensiveness, tokens deleted for sufficiency) for one k."""
+    n = mask.sum(1)
+    size = resolve_k(k, n)
+    r = topk_mask(scores, mask, size)
+    comp = topk_mask(scores, mask, torch.minimum(size, n - 1))  # keep at least one token
+    suff = mask & ~r
+    return comp, suff
+
+
+def erasure_scores(model: ExplainableModel, batch: Batch, scores: Tensor, ks: Sequence[Union[int, float]],
+                   target: Any = None, *, max_rows: int = 1024) -> Tuple[Tensor, Tensor]:
+    """Comprehensiveness and sufficiency for each k of ``ks``: two ``[len(ks), B]`` tensors.
+
+    One full forward pass plus ``2·len(ks)·B`` erased rows scored in batched passes of ``max_rows`` rows.
+    The model is put in eval mode while this runs (modes restored); no gradients are built.
+    """
+    model = as_explainable(model)
+    if len(ks) == 0:
+        raise ValueError("ks is empty; give at least one top-k size (int) or fraction in (0, 1].")
+    with explanation_context(model, batch) as safe, torch.no_grad():
+        mask = model.token_mask(safe)
+        check_maps(scores, mask=mask.to(scores.device), names=("scores",))
+        scores = scores.detach().to(mask.device)
+        logits = model.forward_from_embeddings(model.embed(safe), safe).logits
+        tgt = resolve_target(logits, target)
+        full = logits.softmax(-1).gather(1, tgt.view(-1, 1)).squeeze(1)
+        removals = []
+        for k in ks:
+            comp, suff = _removals(scores, mask, k)
+            removals += [comp, suff]
+        probs = erasure_probabilities(model, safe, removals, tgt, max_rows=max_rows)
+    comp_probs, suff_probs = probs[0::2], probs[1::2]
+    return full.unsqueeze(0) - comp_probs, full.unsqueeze(0) - suff_probs
+
+
+def comprehensiveness(model: ExplainableModel, batch: Batch, scores: Tensor, k: Union[int, float] = 0.2,
+                      target: Any = None) -> Tensor:
+    r"""``[B]`` ERASER comprehensiveness p(ŷ | x) − p(ŷ | x ∖ r), r = the top-k tokens of ``scores``.
+
+    Args:
+        model: an :class:`~lightning_xai.adapters.ExplainableModel`.
+        batch: the batch the map explains.
+        scores: ``[B, T]`` token scores (higher = more important); pads are ignored.
+        k: rationale size: an int number of tokens or a fraction in (0, 1] of each instance's real tokens.
+        target: class whose probability is measured (default: the predicted class on the full input).
+
+    Example:
+        >>> import torch
+        >>> from lightning_xai.models import AttentionClassifier
+        >>> model = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4)
+        >>> batch = {"input_ids": torch.tensor([[3, 4, 5, 6]]), "mask": torch.ones(1, 4, dtype=torch.bool)}
+        >>> comprehensiveness(model, batch, torch.tensor([[0.1, 0.9, 0.2, 0.3]]), k=1).shape
+        torch.Size([1])
+    """
+    return erasure_scores(model, batch, scores, [k], target)[0][0]
+
+
+def sufficiency(model: ExplainableModel, batch: Batch, scores: Tensor, k: Union[int, float] = 0.2,
+                target: Any = None) -> Tensor:
+    r"""``[B]`` ERASER sufficiency p(ŷ | x) − p(ŷ | r), r = the top-k tokens of ``scores`` (see
+    :func:`comprehensiveness` for the arguments).
+
+    Example:
+        >>> import torch
+        >>> from lightning_xai.models import AttentionClassifier
+        >>> model = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4)
+        >>> batch = {"input_ids": torch.tensor([[3, 4, 5, 6]]), "mask": torch.ones(1, 4, dtype=torch.bool)}
+        >>> float(sufficiency(model, batch, torch.tensor([[0.1, 0.9, 0.2, 0.3]]), k=1.0)[0])
+        0.0
+    """
+    return erasure_scores(model, batch, scores, [k], target)[1][0]
+
+
+def aopc(model: ExplainableModel, batch: Batch, scores: Tensor, bins: Sequence[Union[int, float]] = AOPC_BINS,
+         target: Any = None) -> Tuple[Tensor, Tensor]:
+    r"""``([B], [B])``: AOPC comprehensiveness and AOPC sufficiency — each the mean over ``bins`` of the
+    per-bin value (ERASER's definition; bins default to {1, 5, 10, 20, 50}% of the real tokens).
+
+    Example:
+        >>> import torch
+        >>> from lightning_xai.models import AttentionClassifier
+        >>> model = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4)
+        >>> batch = {"input_ids": torch.tensor([[3, 4, 5, 6]]), "mask": torch.ones(1, 4, dtype=torch.bool)}
+        >>> comp, suff = aopc(model, batch, torch.tensor([[0.1, 0.9, 0.2, 0.3]]))
+        >>> comp.shape, suff.shape
+        (torch.Size([1]), torch.Size([1]))
+    """
+    comp, suff = erasure_scores(model, batch, scores, list(bins), target)
+    return comp.mean(0), suff.mean(0)
