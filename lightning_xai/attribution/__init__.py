@@ -16,8 +16,9 @@ from lightning_xai.attribution.core import (
 )
 from lightning_xai.attribution.gradients import IG_RULES, auto_internal_batch_size, ig_nodes
 from lightning_xai.attribution.occlusion import LOO_MODES, occlusion_batch
+from lightning_xai.attribution.lrp import LRP_ENCODER_RULES, lrp, register_lrp_encoder
 
-__all__ = ["ATTRIBUTION_METHODS", "IG_RULES", "LOO_MODES", "attribute", "auto_internal_batch_size",
-           "clone_inference_tensors", "explanation_context", "ig_nodes", "occlusion_batch", "pad_embeddings",
-           "predicted_class", "register_method", "remove_tokens", "resolve_target", "take_rows",
-           "target_probabilities"]
+__all__ = ["ATTRIBUTION_METHODS", "IG_RULES", "LOO_MODES", "LRP_ENCODER_RULES", "attribute",
+           "auto_internal_batch_size", "clone_inference_tensors", "explanation_context", "ig_nodes", "lrp",
+           "occlusion_batch", "pad_embeddings", "predicted_class", "register_lrp_encoder", "register_method",
+           "remove_tokens", "resolve_target", "take_rows", "target_probabilities"]
