@@ -234,7 +234,7 @@ def integrated_gradients_map(model: ExplainableModel, batch: Batch, embeddings: 
         unconverged = int(((scores.detach().sum(1) - gap).abs() > tolerance).sum())
         if unconverged:
             warnings.warn(f"n_steps='auto': {unconverged} of {N} rows missed the completeness tolerance "
-                          f"(rtol={rtol}) at max_steps={max_steps}; raise max_steps.", RuntimeWarning, stacklevel=3)
+                          f"(rtol={rtol}) at max_steps={max_steps}; raise max_steps.", RuntimeWarning, stacklevel=4)
     else:
         scores = run(None, n_steps).masked_fill(~mask, 0.0)
         steps = torch.full((N,), int(n_steps), dtype=torch.long, device=embeddings.device)
@@ -245,7 +245,7 @@ def integrated_gradients_map(model: ExplainableModel, batch: Batch, embeddings: 
         ratio = (delta.abs() / gap.abs().clamp_min(torch.finfo(gap.dtype).tiny))[bad].max().item()
         warnings.warn(f"Integrated gradients: convergence delta exceeds {warn_threshold:.0%} of |F(x) - F(x')| "
                       f"for {int(bad.sum())} of {N} rows (worst {ratio:.1%}); raise n_steps or use "
-                      "n_steps='auto'.", RuntimeWarning, stacklevel=3)
+                      "n_steps='auto'.", RuntimeWarning, stacklevel=4)
     return scores, delta, steps
 
 
