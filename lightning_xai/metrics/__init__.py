@@ -1,1 +1,18 @@
-"""metrics."""
+"""torchmetrics ``Metric`` classes for explanations, each with a functional twin in
+:mod:`lightning_xai.metrics.functional`; per instance over real tokens, DDP-reducible (sum states).
+
+* agreement of two maps: :class:`KendallTau`, :class:`TopKKendallTau`, :class:`SpearmanCorrelation`,
+  :class:`PearsonCorrelation`, :class:`JensenShannon`, :class:`TopKOverlap`;
+* faithfulness: :class:`Comprehensiveness`, :class:`Sufficiency`, :class:`AOPC` (ERASER, token deletion),
+  :class:`DecisionFlip` (Serrano & Smith, attention erasure);
+* plausibility against human rationales: :class:`TokenF1`, :class:`IOUF1`, :class:`AUPRC`.
+"""
+from lightning_xai.metrics._base import InstanceMeanMetric
+from lightning_xai.metrics.agreement import (JensenShannon, KendallTau, PearsonCorrelation, SpearmanCorrelation,
+                                             TopKKendallTau, TopKOverlap)
+from lightning_xai.metrics.faithfulness import AOPC, Comprehensiveness, DecisionFlip, Sufficiency
+from lightning_xai.metrics.plausibility import AUPRC, IOUF1, TokenF1
+
+__all__ = ["AOPC", "AUPRC", "Comprehensiveness", "DecisionFlip", "IOUF1", "InstanceMeanMetric", "JensenShannon",
+           "KendallTau", "PearsonCorrelation", "SpearmanCorrelation", "Sufficiency", "TokenF1", "TopKKendallTau",
+           "TopKOverlap"]
