@@ -1,1 +1,12 @@
-"""reporting."""
+"""Reports of audits: W&B tables and HTML panels, a self-contained ``report.html``, matplotlib PNGs, summaries.
+
+The only subpackage that imports ``wandb`` — lazily, when the trainer has a ``WandbLogger``; everything else works
+without it installed.
+"""
+from lightning_xai.reporting.html import legend_html, render_report, score_colour, token_heatmap_html
+from lightning_xai.reporting.plots import plot_heatmap, plot_histograms, plot_history
+from lightning_xai.reporting.report import AuditReport, write_report
+from lightning_xai.reporting.wandb_logging import is_wandb_logger, log_audit_to_wandb, wandb_payload
+
+__all__ = ["AuditReport", "is_wandb_logger", "legend_html", "log_audit_to_wandb", "plot_heatmap", "plot_histograms",
+           "plot_history", "render_report", "score_colour", "token_heatmap_html", "wandb_payload", "write_report"]

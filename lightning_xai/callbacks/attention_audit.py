@@ -1,0 +1,156 @@
+"""Agreement between attention and saliency maps (Jain & Wallace, 2019), tracked while a model trains."""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
+from torch import Tensor
+
+from lightning_xai.adapters.protocol import ExplainableModel
+from lightning_xai.attribution import attribute
+from lightning_xai.callbacks.base import AuditCallback
+from lightning_xai.metrics.functional import (jensen_shannon, kendall_tau, pearson, spearman, topk_kendall_tau,
+                                              topk_overlap)
+
+__all__ = ["AttentionAudit", "AGREEMENT_METRICS"]
+
+#: name -> (function(preds, target, mask, **options), whether it returns ``(value, p_value)``)
+AGREEMENT_METRICS: Dict[str, Tuple[Callable[..., Any], bool]] = {
+    "kendall_tau": (kendall_tau, True),
+    "topk_kendall_tau": (topk_kendall_tau, True),
+    "spearman": (spearman, True),
+    "pearson": (pearson, True),
+    "jsd": (jensen_shannon, False),
+    "topk_overlap": (topk_overlap, False),
+}
+_ALIASES = {"jensen_shannon": "jsd", "kendall": "kendall_tau", "tau": "kendall_tau"}
+
+
+def pair_name(first: str, second: str) -> str:
+    """The logged name of a pair of maps, e.g. ``attention_vs_gradient``."""
+    return f"{first}_vs_{second}"
+
+
+class AttentionAudit(AuditCallback):
+    """Agreement of attention with saliency maps — and of the saliency maps with each other — on a fixed subset.
+
+    At every audit, for each example of the audit subset it computes the model's attention and each saliency map
+    of ``methods`` (via :func:`lightning_xai.attribution.attribute`, explaining the predicted class), then every
+    metric of ``metrics`` for every pair of maps (attention↔method and method↔method, e.g. gradient↔LOO as
+    Jain & Wallace report). Logged per pair and metric: ``mean`` and ``std`` over examples (NaN instances, e.g. τ
+    of a one-token text, left out) and, for correlations with a p-value, the ``significant_fraction`` (p ≤ 0.05).
+    Keys look like ``attention_audit/kendall_tau/attention_vs_gradient/mean``.
+
+    Args:
+        methods: attribution methods compared with attention (any name :func:`~lightning_xai.attribution.attribute`
+            accepts).
+        metrics: agreement metrics: ``kendall_tau`` (τ-b, J&W), ``topk_kendall_tau``, ``spearman``, ``pearson``,
+            ``jsd`` (maps as distributions of ``|score|``), ``topk_overlap``.
+        pairs: which pairs to compare, as ``("attention", "gradient")`` tuples; default every pair.
+        method_options: per-method keyword options for ``attribute``, e.g.
+            ``{"integrated_gradients": {"n_steps": 20}}``.
+        metric_options: per-metric keyword options, e.g. ``{"topk_overlap": {"k": 0.2}}``.
+        **kwargs: scheduling and subset options of :class:`~lightning_xai.callbacks.AuditCallback`
+            (``every_n_epochs=1``, ``every_n_train_steps=None``, ``num_samples=256``, ``dataloader="val"``,
+            ``seed=0``, ...).
+
+    Example:
+        >>> audit = AttentionAudit(methods=("gradient", "leave_one_out"), metrics=("kendall_tau",))
+        >>> audit.pairs
+        [('attention', 'gradient'), ('attention', 'leave_one_out'), ('gradient', 'leave_one_out')]
+        >>> AttentionAudit(metrics=("kendal",))
+        Traceback (most recent call last):
+        ...
+        lightning_fabric.utilities.exceptions.MisconfigurationException: AttentionAudit: unknown metric 'kendal'; choose from ['jsd', 'kendall_tau', 'pearson', 'spearman', 'topk_kendall_tau', 'topk_overlap'].
+    """
+
+    name = "attention_audit"
+
+    def __init__(
+        self,
+        methods: Sequence[str] = ("gradient", "grad_x_input", "integrated_gradients", "leave_one_out"),
+        metrics: Sequence[str] = ("kendall_tau", "jsd", "topk_overlap"),
+        pairs: Optional[Sequence[Sequence[str]]] = None,
+        method_options: Optional[Mapping[str, Mapping[str, Any]]] = None,
+        metric_options: Optional[Mapping[str, Mapping[str, Any]]] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if isinstance(methods, str) or isinstance(metrics, str):
+            raise MisconfigurationException("AttentionAudit: methods and metrics are lists of names, not a string.")
+        methods = [str(m) for m in methods]
+        if not methods:
+            raise MisconfigurationException("AttentionAudit needs at least one attribution method to compare with "
+                                            "attention.")
+        if "attention" in methods:
+            raise MisconfigurationException("AttentionAudit: 'attention' is always computed; list only the other "
+                                            "methods.")
+        if len(set(methods)) != len(methods):
+            raise MisconfigurationException(f"AttentionAudit: duplicate methods in {methods}.")
+        resolved = []
+        for metric in metrics:
+            name = _ALIASES.get(metric, metric)
+            if name not in AGREEMENT_METRICS:
+                raise MisconfigurationException(
+                    f"AttentionAudit: unknown metric {metric!r}; choose from {sorted(AGREEMENT_METRICS)}.")
+            resolved.append(name)
+        if not resolved:
+            raise MisconfigurationException("AttentionAudit needs at least one metric.")
+        maps = ["attention", *methods]
+        if pairs is None:
+            chosen = list(itertools.combinations(maps, 2))
+        else:
+            chosen = []
+            for pair in pairs:
+                pair = tuple(pair)
+                if len(pair) != 2 or pair[0] == pair[1] or any(p not in maps for p in pair):
+                    raise MisconfigurationException(
+                        f"AttentionAudit: pair {pair!r} must name two different maps among {maps}.")
+                chosen.append(pair)
+        method_options = {k: dict(v) for k, v in (method_options or {}).items()}
+        metric_options = {_ALIASES.get(k, k): dict(v) for k, v in (metric_options or {}).items()}
+        for key in method_options:
+            if key not in methods:
+                raise MisconfigurationException(f"AttentionAudit: method_options for {key!r}, which is not in "
+                                                f"methods {methods}.")
+        for key in metric_options:
+            if key not in resolved:
+                raise MisconfigurationException(f"AttentionAudit: metric_options for {key!r}, which is not in "
+                                                f"metrics {resolved}.")
+        self.methods = methods
+        self.metrics = resolved
+        self.pairs = chosen
+        self.method_options = method_options
+        self.metric_options = metric_options
+
+    def _state_config(self) -> Dict[str, Any]:
+        return dict(super()._state_config(), methods=tuple(self.methods), metrics=tuple(self.metrics))
+
+    def histogram_keys(self, examples: List[Any]) -> List[str]:
+        """The agreement histogram: the first metric (Kendall τ by default) of every pair."""
+        return [f"{self.metrics[0]}/{pair_name(a, b)}" for a, b in self.pairs]
+
+    def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any],
+                    generator: torch.Generator) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        mask = model.token_mask(batch)
+        with torch.no_grad():
+            out = model.forward_from_embeddings(model.embed(batch), batch)
+            probs = out.logits.float().softmax(-1)
+        prediction = probs.argmax(-1)
+        maps: Dict[str, Tensor] = {"attention": out.attention.detach().float()}
+        for method in self.methods:
+            scores = attribute(model, batch, method, target=None, **self.method_options.get(method, {}))
+            maps[method] = scores.detach().float()
+        values: Dict[str, Tensor] = {}
+        for first, second in self.pairs:
+            for metric in self.metrics:
+                fn, has_p = AGREEMENT_METRICS[metric]
+                result = fn(maps[first], maps[second], mask, **self.metric_options.get(metric, {}))
+                key = f"{metric}/{pair_name(first, second)}"
+                if has_p:
+                    values[key], values[f"{key}/p_value"] = result
+                else:
+                    values[key] = result
+        return {"prediction": prediction, "probability": probs.max(-1).values, "maps": maps, "values": values}, {}

@@ -1,0 +1,110 @@
+"""Jain & Wallace's permutation test and Wiegreffe & Pinter's uniform-attention evaluation, while training."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
+
+from lightning_xai.adapters.protocol import ExplainableModel
+from lightning_xai.audits.baselines import (DEFAULT_MAX_ATTENTION_BINS, bin_by_max_attention, permutation_test,
+                                            uniform_attention_evaluation, uniform_attention_summary)
+from lightning_xai.callbacks.base import AuditCallback, AuditExample
+
+__all__ = ["AttentionBaselines"]
+
+
+class AttentionBaselines(AuditCallback):
+    """Permutation test (J&W 2019) and uniform-attention evaluation (W&P 2019) on a fixed audit subset.
+
+    *Permutation*: for each audited example, ``num_permutations`` random permutations of the trained attention
+    over its real tokens replace the attention (everything before it fixed); the output change is
+    ``Δŷ = ½Σ|p − p'|`` (``|p₁ − p'₁|`` for two classes). Logged: the median over examples of each example's median
+    ``Δŷ`` (``permutation/median_delta``) and the same per bin of maximum attention
+    (``permutation/bin[lo,hi)/median_delta``, with the bin's ``count``).
+
+    *Uniform*: the trained attention is replaced by ``1/L`` over real tokens; logged are accuracy and macro-F1 with
+    trained and uniform attention, their delta (uniform − trained), the fraction of flipped decisions and the mean
+    ``Δŷ``.
+
+    Args:
+        num_permutations: permutations per example (J&W: 100).
+        max_attention_bins: bin edges of the maximum attention weight.
+        permutation / uniform: run either part.
+        **kwargs: scheduling and subset options of :class:`~lightning_xai.callbacks.AuditCallback`.
+
+    Example:
+        >>> AttentionBaselines(num_permutations=0)
+        Traceback (most recent call last):
+        ...
+        lightning_fabric.utilities.exceptions.MisconfigurationException: AttentionBaselines(num_permutations) must be a positive int, got 0.
+    """
+
+    name = "attention_baselines"
+
+    def __init__(self, num_permutations: int = 100,
+                 max_attention_bins: Sequence[float] = DEFAULT_MAX_ATTENTION_BINS,
+                 permutation: bool = True, uniform: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if isinstance(num_permutations, bool) or not isinstance(num_permutations, int) or num_permutations < 1:
+            raise MisconfigurationException(
+                f"AttentionBaselines(num_permutations) must be a positive int, got {num_permutations!r}.")
+        edges = list(max_attention_bins)
+        if len(edges) < 2 or any(b <= a for a, b in zip(edges, edges[1:])):
+            raise MisconfigurationException(
+                f"AttentionBaselines(max_attention_bins) must be increasing with at least two edges, got {edges}.")
+        if not permutation and not uniform:
+            raise MisconfigurationException("AttentionBaselines: enable permutation, uniform or both.")
+        self.num_permutations = num_permutations
+        self.max_attention_bins = edges
+        self.permutation = permutation
+        self.uniform = uniform
+
+    def _state_config(self) -> Dict[str, Any]:
+        return dict(super()._state_config(), num_permutations=self.num_permutations,
+                    permutation=self.permutation, uniform=self.uniform)
+
+    def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any],
+                    generator: torch.Generator) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        values: Dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            out = model.forward_from_embeddings(model.embed(batch), batch)
+            probs = out.logits.float().softmax(-1)
+        found: Dict[str, Any] = {"prediction": probs.argmax(-1), "probability": probs.max(-1).values,
+                                 "maps": {"attention": out.attention.detach()}, "values": values}
+        if self.permutation:
+            result = permutation_test(model, batch, self.num_permutations, generator=generator)
+            values["permutation/median_delta"] = result.median_delta
+            values["permutation/max_attention"] = result.max_attention
+        if self.uniform:
+            uni = uniform_attention_evaluation(model, batch)
+            values["uniform/delta"] = uni["delta"]
+            values["uniform/prediction"] = uni["uniform_pred"].double()
+        return found, {}
+
+    def histogram_keys(self, examples: List[AuditExample]) -> List[str]:
+        return [k for k in ("permutation/median_delta", "uniform/delta") if any(k in e.values for e in examples)]
+
+    def aggregate(self, examples: List[AuditExample], extras: Dict[str, Any]) -> Dict[str, float]:
+        out: Dict[str, float] = {}
+        if not examples:
+            return out
+        if self.permutation:
+            delta = torch.tensor([e.values["permutation/median_delta"] for e in examples], dtype=torch.float64)
+            peak = torch.tensor([e.values["permutation/max_attention"] for e in examples], dtype=torch.float64)
+            out["permutation/median_delta"] = float(np.median(delta.numpy()))
+            out["permutation/mean_max_attention"] = float(peak.mean())
+            for name, stats in bin_by_max_attention(delta, peak, self.max_attention_bins).items():
+                out[f"permutation/bin{name}/median_delta"] = stats["median"]
+                out[f"permutation/bin{name}/count"] = float(stats["count"])
+        if self.uniform:
+            labelled = [e for e in examples if e.label is not None]
+            if labelled:
+                summary = uniform_attention_summary(
+                    torch.tensor([e.prediction for e in labelled]),
+                    torch.tensor([int(e.values["uniform/prediction"]) for e in labelled]),
+                    torch.tensor([e.label for e in labelled]))
+                out.update({f"uniform/{k}": v for k, v in summary.items()})
+            out["uniform/mean_delta"] = float(np.mean([e.values["uniform/delta"] for e in examples]))
+        return out
