@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
 from lightning_xai.models.attention import build_attention, masked_softmax
+from lightning_xai.models.embeddings import EmbeddingInitReport, check_embedding_init, initialize_embedding
 from lightning_xai.models.encoders import build_encoder
 
 __all__ = ["AttentionClassifier", "check_batch"]
@@ -48,6 +49,18 @@ class AttentionClassifier(pl.LightningModule):
         hidden_dim: units per LSTM direction / MLP width.
         embedding_std: std of the normal embedding initialisation. PyTorch's default is 1.0; pretrained
             vectors have norms near 1-4, and the choice changes gradient-based saliency a lot (see README).
+        embedding_init: where the word vectors start: ``"normal"`` (N(0, embedding_std²)), ``"file"``
+            (``embeddings_path``: word2vec/GloVe text or a ``.pt`` {word: vector}) or ``"minilm"`` (the bundled
+            MiniLM's word-piece embeddings averaged per word). See :mod:`lightning_xai.models.embeddings`.
+            Sources need the vocabulary: applied at construction when ``vocab`` is given, else at
+            ``on_fit_start`` (after ``setup`` copied the data module's vocabulary), once; never after weights
+            were loaded (``load_state_dict``, ``load_from_checkpoint``, ``fit(ckpt_path=...)``), so restored
+            weights are never overwritten and a restored model does not need the source.
+        embeddings_path: the vector file for ``"file"`` (optional model directory for ``"minilm"``).
+        embedding_rms: rescale the source vectors to this root-mean-square entry (fastText's is ~0.2);
+            ``None`` keeps them as read.
+        embedding_oov: rows the source lacks (incl. ``<unk>``/``<sos>``/``<eos>``): ``"zero"`` (as Jain &
+            Wallace's loader) or ``"normal"`` (N(0, embedding_std²)).
         lr: Adam learning rate.
         weight_decay: L2 on every parameter except the attention scorer's.
         dropout: dropout on the embeddings (0 as in Jain & Wallace).
@@ -79,6 +92,10 @@ class AttentionClassifier(pl.LightningModule):
         dropout: float = 0.0,
         objectives: Optional[Sequence[nn.Module]] = None,
         vocab: Optional[List[str]] = None,
+        embedding_init: str = "normal",
+        embeddings_path: Optional[str] = None,
+        embedding_rms: Optional[float] = None,
+        embedding_oov: str = "zero",
     ) -> None:
         super().__init__()
         if vocab_size < 2:
@@ -91,6 +108,11 @@ class AttentionClassifier(pl.LightningModule):
         nn.init.normal_(self.embedding.weight, std=embedding_std)
         with torch.no_grad():
             self.embedding.weight[0].zero_()
+        check_embedding_init(embedding_init, embeddings_path, embedding_oov, embedding_rms)
+        self.embedding_init_report: Optional[EmbeddingInitReport] = None
+        self._embedding_init_done = embedding_init == "normal"
+        if self.vocab is not None:
+            self._init_embedding_from_source()
         self.dropout = nn.Dropout(dropout)
         self.encoder = build_encoder(encoder, embedding_dim, hidden_dim)
         self.attention = build_attention(attention, self.encoder.output_dim)
@@ -99,6 +121,7 @@ class AttentionClassifier(pl.LightningModule):
         metrics = lambda: torchmetrics.MetricCollection({  # noqa: E731
             "acc": torchmetrics.Accuracy(task="multiclass", num_classes=num_classes),
             "f1": torchmetrics.F1Score(task="multiclass", num_classes=num_classes, average="macro"),
+            "auroc": torchmetrics.AUROC(task="multiclass", num_classes=num_classes),  # J&W select on dev ROC-AUC
         })
         self.val_metrics = metrics().clone(prefix="val/")
         self.test_metrics = metrics().clone(prefix="test/")
@@ -192,8 +215,28 @@ class AttentionClassifier(pl.LightningModule):
         if self.vocab is None and datamodule is not None and getattr(datamodule, "vocab", None) is not None:
             self.vocab = list(datamodule.vocab.itos)
 
+    def on_fit_start(self) -> None:
+        # After setup() copied the vocabulary and after Lightning restored any checkpoint (which marks the
+        # embedding as loaded), so a resumed run keeps its weights and never needs the source again.
+        self._init_embedding_from_source()
+
+    def _init_embedding_from_source(self) -> None:
+        """Fill the embedding table from ``embedding_init``'s source once, before any training."""
+        if self._embedding_init_done or self.vocab is None:
+            return
+        hp = self.hparams
+        self.embedding_init_report = initialize_embedding(
+            self.embedding, self.vocab, hp.embedding_init, path=hp.embeddings_path, std=hp.embedding_std,
+            oov=hp.embedding_oov, rms=hp.embedding_rms)
+        self._embedding_init_done = True
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        self._embedding_init_done = True  # loaded weights win over any initialisation source
+        super()._load_from_state_dict(*args, **kwargs)
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["lightning_xai_vocab"] = self.vocab
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.vocab = checkpoint.get("lightning_xai_vocab", self.vocab)
+        self._embedding_init_done = True
