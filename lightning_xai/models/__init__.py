@@ -1,6 +1,10 @@
 """Reference LightningModules of the attention debate."""
 from lightning_xai.models.attention import ATTENTIONS, masked_softmax
 from lightning_xai.models.classifier import AttentionClassifier
+from lightning_xai.models.embeddings import (EMBEDDING_INITS, EmbeddingInitReport, initialize_embedding,
+                                            minilm_word_vectors, read_word_vectors, save_word_vectors)
 from lightning_xai.models.encoders import ENCODERS
 
 __all__ = ["ATTENTIONS", "AttentionClassifier", "ENCODERS", "masked_softmax"]
+__all__ += ["EMBEDDING_INITS", "EmbeddingInitReport", "initialize_embedding", "minilm_word_vectors",
+            "read_word_vectors", "save_word_vectors"]
