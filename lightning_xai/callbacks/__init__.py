@@ -1,14 +1,16 @@
 """Lightning callbacks that audit attention explanations while a model trains.
 
 * :class:`AttentionAudit` — agreement of attention with saliency maps, and of the maps with each other.
+* :class:`ErasureAudit` — Serrano & Smith's decision flips and ERASER comprehensiveness/sufficiency/AOPC.
 * :class:`AttentionBaselines` — Jain & Wallace's permutation test and Wiegreffe & Pinter's uniform attention.
 * :class:`ImpermissibleAttentionMonitor` — attention mass on impermissible tokens (deception audits).
 * :class:`AuditCallback` — the shared machinery (cadence, fixed audit subset, non-invasiveness, state, logging).
 """
 from lightning_xai.callbacks.attention_audit import AGREEMENT_METRICS, AttentionAudit
 from lightning_xai.callbacks.attention_baselines import AttentionBaselines
+from lightning_xai.callbacks.erasure_audit import ErasureAudit
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditResult, audit_guard, summarize_values
 from lightning_xai.callbacks.impermissible import ImpermissibleAttentionMonitor
 
 __all__ = ["AGREEMENT_METRICS", "AttentionAudit", "AttentionBaselines", "AuditCallback", "AuditExample",
-           "AuditResult", "ImpermissibleAttentionMonitor", "audit_guard", "summarize_values"]
+           "AuditResult", "ErasureAudit", "ImpermissibleAttentionMonitor", "audit_guard", "summarize_values"]

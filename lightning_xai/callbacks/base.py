@@ -44,8 +44,8 @@ def summarize_values(values: Sequence[float], p_values: Optional[Sequence[float]
     out of the mean/std and counted in ``undefined``.
 
     Example:
-        >>> summarize_values([0.2, 0.4, float("nan")], [0.01, 0.5, float("nan")])
-        {'mean': 0.30000000000000004, 'std': 0.09999999999999999, 'count': 2, 'undefined': 1, 'significant_fraction': 0.5}
+        >>> {k: round(v, 6) for k, v in summarize_values([0.2, 0.4, float("nan")], [0.01, 0.5, float("nan")]).items()}
+        {'mean': 0.3, 'std': 0.1, 'count': 2, 'undefined': 1, 'significant_fraction': 0.5}
     """
     arr = np.asarray(list(values), dtype=np.float64)
     ok = ~np.isnan(arr)

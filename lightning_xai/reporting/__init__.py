@@ -6,7 +6,8 @@ without it installed.
 from lightning_xai.reporting.html import legend_html, render_report, score_colour, token_heatmap_html
 from lightning_xai.reporting.plots import plot_heatmap, plot_histograms, plot_history
 from lightning_xai.reporting.report import AuditReport, write_report
+from lightning_xai.reporting.summary import final_results, format_summary, print_summary
 from lightning_xai.reporting.wandb_logging import is_wandb_logger, log_audit_to_wandb, wandb_payload
 
-__all__ = ["AuditReport", "is_wandb_logger", "legend_html", "log_audit_to_wandb", "plot_heatmap", "plot_histograms",
-           "plot_history", "render_report", "score_colour", "token_heatmap_html", "wandb_payload", "write_report"]
+__all__ = ["AuditReport", "final_results", "format_summary", "is_wandb_logger", "legend_html", "log_audit_to_wandb", "plot_heatmap", "plot_histograms",
+           "plot_history", "print_summary", "render_report", "score_colour", "token_heatmap_html", "wandb_payload", "write_report"]

@@ -1,0 +1,120 @@
+"""Erasure faithfulness while a model trains: Serrano & Smith's decision flips and ERASER's deletion metrics."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
+from torch import Tensor
+
+from lightning_xai.adapters.protocol import ExplainableModel
+from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute
+from lightning_xai.audits.erasure import RANKINGS, decision_flip, ranking_scores
+from lightning_xai.callbacks.base import AuditCallback, AuditExample
+from lightning_xai.metrics.functional.faithfulness import AOPC_BINS, erasure_scores
+
+__all__ = ["ErasureAudit"]
+
+
+class ErasureAudit(AuditCallback):
+    """Is the ranking an explanation gives faithful? Erase what it ranks first and watch the prediction.
+
+    For every ranking of ``rankings`` and every example of the fixed audit subset:
+
+    * **decision flip** (Serrano & Smith, 2019): with the encoder outputs fixed, zero the attention weights of the
+      top-ranked tokens one at a time (renormalising the rest) until the argmax changes. Logged:
+      ``<ranking>/flipped/mean`` (fraction of examples whose decision flips before one item is left),
+      ``<ranking>/fraction_removed/mean`` and ``<ranking>/attention_removed/mean`` (over the flipped examples);
+    * **ERASER** (DeYoung et al., 2020), deleting tokens: ``<ranking>/comprehensiveness`` and
+      ``<ranking>/sufficiency`` at the top-``k`` tokens, and their AOPC over ``aopc_bins``.
+
+    Rankings: ``"attention"``, ``"random"``, ``"gradient"`` (∂ logit / ∂α, Serrano & Smith's),
+    ``"grad_x_attention"``, or any :func:`~lightning_xai.attribution.attribute` method name (its token map is the
+    ranking, e.g. ``"integrated_gradients"``, ``"leave_one_out"``).
+
+    Args:
+        rankings: the rankings compared.
+        k: rationale size for comprehensiveness/sufficiency (int tokens or a fraction of the real tokens).
+        aopc_bins: AOPC bins (ERASER: 1, 5, 10, 20, 50 %).
+        decision_flip / eraser: run either part.
+        method_options: per-ranking options for attribution-method rankings.
+        **kwargs: scheduling and subset options of :class:`~lightning_xai.callbacks.AuditCallback`.
+
+    Example:
+        >>> ErasureAudit(rankings=("attention", "random"), k=1.5)
+        Traceback (most recent call last):
+        ...
+        lightning_fabric.utilities.exceptions.MisconfigurationException: ErasureAudit(k) must be an int >= 1 or a fraction in (0, 1], got 1.5.
+    """
+
+    name = "erasure_audit"
+
+    def __init__(self, rankings: Sequence[str] = ("attention", "gradient", "random"),
+                 k: Union[int, float] = 0.2, aopc_bins: Sequence[Union[int, float]] = AOPC_BINS,
+                 decision_flip: bool = True, eraser: bool = True,
+                 method_options: Optional[Dict[str, Dict[str, Any]]] = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if isinstance(rankings, str):
+            raise MisconfigurationException("ErasureAudit(rankings) is a list of names, not a string.")
+        rankings = [str(r) for r in rankings]
+        if not rankings or len(set(rankings)) != len(rankings):
+            raise MisconfigurationException(f"ErasureAudit(rankings) must be non-empty and distinct, got {rankings}.")
+        methods = sorted(ATTRIBUTION_METHODS)
+        for r in rankings:
+            if r not in RANKINGS and r not in methods:
+                raise MisconfigurationException(f"ErasureAudit: unknown ranking {r!r}; use one of {list(RANKINGS)} or "
+                                                f"an attribution method ({methods}).")
+        if isinstance(k, bool) or not isinstance(k, (int, float)) or k <= 0 or (isinstance(k, float) and k > 1):
+            raise MisconfigurationException(f"ErasureAudit(k) must be an int >= 1 or a fraction in (0, 1], got {k!r}.")
+        bins = list(aopc_bins)
+        if not bins:
+            raise MisconfigurationException("ErasureAudit(aopc_bins) must not be empty.")
+        if not decision_flip and not eraser:
+            raise MisconfigurationException("ErasureAudit: enable decision_flip, eraser or both.")
+        self.rankings = rankings
+        self.k = k
+        self.aopc_bins = bins
+        self.decision_flip = decision_flip
+        self.eraser = eraser
+        self.method_options = dict(method_options or {})
+
+    def _state_config(self) -> Dict[str, Any]:
+        return dict(super()._state_config(), rankings=tuple(self.rankings), k=self.k)
+
+    def _scores(self, model: ExplainableModel, batch: Dict[str, Any], ranking: str,
+                generator: torch.Generator) -> Tensor:
+        if ranking in RANKINGS:
+            return ranking_scores(model, batch, ranking, generator=generator)
+        return attribute(model, batch, ranking, **self.method_options.get(ranking, {})).detach()
+
+    def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any],
+                    generator: torch.Generator) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        with torch.no_grad():
+            out = model.forward_from_embeddings(model.embed(batch), batch)
+            probs = out.logits.float().softmax(-1)
+        maps: Dict[str, Tensor] = {"attention": out.attention.detach().float()}
+        values: Dict[str, Tensor] = {}
+        ks = [self.k, *self.aopc_bins]
+        for ranking in self.rankings:
+            scores = self._scores(model, batch, ranking, generator).float()
+            if ranking != "random":
+                maps[ranking] = scores
+            if self.decision_flip:
+                result = decision_flip(model, batch, scores)
+                nan = torch.full_like(result.fraction_removed, float("nan"), dtype=torch.float64)
+                values[f"{ranking}/flipped"] = result.flipped.double()
+                values[f"{ranking}/fraction_removed"] = torch.where(result.flipped, result.fraction_removed.double(), nan)
+                values[f"{ranking}/attention_removed"] = torch.where(result.flipped, result.attention_removed.double(),
+                                                                     nan)
+            if self.eraser:
+                comp, suff = erasure_scores(model, batch, scores, ks)
+                values[f"{ranking}/comprehensiveness"] = comp[0].double()
+                values[f"{ranking}/sufficiency"] = suff[0].double()
+                values[f"{ranking}/aopc_comprehensiveness"] = comp[1:].double().mean(0)
+                values[f"{ranking}/aopc_sufficiency"] = suff[1:].double().mean(0)
+        return {"prediction": probs.argmax(-1), "probability": probs.max(-1).values, "maps": maps,
+                "values": values}, {}
+
+    def histogram_keys(self, examples: List[AuditExample]) -> List[str]:
+        key = "fraction_removed" if self.decision_flip else "comprehensiveness"
+        return [f"{r}/{key}" for r in self.rankings]

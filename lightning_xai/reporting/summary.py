@@ -1,0 +1,154 @@
+"""The final results table of an audited run, built from the audit callbacks' histories.
+
+Example (what ``lightning-xai fit`` prints at the end of the demo)::
+
+    quantity                                          value                        from
+    test accuracy                                     0.8125
+    Kendall τ attention ↔ grad_x_input                0.312 ± 0.241 (sig. 0.38)    test, epoch 7
+    ...
+"""
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, TextIO, Tuple
+
+__all__ = ["final_results", "format_summary", "print_summary", "pick_record"]
+
+_STAGE_ORDER = ("test", "validate", "fit")
+
+
+def pick_record(history: Sequence[Mapping[str, Any]],
+                stages: Sequence[str] = _STAGE_ORDER) -> Optional[Mapping[str, Any]]:
+    """The latest record of the first stage in ``stages`` that has one (test beats validate beats fit).
+
+    Example:
+        >>> h = [{"stage": "fit", "epoch": 0}, {"stage": "test", "epoch": 1}, {"stage": "fit", "epoch": 1}]
+        >>> pick_record(h)["stage"]
+        'test'
+    """
+    for stage in stages:
+        records = [r for r in history if r.get("stage") == stage]
+        if records:
+            return records[-1]
+    return None
+
+
+def _num(value: Optional[float], digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:.{digits}f}"
+
+
+def _mean_std(metrics: Mapping[str, float], key: str) -> str:
+    text = f"{_num(metrics.get(f'{key}/mean'))} ± {_num(metrics.get(f'{key}/std'))}"
+    if f"{key}/significant_fraction" in metrics:
+        text += f" (sig. {_num(metrics[f'{key}/significant_fraction'], 2)})"
+    return text
+
+
+def _source(record: Mapping[str, Any]) -> str:
+    return f"{record['stage']}, epoch {record['epoch']}, n={record.get('num_examples', '?')}"
+
+
+def final_results(callbacks: Iterable[Any], test_metrics: Optional[Mapping[str, Any]] = None
+                  ) -> List[Tuple[str, str, str]]:
+    """Rows ``(quantity, value, source)`` of the final table.
+
+    Args:
+        callbacks: the trainer's callbacks (non-audit ones are ignored).
+        test_metrics: e.g. ``trainer.callback_metrics`` after ``trainer.test`` (``test/acc`` is shown).
+
+    For each audit callback the latest ``test`` record is used (else ``validate``, else ``fit``).
+    """
+    rows: List[Tuple[str, str, str]] = []
+    if test_metrics:
+        for key in ("test/acc", "test/f1"):
+            if key in test_metrics:
+                value = test_metrics[key]
+                value = float(value.item() if hasattr(value, "item") else value)
+                rows.append(("test accuracy" if key == "test/acc" else "test macro-F1", _num(value, 4), ""))
+    for cb in callbacks:
+        history = getattr(cb, "history", None)
+        if not isinstance(history, list):
+            continue
+        record = pick_record(history)
+        if record is None:
+            continue
+        m, src = record["metrics"], _source(record)
+        kind = type(cb).__name__
+        if kind == "AttentionAudit":
+            for metric in getattr(cb, "metrics", []):
+                label = {"kendall_tau": "Kendall τ", "jsd": "JSD", "topk_overlap": "top-k overlap"}.get(metric, metric)
+                for first, second in getattr(cb, "pairs", []):
+                    key = f"{metric}/{first}_vs_{second}"
+                    if f"{key}/mean" in m:
+                        rows.append((f"{label} {first} ↔ {second}", _mean_std(m, key), src))
+        elif kind == "ErasureAudit":
+            for r in getattr(cb, "rankings", []):
+                if f"{r}/flipped/mean" in m:
+                    rows.append((f"decision flip [{r}]: fraction flipped", _num(m[f"{r}/flipped/mean"]), src))
+                    rows.append((f"decision flip [{r}]: fraction of tokens removed", _mean_std(m, f"{r}/fraction_removed"),
+                                 src))
+                for name in ("comprehensiveness", "sufficiency", "aopc_comprehensiveness", "aopc_sufficiency"):
+                    if f"{r}/{name}/mean" in m:
+                        rows.append((f"{name.replace('_', ' ')} [{r}]", _mean_std(m, f"{r}/{name}"), src))
+        elif kind == "AttentionBaselines":
+            if "uniform/accuracy_delta" in m:
+                rows.append(("uniform attention: accuracy trained → uniform",
+                             f"{_num(m['uniform/accuracy_trained'])} → {_num(m['uniform/accuracy_uniform'])} "
+                             f"(Δ {m['uniform/accuracy_delta']:+.3f})", src))
+                rows.append(("uniform attention: macro-F1 delta", f"{m['uniform/f1_delta']:+.3f}", src))
+                rows.append(("uniform attention: decisions flipped", _num(m.get("uniform/flip_fraction")), src))
+            if "permutation/median_delta" in m:
+                rows.append(("permutation: median |Δŷ|", _num(m["permutation/median_delta"], 4), src))
+                bins = [k for k in m if k.startswith("permutation/bin") and k.endswith("/median_delta")]
+                for key in bins:
+                    count = m.get(key.replace("/median_delta", "/count"), 0)
+                    if count:
+                        label = key[len("permutation/bin"):-len("/median_delta")]
+                        rows.append((f"permutation: median |Δŷ|, max attention in {label}",
+                                     f"{_num(m[key], 4)} (n={int(count)})", src))
+        elif kind == "ImpermissibleAttentionMonitor":
+            rows.append(("attention mass on impermissible tokens", _mean_std(m, "mass"), src))
+        else:
+            for key, value in m.items():
+                if key.endswith("/mean"):
+                    rows.append((f"{kind}: {key[:-5]}", _mean_std(m, key[:-5]), src))
+    return rows
+
+
+def format_summary(rows: Sequence[Tuple[str, str, str]], title: str = "lightning_xai — final results") -> str:
+    """The rows as an aligned plain-text table.
+
+    Example:
+        >>> print(format_summary([("test accuracy", "0.8125", "")], title="t"))
+        t
+        quantity       value   from
+        test accuracy  0.8125
+    """
+    header = ("quantity", "value", "from")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
+    lines = [title]
+    for row in [header, *rows]:
+        lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+    return "\n".join(lines)
+
+
+def print_summary(trainer_or_callbacks: Any, test_metrics: Optional[Mapping[str, Any]] = None,
+                  file: Optional[TextIO] = None) -> str:
+    """Print (on rank zero) and return the final results table.
+
+    Args:
+        trainer_or_callbacks: a ``Trainer`` (its callbacks and, unless ``test_metrics`` is given, its
+            ``callback_metrics``) or a list of callbacks.
+        test_metrics: metrics holding ``test/acc`` (e.g. ``trainer.test(...)[0]``).
+        file: where to print (default ``sys.stdout``).
+    """
+    callbacks = getattr(trainer_or_callbacks, "callbacks", trainer_or_callbacks)
+    if test_metrics is None and hasattr(trainer_or_callbacks, "callback_metrics"):
+        test_metrics = dict(trainer_or_callbacks.callback_metrics)
+    text = format_summary(final_results(callbacks, test_metrics))
+    if getattr(trainer_or_callbacks, "is_global_zero", True):
+        print(text, file=file or sys.stdout)
+    return text
