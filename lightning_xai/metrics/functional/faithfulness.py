@@ -77,6 +77,9 @@ def erasure_scores(model: ExplainableModel, batch: Batch, scores: Tensor, ks: Se
             comp, suff = _removals(scores, mask, k)
             removals += [comp, suff]
         probs = erasure_probabilities(model, safe, removals, tgt, max_rows=max_rows)
+        # nothing deleted (one-token instance, or r = x): the input is x itself, the difference is exactly 0
+        unchanged = torch.stack([~r.any(1) for r in removals])
+        probs = torch.where(unchanged, full.unsqueeze(0).expand_as(probs), probs)
     comp_probs, suff_probs = probs[0::2], probs[1::2]
     return full.unsqueeze(0) - comp_probs, full.unsqueeze(0) - suff_probs
 
