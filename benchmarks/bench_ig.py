@@ -1,0 +1,248 @@
+"""Integrated Gradients: lightning_xai's defaults and n_steps="auto" vs Captum LayerIntegratedGradients.
+
+One run, one model, one batch (SST-2 dev, first 256 sentences), the predicted class as target, probabilities
+as the attributed output, zero (pad-vector) baseline. Configurations:
+
+* ``ours_default``   ``attribute(model, batch, "integrated_gradients")`` (50 Gauss–Legendre steps, auto chunks)
+* ``ours_auto``      ``attribute(..., n_steps="auto", rtol=0.01)`` (Gauss–Legendre 4, 8, 16, ... per row)
+* ``captum_default`` ``LayerIntegratedGradients(...).attribute(n_steps=50)`` (Captum's defaults: all
+  n_steps × B interpolated sequences in one pass)
+* ``captum_ibs<k>``  the same with ``internal_batch_size=k``; the fastest k of a sweep is "Captum best-tuned".
+
+Accuracy: per-token error against a 300-step Gauss–Legendre reference computed with Captum (an independent
+implementation), as Σ_t |a_t − ref_t| / Σ_t |ref_t| per sentence (median and 95th percentile over sentences)
+and the completeness error |Σ_t a_t − (F(x) − F(x′))| / |F(x) − F(x′)|.
+
+Usage: ``OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_ig.py --model reference``
+"""
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from benchmarks import _common as C  # noqa: E402
+from benchmarks import captum_baselines as CB  # noqa: E402
+
+TARGETS = {"throughput_vs_captum_default": 1.8, "memory_vs_captum_default": 0.25, "time_vs_captum_best": 1.15,
+           "auto_speedup_vs_captum_best": 3.0}
+SWEEP = (256, 512, 1024, 2048, 4096)  # Captum raises values below B to B
+
+
+def load(model_name: str, batch_size: int, weights: str = "trained"):
+    """(model, batch, predicted class) for ``reference`` or ``unpacked``; ``weights`` "trained" or "random"."""
+    reference = C.reference_model(train=weights == "trained")
+    if model_name == "reference":
+        model = reference
+    elif model_name == "unpacked":
+        model = C.unpacked_model(reference)
+    else:
+        raise SystemExit(f"unknown --model {model_name!r}")
+    batch = C.sst2_dev_batch(batch_size)
+    target = CB.predicted(model, batch)
+    return model, batch, target
+
+
+def configs(model, batch, target, sweep=SWEEP):
+    from lightning_xai.attribution import attribute
+
+    def ours_default():
+        return attribute(model, batch, "integrated_gradients", target)
+
+    def ours_auto():
+        return attribute(model, batch, "integrated_gradients", target, n_steps="auto", rtol=0.01,
+                         return_n_steps=True)
+
+    fns = {"ours_default": ours_default, "ours_auto": ours_auto,
+           "captum_default": lambda: CB.layer_integrated_gradients(model, batch, target, n_steps=50)}
+    for k in sweep:
+        fns[f"captum_ibs{k}"] = (lambda k=k: CB.layer_integrated_gradients(model, batch, target, n_steps=50,
+                                                                            internal_batch_size=k))
+    return fns
+
+
+def accuracy(model, batch, target, maps, reference):
+    """Per-sentence relative L1 error vs the reference and completeness error (medians / p95 / max)."""
+    mask = model.token_mask(batch)
+    with torch.no_grad():
+        emb = model.embed(batch)
+        p_x = model.forward_from_embeddings(emb, batch).logits.softmax(-1).gather(1, target[:, None])[:, 0]
+        p_0 = model.forward_from_embeddings(emb * (~mask).unsqueeze(-1), batch).logits.softmax(-1).gather(
+            1, target[:, None])[:, 0]
+    gap = (p_x - p_0).abs().clamp_min(1e-12)
+    out = {}
+    for name, a in maps.items():
+        rel = (a - reference).abs().sum(1) / reference.abs().sum(1).clamp_min(1e-12)
+        comp = (a.sum(1) - (p_x - p_0)).abs() / gap
+        out[name] = {"rel_l1_median": float(rel.median()), "rel_l1_p95": float(rel.quantile(0.95)),
+                     "rel_l1_max": float(rel.max()), "max_abs_diff": float((a - reference).abs().max()),
+                     "completeness_median": float(comp.median()), "completeness_p95": float(comp.quantile(0.95)),
+                     "completeness_frac_le_1pct": float((comp <= 0.01).float().mean())}
+    return out
+
+
+def memory_of(args) -> None:
+    C.set_threads(args.threads)
+    model, batch, target = load(args.model, args.batch_size, args.weights)
+    fns = configs(model, batch, target, sweep=[int(args.memory_of[len("captum_ibs"):])]
+                  if args.memory_of.startswith("captum_ibs") else ())
+    fn = fns[args.memory_of]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        delta = C.peak_rss_delta_mb(fn)
+    print(f"PEAK_RSS_DELTA_MB={delta:.1f}")
+
+
+def main(argv=None) -> dict:
+    parser = C.common_args(__doc__.splitlines()[0])
+    parser.add_argument("--model", default="reference", choices=["reference", "unpacked"])
+    parser.add_argument("--weights", default="trained", choices=["trained", "random"],
+                        help="reference weights trained 2 epochs on SST-2 (cached) or seeded random")
+    parser.add_argument("--sweep", type=int, nargs="*", default=list(SWEEP))
+    parser.add_argument("--sweep-repeats", type=int, default=2)
+    parser.add_argument("--memory-of", default=None, help=argparse_hidden())
+    parser.add_argument("--no-memory", action="store_true")
+    args = parser.parse_args(argv)
+    if args.memory_of:
+        memory_of(args)
+        return {}
+    threads = C.set_threads(args.threads)
+    if args.quick:
+        args.batch_size, args.repeats, args.sweep, args.sweep_repeats = min(args.batch_size, 8), 2, [64], 1
+        args.no_memory = True
+    warnings.filterwarnings("ignore", message="Integrated gradients: convergence delta")
+    model, batch, target = load(args.model, args.batch_size, args.weights)
+    result = {"benchmark": "integrated_gradients", "command": C.command_line(), "env": C.environment(threads),
+              "model": args.model, "model_info": getattr(model, "bench_info", {}), "batch": C.batch_stats(batch)}
+    n = batch["input_ids"].shape[0]
+    sweep = sorted({max(k, n) for k in args.sweep})  # Captum silently uses B for smaller values
+    fns = configs(model, batch, target, sweep=sweep)
+
+    # 1. which internal_batch_size is best for Captum (short sweep, interleaved)
+    sweep_fns = {k: v for k, v in fns.items() if k.startswith("captum_ibs")}
+    sweep_times = C.interleaved(sweep_fns, repeats=args.sweep_repeats, warmup=0)
+    best = min(sweep_times, key=lambda k: C.median(sweep_times[k]))
+    result["captum_sweep_seconds"] = {k: C.median(v) for k, v in sweep_times.items()}
+    result["captum_best"] = best
+
+    # 2. the head-to-head, interleaved, median of repeats
+    main_fns = {k: fns[k] for k in ("ours_default", "captum_default", best, "ours_auto")}
+    times = C.interleaved(main_fns, repeats=args.repeats, warmup=1)
+    med = {k: C.median(v) for k, v in times.items()}
+    result["seconds"] = {k: {"median": med[k], "all": v} for k, v in times.items()}
+    result["sentences_per_second"] = {k: n / med[k] for k in med}
+
+    # 3. accuracy vs a 300-step reference (Captum, Gauss-Legendre)
+    reference = CB.layer_integrated_gradients(model, batch, target, n_steps=300, internal_batch_size=1024)
+    ours_auto_map, auto_steps = fns["ours_auto"]()
+    maps = {"ours_default": fns["ours_default"](), "ours_auto": ours_auto_map, "captum_n50": fns[best]()}
+    result["accuracy_vs_300_steps"] = accuracy(model, batch, target, maps, reference)
+    steps = auto_steps.float()
+    result["auto_steps"] = {"mean": float(steps.mean()), "median": float(steps.median()), "max": int(steps.max()),
+                            "histogram": {int(s): int((auto_steps == s).sum()) for s in auto_steps.unique()},
+                            "gradient_evaluations_per_sentence": float(
+                                _evaluations(auto_steps).float().mean())}
+    result["agreement_ours_default_vs_captum_n50"] = float((maps["ours_default"] - maps["captum_n50"]).abs().max())
+
+    # 4. peak memory, one fresh process per configuration
+    memory = {}
+    if not args.no_memory:
+        for name in ("ours_default", "captum_default", best, "ours_auto"):
+            extra = ["--model", args.model, "--batch-size", str(args.batch_size), "--weights", args.weights]
+            if args.threads:
+                extra += ["--threads", str(args.threads)]
+            memory[name] = C.memory_in_subprocess("benchmarks.bench_ig", name, extra)
+    result["peak_rss_delta_mb"] = memory
+
+    ratios = {
+        "throughput_vs_captum_default": med["captum_default"] / med["ours_default"],
+        "time_vs_captum_best": med["ours_default"] / med[best],
+        "auto_speedup_vs_captum_best": med[best] / med["ours_auto"],
+    }
+    if memory:
+        ratios["memory_vs_captum_default"] = memory["ours_default"] / memory["captum_default"]
+    acc = result["accuracy_vs_300_steps"]
+    ratios["auto_error_vs_captum_n50"] = acc["ours_auto"]["rel_l1_median"] / max(acc["captum_n50"]["rel_l1_median"],
+                                                                                  1e-12)
+    result["ratios"] = ratios
+    result["met"] = {
+        "throughput_vs_captum_default": ratios["throughput_vs_captum_default"] >= 1.8,
+        "memory_vs_captum_default": (ratios["memory_vs_captum_default"] <= 0.25) if memory else None,
+        "time_vs_captum_best": ratios["time_vs_captum_best"] <= 1.15,
+        "auto_speedup_vs_captum_best": ratios["auto_speedup_vs_captum_best"] >= 3.0,
+        "auto_error_no_worse_than_captum_n50": ratios["auto_error_vs_captum_n50"] <= 1.0,
+    }
+    result["markdown"] = markdown(result)
+    path = C.save(f"ig_{args.model}", result, args.out)
+    print(result["markdown"])
+    print(f"\nsaved {path}")
+    return result
+
+
+def _evaluations(steps: torch.Tensor) -> torch.Tensor:
+    """Gradient evaluations spent per row by the doubling schedule 4, 8, ..., n (every level is recomputed)."""
+    total = torch.zeros_like(steps)
+    n = 4
+    while True:
+        reached = steps >= n
+        if not bool(reached.any()):
+            break
+        total = total + n * reached
+        n *= 2
+    return total
+
+
+def argparse_hidden():
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+def markdown(r: dict) -> str:
+    med = {k: v["median"] for k, v in r["seconds"].items()}
+    sps = r["sentences_per_second"]
+    mem = r["peak_rss_delta_mb"]
+    acc = r["accuracy_vs_300_steps"]
+    best = r["captum_best"]
+    b = r["batch"]
+    lines = [f"**IG, model `{r['model']}`** ({r['model_info'].get('weights', '')}; dev acc "
+             f"{r['model_info'].get('dev_acc', 'n/a')}), batch {b['sentences']} sentences, T_max {b['max_len']}, "
+             f"{b['real_tokens']} real tokens; {r['env']['threads']} threads, {r['env']['utc']}, load "
+             f"{r['env']['loadavg_1_5_15']}.", "", f"Command: `{r['command']}`", ""]
+    rows = []
+    for name in ("ours_default", "ours_auto", "captum_default", best):
+        rows.append((name, med[name], sps[name], mem.get(name, float("nan"))))
+    lines.append(C.table(rows, ("configuration", "median s", "sentences/s", "peak RSS Δ MiB")))
+    lines += ["", "Captum internal_batch_size sweep (median s): " + ", ".join(
+        f"{k[len('captum_ibs'):]}: {C.fmt(v)}" for k, v in r["captum_sweep_seconds"].items()), ""]
+    arow = []
+    for name, a in acc.items():
+        arow.append((name, a["rel_l1_median"], a["rel_l1_p95"], a["completeness_median"], a["completeness_p95"],
+                     a["completeness_frac_le_1pct"]))
+    lines.append(C.table(arow, ("map", "rel. L1 err vs 300 steps (median)", "(p95)", "completeness err (median)",
+                                "(p95)", "share ≤ 1%")))
+    st = r["auto_steps"]
+    lines += ["", f"n_steps='auto' chose: {st['histogram']} (steps: sentences); mean {C.fmt(st['mean'])}, "
+              f"{C.fmt(st['gradient_evaluations_per_sentence'])} gradient evaluations per sentence incl. refinements. "
+              f"Max |ours_default − Captum n=50| = {r['agreement_ours_default_vs_captum_n50']:.2e}.", ""]
+    ra, met = r["ratios"], r["met"]
+    trows = [C.target_row("throughput vs Captum default", ra["throughput_vs_captum_default"], "≥ 1.8×",
+                          met["throughput_vs_captum_default"]),
+             C.target_row("peak memory vs Captum default", ra.get("memory_vs_captum_default", float("nan")), "≤ 0.25",
+                          met["memory_vs_captum_default"]),
+             C.target_row(f"time vs Captum best-tuned ({best})", ra["time_vs_captum_best"], "≤ 1.15×",
+                          met["time_vs_captum_best"]),
+             C.target_row("auto (rtol 0.01) speed-up vs Captum n=50 best-tuned", ra["auto_speedup_vs_captum_best"],
+                          "≥ 3×", met["auto_speedup_vs_captum_best"]),
+             C.target_row("auto error / Captum n=50 error (median rel. L1)", ra["auto_error_vs_captum_n50"], "≤ 1",
+                          met["auto_error_no_worse_than_captum_n50"])]
+    lines.append(C.table(trows, ("ratio", "value", "target", "met?")))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

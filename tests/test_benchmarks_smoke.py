@@ -1,0 +1,65 @@
+"""Smoke test of benchmarks/: every benchmark runs end to end on 4 SST-2 sentences, 2 repeats (no timing checks).
+
+Speed itself is measured by ``make bench``, never here; this only keeps the scripts from rotting and checks the
+agreement figures they report (ours vs Captum / scipy) on the tiny batch.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+QUICK = ["--quick", "--batch-size", "4", "--repeats", "2", "--weights", "random"]
+
+
+def _run(module, args, tmp_path):
+    out = tmp_path / "result.json"
+    result = module.main(args + ["--out", str(out)])
+    assert json.loads(out.read_text())["benchmark"] == result["benchmark"]
+    assert result["markdown"].count("|") > 10
+    return result
+
+
+@pytest.mark.parametrize("model", ["reference", "unpacked"])
+def test_ig_benchmark(model, tmp_path):
+    from benchmarks import bench_ig
+
+    r = _run(bench_ig, QUICK + ["--model", model], tmp_path)
+    assert r["agreement_ours_default_vs_captum_n50"] < 1e-5
+    assert r["auto_steps"]["min" if "min" in r["auto_steps"] else "max"] >= 4
+    assert set(r["ratios"]) >= {"throughput_vs_captum_default", "time_vs_captum_best", "auto_speedup_vs_captum_best"}
+
+
+def test_loo_benchmark(tmp_path):
+    from benchmarks import bench_loo
+
+    r = _run(bench_loo, QUICK + ["--model", "unpacked"], tmp_path)
+    assert r["agreement_pad_vs_captum_max_abs"] < 1e-5
+
+
+def test_gradient_benchmark(tmp_path):
+    from benchmarks import bench_gradients
+
+    r = _run(bench_gradients, QUICK + ["--samples", "2"], tmp_path)
+    assert max(r["agreement_max_abs"].values()) < 1e-5
+
+
+def test_kendall_benchmark(tmp_path):
+    from benchmarks import bench_kendall
+
+    r = _run(bench_kendall, ["--quick", "--batch-size", "4", "--repeats", "2"], tmp_path)
+    for setting in r["settings"].values():
+        assert setting["max_abs_diff_tau"] < 1e-9
+
+
+def test_deception_benchmark(tmp_path):
+    from benchmarks import bench_deception
+
+    r = _run(bench_deception, ["--quick"], tmp_path)
+    assert r["steps_counted"]["plain"] == r["steps_counted"]["deception"] > 0
