@@ -1,9 +1,10 @@
 """lightning_xai: audit attention explanations while a model trains."""
 from lightning_xai.adapters import ExplainableModel, ExplainOutput, as_explainable
+from lightning_xai.attribution import attribute, explanation_context
 from lightning_xai.data import TextClassificationDataModule, Vocabulary
 from lightning_xai.models import AttentionClassifier
 
 __version__ = "0.1.0"
 
 __all__ = ["AttentionClassifier", "ExplainOutput", "ExplainableModel", "TextClassificationDataModule",
-           "Vocabulary", "as_explainable"]
+           "Vocabulary", "as_explainable", "attribute", "explanation_context"]
