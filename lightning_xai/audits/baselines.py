@@ -64,7 +64,8 @@ def uniform_attention(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tenso
 
 
 def permute_attention(attention: Tensor, mask: Tensor, num_permutations: int,
-                      generator: Optional[torch.Generator] = None) -> Tensor:
+                      generator: Optional[torch.Generator] = None,
+                      row_generators: Optional[Sequence[torch.Generator]] = None) -> Tensor:
     """``num_permutations`` random permutations of each row's weights among its real tokens.
 
     Args:
@@ -72,6 +73,9 @@ def permute_attention(attention: Tensor, mask: Tensor, num_permutations: int,
         mask: ``[B, T]`` bool, True at real tokens.
         num_permutations: N.
         generator: a CPU ``torch.Generator`` for reproducible permutations.
+        row_generators: one CPU generator per row instead: row ``b``'s permutations then depend only on its own
+            generator and its number of real tokens — not on the batch it sits in or its padding (so results do not
+            depend on how examples are batched or sharded across processes).
 
     Returns:
         ``[N, B, T]``: row ``b`` of permutation ``n`` holds the values of ``attention[b, mask[b]]`` in a random
@@ -89,7 +93,17 @@ def permute_attention(attention: Tensor, mask: Tensor, num_permutations: int,
     if num_permutations < 1:
         raise ValueError(f"num_permutations must be >= 1, got {num_permutations}.")
     batch, width = mask.shape
-    keys = torch.rand(num_permutations, batch, width, generator=generator).to(attention.device)
+    if row_generators is not None:
+        if len(row_generators) != batch:
+            raise ValueError(f"row_generators has {len(row_generators)} generators for {batch} rows.")
+        keys = torch.full((num_permutations, batch, width), float("inf"))
+        cpu_mask = mask.cpu()
+        for row, gen in enumerate(row_generators):
+            real = cpu_mask[row].nonzero().flatten()
+            keys[:, row, real] = torch.rand(num_permutations, real.numel(), generator=gen)
+        keys = keys.to(attention.device)
+    else:
+        keys = torch.rand(num_permutations, batch, width, generator=generator).to(attention.device)
     keys = keys.masked_fill(~mask, float("inf"))  # pads sort last and keep their (zero) weight
     source = keys.argsort(dim=-1, stable=True)  # real positions in a random order, then pads
     # Real positions in their natural order, then pads: the k-th real slot receives the k-th random source.
@@ -131,7 +145,8 @@ def _repeat_batch(batch: Batch, times: int) -> Dict[str, object]:
 
 @torch.no_grad()
 def permutation_test(model: ExplainableModel, batch: Batch, num_permutations: int = 100,
-                     generator: Optional[torch.Generator] = None, chunk_size: int = 1024) -> PermutationResult:
+                     generator: Optional[torch.Generator] = None, chunk_size: int = 1024,
+                     row_generators: Optional[Sequence[torch.Generator]] = None) -> PermutationResult:
     """Jain & Wallace's permutation test on one batch.
 
     The input embeddings are computed once; the model is re-run from them with the trained attention replaced
@@ -144,6 +159,7 @@ def permutation_test(model: ExplainableModel, batch: Batch, num_permutations: in
         num_permutations: N (J&W use 100).
         generator: CPU generator for reproducible permutations.
         chunk_size: how many permuted rows run through the model at once (memory bound).
+        row_generators: per-row generators (see :func:`permute_attention`).
 
     Returns:
         A :class:`PermutationResult`.
@@ -165,7 +181,7 @@ def permutation_test(model: ExplainableModel, batch: Batch, num_permutations: in
     embeddings = model.embed(batch)
     base_output, base_probs = _probabilities(model, embeddings, batch)
     attention = base_output.attention.detach().float()
-    permuted = permute_attention(attention, mask, num_permutations, generator)  # [N, B, T]
+    permuted = permute_attention(attention, mask, num_permutations, generator, row_generators)  # [N, B, T]
     batch_size = mask.shape[0]
     per_chunk = max(1, chunk_size // batch_size)  # permutations per forward pass
     deltas = []

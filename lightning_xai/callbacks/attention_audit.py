@@ -132,8 +132,8 @@ class AttentionAudit(AuditCallback):
         """The agreement histogram: the first metric (Kendall τ by default) of every pair."""
         return [f"{self.metrics[0]}/{pair_name(a, b)}" for a, b in self.pairs]
 
-    def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any],
-                    generator: torch.Generator) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
+                    indices: List[int]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         mask = model.token_mask(batch)
         with torch.no_grad():
             out = model.forward_from_embeddings(model.embed(batch), batch)

@@ -65,8 +65,8 @@ class AttentionBaselines(AuditCallback):
         return dict(super()._state_config(), num_permutations=self.num_permutations,
                     permutation=self.permutation, uniform=self.uniform)
 
-    def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any],
-                    generator: torch.Generator) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
+                    indices: List[int]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         values: Dict[str, torch.Tensor] = {}
         with torch.no_grad():
             out = model.forward_from_embeddings(model.embed(batch), batch)
@@ -74,7 +74,8 @@ class AttentionBaselines(AuditCallback):
         found: Dict[str, Any] = {"prediction": probs.argmax(-1), "probability": probs.max(-1).values,
                                  "maps": {"attention": out.attention.detach()}, "values": values}
         if self.permutation:
-            result = permutation_test(model, batch, self.num_permutations, generator=generator)
+            result = permutation_test(model, batch, self.num_permutations,
+                                      row_generators=self.example_generators(indices))
             values["permutation/median_delta"] = result.median_delta
             values["permutation/max_attention"] = result.max_attention
         if self.uniform:

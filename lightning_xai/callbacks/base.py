@@ -426,7 +426,7 @@ class AuditCallback(Callback, abc.ABC):
             for positions, indices, cpu_batch in self._audit_batches(trainer, split):
                 batch = move_data_to_device(cpu_batch, pl_module.device)
                 with self._precision_context(trainer, pl_module):
-                    found, extra = self.audit_batch(model, batch, generator)
+                    found, extra = self.audit_batch(model, batch, generator, indices)
                 examples.extend(self._examples(model, batch, positions, indices, split, found))
                 extras.append(extra)
         examples = self._gather(trainer, examples)
@@ -501,10 +501,15 @@ class AuditCallback(Callback, abc.ABC):
             logger.log_metrics({k: v for k, v in flat.items() if not math.isnan(v)}, step=trainer.global_step)
 
     # --- what subclasses implement ------------------------------------------------------------------------
+    def example_generators(self, indices: Sequence[int]) -> List[torch.Generator]:
+        """One CPU generator per example, seeded from ``seed`` and the example's dataset index: randomness that
+        does not depend on how the audit subset is batched or sharded across processes."""
+        return [torch.Generator().manual_seed((self.seed * 1_000_003 + int(i)) % (2 ** 63)) for i in indices]
+
     @abc.abstractmethod
-    def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any],
-                    generator: torch.Generator) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-        """Measure one batch.
+    def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
+                    indices: List[int]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        """Measure one batch (``indices``: the dataset indices of its rows; ``generator``: the audit's own RNG).
 
         Returns:
             ``(found, extra)``: ``found`` holds ``prediction`` ``[B]``, ``probability`` ``[B]``, optional ``maps``

@@ -82,13 +82,21 @@ class ErasureAudit(AuditCallback):
         return dict(super()._state_config(), rankings=tuple(self.rankings), k=self.k)
 
     def _scores(self, model: ExplainableModel, batch: Dict[str, Any], ranking: str,
-                generator: torch.Generator) -> Tensor:
+                indices: List[int]) -> Tensor:
+        if ranking == "random":
+            # per-example draws over the real tokens: the same ranking however the subset is batched or sharded
+            mask = model.token_mask(batch)
+            scores = torch.zeros(mask.shape)
+            for row, gen in enumerate(self.example_generators(indices)):
+                real = mask[row].cpu().nonzero().flatten()
+                scores[row, real] = torch.rand(real.numel(), generator=gen)
+            return scores.to(mask.device)
         if ranking in RANKINGS:
-            return ranking_scores(model, batch, ranking, generator=generator)
+            return ranking_scores(model, batch, ranking)
         return attribute(model, batch, ranking, **self.method_options.get(ranking, {})).detach()
 
-    def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any],
-                    generator: torch.Generator) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
+                    indices: List[int]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         with torch.no_grad():
             out = model.forward_from_embeddings(model.embed(batch), batch)
             probs = out.logits.float().softmax(-1)
@@ -96,7 +104,7 @@ class ErasureAudit(AuditCallback):
         values: Dict[str, Tensor] = {}
         ks = [self.k, *self.aopc_bins]
         for ranking in self.rankings:
-            scores = self._scores(model, batch, ranking, generator).float()
+            scores = self._scores(model, batch, ranking, indices).float()
             if ranking != "random":
                 maps[ranking] = scores
             if self.decision_flip:

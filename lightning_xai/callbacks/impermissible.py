@@ -62,8 +62,8 @@ class ImpermissibleAttentionMonitor(AuditCallback):
             raise MisconfigurationException(
                 f"ImpermissibleAttentionMonitor: batch[{self.key!r}] must be a bool tensor shaped like batch['mask'].")
 
-    def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any],
-                    generator: torch.Generator) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
+                    indices: List[int]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         if self.key not in batch:
             raise MisconfigurationException(f"ImpermissibleAttentionMonitor: the batch has no {self.key!r} key.")
         with torch.no_grad():

@@ -1,0 +1,136 @@
+"""The :class:`SanityCheck` callback: are the saliency methods you audit with reliable *for this model*?
+
+It runs :mod:`lightning_xai.audits.sanity` on a fixed audit subset — Kindermans et al.'s input invariance,
+Adebayo et al.'s parameter randomisation and IG completeness / LRP conservation — and logs, per method, the
+fraction of examples passing input invariance, the mean rank correlation to the randomised model's map, and the
+mean completeness error. By default it runs once, when ``fit`` ends (the checks re-run every method on copies
+of the model, so they are too costly for every epoch); ``every_n_epochs`` and ``trainer.validate``/``test``
+runs are available as for every audit callback.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
+from typing_extensions import override
+
+from lightning_xai.adapters.protocol import ExplainableModel
+from lightning_xai.audits.sanity import (DEFAULT_INVARIANCE_METHODS, DEFAULT_RANDOMIZATION_METHODS, MethodSpec,
+                                         SanityTable, run_sanity_checks)
+from lightning_xai.callbacks.base import AuditCallback
+
+__all__ = ["SanityCheck", "SANITY_CHECKS"]
+
+SANITY_CHECKS = ("input_invariance", "model_randomization", "completeness")
+
+
+class SanityCheck(AuditCallback):
+    """Saliency sanity checks on a fixed subset, logged under ``sanity/<check>/<method>/...``.
+
+    Logged keys (each ``/mean`` and ``/std`` over the audited examples):
+    ``sanity/input_invariance/<method>/passes`` (fraction whose map is unchanged by the shift),
+    ``.../relative_change``; ``sanity/model_randomization/<mode>/<stage>/<method>/tau``;
+    ``sanity/completeness/<method>/relative_error``. The full tables of the latest run are in :attr:`tables`
+    (one dict of :class:`~lightning_xai.audits.sanity.SanityTable` per audited batch).
+
+    Args:
+        checks: which of ``input_invariance``, ``model_randomization``, ``completeness`` to run.
+        invariance_methods / randomization_methods: methods (names or ``(label, method, options)``).
+        randomization_mode: ``"cascading"`` or ``"independent"``.
+        ig_steps: IG step counts checked for completeness.
+        tolerance: input invariance passes when a map changes by at most this (relative L2).
+        at_fit_end: run once when ``fit`` ends (default True).
+        every_n_epochs: also run after every n-th validation epoch of ``fit`` (default 0: never).
+        num_samples: size of the fixed audit subset (default 32).
+        **kwargs: the :class:`~lightning_xai.callbacks.base.AuditCallback` options (``dataloader``,
+            ``batch_size``, ``seed``, ``on_validate``, ``on_test``, ...).
+
+    Example:
+        >>> callback = SanityCheck(checks=["input_invariance"], invariance_methods=["gradient", "grad_x_input"])
+        >>> callback.checks
+        ('input_invariance',)
+    """
+
+    name = "sanity"
+
+    def __init__(
+        self,
+        checks: Sequence[str] = SANITY_CHECKS,
+        *,
+        invariance_methods: Sequence[MethodSpec] = DEFAULT_INVARIANCE_METHODS,
+        randomization_methods: Sequence[MethodSpec] = DEFAULT_RANDOMIZATION_METHODS,
+        randomization_mode: str = "cascading",
+        ig_steps: Sequence[int] = (8, 32),
+        tolerance: float = 1e-3,
+        at_fit_end: bool = True,
+        every_n_epochs: Optional[int] = 0,
+        num_samples: Optional[int] = 32,
+        on_validate: bool = False,
+        on_test: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        checks = tuple(checks)
+        unknown = [c for c in checks if c not in SANITY_CHECKS]
+        if not checks or unknown:
+            raise MisconfigurationException(f"SanityCheck(checks) must name some of {list(SANITY_CHECKS)}; got "
+                                            f"{list(checks)}.")
+        if randomization_mode not in ("cascading", "independent"):
+            raise MisconfigurationException("SanityCheck(randomization_mode) must be 'cascading' or 'independent', "
+                                            f"got {randomization_mode!r}.")
+        if not tolerance > 0:
+            raise MisconfigurationException(f"SanityCheck(tolerance) must be > 0, got {tolerance!r}.")
+        steps = list(ig_steps)
+        if not steps or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in steps):
+            raise MisconfigurationException(f"SanityCheck(ig_steps) must be positive ints, got {ig_steps!r}.")
+        if not (at_fit_end or every_n_epochs or on_validate or on_test or kwargs.get("every_n_train_steps")):
+            raise MisconfigurationException("SanityCheck would never run: set at_fit_end, every_n_epochs, "
+                                            "every_n_train_steps, on_validate or on_test.")
+        # the base class insists on a trigger of its own (at_fit_end is ours): satisfy it, then set the real flag
+        super().__init__(every_n_epochs=every_n_epochs, num_samples=num_samples, on_validate=True, on_test=on_test,
+                         **kwargs)
+        self.on_validate = on_validate
+        self.checks: Tuple[str, ...] = checks
+        self.invariance_methods = list(invariance_methods)
+        self.randomization_methods = list(randomization_methods)
+        self.randomization_mode = randomization_mode
+        self.ig_steps = tuple(steps)
+        self.tolerance = tolerance
+        self.at_fit_end = at_fit_end
+        self.tables: List[Dict[str, SanityTable]] = []
+
+    def _state_config(self) -> Dict[str, Any]:
+        return {**super()._state_config(), "checks": self.checks}
+
+    @override
+    def on_fit_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if self.at_fit_end:
+            self.run_audit(trainer, pl_module, "fit", self.dataloader)
+
+    @override
+    def run_audit(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str, split: str) -> Any:
+        self.tables = []
+        return super().run_audit(trainer, pl_module, stage, split)
+
+    def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
+                    indices: Optional[List[int]] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        with torch.no_grad():
+            probs = model.forward_from_embeddings(model.embed(batch), batch).logits.float().softmax(-1)
+        tables = self._run(model, batch)
+        self.tables.append(tables)
+        values = {f"{check}/{key}": value for check, table in tables.items()
+                  for key, value in table.per_example.items()}
+        return {"prediction": probs.argmax(-1), "probability": probs.max(-1).values, "values": values}, {}
+
+    def _run(self, model: ExplainableModel, batch: Dict[str, Any]) -> Dict[str, SanityTable]:
+        options: Dict[str, Any] = {}
+        if "input_invariance" in self.checks:
+            options.update(input_invariance_methods=self.invariance_methods,
+                           input_invariance_tolerance=self.tolerance, input_invariance_seed=self.seed)
+        if "model_randomization" in self.checks:
+            options.update(model_randomization_methods=self.randomization_methods,
+                           model_randomization_mode=self.randomization_mode, model_randomization_seed=self.seed)
+        if "completeness" in self.checks:
+            options.update(completeness_n_steps=self.ig_steps)
+        return run_sanity_checks(model, batch, checks=self.checks, **options)
