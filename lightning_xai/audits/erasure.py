@@ -67,7 +67,25 @@ def erase_tokens(model: ExplainableModel, batch: Batch, remove: Tensor) -> dict:
     emptied = ((mask & ~remove.to(mask.device)).sum(1) == 0).nonzero().flatten()
     if emptied.numel():
         raise ValueError(f"remove deletes every real token of rows {emptied.tolist()[:10]}; keep at least one token.")
-    return remove_tokens(batch, remove.to(mask.device))
+    out = remove_tokens(batch, remove.to(mask.device))
+    return _trim_padding(out, tuple(mask.shape))
+
+
+def _trim_padding(batch: dict, shape: tuple) -> dict:
+    """Drop trailing columns that are padding in every row, read from the batch's own non-pad indicator
+    (``input_mask``, else ``attention_mask``, else ``mask``); other batches are returned unchanged."""
+    B, T = shape
+    present = next((batch[k] for k in ("input_mask", "attention_mask", "mask")
+                    if isinstance(batch.get(k), Tensor) and batch[k].dim() == 2 and batch[k].shape[0] == B), None)
+    if present is None or present.shape[1] == 0:
+        return batch
+    width_now = present.shape[1]
+    columns = present.bool().any(0).nonzero().flatten()
+    width = int(columns.max()) + 1 if columns.numel() else width_now
+    if width == width_now:
+        return batch
+    return {key: value[:, :width] if isinstance(value, Tensor) and value.dim() >= 2
+            and tuple(value.shape[:2]) == (B, width_now) else value for key, value in batch.items()}
 
 
 def erasure_probabilities(model: ExplainableModel, batch: Batch, removals: Sequence[Tensor], target: Tensor, *,
@@ -230,7 +248,8 @@ def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Ten
     if not isinstance(max_rows, int) or max_rows < 1:
         raise ValueError(f"max_rows must be a positive int, got {max_rows!r}.")
     model = as_explainable(model)
-    scores = ranking_scores(model, batch, ranking, generator=generator)
+    own_attention = isinstance(ranking, str) and ranking == "attention"  # taken from the full pass below
+    scores = None if own_attention else ranking_scores(model, batch, ranking, generator=generator)
     with explanation_context(model, batch) as safe, torch.no_grad():
         mask = model.token_mask(safe)
         if bool((~mask.any(1)).any()):
@@ -242,7 +261,7 @@ def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Ten
         alpha = out.attention.detach().masked_fill(~mask, 0.0)
         decision = out.logits.argmax(-1)
         lengths = mask.sum(1)
-        ranked = scores.to(device).masked_fill(~mask, float("-inf"))
+        ranked = (alpha if scores is None else scores.to(device)).masked_fill(~mask, float("-inf"))
         order = torch.sort(ranked, dim=1, descending=True, stable=True).indices
         rank = torch.empty_like(order).scatter_(1, order, torch.arange(T, device=device).expand(B, T).contiguous())
         mass_in_order = torch.cumsum(alpha.gather(1, order), dim=1)  # mass of the first s items at index s − 1
