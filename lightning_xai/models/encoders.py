@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-__all__ = ["ENCODERS", "build_encoder", "LSTMEncoder", "CNNEncoder", "MLPEncoder"]
+__all__ = ["ENCODERS", "build_encoder", "LSTMEncoder", "CNNEncoder", "MLPEncoder", "OrthogonalLSTMEncoder"]
 
 
 class LSTMEncoder(nn.Module):
@@ -26,6 +26,55 @@ class LSTMEncoder(nn.Module):
         output, _ = self.rnn(packed)
         hidden, _ = pad_packed_sequence(output, batch_first=True, total_length=embeddings.shape[1])
         return hidden
+
+
+class OrthogonalLSTMEncoder(nn.Module):
+    """Mohankumar et al.'s orthogonal (Bi)LSTM: each new hidden state is made orthogonal to the running mean
+    of the earlier ones, h_t <- h_t - (<h_t, m>/(<m, m> + 1e-6)) m, and the orthogonalised h_t is carried to
+    the next step. This lowers conicity, so different attention distributions pool different vectors.
+
+    A step-by-step ``LSTMCell`` loop (slower than cuDNN); pads neither update the state nor the running mean,
+    and the backward direction reads each row's real prefix reversed.
+    """
+
+    def __init__(self, embedding_dim: int, hidden_dim: int, bidirectional: bool = True) -> None:
+        super().__init__()
+        self.cells = nn.ModuleList(nn.LSTMCell(embedding_dim, hidden_dim) for _ in range(2 if bidirectional else 1))
+        self.hidden_dim = hidden_dim
+        self.output_dim = hidden_dim * len(self.cells)
+
+    def _run(self, cell: nn.LSTMCell, inputs: Tensor, mask: Tensor) -> Tensor:
+        batch, steps, _ = inputs.shape
+        h = inputs.new_zeros(batch, self.hidden_dim)
+        c = inputs.new_zeros(batch, self.hidden_dim)
+        total = inputs.new_zeros(batch, self.hidden_dim)
+        count = inputs.new_zeros(batch, 1)
+        outputs = []
+        for t in range(steps):
+            h_new, c_new = cell(inputs[:, t], (h, c))
+            mean = total / count.clamp_min(1.0)
+            h_new = h_new - ((h_new * mean).sum(-1, keepdim=True) / ((mean * mean).sum(-1, keepdim=True) + 1e-6)) * mean
+            step = mask[:, t].unsqueeze(-1)
+            h = torch.where(step, h_new, h)
+            c = torch.where(step, c_new, c)
+            live = h_new * step
+            total = total + live
+            count = count + step.to(inputs.dtype)
+            outputs.append(live)
+        return torch.stack(outputs, dim=1)
+
+    def forward(self, embeddings: Tensor, input_mask: Tensor) -> Tensor:
+        mask = input_mask.bool()
+        outputs = [self._run(self.cells[0], embeddings, mask)]
+        if len(self.cells) == 2:
+            lengths = mask.sum(1, keepdim=True)
+            positions = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)
+            reverse = torch.where(positions < lengths, lengths - 1 - positions, positions)  # an involution
+            index = reverse.unsqueeze(-1)
+            flipped = embeddings.gather(1, index.expand(-1, -1, embeddings.shape[-1]))
+            backward = self._run(self.cells[1], flipped, mask)
+            outputs.append(backward.gather(1, index.expand(-1, -1, backward.shape[-1])))
+        return torch.cat(outputs, dim=-1)
 
 
 class CNNEncoder(nn.Module):
@@ -60,6 +109,8 @@ ENCODERS = {
     "lstm": lambda e, h: LSTMEncoder(e, h, bidirectional=False),
     "cnn": CNNEncoder,
     "mlp": MLPEncoder,
+    "ortho_bilstm": lambda e, h: OrthogonalLSTMEncoder(e, h, bidirectional=True),
+    "ortho_lstm": lambda e, h: OrthogonalLSTMEncoder(e, h, bidirectional=False),
 }
 
 
