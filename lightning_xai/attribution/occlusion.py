@@ -83,9 +83,10 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
             for start in range(0, chosen.numel(), per_pass):
                 k = chosen[start:start + per_pass]
                 r, p = rows[k], positions[k]
-                hit = torch.zeros(k.numel(), T, 1, dtype=torch.bool, device=embeddings.device)
-                hit[torch.arange(k.numel(), device=hit.device), p] = True
-                x = torch.where(hit, pads.index_select(0, r), embeddings.index_select(0, r))
+                # one copy of the rows, then overwrite the single occluded vector of each variant
+                x = embeddings.index_select(0, r)
+                where = (torch.arange(k.numel(), device=x.device), p)
+                x = x.index_put(where, pads[r, p]) if create_graph else x.index_put_(where, pads[r, p])
                 out = model.forward_from_embeddings(x, take_rows(batch, r, B)).logits
                 parts.append((k, target_score(out, target.index_select(0, r), output)))
         for k, values in parts:
