@@ -4,6 +4,7 @@
 * :class:`ErasureAudit` — Serrano & Smith's decision flips and ERASER comprehensiveness/sufficiency/AOPC.
 * :class:`AttentionBaselines` — Jain & Wallace's permutation test and Wiegreffe & Pinter's uniform attention.
 * :class:`ImpermissibleAttentionMonitor` — attention mass on impermissible tokens (deception audits).
+* :class:`SanityCheck` — saliency sanity checks (input invariance, parameter randomisation, completeness).
 * :class:`AuditCallback` — the shared machinery (cadence, fixed audit subset, non-invasiveness, state, logging).
 """
 from lightning_xai.callbacks.attention_audit import AGREEMENT_METRICS, AttentionAudit
@@ -11,6 +12,8 @@ from lightning_xai.callbacks.attention_baselines import AttentionBaselines
 from lightning_xai.callbacks.erasure_audit import ErasureAudit
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditResult, audit_guard, summarize_values
 from lightning_xai.callbacks.impermissible import ImpermissibleAttentionMonitor
+from lightning_xai.callbacks.sanity import SanityCheck
 
 __all__ = ["AGREEMENT_METRICS", "AttentionAudit", "AttentionBaselines", "AuditCallback", "AuditExample",
-           "AuditResult", "ErasureAudit", "ImpermissibleAttentionMonitor", "audit_guard", "summarize_values"]
+           "AuditResult", "ErasureAudit", "ImpermissibleAttentionMonitor", "SanityCheck", "audit_guard",
+           "summarize_values"]
