@@ -2,9 +2,11 @@
 from lightning_xai.adapters import ExplainableModel, ExplainOutput, as_explainable
 from lightning_xai.attribution import attribute, explanation_context
 from lightning_xai.data import TextClassificationDataModule, Vocabulary
+from lightning_xai.metrics import AOPC, Comprehensiveness, DecisionFlip, JensenShannon, KendallTau, Sufficiency
 from lightning_xai.models import AttentionClassifier
 
 __version__ = "0.1.0"
 
-__all__ = ["AttentionClassifier", "ExplainOutput", "ExplainableModel", "TextClassificationDataModule",
+__all__ = ["AOPC", "Comprehensiveness", "DecisionFlip", "JensenShannon", "KendallTau", "Sufficiency",
+           "AttentionClassifier", "ExplainOutput", "ExplainableModel", "TextClassificationDataModule",
            "Vocabulary", "as_explainable", "attribute", "explanation_context"]
