@@ -294,3 +294,37 @@ def test_missing_attention_mask(make_tiny_bert, batch):
     adapter = HuggingFaceAdapter(make_tiny_bert())
     with pytest.raises(KeyError, match="no 'attention_mask'"):
         adapter({k: v for k, v in batch.items() if k != "attention_mask"})
+
+
+# --- lightning_xai.attribution through the adapter, against Captum on the embedding layer --------------------------
+def _captum_probability_forward(model, batch):
+    forward = _captum_forward(model, batch)
+    return lambda input_ids: forward(input_ids).softmax(-1)
+
+
+@pytest.mark.filterwarnings("ignore:Integrated gradients. convergence delta")
+@pytest.mark.parametrize("which", ["tiny", "minilm"])
+def test_attribute_ig_and_gradient_match_captum_layer_attributions(which, make_tiny_bert, batch, tokenizer, minilm):
+    from captum.attr import LayerGradientXActivation, LayerIntegratedGradients
+
+    from lightning_xai.attribution import attribute
+
+    if which == "tiny":
+        model, adapter = make_tiny_bert(seed=5), None
+        adapter = HuggingFaceAdapter(model)
+    else:
+        model, batch = minilm, _minilm_batch(tokenizer, n=2)
+        adapter = HuggingFaceAdapter(model, tokenizer)
+    target = torch.tensor([1, 0])
+    layer = model.bert.embeddings.word_embeddings
+    forward = _captum_probability_forward(model, batch)
+    ours = attribute(adapter, batch, "integrated_gradients", target=target, n_steps=16, rule="riemann_right",
+                     baseline="pad")
+    theirs = LayerIntegratedGradients(forward, layer).attribute(
+        batch["input_ids"], baselines=_pad_baseline(batch), target=target, n_steps=16, method="riemann_right")
+    theirs = theirs.sum(-1) * batch["mask"]
+    assert (ours - theirs).abs().max() < 1e-4 and theirs.abs().max() > 1e-4
+    grad = attribute(adapter, batch, "gradient", target=target)
+    captum_grad = LayerGradientXActivation(forward, layer, multiply_by_inputs=False).attribute(
+        batch["input_ids"], target=target).norm(dim=-1) * batch["mask"]
+    assert (grad - captum_grad).abs().max() < 1e-4 and captum_grad.abs().max() > 1e-5
