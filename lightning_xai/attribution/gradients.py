@@ -7,6 +7,7 @@ connected to the embedding table and every map is differentiable w.r.t. all para
 """
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from contextlib import nullcontext
@@ -193,7 +194,7 @@ def integrated_gradients_map(model: ExplainableModel, batch: Batch, embeddings: 
                              create_graph: bool = False, n_steps: Union[int, str] = 50, baseline: Any = "zero",
                              rule: str = "gauss_legendre", internal_batch_size: Union[int, str, None] = "auto",
                              output: str = "probability", rtol: float = 0.01, atol: float = 1e-6,
-                             max_steps: int = 256, start_steps: int = 4, pad_token_id: Optional[int] = None,
+                             max_steps: int = 256, start_steps: int = 6, pad_token_id: Optional[int] = None,
                              warn_threshold: float = 0.05) -> Tuple[Tensor, Tensor, Tensor]:
     """IG over embeddings; returns ``(map [N, T], delta [N], n_steps [N])``. See :func:`attribute`."""
     if rule not in IG_RULES:
@@ -267,6 +268,13 @@ def smooth_grad_map(model: ExplainableModel, batch: Batch, embeddings: Tensor, t
     if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
         raise ValueError(f"n_samples must be a positive int; got {n_samples!r}.")
     kernel = GRADIENT_METHODS[base_method]
+    signature = inspect.signature(integrated_gradients_map if base_method == "integrated_gradients" else kernel)
+    accepted = sorted(n for n, p in signature.parameters.items()
+                      if p.kind is inspect.Parameter.KEYWORD_ONLY and n not in ("create_graph", "internal_batch_size"))
+    unknown = sorted(set(base_options) - set(accepted))
+    if unknown:
+        raise TypeError(f"smooth_grad got unknown option(s) {unknown}; it accepts n_samples, noise_level, stdev, seed, "
+                        f"generator, noise, base_method, internal_batch_size and {base_method!r}'s options {accepted}.")
     N, T, E = embeddings.shape
     mask = model.token_mask(batch)
     with torch.no_grad():
@@ -351,7 +359,7 @@ def _integrated_gradients(model: ExplainableModel, batch: Batch, target: Any, *,
                           internal_batch_size: Union[int, str, None] = "auto",
                           return_convergence_delta: bool = False, return_n_steps: bool = False,
                           output: str = "probability", rtol: float = 0.01, atol: float = 1e-6,
-                          max_steps: int = 256, start_steps: int = 4, pad_token_id: Optional[int] = None,
+                          max_steps: int = 256, start_steps: int = 6, pad_token_id: Optional[int] = None,
                           warn_threshold: float = 0.05) -> Union[Tensor, Tuple[Tensor, ...]]:
     if not (n_steps == "auto" or isinstance(n_steps, (int, np.integer))) or isinstance(n_steps, bool):
         raise ValueError(f"n_steps must be a positive int or 'auto'; got {n_steps!r}.")

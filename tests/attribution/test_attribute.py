@@ -343,11 +343,11 @@ def test_bad_inputs_give_clear_errors(model64, batch8):
             ("grad_x_input", {"output": "prob"}, "Unknown output"),
             ("leave_one_out", {"mode": "zero"}, "Unknown leave_one_out mode"),
             ("smooth_grad", {"base_method": "leave_one_out"}, "Unknown base_method"),
-            ("gradient", {"internal_batch_size": 0}, None)]:
-        if message is None:
-            continue
+            ("integrated_gradients", {"internal_batch_size": 0}, "internal_batch_size must be a positive int")]:
         with pytest.raises(ValueError, match=message):
             attribute(model64, batch8, method, **options)
+    with pytest.raises(TypeError, match=r"smooth_grad got unknown option\(s\) \['n_sample'\]"):
+        attribute(model64, batch8, "smooth_grad", n_sample=3)
     with pytest.raises(ValueError, match="Unknown normalize"):
         attribute(model64, batch8, "gradient", normalize="softmax")
     with pytest.raises(TypeError, match="attribution object"):
