@@ -109,7 +109,7 @@ def kendall_tau(preds: Tensor, target: Tensor, mask: Tensor, variant: str = "b")
     undefined = (xtie == tot) | (ytie == tot)  # constant map, or n = 1 (tot = 0)
     nd = n.double()
     if variant == "b":
-        denom = torch.sqrt((tot - xtie).double()) * torch.sqrt((tot - ytie).double())
+        denom = torch.sqrt(tot - xtie) * torch.sqrt(tot - ytie)
         tau = cmd / torch.where(undefined, torch.ones_like(denom), denom)
     else:
         classes = torch.minimum(xdistinct, ydistinct).double()
@@ -123,19 +123,21 @@ def kendall_tau(preds: Tensor, target: Tensor, mask: Tensor, variant: str = "b")
     c = torch.minimum(dis, tot - dis).long()
     exact = no_ties & ((n <= KENDALL_EXACT_MAX_N) | (c <= 1))
     table = kendall_exact_table(preds.device)
-    p_table = table[n.clamp(max=KENDALL_EXACT_MAX_N), c.clamp(min=0, max=table.shape[1] - 1)]
-    # n > 33 with min(C, D) <= 1: Kendall's closed forms 2/n! (c = 0) and 2/(n−1)! (c = 1)
-    log_fact = torch.where(c == 0, torch.lgamma(nd + 1), torch.lgamma(nd))
-    p_closed = torch.exp(math.log(2.0) - log_fact).clamp(max=1.0)
-    p_exact = torch.where(n <= KENDALL_EXACT_MAX_N, p_table, p_closed)
-    m = nd * (nd - 1)
-    safe_m = torch.where(m > 0, m, torch.ones_like(m))
-    safe_m2 = torch.where(nd > 2, safe_m * (nd - 2), torch.ones_like(m))
-    var = ((m * (2 * nd + 5) - x1.double() - y1.double()) / 18
-           + 2 * xtie.double() * ytie.double() / safe_m + x0.double() * y0.double() / (9 * safe_m2))
-    z = cmd / torch.sqrt(torch.where(var > 0, var, torch.ones_like(var)))
-    p_asym = torch.special.erfc(z.abs() / math.sqrt(2.0)).clamp(max=1.0)
-    p = torch.where(exact, p_exact, p_asym)
+    p = table[n.clamp(max=KENDALL_EXACT_MAX_N), c.clamp(min=0, max=table.shape[1] - 1)]
+    if bool((exact & (n > KENDALL_EXACT_MAX_N)).any()):
+        # n > 33 with min(C, D) <= 1: Kendall's closed forms 2/n! (c = 0) and 2/(n−1)! (c = 1)
+        log_fact = torch.where(c == 0, torch.lgamma(nd + 1), torch.lgamma(nd))
+        p_closed = torch.exp(math.log(2.0) - log_fact).clamp(max=1.0)
+        p = torch.where(n <= KENDALL_EXACT_MAX_N, p, p_closed)
+    if not bool(exact.all()):
+        # normal approximation with scipy's tie-corrected variance of C − D
+        m = nd * (nd - 1)
+        safe_m = torch.where(m > 0, m, torch.ones_like(m))
+        safe_m2 = torch.where(nd > 2, safe_m * (nd - 2), torch.ones_like(m))
+        var = (m * (2 * nd + 5) - x1 - y1) / 18 + 2 * xtie * ytie / safe_m + x0 * y0 / (9 * safe_m2)
+        z = cmd / torch.sqrt(torch.where(var > 0, var, torch.ones_like(var)))
+        p_asym = torch.special.erfc(z.abs() / math.sqrt(2.0)).clamp(max=1.0)
+        p = torch.where(exact, p, p_asym)
     nan = torch.full_like(tau, float("nan"))
     return torch.where(undefined, nan, tau), torch.where(undefined, nan, p)
 
