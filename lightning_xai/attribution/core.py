@@ -283,6 +283,7 @@ def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = 
         ``return_convergence_delta``/``return_n_steps`` a tuple ``(map, delta[B][, n_steps[B]])``.
 
     Example:
+        >>> from lightning_xai.attribution import attribute
         >>> from lightning_xai.models import AttentionClassifier
         >>> _ = torch.manual_seed(0)
         >>> model = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4)
