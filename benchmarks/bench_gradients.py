@@ -28,7 +28,7 @@ from benchmarks.bench_ig import load  # noqa: E402
 
 def main(argv=None) -> dict:
     parser = C.common_args(__doc__.splitlines()[0])
-    parser.add_argument("--model", default="reference", choices=["reference", "unpacked"])
+    parser.add_argument("--model", default="reference", choices=["reference", "unpacked", "minilm"])
     parser.add_argument("--weights", default="trained", choices=["trained", "random"],
                         help="reference weights trained 2 epochs on SST-2 (cached) or seeded random")
     parser.add_argument("--samples", type=int, default=30)

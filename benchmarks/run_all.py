@@ -37,6 +37,8 @@ def jobs(quick: bool):
         out[f"ig_{model}"] = (bench_ig.main, ["--model", model] + common)
         out[f"loo_{model}"] = (bench_loo.main, ["--model", model] + common)
         out[f"gradients_{model}"] = (bench_gradients.main, ["--model", model] + common)
+    # MiniLM: 32 sentences (one IG run at 256 would take minutes on 2 cores); same comparisons otherwise
+    out["ig_minilm"] = (bench_ig.main, ["--model", "minilm", "--batch-size", "32"] + common)
     out["kendall"] = (bench_kendall.main, common)
     out["deception"] = (bench_deception.main, common)
     return out
@@ -54,11 +56,62 @@ def callback_overhead(quick: bool):
     return proc.returncode
 
 
-def update_readme(name: str, block: str) -> bool:
+def _load(name: str, results_dir: Path):
+    path = results_dir / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def summary(results_dir: Path = C.RESULTS) -> str:
+    """One table of every acceptance ratio found in ``results_dir`` (value, target, met?, when)."""
+    rows = []
+
+    def add(what, value, target, met, r):
+        rows.append((what, C.fmt(value), target, "yes" if met else ("n/a" if met is None else "**no**"),
+                     f"{r['env']['utc'][11:]} load {r['env']['loadavg_1_5_15'][0]}, {r['env']['threads']} thr"))
+
+    for model in ("reference", "unpacked", "minilm"):
+        r = _load(f"ig_{model}", results_dir)
+        if r:
+            ra, met = r["ratios"], r["met"]
+            add(f"IG default vs Captum default, throughput ({model})", ra["throughput_vs_captum_default"], "≥ 1.8×",
+                met["throughput_vs_captum_default"], r)
+            if "memory_vs_captum_default" in ra:
+                add(f"IG default vs Captum default, peak memory ({model})", ra["memory_vs_captum_default"], "≤ 0.25",
+                    met["memory_vs_captum_default"], r)
+            add(f"IG default time / Captum best-tuned ({model})", ra["time_vs_captum_best"], "≤ 1.15×",
+                met["time_vs_captum_best"], r)
+            add(f"IG auto (rtol 0.01) speed-up vs Captum n=50 best ({model})", ra["auto_speedup_vs_captum_best"],
+                "≥ 3×", met["auto_speedup_vs_captum_best"], r)
+            acc = r["accuracy_vs_300_steps"]
+            add(f"IG auto p95 error / Captum n=50 p95 error ({model})",
+                acc["ours_auto"]["rel_l1_p95"] / max(acc["captum_n50"]["rel_l1_p95"], 1e-12), "≤ 1",
+                acc["ours_auto"]["rel_l1_p95"] <= acc["captum_n50"]["rel_l1_p95"], r)
+    for model in ("reference", "unpacked"):
+        r = _load(f"loo_{model}", results_dir)
+        if r:
+            add(f"leave-one-out (delete, default) vs Captum FeatureAblation best ({model})",
+                r["ratios"]["delete_vs_captum_best"], f"≥ {r['target']:g}×", r["met"]["delete_vs_captum_best"], r)
+            add(f"leave-one-out (pad) vs Captum FeatureAblation best ({model})",
+                r["ratios"]["pad_vs_captum_best"], f"≥ {r['target']:g}×", r["met"]["pad_vs_captum_best"], r)
+        r = _load(f"gradients_{model}", results_dir)
+        if r:
+            for name, value in r["ratios"].items():
+                add(f"{name} vs Captum ({model}), speed-up", value, "(none)", None, r)
+    r = _load("kendall", results_dir)
+    if r:
+        for setting, s in r["settings"].items():
+            add(f"Kendall τ vectorised vs scipy loop ({setting})", s["speedup"], "≥ 50×", s["met"], r)
+    r = _load("deception", results_dir)
+    if r:
+        add("DeceptionPenalty per-step overhead", r["overhead"], "≤ 0.05", r["met"], r)
+    return C.table(rows, ("ratio", "value", "target", "met?", "measured (UTC, 1-min load, threads)"))
+
+
+def update_block(marker: str, block: str) -> bool:
     if not README.exists():
         return False
     text = README.read_text()
-    pattern = re.compile(rf"(<!-- results:{re.escape(name)} -->\n)(.*?)(<!-- /results:{re.escape(name)} -->)", re.S)
+    pattern = re.compile(rf"(<!-- {re.escape(marker)} -->\n)(.*?)(<!-- /{re.escape(marker)} -->)", re.S)
     if not pattern.search(text):
         return False
     README.write_text(pattern.sub(lambda m: m.group(1) + block.rstrip() + "\n" + m.group(3), text))
@@ -71,8 +124,17 @@ def main(argv=None) -> int:
     parser.add_argument("--only", nargs="*", default=None, help="names to run (default all, incl. callbacks)")
     parser.add_argument("--no-update-readme", dest="update", action="store_false")
     parser.add_argument("--results-dir", type=Path, default=None, help="write JSON here instead of results/")
+    parser.add_argument("--summary-only", action="store_true", help="rebuild the README blocks from results/*.json")
     args = parser.parse_args(argv)
     threads = C.set_threads()
+    if args.summary_only:
+        for path in sorted(C.RESULTS.glob("*.json")):
+            block = json.loads(path.read_text()).get("markdown")
+            if block:
+                update_block(f"results:{path.stem}", block)
+        update_block("summary", summary())
+        print(summary())
+        return 0
     failures = []
     started = time.time()
     for name, (fn, job_args) in jobs(args.quick).items():
@@ -82,18 +144,20 @@ def main(argv=None) -> int:
         out = ["--out", str(args.results_dir / f"{name}.json")] if args.results_dir else []
         try:
             result = fn(job_args + out)
-        except Exception:  # keep going: one broken benchmark must not hide the others' figures
+        except (Exception, SystemExit):  # keep going: one broken benchmark must not hide the others' figures
             traceback.print_exc()
             failures.append(name)
             continue
         if args.update and not args.quick and result.get("markdown"):
-            if not update_readme(name, result["markdown"]):
+            if not update_block(f"results:{name}", result["markdown"]):
                 print(f"(no <!-- results:{name} --> block in README.md; not pasted)")
     if args.only is None or "callbacks" in args.only:
         print(f"\n=== callbacks ({time.strftime('%H:%M:%S')}) ===", flush=True)
         rc = callback_overhead(args.quick)
         if rc not in (None, 0):
             failures.append("callbacks")
+    if args.update and not args.quick:
+        update_block("summary", summary())
     print(f"\nall done in {time.time() - started:.0f} s; failures: {failures or 'none'}")
     return 1 if failures else 0
 
