@@ -22,3 +22,9 @@ __all__ = ["ATTRIBUTION_METHODS", "IG_RULES", "LOO_MODES", "LRP_ENCODER_RULES", 
            "auto_internal_batch_size", "clone_inference_tensors", "explanation_context", "ig_nodes", "lrp",
            "occlusion_batch", "pad_embeddings", "predicted_class", "register_lrp_encoder", "register_method",
            "remove_tokens", "resolve_target", "take_rows", "target_probabilities"]
+
+# methods that live in optional sibling modules (e.g. "lrp") register themselves on import
+from lightning_xai.attribution.core import _load_plugins  # noqa: E402
+
+_load_plugins()
+del _load_plugins
