@@ -110,9 +110,10 @@ class HookAdapter(nn.Module):
         super().__init__()
         self.module = module
         self.embedding_name, self.attention_name, self.hidden_name = embedding, attention, hidden
-        self._embedding = self._submodule(embedding, "embedding")
-        self._attention = self._submodule(attention, "attention")
-        self._hidden = self._submodule(hidden, "hidden") if hidden is not None else None
+        # references, not registered submodules: they live inside ``module`` (no duplicate state_dict keys)
+        object.__setattr__(self, "_embedding", self._submodule(embedding, "embedding"))
+        object.__setattr__(self, "_attention", self._submodule(attention, "attention"))
+        object.__setattr__(self, "_hidden", self._submodule(hidden, "hidden") if hidden is not None else None)
         self.forward_fn = forward_fn or _default_forward
         self.embedding_input = embedding_input or (lambda batch: batch["input_ids"])
         self.logits_fn = logits_fn or _logits_of

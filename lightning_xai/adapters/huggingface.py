@@ -41,9 +41,9 @@ default position of the summary token):
   The override goes through a custom attention function registered in transformers' attention-interface registry
   (``AttentionInterface.register`` and ``AttentionMaskInterface.register`` under the name
   :data:`ATTENTION_IMPLEMENTATION`). It calls the model's own eager attention and, only inside an override call and
-  only for the last attention module, swaps the row and recomputes ``weights @ values``. Outside an override it *is*
-  eager attention, so the adapter switches the model to it (a model on ``sdpa``/flash attention returns no attention
-  maps: the adapter switches with a warning).
+  only for the last attention module, swaps the row and recomputes ``weights @ values`` (the override row gets no
+  attention dropout in train mode). Outside an override it *is* eager attention, so the adapter switches the model
+  to it (a model on ``sdpa``/flash attention returns no attention maps: the adapter switches with a warning).
 """
 from __future__ import annotations
 
@@ -203,7 +203,7 @@ class HuggingFaceAdapter(nn.Module):
         >>> from transformers import BertConfig, BertForSequenceClassification
         >>> _ = torch.manual_seed(0)
         >>> config = BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
-        ...                     intermediate_size=16, max_position_embeddings=16)
+        ...                     intermediate_size=16, max_position_embeddings=16, attn_implementation="eager")
         >>> adapter = HuggingFaceAdapter(BertForSequenceClassification(config).eval())
         >>> batch = {"input_ids": torch.tensor([[2, 7, 8, 3, 0]]), "attention_mask": torch.tensor([[1, 1, 1, 1, 0]]),
         ...          "mask": torch.tensor([[False, True, True, False, False]])}
@@ -228,10 +228,11 @@ class HuggingFaceAdapter(nn.Module):
         self.query_index = query_index
         self._reduce = self._parse_reduction(attention)
         self.attention_name = attention if isinstance(attention, str) else getattr(attention, "__name__", "callable")
-        self._embedding = self._find_embedding(model)
+        # a reference, not a registered submodule: it already lives inside ``model`` (no duplicate state_dict keys)
+        object.__setattr__(self, "_embedding", self._find_embedding(model))
         self._check_tokenizer(tokenizer)
         self._use_registered_attention(model)
-        self._attention_modules = self._find_attention_modules(model)
+        object.__setattr__(self, "_attention_modules", self._find_attention_modules(model))
 
     # --- construction checks ------------------------------------------------------------------------------
     @staticmethod

@@ -103,3 +103,18 @@ def test_minilm_fine_tunes_and_is_audited(tokenizer, tmp_path):
     assert len(taus) == 3 and all(-1 <= t <= 1 for t in taus)
     masses = [v for k, v in monitor.history[-1]["metrics"].items() if "mean" in k]
     assert masses and all(0 <= m <= 1 for m in masses)
+
+
+def test_checkpoint_round_trip(tokenizer, tmp_path):
+    module = HFClassifier(model=_vocab_bert(2), attention="rollout", lr=1e-4)
+    assert not any(k.startswith("adapter._") for k in module.state_dict())
+    _, val = _pronoun_loaders(tokenizer, n_train=16, n_val=8)
+    trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=1)
+    trainer.fit(module, val)
+    trainer.save_checkpoint(tmp_path / "hf.ckpt")
+    restored = HFClassifier.load_from_checkpoint(tmp_path / "hf.ckpt", model=_vocab_bert(3)).eval()
+    batch = next(iter(val))
+    module.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(restored(batch).logits, module(batch).logits)
+    assert restored.hparams.attention == "rollout" and restored.adapter.attention_name == "rollout"
