@@ -9,19 +9,22 @@ from lightning_xai.attribution.context import clone_inference_tensors, explanati
 from lightning_xai.attribution.core import (
     ATTRIBUTION_METHODS,
     attribute,
+    check_token_mask,
     predicted_class,
     register_method,
     resolve_target,
     target_probabilities,
+    target_score,
 )
 from lightning_xai.attribution.gradients import IG_RULES, auto_internal_batch_size, ig_nodes
 from lightning_xai.attribution.occlusion import LOO_MODES, occlusion_batch
 from lightning_xai.attribution.lrp import LRP_ENCODER_RULES, lrp, register_lrp_encoder
 
 __all__ = ["ATTRIBUTION_METHODS", "IG_RULES", "LOO_MODES", "LRP_ENCODER_RULES", "attribute",
-           "auto_internal_batch_size", "clone_inference_tensors", "explanation_context", "ig_nodes", "lrp",
+           "auto_internal_batch_size", "check_token_mask", "clone_inference_tensors", "explanation_context", "ig_nodes", "lrp",
            "occlusion_batch", "pad_embeddings", "predicted_class", "register_lrp_encoder", "register_method",
-           "remove_tokens", "resolve_target", "take_rows", "target_probabilities"]
+           "remove_tokens", "resolve_target", "take_rows", "target_probabilities",
+           "target_score"]
 
 # methods that live in optional sibling modules (e.g. "lrp") register themselves on import
 from lightning_xai.attribution.core import _load_plugins  # noqa: E402
