@@ -57,7 +57,8 @@ def _ragged(B: int, T: int, seed: int, ties: bool):
 
 
 @pytest.mark.parametrize("fn", [kendall_tau, spearman, pearson], ids=lambda f: f.__name__)
-@pytest.mark.parametrize("T,ties", [(12, False), (12, True), (33, False), (34, False), (80, False), (80, True)])
+@pytest.mark.parametrize("T,ties", [(12, False), (12, True), (33, False), (34, False), (80, False), (80, True),
+                                    (300, True)])
 def test_equals_scipy_per_instance(fn, T, ties):
     """Small n (exact Kendall p-values), n just above 33, large n (asymptotic), with and without ties."""
     x, y, mask = _ragged(40, T, seed=T + 100 * ties, ties=ties)
@@ -127,9 +128,10 @@ class _CountCalls(TorchFunctionMode):
 
 @pytest.mark.parametrize("fn", [kendall_tau, spearman, pearson, jensen_shannon, topk_overlap, topk_kendall_tau],
                          ids=lambda f: f.__name__)
-def test_vectorised_by_design_the_number_of_torch_calls_does_not_grow_with_the_batch(fn):
+@pytest.mark.parametrize("T", [20, 300])
+def test_vectorised_by_design_the_number_of_torch_calls_does_not_grow_with_the_batch(fn, T):
     counts = []
-    x3, y3, mask3 = _ragged(3, 20, seed=0, ties=False)
+    x3, y3, mask3 = _ragged(3, T, seed=0, ties=False)
     for repeats in (1, 20):  # the same 3 instances, then 60: iterative p-values converge identically
         x, y, mask = x3.repeat(repeats, 1), y3.repeat(repeats, 1), mask3.repeat(repeats, 1)
         with _CountCalls() as mode:
