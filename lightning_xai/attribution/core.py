@@ -309,16 +309,17 @@ def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = 
                 logits = model.forward_from_embeddings(model.embed(batch), batch).logits
             target = resolve_target(logits, target)
         result = fn(model, batch, target, create_graph=create_graph, **extra, **options)
-    scores, rest = (result[0], tuple(result[1:])) if isinstance(result, tuple) else (result, ())
-    if not isinstance(scores, Tensor) or tuple(scores.shape) != tuple(mask.shape):
-        raise RuntimeError(f"Method {name!r} returned {getattr(scores, 'shape', type(scores))}; an attribution "
-                           f"method must return a [B, T] = {tuple(mask.shape)} map.")
-    if not scores.is_floating_point():
-        scores = scores.float()
-    scores = scores.masked_fill(~mask.to(scores.device), 0.0)
-    if not create_graph:
-        scores = scores.detach()
-    if normalize is not None:
-        scores = _normalize(scores, normalize)
+        # post-process inside the context: under a caller's no_grad/inference_mode the graph must survive
+        scores, rest = (result[0], tuple(result[1:])) if isinstance(result, tuple) else (result, ())
+        if not isinstance(scores, Tensor) or tuple(scores.shape) != tuple(mask.shape):
+            raise RuntimeError(f"Method {name!r} returned {getattr(scores, 'shape', type(scores))}; an attribution "
+                               f"method must return a [B, T] = {tuple(mask.shape)} map.")
+        if not scores.is_floating_point():
+            scores = scores.float()
+        scores = scores.masked_fill(~mask.to(scores.device), 0.0)
+        if not create_graph:
+            scores = scores.detach()
+        if normalize is not None:
+            scores = _normalize(scores, normalize)
     return (scores, *rest) if rest else scores
 

@@ -235,6 +235,7 @@ def test_inference_mode_caller_and_model_state_restored(model64, batch8):
         for method in METHODS:
             for create_graph in (False, True):
                 scores = attribute(model, frozen, method, create_graph=create_graph, **FAST.get(method, {}))
+                assert not scores.is_inference() and (scores.grad_fn is not None) == create_graph
                 torch.testing.assert_close(scores.detach(), expected[method], rtol=1e-9, atol=1e-12)
     assert {name: m.training for name, m in model.named_modules()} == modes
     assert {name: p.requires_grad for name, p in model.named_parameters()} == flags
@@ -353,3 +354,20 @@ def test_bad_inputs_give_clear_errors(model64, batch8):
         attribute(model64, batch8, "gradient", normalize="softmax")
     with pytest.raises(TypeError, match="attribution object"):
         attribute(model64, batch8, 3)
+
+
+def test_captum_is_not_imported_by_the_package():
+    import subprocess
+    import sys
+    code = "import sys, lightning_xai.attribution; assert 'captum' not in sys.modules, 'captum imported'"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_works_under_no_grad_like_fit_validation(model64, batch8):
+    expected = attribute(model64, batch8, "grad_x_input")
+    with torch.no_grad():
+        scores = attribute(model64, batch8, "grad_x_input")
+        graph = attribute(model64, batch8, "grad_x_input", create_graph=True)
+    torch.testing.assert_close(scores, expected)
+    assert graph.grad_fn is not None
