@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytorch_lightning as pl
@@ -23,6 +24,7 @@ from lightning_xai.callbacks.base import AuditCallback, AuditResult
 from lightning_xai.reporting.html import (ReportSection, _esc, _fmt, history_table_html, render_report,
                                           token_heatmap_html)
 from lightning_xai.reporting.plots import plot_heatmap, plot_histograms, plot_history
+from lightning_xai.reporting.summary import final_results, format_summary
 from lightning_xai.reporting.wandb_logging import is_wandb_logger, log_audit_to_wandb
 
 __all__ = ["AuditReport", "write_report"]
@@ -170,6 +172,7 @@ class AuditReport(Callback):
         self.report_path: Optional[str] = None
         self._directory: Optional[str] = None
         self._seen: Dict[int, int] = {}
+        self._trainer: Optional[Any] = None
 
     @staticmethod
     def audits(trainer: "pl.Trainer") -> List[AuditCallback]:
@@ -181,6 +184,7 @@ class AuditReport(Callback):
         # trainer.log_dir broadcasts from rank zero: every process must ask.
         base = self.dirpath or os.path.join(trainer.log_dir or trainer.default_root_dir, "xai_report")
         self._directory = base
+        self._trainer = weakref.ref(trainer)
         if not self.audits(trainer):
             pl.utilities.rank_zero.rank_zero_warn("AuditReport found no audit callback (AttentionAudit, ErasureAudit, "
                                                   "AttentionBaselines, ImpermissibleAttentionMonitor) to report on.")
@@ -212,6 +216,16 @@ class AuditReport(Callback):
         # Heatmap PNGs are the slow part: draw them once, when the run (fit/validate/test) ends.
         self.report_path = write_report(audits, directory, self.filename, self.title, subtitle,
                                         self.max_examples, self.png, self.heatmap_pngs if final else 0)
+
+    def summary(self) -> str:
+        """The final results table of every audit callback of the trainer (and its ``test/acc``), as text.
+
+        ``lightning-xai``'s CLI prints the ``summary()`` of every callback that has one after testing.
+        """
+        trainer = self._trainer() if self._trainer is not None else None
+        if trainer is None:
+            return ""
+        return format_summary(final_results(trainer.callbacks, dict(trainer.callback_metrics)))
 
     @override
     def on_validation_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:

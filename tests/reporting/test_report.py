@@ -136,6 +136,7 @@ def test_report_callback_writes_into_the_run_directory(kit, tmp_path):
     words = dm.tokens("val", audit.latest.examples[0].index)
     shown = [text for text, attrs in dom.tokens if attrs["title"].startswith("attention:")]
     assert shown[: len(words)] == words  # tokens come from the data module
+    assert "Kendall τ attention ↔ gradient" in report.summary()  # what the CLI prints after testing
 
 
 def test_summary_table_from_histories():

@@ -1,0 +1,215 @@
+"""What does auditing cost? One SST-2 training epoch of the reference model, with and without AttentionAudit.
+
+The reference model (embedding 300, BiLSTM 128/direction over packed sequences, tanh attention, batch 32) trains
+one epoch on the bundled SST-2 train split (6,920 sentences) and validates on dev (872), in a real ``Trainer``.
+Configurations, each in its own ``Trainer.fit`` from the same initial weights, run round-robin (order rotated
+each round) so that load from other processes on this shared machine hits all of them alike:
+
+* ``plain``: no callback;
+* ``default``: ``AttentionAudit()`` at its defaults — every epoch, 256 dev sentences, gradient, grad×input,
+  Integrated Gradients (50 steps) and leave-one-out, Kendall τ / JSD / top-k overlap for every pair;
+* further cheaper configurations (``--configs``).
+
+Inside the audited runs the audit's own time is measured directly (``run_audit`` wrapped with a clock) and split
+per attribution method; the overhead is reported two ways: audit time / (epoch time − audit time) within a run
+(insensitive to load drifting between runs), and median epoch time audited / median epoch time plain − 1.
+
+Usage::
+
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/callback_overhead.py            # full: ~10-20 min on 2 cores
+    .venv/bin/python benchmarks/callback_overhead.py --quick                      # smoke run (tiny slices)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+README = HERE / "README.md"
+RESULTS = HERE / "results"
+
+#: name -> AttentionAudit keyword arguments
+CONFIGS: Dict[str, Dict[str, Any]] = {
+    "default": {},
+    "ig20": {"method_options": {"integrated_gradients": {"n_steps": 20}}},
+    "no_ig": {"methods": ("gradient", "grad_x_input", "leave_one_out")},
+    "jw": {"methods": ("grad_x_input", "leave_one_out"), "metrics": ("kendall_tau",)},
+    "every2_no_ig": {"methods": ("gradient", "grad_x_input", "leave_one_out"), "every_n_epochs": 2},
+}
+
+
+def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: tiny slices and model, one round")
+    parser.add_argument("--rounds", type=int, default=2, help="round-robin rounds (each config once per round)")
+    parser.add_argument("--configs", nargs="*", default=["default", "no_ig", "jw"], choices=sorted(CONFIGS),
+                        help="audited configurations besides 'plain'")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default $OMP_NUM_THREADS or 2)")
+    parser.add_argument("--out", type=Path, default=None, help="result JSON (default benchmarks/results/...)")
+    parser.add_argument("--no-update-readme", action="store_true", help="do not paste the table into README.md")
+    return parser.parse_args(argv)
+
+
+def _datamodule(quick: bool):
+    from lightning_xai.data import TextClassificationDataModule
+
+    class Sliced(TextClassificationDataModule):
+        def examples(self, split):
+            examples = super().examples(split)
+            return examples[: {"train": 96, "val": 48, "test": 48}[split]] if quick else examples
+
+    dm = Sliced("sst2", batch_size=32, seed=0)
+    dm.setup("fit")
+    return dm
+
+
+def _run(config: Optional[str], dm, initial_state, quick: bool) -> Dict[str, Any]:
+    import pytorch_lightning as pl
+    import torch
+
+    import lightning_xai.callbacks.attention_audit as audit_module
+    from lightning_xai.callbacks import AttentionAudit
+    from lightning_xai.models import AttentionClassifier
+
+    dims = dict(embedding_dim=16, hidden_dim=8) if quick else {}
+    model = AttentionClassifier(dm.vocab_size, 2, **dims)
+    model.load_state_dict(initial_state)
+    clock: Dict[str, float] = {"audit": 0.0}
+    per_method: Dict[str, float] = {}
+    callbacks = []
+    original_attribute = audit_module.attribute
+    if config is not None:
+        options = dict(CONFIGS[config])
+        if quick:
+            options.setdefault("num_samples", 16)
+        audit = AttentionAudit(**options)
+        inner = audit.run_audit
+
+        def timed_run_audit(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                clock["audit"] += time.perf_counter() - start
+
+        def timed_attribute(model, batch, method, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original_attribute(model, batch, method, *args, **kwargs)
+            finally:
+                per_method[method] = per_method.get(method, 0.0) + time.perf_counter() - start
+
+        audit.run_audit = timed_run_audit
+        audit_module.attribute = timed_attribute
+        callbacks.append(audit)
+
+    class EpochClock(pl.Callback):
+        def on_train_epoch_start(self, trainer, pl_module):
+            clock["epoch_start"] = time.perf_counter()
+
+        def on_train_epoch_end(self, trainer, pl_module):  # after the epoch's validation (and audit)
+            clock["epoch"] = time.perf_counter() - clock["epoch_start"]
+
+    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0, callbacks=[*callbacks, EpochClock()],
+                         default_root_dir=str(HERE / ".cache" / "callback_overhead"))
+    try:
+        trainer.fit(model, dm)
+    finally:
+        audit_module.attribute = original_attribute
+    return {"config": config or "plain", "epoch_s": clock["epoch"], "audit_s": clock["audit"],
+            "per_method_s": per_method}
+
+
+def _markdown(result: Dict[str, Any]) -> str:
+    rows = result["configs"]
+    plain = rows["plain"]["median_epoch_s"]
+    lines = [f"Measured {result['date']} on {result['machine']} ({result['threads']} torch threads; load average at "
+             f"start {result['load_average']}); {result['rounds']} round(s), medians. Epoch = 6,920 train + 872 dev "
+             "sentences, batch 32, reference model." if not result["quick"] else "Quick smoke run (tiny slices).",
+             "",
+             "| configuration | epoch (s) | audit (s) | overhead: audit / rest of epoch | overhead: epoch vs plain | "
+             "per method (s) |",
+             "|---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        methods = ", ".join(f"{m} {t:.1f}" for m, t in sorted(row.get("per_method_s", {}).items()))
+        if name == "plain":
+            lines.append(f"| plain (no callback) | {row['median_epoch_s']:.1f} | — | — | — | |")
+            continue
+        lines.append(f"| `{name}`: {CONFIGS[name] or 'AttentionAudit() defaults'} | {row['median_epoch_s']:.1f} | "
+                     f"{row['median_audit_s']:.1f} | {100 * row['overhead_within_run']:.1f} % | "
+                     f"{100 * (row['median_epoch_s'] / plain - 1):+.1f} % | {methods} |")
+    return "\n".join(lines)
+
+
+def update_readme(block: str) -> bool:
+    if not README.exists():
+        return False
+    text = README.read_text()
+    pattern = re.compile(r"(<!-- results:callback_overhead -->\n)(.*?)(<!-- /results:callback_overhead -->)", re.S)
+    if not pattern.search(text):
+        return False
+    README.write_text(pattern.sub(lambda m: m.group(1) + block.rstrip() + "\n" + m.group(3), text))
+    return True
+
+
+def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
+    args = _parse(argv)
+    import torch
+    import pytorch_lightning as pl
+
+    threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "2"))
+    torch.set_num_threads(threads)
+    from lightning_xai.models import AttentionClassifier
+
+    dm = _datamodule(args.quick)
+    pl.seed_everything(0, verbose=False)
+    dims = dict(embedding_dim=16, hidden_dim=8) if args.quick else {}
+    initial = AttentionClassifier(dm.vocab_size, 2, **dims).state_dict()
+    names: List[Optional[str]] = [None, *args.configs]
+    rounds = 1 if args.quick else args.rounds
+    runs: List[Dict[str, Any]] = []
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    for r in range(rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for name in order:
+            run = _run(name, dm, initial, args.quick)
+            runs.append(run)
+            print(f"round {r}: {run['config']:>14}: epoch {run['epoch_s']:.1f} s, audit {run['audit_s']:.1f} s "
+                  f"{run['per_method_s']}", flush=True)
+    configs: Dict[str, Dict[str, Any]] = {}
+    for name in ["plain", *args.configs]:
+        mine = [r for r in runs if r["config"] == name]
+        epoch = statistics.median(r["epoch_s"] for r in mine)
+        audit = statistics.median(r["audit_s"] for r in mine)
+        row = {"median_epoch_s": epoch, "median_audit_s": audit, "runs": mine}
+        if name != "plain":
+            row["overhead_within_run"] = statistics.median(r["audit_s"] / (r["epoch_s"] - r["audit_s"]) for r in mine)
+            methods = sorted({m for r in mine for m in r["per_method_s"]})
+            row["per_method_s"] = {m: statistics.median(r["per_method_s"].get(m, 0.0) for r in mine) for m in methods}
+        configs[name] = row
+    result = {"benchmark": "callback_overhead", "quick": args.quick, "rounds": rounds, "threads": threads,
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_average": round(load, 1),
+              "machine": f"{platform.machine()} {os.cpu_count()} CPUs, torch {torch.__version__}", "configs": configs}
+    result["markdown"] = _markdown(result)
+    out = args.out or RESULTS / ("callback_overhead_quick.json" if args.quick else "callback_overhead.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(result["markdown"])
+    if not args.quick and not args.no_update_readme:
+        print("README updated" if update_readme(result["markdown"]) else "no callback_overhead block in README.md")
+    return result
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)
