@@ -455,7 +455,8 @@ class HuggingFaceAdapter(nn.Module):
                 "attn_implementation='eager'.")
         reduced = self._reduce(raw, batch)
         if reduced.shape != mask.shape:
-            raise ValueError(f"the attention reduction returned shape {tuple(reduced.shape)}; expected {tuple(mask.shape)}.")
+            raise ValueError(f"the attention reduction returned shape {tuple(reduced.shape)}; expected "
+                             f"{tuple(mask.shape)}.")
         attention = _renormalise(reduced, mask)
         hidden = output.hidden_states[-1] if getattr(output, "hidden_states", None) else None
         return ExplainOutput(logits=output.logits, attention=attention, hidden_states=hidden, raw_attentions=raw,

@@ -78,7 +78,8 @@ def pieces_to_words(scores: Tensor, word_ids: Tensor, num_words: Optional[int] =
     """
     _check_word_ids(word_ids, scores.shape[0])
     if scores.shape != word_ids.shape:
-        raise ValueError(f"scores have shape {tuple(scores.shape)} but word_ids {tuple(word_ids.shape)}; both are [B, T].")
+        raise ValueError(f"scores have shape {tuple(scores.shape)} but word_ids {tuple(word_ids.shape)}; both are "
+                         "[B, T].")
     if num_words is None:
         num_words = int(word_ids.max()) + 1 if word_ids.numel() else 0
     valid = word_ids >= 0
