@@ -44,23 +44,23 @@ def _pair_stats(x: Tensor, y: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor, Ten
     pairs = max(1, T * T)
     # small blocks stay in cache; long documents get blocks of up to 2^24 pairs (one row only beyond 4096 tokens)
     rows = _PAIR_BUDGET // pairs if pairs * 8 <= _PAIR_BUDGET else max(1, (1 << 24) // pairs)
-    cmd, tx, ty = [], [], []
-    for start in range(0, B, rows):  # memory chunks of many instances each, not one per instance
-        m = mask[start:start + rows]
-        xs = x[start:start + rows].masked_fill(~m, 0.0)
-        ys = y[start:start + rows].masked_fill(~m, 0.0)
-        weight = m.to(xs.dtype).unsqueeze(1)  # [chunk, 1, T]: zeroes the pairs (i, j) with j a pad
-        sx = (xs.unsqueeze(2) - xs.unsqueeze(1)).sign_().mul_(weight)  # exact: x_i − x_j is 0 iff x_i == x_j
-        sy = (ys.unsqueeze(2) - ys.unsqueeze(1)).sign_().mul_(weight)
-        per_token = (sx * sy).sum(2)  # plain reductions, not BLAS: predictable on a busy machine
-        real = m.double()
-        cmd.append((per_token.double() * real).sum(1) / 2)  # ordered pairs count each pair twice
-        n = m.sum(1, keepdim=True).double()
-        # tie-group size of token i (itself included) = n − #{real j : x_j != x_i}
-        tx.append(n - sx.abs_().sum(2).double())
-        ty.append(n - sy.abs_().sum(2).double())
+    xs, ys = x.masked_fill(~mask, 0.0), y.masked_fill(~mask, 0.0)
+    weight = mask.to(xs.dtype).unsqueeze(1)  # [B, 1, T]: zeroes the pairs (i, j) with j a pad
+    per_token, diff_x, diff_y = [], [], []
+    for start in range(0, B, rows):  # blocks of many instances each, not one per instance
+        xb, yb, wb = xs[start:start + rows], ys[start:start + rows], weight[start:start + rows]
+        sx = (xb.unsqueeze(2) - xb.unsqueeze(1)).sign_().mul_(wb)  # exact: x_i − x_j is 0 iff x_i == x_j
+        sy = (yb.unsqueeze(2) - yb.unsqueeze(1)).sign_().mul_(wb)
+        per_token.append((sx * sy).sum(2))  # plain reductions, not BLAS: predictable on a busy machine
+        diff_x.append(sx.abs_().sum(2))  # #{real j : x_j != x_i}
+        diff_y.append(sy.abs_().sum(2))
+    real = mask.double()
+    n = real.sum(1, keepdim=True)
+    cmd = (torch.cat(per_token).double() * real).sum(1) / 2  # ordered pairs count each pair twice
+    # tie-group size of token i (itself included) = n − #{real j : x_j != x_i}
+    tx, ty = n - torch.cat(diff_x).double(), n - torch.cat(diff_y).double()
     # sums of ±1/0 values: exact integers in floating point (no rounding needed)
-    return torch.cat(cmd), torch.cat(tx), torch.cat(ty)
+    return cmd, tx, ty
 
 
 def _tie_stats(t: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
