@@ -180,3 +180,17 @@ def test_impermissible_monitor_without_the_key_fails_before_training(kit, tmp_pa
     with pytest.raises(MisconfigurationException, match="no 'impermissible' key"):
         kit.make_trainer(tmp_path, [ImpermissibleAttentionMonitor(num_samples=4)]).fit(model, dm)
     assert model.global_step == 0
+
+
+def test_plain_dataloaders_and_tokens_from_the_model_vocab(kit, tmp_path):
+    from lightning_xai.reporting import AuditReport
+
+    dm = kit.make_dm()
+    model = kit.make_model(dm)
+    train = torch.utils.data.DataLoader(dm.dataset("train"), batch_size=16, collate_fn=collate)
+    val = torch.utils.data.DataLoader(dm.dataset("val"), batch_size=16, collate_fn=collate)
+    audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), num_samples=6)
+    kit.make_trainer(tmp_path, [audit, AuditReport(png=False)]).fit(model, train, val)
+    example = audit.latest.examples[0]
+    assert example.tokens == [dm.vocab.itos[i] for i in example.token_ids]  # no data module: the model's vocab
+    assert len(example.tokens) == len(dm.tokens("val", example.index))
