@@ -2,6 +2,7 @@
 from lightning_xai.adapters import ExplainableModel, ExplainOutput, HookAdapter, HuggingFaceAdapter, as_explainable
 from lightning_xai.attribution import attribute, explanation_context
 from lightning_xai.callbacks import AttentionAudit, AttentionBaselines, ErasureAudit, ImpermissibleAttentionMonitor
+from lightning_xai.callbacks import SanityCheck
 from lightning_xai.data import TextClassificationDataModule, Vocabulary
 from lightning_xai.losses import (AttentionAlignmentLoss, ConicityLoss, DeceptionPenalty, ErasureFaithfulnessLoss,
                                   ModelConsistentAdversary)
@@ -16,4 +17,4 @@ __all__ = ["AOPC", "Comprehensiveness", "DecisionFlip", "JensenShannon", "Kendal
            "Vocabulary", "as_explainable", "attribute", "explanation_context",
            "AttentionAudit", "AttentionBaselines", "AuditReport", "ErasureAudit", "ImpermissibleAttentionMonitor",
            "AttentionAlignmentLoss", "ConicityLoss", "DeceptionPenalty", "ErasureFaithfulnessLoss",
-           "ModelConsistentAdversary", "HFClassifier", "HookAdapter", "HuggingFaceAdapter"]
+           "ModelConsistentAdversary", "HFClassifier", "HookAdapter", "HuggingFaceAdapter", "SanityCheck"]
