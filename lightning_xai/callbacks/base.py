@@ -243,6 +243,7 @@ class AuditCallback(Callback, abc.ABC):
         self._warned_no_logger = False
         self._checked = False
         self._last_step_audited: Optional[int] = None
+        self._epoch_audited: Optional[int] = None
 
     # --- identity and state ---------------------------------------------------------------------------
     def _state_config(self) -> Dict[str, Any]:
@@ -391,10 +392,20 @@ class AuditCallback(Callback, abc.ABC):
             return
         fn = trainer.state.fn
         if fn == "fit":
-            if self.every_n_epochs and (trainer.current_epoch + 1) % self.every_n_epochs == 0:
-                self.run_audit(trainer, pl_module, "fit", self.dataloader)
+            self._epoch_audit(trainer, pl_module)
         elif fn == "validate" and self.on_validate:
             self.run_audit(trainer, pl_module, "validate", "val")
+
+    def _epoch_audit(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        epoch = trainer.current_epoch
+        if self.every_n_epochs and (epoch + 1) % self.every_n_epochs == 0 and self._epoch_audited != epoch:
+            self._epoch_audited = epoch
+            self.run_audit(trainer, pl_module, "fit", self.dataloader)
+
+    @override
+    def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        # Runs after the epoch's validation: audits here only when no validation ran this epoch.
+        self._epoch_audit(trainer, pl_module)
 
     @override
     def on_test_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:

@@ -194,3 +194,10 @@ def test_plain_dataloaders_and_tokens_from_the_model_vocab(kit, tmp_path):
     example = audit.latest.examples[0]
     assert example.tokens == [dm.vocab.itos[i] for i in example.token_ids]  # no data module: the model's vocab
     assert len(example.tokens) == len(dm.tokens("val", example.index))
+
+
+def test_epoch_audits_run_without_a_validation_loop(kit, tmp_path):
+    dm = kit.make_dm()
+    audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), num_samples=4, every_n_epochs=2)
+    kit.make_trainer(tmp_path, [audit], max_epochs=4, limit_val_batches=0).fit(kit.make_model(dm), dm)
+    assert [r["epoch"] for r in audit.history] == [1, 3]
