@@ -169,6 +169,8 @@ def audit(model: AttentionClassifier, dm: TextClassificationDataModule, limit: O
     taus: Dict[str, List[tuple]] = {f"{a}_{b}": [] for a, b in PAIRS}
     check = {"gradient_max_abs_diff": 0.0, "loo_max_abs_diff": 0.0, "tau_max_abs_diff": 0.0}
     attached: List[tuple] = []
+    peak: List[float] = []
+    entropy_ratio: List[float] = []
     shared_ok = cross_check
     for start in range(0, n, batch_size):
         batch = collate([dataset[i] for i in range(start, min(n, start + batch_size))])
@@ -177,6 +179,11 @@ def audit(model: AttentionClassifier, dm: TextClassificationDataModule, limit: O
         maps["loo"] = jw_leave_one_out(model, batch, maps["prob"], maps["predicted"])
         for a, b in PAIRS:
             taus[f"{a}_{b}"].extend(per_instance_tau(maps[a], maps[b], mask))
+        # how peaked attention is: max weight, and entropy / log(length) (1 = uniform)
+        attention, length = maps["attention"], mask.sum(1).double()
+        entropy = -(attention.clamp_min(1e-12).log() * attention).sum(1).double()
+        peak.extend(attention.max(1).values.tolist())
+        entropy_ratio.extend((entropy / length.log().clamp_min(1e-12)).tolist())
         if shared_ok:
             shared = shared_maps(model, batch)
             tau = shared_tau(maps["attention"], maps["gradient"], mask) if shared is not None else None
@@ -192,7 +199,9 @@ def audit(model: AttentionClassifier, dm: TextClassificationDataModule, limit: O
             check["tau_max_abs_diff"] = max(check["tau_max_abs_diff"],
                                             (tau[finite] - ours[finite]).abs().max().item() if finite.any() else 0.0)
             attached.extend(per_instance_tau(maps["attention"], shared["gradient_attached"], mask))
-    result: Dict[str, Any] = {"n": n, "tau": {k: summarise(v) for k, v in taus.items()}}
+    result: Dict[str, Any] = {"n": n, "tau": {k: summarise(v) for k, v in taus.items()},
+                              "attention_max_mean": float(np.mean(peak)),
+                              "attention_entropy_ratio_mean": float(np.mean(entropy_ratio))}
     if shared_ok:
         result["shared_library_check"] = check
         result["tau_attention_gradient_not_detached"] = summarise(attached)
@@ -285,7 +294,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     audits = audit(best, dm, args.audit_limit, cross_check=not args.no_cross_check)
     t2 = time.perf_counter()
     results = {
-        "seed": args.seed, "config": {k: v for k, v in vars(args).items() if k not in ("out",)},
+        "seed": args.seed, "checkpoint": args.checkpoint, "config": {k: v for k, v in vars(args).items() if k not in ("out",)},
         "embedding_init": {"method": init, "found": report.found if report else None,
                            "total": report.total if report else None, "scale": report.scale if report else None,
                            "rms": report.rms if report else None, "stage1": stage1},
@@ -303,7 +312,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
 
 
 def format_table(results: Dict[str, Any]) -> str:
-    lines = [f"Jain & Wallace (2019), SST, BiLSTM + tanh attention — seed {results['seed']}, embedding init "
+    origin = f"checkpoint {results['checkpoint']}" if results.get("checkpoint") else f"seed {results['seed']}"
+    lines = [f"Jain & Wallace (2019), SST, BiLSTM + tanh attention — {origin}, embedding init "
              f"{results['embedding_init']['method']!r}, best epoch {results['best_epoch']} (dev ROC-AUC "
              f"{results['dev_auroc']:.3f}), {results['n']} test sentences",
              f"{'':34}{'ours':>26}   J&W",
@@ -314,6 +324,8 @@ def format_table(results: Dict[str, Any]) -> str:
         s = results["tau"][key]
         cell = f"{s['mean']:.3f} ± {s['std']:.3f} (p≤.05 {s['significant']:.0%})"
         lines.append(f"{label:34}{cell:>26}   {JW_FIGURES[key]}")
+    lines.append(f"attention peakedness: mean max weight {results['attention_max_mean']:.3f}, mean entropy / "
+                 f"log(length) {results['attention_entropy_ratio_mean']:.3f} (1 = uniform)")
     if "shared_library_check" in results:
         c = results["shared_library_check"]
         s = results["tau_attention_gradient_not_detached"]
