@@ -16,6 +16,7 @@ import abc
 import contextlib
 import math
 import random
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -433,13 +434,21 @@ class AuditCallback(Callback, abc.ABC):
         model = self.explainable(pl_module)
         examples: List[AuditExample] = []
         extras: List[Dict[str, Any]] = []
-        with audit_guard(pl_module, seed=self.seed) as generator:
-            for positions, indices, cpu_batch in self._audit_batches(trainer, split):
-                batch = move_data_to_device(cpu_batch, pl_module.device)
-                with self._precision_context(trainer, pl_module):
-                    found, extra = self.audit_batch(model, batch, generator, indices)
-                examples.extend(self._examples(model, batch, positions, indices, split, found))
-                extras.append(extra)
+        batches = self._audit_batches(trainer, split)
+        bar = self._progress_bar(trainer, len(batches), split)
+        try:
+            with audit_guard(pl_module, seed=self.seed) as generator:
+                for positions, indices, cpu_batch in batches:
+                    batch = move_data_to_device(cpu_batch, pl_module.device)
+                    with self._precision_context(trainer, pl_module):
+                        found, extra = self.audit_batch(model, batch, generator, indices)
+                    examples.extend(self._examples(model, batch, positions, indices, split, found))
+                    extras.append(extra)
+                    if bar is not None:
+                        bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
         examples = self._gather(trainer, examples)
         merged = self._merge_extras(trainer, extras)
         metrics = self.aggregate(examples, merged)
@@ -450,6 +459,18 @@ class AuditCallback(Callback, abc.ABC):
         self.latest = result
         self.version += 1
         return result
+
+    def _progress_bar(self, trainer: "pl.Trainer", total: int, split: str) -> Any:
+        """Lightning's tqdm bar for the audit, shown (rank zero, progress bar enabled) once it takes over 2 s."""
+        progress = trainer.progress_bar_callback
+        if progress is None or not trainer.is_global_zero or not getattr(progress, "is_enabled", False):
+            return None
+        try:
+            from pytorch_lightning.callbacks.progress.tqdm_progress import Tqdm
+        except ImportError:  # pragma: no cover - Lightning without tqdm
+            return None
+        return Tqdm(total=total, desc=f"{type(self).__name__} ({split})", leave=False, delay=2.0, dynamic_ncols=True,
+                    file=sys.stderr, unit="batch")
 
     def _examples(self, model: ExplainableModel, batch: Dict[str, Any], positions: List[int], indices: List[int],
                   split: str, found: Dict[str, Any]) -> List[AuditExample]:
