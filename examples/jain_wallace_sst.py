@@ -281,7 +281,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     if args.checkpoint:
         best, report, best_auroc, train_seconds = AttentionClassifier.load_from_checkpoint(args.checkpoint), None, \
             float("nan"), 0.0
-        best_epoch = int(Path(args.checkpoint).stem.split("epoch=")[1]) if "epoch=" in args.checkpoint else -1
+        best_epoch = int(torch.load(args.checkpoint, map_location="cpu", weights_only=False).get("epoch", -1))
         init = best.hparams.embedding_init
         trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
                              default_root_dir=out)
