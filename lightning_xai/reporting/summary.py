@@ -37,6 +37,8 @@ def pick_record(history: Sequence[Mapping[str, Any]],
 def _num(value: Optional[float], digits: int = 3) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
+    if value != 0 and abs(value) < 10 ** -digits:
+        return f"{value:.2e}"
     return f"{value:.{digits}f}"
 
 
@@ -51,13 +53,15 @@ def _source(record: Mapping[str, Any]) -> str:
     return f"{record['stage']}, epoch {record['epoch']}, n={record.get('num_examples', '?')}"
 
 
-def final_results(callbacks: Iterable[Any], test_metrics: Optional[Mapping[str, Any]] = None
-                  ) -> List[Tuple[str, str, str]]:
+def final_results(callbacks: Iterable[Any], test_metrics: Optional[Mapping[str, Any]] = None,
+                  full: bool = False) -> List[Tuple[str, str, str]]:
     """Rows ``(quantity, value, source)`` of the final table.
 
     Args:
         callbacks: the trainer's callbacks (non-audit ones are ignored).
         test_metrics: e.g. ``trainer.callback_metrics`` after ``trainer.test`` (``test/acc`` is shown).
+        full: every agreement metric of every pair (default: the first metric, Kendall τ, as J&W report) and the
+            AOPC rows of the erasure audit.
 
     For each audit callback the latest ``test`` record is used (else ``validate``, else ``fit``).
     """
@@ -78,7 +82,7 @@ def final_results(callbacks: Iterable[Any], test_metrics: Optional[Mapping[str, 
         m, src = record["metrics"], _source(record)
         kind = type(cb).__name__
         if kind == "AttentionAudit":
-            for metric in getattr(cb, "metrics", []):
+            for metric in getattr(cb, "metrics", [])[: None if full else 1]:
                 label = {"kendall_tau": "Kendall τ", "jsd": "JSD", "topk_overlap": "top-k overlap"}.get(metric, metric)
                 for first, second in getattr(cb, "pairs", []):
                     key = f"{metric}/{first}_vs_{second}"
@@ -90,7 +94,9 @@ def final_results(callbacks: Iterable[Any], test_metrics: Optional[Mapping[str, 
                     rows.append((f"decision flip [{r}]: fraction flipped", _num(m[f"{r}/flipped/mean"]), src))
                     rows.append((f"decision flip [{r}]: fraction of tokens removed", _mean_std(m, f"{r}/fraction_removed"),
                                  src))
-                for name in ("comprehensiveness", "sufficiency", "aopc_comprehensiveness", "aopc_sufficiency"):
+                names = ("comprehensiveness", "sufficiency") + (("aopc_comprehensiveness", "aopc_sufficiency")
+                                                                 if full else ())
+                for name in names:
                     if f"{r}/{name}/mean" in m:
                         rows.append((f"{name.replace('_', ' ')} [{r}]", _mean_std(m, f"{r}/{name}"), src))
         elif kind == "AttentionBaselines":
@@ -136,7 +142,7 @@ def format_summary(rows: Sequence[Tuple[str, str, str]], title: str = "lightning
 
 
 def print_summary(trainer_or_callbacks: Any, test_metrics: Optional[Mapping[str, Any]] = None,
-                  file: Optional[TextIO] = None) -> str:
+                  file: Optional[TextIO] = None, full: bool = False) -> str:
     """Print (on rank zero) and return the final results table.
 
     Args:
@@ -144,11 +150,12 @@ def print_summary(trainer_or_callbacks: Any, test_metrics: Optional[Mapping[str,
             ``callback_metrics``) or a list of callbacks.
         test_metrics: metrics holding ``test/acc`` (e.g. ``trainer.test(...)[0]``).
         file: where to print (default ``sys.stdout``).
+        full: see :func:`final_results`.
     """
     callbacks = getattr(trainer_or_callbacks, "callbacks", trainer_or_callbacks)
     if test_metrics is None and hasattr(trainer_or_callbacks, "callback_metrics"):
         test_metrics = dict(trainer_or_callbacks.callback_metrics)
-    text = format_summary(final_results(callbacks, test_metrics))
+    text = format_summary(final_results(callbacks, test_metrics, full=full))
     if getattr(trainer_or_callbacks, "is_global_zero", True):
         print(text, file=file or sys.stdout)
     return text

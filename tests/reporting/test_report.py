@@ -170,6 +170,10 @@ def test_summary_table_from_histories():
     assert table["comprehensiveness [attention]"] == "0.200 ± 0.050"
     assert table["uniform attention: accuracy trained → uniform"] == "0.800 → 0.780 (Δ -0.020)"
     assert table["permutation: median |Δŷ|"] == "0.0123"
+    assert "JSD attention ↔ gradient" not in table  # Kendall τ only unless full=True
+    assert not any(q.startswith("aopc") for q in table)
+    full = dict((q, v) for q, v, _ in final_results([erasure], full=True))
+    assert "comprehensiveness [attention]" in full
     text = format_summary(rows)
     assert text.splitlines()[0] == "lightning_xai — final results" and "test, epoch 4, n=256" in text
     assert print_summary([audit], {"test/acc": 0.5}, file=open(os.devnull, "w")).count("\n") >= 2
