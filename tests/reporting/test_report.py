@@ -140,7 +140,7 @@ def test_report_callback_writes_into_the_run_directory(kit, tmp_path):
 
 
 def test_summary_table_from_histories():
-    audit = AttentionAudit(methods=("gradient", "leave_one_out"), metrics=("kendall_tau",))
+    audit = AttentionAudit(methods=("gradient", "leave_one_out"), metrics=("kendall_tau", "jsd"))
     audit.history = [
         {"stage": "fit", "epoch": 3, "global_step": 9, "split": "val", "num_examples": 256,
          "metrics": {"kendall_tau/attention_vs_gradient/mean": 0.9}},
@@ -148,7 +148,8 @@ def test_summary_table_from_histories():
          "metrics": {"kendall_tau/attention_vs_gradient/mean": 0.35, "kendall_tau/attention_vs_gradient/std": 0.2,
                      "kendall_tau/attention_vs_gradient/significant_fraction": 0.41,
                      "kendall_tau/gradient_vs_leave_one_out/mean": 0.66,
-                     "kendall_tau/gradient_vs_leave_one_out/std": 0.1}}]
+                     "kendall_tau/gradient_vs_leave_one_out/std": 0.1,
+                     "jsd/attention_vs_gradient/mean": 0.2, "jsd/attention_vs_gradient/std": 0.1}}]
     erasure = ErasureAudit(rankings=("attention", "random"))
     erasure.history = [{"stage": "fit", "epoch": 1, "global_step": 2, "split": "val", "num_examples": 8,
                         "metrics": {"attention/flipped/mean": 0.25, "attention/fraction_removed/mean": 0.5,
@@ -172,8 +173,8 @@ def test_summary_table_from_histories():
     assert table["permutation: median |Δŷ|"] == "0.0123"
     assert "JSD attention ↔ gradient" not in table  # Kendall τ only unless full=True
     assert not any(q.startswith("aopc") for q in table)
-    full = dict((q, v) for q, v, _ in final_results([erasure], full=True))
-    assert "comprehensiveness [attention]" in full
+    full = dict((q, v) for q, v, _ in final_results([audit, erasure], full=True))
+    assert full["JSD attention ↔ gradient"] == "0.200 ± 0.100"
     text = format_summary(rows)
     assert text.splitlines()[0] == "lightning_xai — final results" and "test, epoch 4, n=256" in text
     assert print_summary([audit], {"test/acc": 0.5}, file=open(os.devnull, "w")).count("\n") >= 2
