@@ -1,7 +1,7 @@
 """Jain & Wallace's permutation test and Wiegreffe & Pinter's uniform-attention evaluation, while training."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 import torch

@@ -17,9 +17,8 @@ import contextlib
 import math
 import random
 import sys
-import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pytorch_lightning as pl

@@ -10,7 +10,7 @@ import base64
 import html
 import math
 import os
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
 
 __all__ = ["COLOUR_POSITIVE", "COLOUR_NEGATIVE", "score_colour", "legend_html", "token_heatmap_html",
            "history_table_html", "render_report", "png_data_uri", "ReportSection"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, TextIO, Tuple
+from typing import Any, Iterable, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 __all__ = ["final_results", "format_summary", "print_summary", "pick_record"]
 

@@ -5,7 +5,6 @@ from typing import Dict, Optional
 
 import pytest
 import pytorch_lightning as pl
-import torch
 
 from lightning_xai.data import TextClassificationDataModule
 from lightning_xai.data.readers import Example

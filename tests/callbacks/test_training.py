@@ -11,7 +11,6 @@ import textwrap
 import warnings
 
 import pytest
-import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
