@@ -41,8 +41,8 @@ from lightning_xai.adapters.protocol import ExplainOutput
 from lightning_xai.data import TextClassificationDataModule, collate
 from lightning_xai.models import AttentionClassifier
 
-#: Jain & Wallace (2019), SST, BiLSTM + tanh attention (Table 2, Table 3 / Figure 2 of the paper, as summarised
-#: in DESIGN.md): test accuracy and mean per-instance Kendall τ.
+#: Jain & Wallace (2019), SST, BiLSTM + tanh attention, as summarised in the project's design notes: test accuracy
+#: and mean per-instance Kendall τ.
 JW_FIGURES = {"accuracy": "0.808", "attention_gradient": "0.34–0.36", "attention_loo": "0.27–0.32",
               "gradient_loo": "0.66"}
 PAIRS = (("attention", "gradient"), ("attention", "loo"), ("gradient", "loo"))
