@@ -134,15 +134,19 @@ def main(argv=None) -> None:
         s = search(base, dm, args.search_limit, args.search_steps)
         print("search:", s)
         n = int(s["count"])
-        text += ["", "### Per-instance adversarial attention search (Jain & Wallace) on SST-2", "",
-                 f"Base model above, {n} test sentences" + ("" if args.search_limit is None else " (first of the test split)")
+        search_text = ["### Per-instance adversarial attention search (Jain & Wallace) on SST-2", "",
+                 f"The SST-2 base model (BiLSTM + tanh attention), {n} test sentences" + ("" if args.search_limit is None else " (first of the test split)")
                  + f", K=5 candidates, {args.search_steps} Adam steps (lr 0.01, amsgrad), keep |Δŷ| ≤ 0.05. "
-                 f"Took {s['seconds']:.0f}s on one core.", "",
+                 f"{s['seconds']:.0f} s wall time on one thread.", "",
                  C.markdown_table(["found (Δŷ ≤ 0.05)", "JSD ≥ 0.3", "mean", "q10", "q25", "median", "q75", "q90"],
                                   [[s["fraction_found"], s["fraction_at_least_threshold"], s.get("mean", float("nan")),
                                     s.get("q10", float("nan")), s.get("q25", float("nan")), s.get("median", float("nan")),
-                                    s.get("q75", float("nan")), s.get("q90", float("nan"))]])]
-    C.write_section("adversary_sst2", "\n".join(text))
+                                    s.get("q75", float("nan")), s.get("q90", float("nan"))]]), "",
+                       "Command: `OMP_NUM_THREADS=1 python examples/adversary_sst2.py " + " ".join(argv or sys.argv[1:])
+                       + "`"]
+        C.write_section("adversarial_search_sst2", "\n".join(search_text))
+    if rows:
+        C.write_section("adversary_sst2", "\n".join(text))
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ def shares(model, batches, saliency_limit: int) -> Dict[str, float]:
             "loo_share": cat(loo_share), "saliency_n": seen}
 
 
-def run_task(task: str, lams, epochs: int, train_limit, saliency_limit: int) -> List[list]:
+def run_task(task: str, lams, epochs: int, train_limit, saliency_limit: int, select: str = "best") -> List[list]:
     dm = C.datamodule(task)
     train = C.loader(dm, "train", train_limit, shuffle=True)
     val = C.loader(dm, "val")
@@ -65,7 +65,7 @@ def run_task(task: str, lams, epochs: int, train_limit, saliency_limit: int) -> 
         model = AttentionClassifier(dm.vocab_size, dm.num_classes, vocab=dm.vocab.itos, attention="linear",
                                     objectives=objectives, **C.MODEL_KWARGS)
         monitor = ImpermissibleAttentionMonitor(num_samples=256, every_n_epochs=1)
-        info = C.fit(model, train, val, epochs, seed=0, callbacks=[monitor])
+        info = C.fit(model, train, val, epochs, seed=0, callbacks=[monitor], select_best=select == "best")
         curve = [r["metrics"].get("mass/mean", float("nan")) for r in monitor.history if r["stage"] == "fit"]
         r = shares(model, test, saliency_limit)
         print(f"{task} λ={lam}: {r} val-mass per epoch {curve} ({info['seconds']:.0f}s)")
@@ -81,16 +81,18 @@ def main(argv=None) -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--train-limit", type=int, default=None)
     parser.add_argument("--saliency-limit", type=int, default=512, help="test examples for gradient/LOO shares")
+    parser.add_argument("--select", choices=["best", "last"], default="best",
+                        help="keep the best-dev-accuracy epoch or the last one")
     parser.add_argument("--section", default="deception_bilstm", help="name of the results section written")
     args = parser.parse_args(argv)
     C.setup_threads()
     rows = []
     for task in args.tasks:
-        rows += run_task(task, args.lams, args.epochs, args.train_limit, args.saliency_limit)
+        rows += run_task(task, args.lams, args.epochs, args.train_limit, args.saliency_limit, args.select)
     text = ["### Deceptive attention (Pruthi et al.) with the BiLSTM", "",
             f"BiLSTM (64/direction) + Linear(2H, 1) attention, {args.epochs} epochs"
             + (f" on the first {args.train_limit} training examples" if args.train_limit else "")
-            + ", best dev accuracy, seed 0; λ = 0 is the unpenalised model. Test split: accuracy and attention mass "
+            + (", best dev accuracy epoch" if args.select == "best" else ", last epoch") + ", seed 0; λ = 0 is the unpenalised model. Test split: accuracy and attention mass "
               "on impermissible tokens (%); share (%) of |gradient| (L2 over the embedding) and |leave-one-out| "
               f"saliency on those tokens over the first {args.saliency_limit} test examples; the last column is the "
               "ImpermissibleAttentionMonitor's mean validation mass (%) after each epoch.", "",

@@ -138,7 +138,7 @@ def write_section(name: str, text: str) -> Path:
     return path
 
 
-ORDER = ("deception_bilstm", "adversary_sst2", "diagnostic_mlp", "conicity_erasure_sst2")
+ORDER = ("deception_bilstm", "adversary_sst2", "adversarial_search_sst2", "diagnostic_mlp", "conicity_erasure_sst2")
 INTRO = """## Loss modules and audit experiments on the bundled real data
 
 Measured on CPU (one thread) with the examples below; every figure comes from the command under its table.
