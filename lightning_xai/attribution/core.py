@@ -251,12 +251,14 @@ def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = 
     * ``"integrated_gradients"``: Σ_E (e − e′)·∫∂F/∂e dα [``n_steps=50`` or ``"auto"``, ``baseline="zero"|"pad"``,
       ``rule="gauss_legendre"|"riemann_left"|"riemann_middle"|"riemann_right"|"riemann_trapezoid"``,
       ``internal_batch_size="auto"``, ``return_convergence_delta=False``, ``rtol=0.01``, ``atol=1e-6``,
-      ``max_steps=256``, ``start_steps=6``, ``return_n_steps=False``, ``pad_token_id=None``]; warns when
-      \\|delta\\| > 5% of \\|F(x) − F(x′)\\|. ``n_steps="auto"``: Gauss–Legendre with ``start_steps`` nodes,
-      then only the rows whose \\|delta\\| exceeds ``max(rtol·|F(x) − F(x′)|, atol)`` are recomputed with twice
-      the nodes, up to ``max_steps`` (6 rather than 4 start nodes: completeness can hold by cancellation while
-      single tokens are still off; measured on a trained BiLSTM, 6 kept the per-token error under 1% of the
-      row's largest score at 6.3 steps on average, 4 let it reach 3%).
+      ``max_steps=256``, ``token_rtol=0.01``, ``token_atol=1e-7``, ``start_steps=None``,
+      ``return_n_steps=False``, ``pad_token_id=None``]; warns when \\|delta\\| > 5% of \\|F(x) − F(x′)\\|.
+      ``n_steps="auto"``: per-row adaptive Gauss–Kronrod (G7/K15, halving the intervals whose \\|K15 − G7\\|
+      is largest) until every token's error estimate is within ``max(token_atol, token_rtol·Σ_t|IG_t|)`` and
+      \\|delta\\| within ``max(rtol·|F(x) − F(x′)|, atol)``, at most ``max_steps`` gradient evaluations a row
+      (see :func:`~lightning_xai.attribution.gradients.integrated_gradients_map`). With ``start_steps`` given
+      (or a Riemann rule): the completeness-only scheme, ``start_steps`` nodes then twice the nodes for the
+      rows whose \\|delta\\| misses the tolerance, up to ``max_steps``.
     * ``"smooth_grad"``: mean map of a gradient method over noisy embeddings [``n_samples=30``,
       ``noise_level=0.15`` (σ = 0.15·(max − min) of each row's real-token embeddings), ``stdev=None``,
       ``seed=0``, ``generator=None``, ``noise=None``, ``base_method="gradient"``, plus the base method's
