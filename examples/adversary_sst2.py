@@ -103,6 +103,7 @@ def main(argv=None) -> None:
     parser.add_argument("--search-limit", type=int, default=None, help="test sentences for the J&W search")
     parser.add_argument("--search-steps", type=int, default=500)
     parser.add_argument("--skip-search", action="store_true")
+    parser.add_argument("--skip-adversary", action="store_true", help="only run the per-instance search")
     parser.add_argument("--configs", nargs="*", default=None,
                         help="several adversaries: 'lam,epochs' or 'lam,epochs,frozen' (overrides --lam/--epochs)")
     parser.add_argument("--freeze-encoder", action="store_true",
@@ -115,6 +116,8 @@ def main(argv=None) -> None:
     configs = [(lam, args.epochs, args.freeze_encoder) for lam in args.lam]
     if args.configs:
         configs = [(float(c.split(",")[0]), int(c.split(",")[1]), c.endswith(",frozen")) for c in args.configs]
+    if args.skip_adversary:
+        configs = []
     rows = []
     for lam, epochs, frozen in configs:
         adversary = train_adversary(dm, base, lam, epochs, freeze_encoder=frozen)
@@ -122,7 +125,7 @@ def main(argv=None) -> None:
         print(f"lambda={lam} epochs={epochs} frozen={frozen}: {r}")
         rows.append([f"{lam:g}", epochs, "frozen" if frozen else "trained", r["jsd"], r["jsd_median"], r["kl"],
                      r["tvd"], r["tvd_median"], r["frac_tvd_le_0.05"], r["acc_base"], r["acc_adversary"]])
-    text = ["### Model-consistent adversary (Wiegreffe & Pinter) on SST-2", "",
+    text = [] if not rows else ["### Model-consistent adversary (Wiegreffe & Pinter) on SST-2", "",
             f"Base: BiLSTM + tanh attention (test accuracy {rows[0][9]:.3f}). Adversary: the base's weights with a "
             "fresh attention scorer, trained on TVD(ŷ_adv, ŷ_base) − λ·KL(α_adv‖α_base) only (no gold labels); "
             "'encoder' says whether its embeddings and BiLSTM were trained or kept frozen at the base's. "
