@@ -272,9 +272,9 @@ class HuggingFaceAdapter(nn.Module):
     def _use_registered_attention(model: nn.Module) -> None:
         config = getattr(model, "config", None)
         current = getattr(config, "_attn_implementation", None)
+        register_attention_implementation()  # also when a saved config already names it (new process)
         if current == ATTENTION_IMPLEMENTATION:
             return
-        register_attention_implementation()
         setter = getattr(model, "set_attn_implementation", None)
         if callable(setter):
             try:
