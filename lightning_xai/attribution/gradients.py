@@ -309,7 +309,9 @@ def _ig_gauss_kronrod(model: ExplainableModel, batch: Batch, embeddings: Tensor,
         extra = torch.zeros(N, dtype=torch.long, device=dev).index_add_(0, row, 2 * K * split.long())
         over = present & ~ok & (steps + extra > max_steps)
         split &= ~over.index_select(0, row)
-        finished = ok | over
+        # a row with nothing left to halve (non-finite estimates) stops too, unconverged
+        halving = torch.zeros(N, dtype=torch.long, device=dev).index_add_(0, row, split.long())
+        finished = ok | over | (present & (halving == 0))
         converged |= ok
         scores = scores + total * finished.view(N, 1).to(dt)
         half = width[split] / 2

@@ -144,3 +144,15 @@ def test_auto_warns_when_max_steps_stops_it_and_rejects_bad_options(model64, bat
                              ({"rtol": 1.5}, "rtol must lie in")):
         with pytest.raises(ValueError, match=message):
             attribute(model64, batch16, "integrated_gradients", n_steps="auto", **options)
+
+
+def test_auto_stops_on_non_finite_rows_and_leaves_the_others_alone(model64, batch16):
+    base = torch.zeros_like(model64.embed(batch16)).detach()
+    base[3, 0, 0] = float("nan")  # row 3's path is NaN everywhere; the error estimate cannot be trusted
+    with pytest.warns(RuntimeWarning, match="1 of 16 rows missed"):
+        scores, steps = attribute(model64, batch16, "integrated_gradients", n_steps="auto", baseline=base,
+                                  return_n_steps=True)
+    assert int(steps[3]) == 15 and torch.isnan(scores[3, 0])
+    others = torch.arange(16) != 3
+    torch.testing.assert_close(scores[others], attribute(model64, batch16, "integrated_gradients",
+                                                         n_steps="auto")[others], rtol=1e-9, atol=1e-12)
