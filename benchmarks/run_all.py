@@ -104,7 +104,13 @@ def summary(results_dir: Path = C.RESULTS) -> str:
     r = _load("deception", results_dir)
     if r:
         add("DeceptionPenalty per-step overhead", r["overhead"], "≤ 0.05", r["met"], r)
-    return C.table(rows, ("ratio", "value", "target", "met?", "measured (UTC, 1-min load, threads)"))
+    expected = ["ig_reference", "ig_unpacked", "ig_minilm", "loo_reference", "loo_unpacked", "gradients_reference",
+                "gradients_unpacked", "kendall", "deception"]
+    missing = [name for name in expected if _load(name, results_dir) is None]
+    text = C.table(rows, ("ratio", "value", "target", "met?", "measured (UTC, 1-min load, threads)"))
+    if missing:
+        text += "\n\nNo result yet (not run, or did not finish): " + ", ".join(f"`{m}`" for m in missing) + "."
+    return text
 
 
 def update_block(marker: str, block: str) -> bool:
