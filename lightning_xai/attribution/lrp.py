@@ -251,7 +251,7 @@ def lstm_rule(encoder: nn.Module, x: Tensor, input_mask: Tensor, relevance_hidde
     relevance_x = torch.zeros_like(x)
     outputs = []
     for index, (suffix, reverse) in enumerate(directions):
-        w_ih, w_hh, b_ih, b_hh = _lstm_parameters(rnn, suffix)
+        w_ih, w_hh, b_ih, b_hh = (None if p is None else p.to(x.dtype) for p in _lstm_parameters(rnn, suffix))
         states = lstm_forward(x, lengths, w_ih, w_hh, b_ih, b_hh, reverse=reverse)
         outputs.append(states["h"])
         bias = torch.zeros(4 * hidden, dtype=x.dtype, device=x.device)
@@ -281,9 +281,11 @@ def per_token_rule(encoder: nn.Module, x: Tensor, input_mask: Tensor, relevance_
     if not isinstance(proj, nn.Linear):
         raise ValueError(f"per_token_rule needs encoder.proj to be an nn.Linear; {type(encoder).__name__} has "
                          f"{type(proj).__name__}.")
-    pre = proj(x)
-    relevance = lrp_linear(x, proj.weight, proj.bias, pre, relevance_hidden, eps=eps, bias_factor=bias_factor)
-    return relevance * input_mask.unsqueeze(-1), encoder(x, input_mask)
+    weight = proj.weight.to(x.dtype)
+    bias = None if proj.bias is None else proj.bias.to(x.dtype)
+    pre = nn.functional.linear(x, weight, bias)
+    relevance = lrp_linear(x, weight, bias, pre, relevance_hidden, eps=eps, bias_factor=bias_factor)
+    return relevance * input_mask.unsqueeze(-1), encoder(x.to(proj.weight.dtype), input_mask).to(x.dtype)
 
 
 def _check_prefix_mask(input_mask: Tensor) -> None:
@@ -320,6 +322,7 @@ def lrp(
     eps: float = 1e-3,
     bias_factor: float = 0.0,
     return_convergence_delta: bool = False,
+    dtype: Optional[torch.dtype] = torch.float64,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Token relevance ``[B, T]`` of the ``target`` logit by LRP (rules in the module docstring).
 
@@ -333,6 +336,9 @@ def lrp(
         bias_factor: 0 (Arras et al.'s default) lets biases and ε absorb relevance; 1 redistributes it so
             that relevance is conserved exactly.
         return_convergence_delta: also return ``Σ_t R_t − logit_target`` ``[B]``.
+        dtype: the dtype relevance is propagated in (``None``: the model's). float64 by default: through long
+            sequences LRP-ε relevances of single units can grow to ~10⁶ with opposite signs, and in float32 their
+            cancellation costs the conservation check its precision. The map is returned in the model's dtype.
 
     Returns:
         ``[B, T]`` relevance (signed, 0 outside the token mask), and the delta when asked.
@@ -372,13 +378,18 @@ def lrp(
             token_mask = model.token_mask(batch)
             input_mask = model.input_mask(batch) if hasattr(model, "input_mask") else token_mask
             target_index = resolve_target(logits, target)
+            out_dtype = logits.dtype
+            if dtype is not None:
+                embeddings, logits, alpha, hidden = (t.to(dtype) for t in (embeddings, logits, alpha, hidden))
             # classifier: R(logit_target) = logit_target
             relevance_out = torch.zeros_like(logits)
             picked = logits.gather(1, target_index.unsqueeze(1))
             relevance_out = relevance_out.scatter(1, target_index.unsqueeze(1), picked)
             context = torch.einsum("bt,bth->bh", alpha, hidden)
-            relevance_context = lrp_linear(context, model.classifier.weight, model.classifier.bias, logits,
-                                           relevance_out, eps=eps, bias_factor=bias_factor)
+            classifier_bias = model.classifier.bias
+            relevance_context = lrp_linear(context, model.classifier.weight.to(context.dtype),
+                                           None if classifier_bias is None else classifier_bias.to(context.dtype),
+                                           logits, relevance_out, eps=eps, bias_factor=bias_factor)
             # attention pooling as a gate: c_j = Σ_t α_t h_tj
             attended = token_mask.to(hidden.dtype)
             stab = eps * _sign(context)
@@ -394,19 +405,21 @@ def lrp(
                                    f"hidden states (max difference {gap.item():.3g}); the encoder's forward is not "
                                    "the one its LRP rule implements. Register a matching rule.")
             relevance = relevance_x.sum(-1) * token_mask
+            delta_full = relevance.sum(1) - picked.squeeze(1).to(relevance.dtype)
+            relevance = relevance.to(out_dtype)
             if not create_graph:
                 relevance = relevance.detach()
     finally:
         model.train(was_training)
     if return_convergence_delta:
-        delta = relevance.sum(1) - picked.squeeze(1).detach().to(relevance.dtype)
-        return relevance, delta
+        return relevance, delta_full.detach().to(out_dtype)
     return relevance
 
 
 @register_method("lrp", resolves_target=True)
 def _lrp_method(model: Any, batch: Batch, target: Any, *, create_graph: bool = False, eps: float = 1e-3,
-                bias_factor: float = 0.0, return_convergence_delta: bool = False) -> Union[Tensor, Tuple[Tensor, Tensor]]:
-    """``attribute(model, batch, method="lrp", eps=..., bias_factor=..., return_convergence_delta=...)``."""
+                bias_factor: float = 0.0, return_convergence_delta: bool = False,
+                dtype: Optional[torch.dtype] = torch.float64) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """``attribute(model, batch, method="lrp", eps=..., bias_factor=..., return_convergence_delta=..., dtype=...)``."""
     return lrp(model, batch, target, create_graph=create_graph, eps=eps, bias_factor=bias_factor,
-               return_convergence_delta=return_convergence_delta)
+               return_convergence_delta=return_convergence_delta, dtype=dtype)
