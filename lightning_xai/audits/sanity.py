@@ -66,7 +66,8 @@ class SanityTable:
         rows: one dict per row; every row has the same keys (``columns``).
         notes: how to read the table (thresholds, what passing means).
         per_example: ``{key: [B] tensor}`` the per-example values behind the rows (keys like
-            ``"gradient/relative_change"`` or ``"cascading/encoder/lrp/tau"``), for callbacks that aggregate many batches.
+            ``"gradient/relative_change"`` or ``"cascading/encoder/lrp/tau"``), for callbacks that aggregate
+            many batches.
 
     Example:
         >>> table = SanityTable("demo", [{"method": "gradient", "passes": True}])

@@ -95,7 +95,8 @@ def test_lstm_rule_matches_arras_reference_code():
     fwd_x, fwd_h = _arras_lstm_lrp(p(x[0]), p(rnn.weight_ih_l0), p(rnn.weight_hh_l0),
                                    p(rnn.bias_ih_l0 + rnn.bias_hh_l0), p(r_hidden[0, :, :5]), 1e-3)
     bwd_x, bwd_h = _arras_lstm_lrp(p(x[0]).copy()[::-1], p(rnn.weight_ih_l0_reverse), p(rnn.weight_hh_l0_reverse),
-                                   p(rnn.bias_ih_l0_reverse + rnn.bias_hh_l0_reverse), p(r_hidden[0, :, 5:])[::-1], 1e-3)
+                                   p(rnn.bias_ih_l0_reverse + rnn.bias_hh_l0_reverse), p(r_hidden[0, :, 5:])[::-1],
+                                   1e-3)
     np.testing.assert_allclose(p(hidden[0]), np.concatenate([fwd_h, bwd_h[::-1]], axis=1), atol=1e-12)
     np.testing.assert_allclose(p(ours[0]), fwd_x + bwd_x[::-1], rtol=1e-9, atol=1e-12)
 
