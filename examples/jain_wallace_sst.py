@@ -112,34 +112,12 @@ def per_instance_tau(a: Tensor, b: Tensor, mask: Tensor) -> List[tuple]:
 
 
 # --- the shared library's functions, for a cross-check -------------------------------------------------------
-class DetachedAttention:
-    """An ExplainableModel view of ``model`` whose attention weights are constants (Jain & Wallace's gradient)."""
-
-    def __init__(self, model: AttentionClassifier) -> None:
-        self.model = model
-
-    def embed(self, batch):
-        return self.model.embed(batch)
-
-    def token_mask(self, batch):
-        return self.model.token_mask(batch)
-
-    def forward_from_embeddings(self, embeddings, batch, *, attention_override=None) -> ExplainOutput:
-        if attention_override is None:
-            with torch.no_grad():
-                attention_override = self.model.forward_from_embeddings(embeddings.detach(), batch).attention
-        return self.model.forward_from_embeddings(embeddings, batch, attention_override=attention_override.detach())
-
-    def __getattr__(self, name):  # eval()/train()/parameters() etc. of the wrapped model
-        return getattr(self.model, name)
-
-
 def shared_maps(model: AttentionClassifier, batch: Dict[str, Tensor]) -> Optional[Dict[str, Tensor]]:
     try:
         from lightning_xai.attribution import attribute
     except ImportError:
         return None
-    return {"gradient": attribute(DetachedAttention(model), batch, "grad_x_input", absolute=True),
+    return {"gradient": attribute(model, batch, "grad_x_input", absolute=True, detach_attention=True),
             "gradient_attached": attribute(model, batch, "grad_x_input", absolute=True),
             "loo": attribute(model, batch, "leave_one_out")}
 

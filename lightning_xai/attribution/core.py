@@ -245,9 +245,11 @@ def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = 
     ``output="probability"|"logit"|"log_probability"``, the score that is differentiated):
 
     * ``"attention"``: the model's own attention distribution.
-    * ``"gradient"``: ∂ score / ∂ embedding reduced over E [``reduction="l2"|"abs_sum"``].
+    * ``"gradient"``: ∂ score / ∂ embedding reduced over E [``reduction="l2"|"abs_sum"``,
+      ``detach_attention=False``].
     * ``"grad_x_input"``: Σ_E (∂p/∂e)·e, Jain & Wallace's importance [``absolute=False`` (True: their
-      \\|Σ_d g·e\\|)].
+      \\|Σ_d g·e\\|), ``detach_attention=False`` (True: attention fed back as a constant override, as in
+      their code)].
     * ``"integrated_gradients"``: Σ_E (e − e′)·∫∂F/∂e dα [``n_steps=50`` or ``"auto"``, ``baseline="zero"|"pad"``,
       ``rule="gauss_legendre"|"riemann_left"|"riemann_middle"|"riemann_right"|"riemann_trapezoid"``,
       ``internal_batch_size="auto"``, ``return_convergence_delta=False``, ``rtol=0.01``, ``atol=1e-6``,

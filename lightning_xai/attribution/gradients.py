@@ -143,13 +143,21 @@ def _embed(model: ExplainableModel, batch: Batch, create_graph: bool) -> Tensor:
 
 
 def _input_gradients(model: ExplainableModel, batch: Batch, embeddings: Tensor, target: Any, *, output: str,
-                     create_graph: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    """``(grad [N, T, E], inputs the grad is w.r.t., resolved target)`` of the target score."""
+                     create_graph: bool, detach_attention: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(grad [N, T, E], inputs the grad is w.r.t., resolved target)`` of the target score.
+
+    With ``detach_attention`` the attention distribution is computed first and fed back as a constant
+    ``attention_override`` (Jain & Wallace's gradient), so no gradient flows through the attention scorer.
+    """
     if create_graph and embeddings.requires_grad:
         inputs = embeddings
     else:
         inputs = embeddings.detach().requires_grad_(True)
-    logits = model.forward_from_embeddings(inputs, batch).logits
+    override = None
+    if detach_attention:
+        with torch.no_grad():
+            override = model.forward_from_embeddings(inputs.detach(), batch).attention.detach()
+    logits = model.forward_from_embeddings(inputs, batch, attention_override=override).logits
     target = resolve_target(logits, target)
     score = target_score(logits, target, output)
     (grad,) = torch.autograd.grad(score.sum(), inputs, create_graph=create_graph)
@@ -165,18 +173,22 @@ def _safe_l2(grad: Tensor) -> Tensor:
 
 # --- kernels: (model, batch, embeddings, target) -> [N, T]; reused by SmoothGrad on noisy embeddings ------------
 def gradient_map(model: ExplainableModel, batch: Batch, embeddings: Tensor, target: Any, *,
-                 create_graph: bool = False, reduction: str = "l2", output: str = "probability") -> Tensor:
+                 create_graph: bool = False, reduction: str = "l2", output: str = "probability",
+                 detach_attention: bool = False) -> Tensor:
     """‖∂ score/∂e_t‖₂ (``"l2"``) or Σ_E \\|∂ score/∂e_t\\| (``"abs_sum"``) for each token."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"Unknown reduction {reduction!r} for 'gradient'; choose one of {list(REDUCTIONS)}.")
-    grad, _, _ = _input_gradients(model, batch, embeddings, target, output=output, create_graph=create_graph)
+    grad, _, _ = _input_gradients(model, batch, embeddings, target, output=output, create_graph=create_graph,
+                                  detach_attention=detach_attention)
     return _safe_l2(grad) if reduction == "l2" else grad.abs().sum(dim=-1)
 
 
 def grad_x_input_map(model: ExplainableModel, batch: Batch, embeddings: Tensor, target: Any, *,
-                     create_graph: bool = False, output: str = "probability", absolute: bool = False) -> Tensor:
-    """Σ_E (∂ score/∂e_t)·e_t (Jain & Wallace use ``output="probability"`` and ``absolute=True``)."""
-    grad, inputs, _ = _input_gradients(model, batch, embeddings, target, output=output, create_graph=create_graph)
+                     create_graph: bool = False, output: str = "probability", absolute: bool = False,
+                     detach_attention: bool = False) -> Tensor:
+    """Σ_E (∂ score/∂e_t)·e_t (Jain & Wallace: ``output="probability"``, ``absolute=True``, ``detach_attention=True``)."""
+    grad, inputs, _ = _input_gradients(model, batch, embeddings, target, output=output, create_graph=create_graph,
+                                       detach_attention=detach_attention)
     scores = (grad * inputs).sum(dim=-1)
     return scores.abs() if absolute else scores
 
@@ -524,16 +536,16 @@ def attention_map(model: ExplainableModel, batch: Batch, target: Any, *, create_
 
 @register_method("gradient", resolves_target=True)
 def _gradient(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
-              reduction: str = "l2", output: str = "probability") -> Tensor:
+              reduction: str = "l2", output: str = "probability", detach_attention: bool = False) -> Tensor:
     return gradient_map(model, batch, _embed(model, batch, create_graph), target, create_graph=create_graph,
-                        reduction=reduction, output=output)
+                        reduction=reduction, output=output, detach_attention=detach_attention)
 
 
 @register_method("grad_x_input", resolves_target=True)
 def _grad_x_input(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
-                  output: str = "probability", absolute: bool = False) -> Tensor:
+                  output: str = "probability", absolute: bool = False, detach_attention: bool = False) -> Tensor:
     return grad_x_input_map(model, batch, _embed(model, batch, create_graph), target, create_graph=create_graph,
-                            output=output, absolute=absolute)
+                            output=output, absolute=absolute, detach_attention=detach_attention)
 
 
 @register_method("integrated_gradients", resolves_target=True)
