@@ -21,8 +21,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	WANDB_MODE=offline $(BIN)/lightning-xai fit --config examples/configs/sst2.yaml
 
+# The suite, then the docstring examples of the package (every public example must run).
 test: $(STAMP)
-	WANDB_MODE=offline WANDB_SILENT=true $(BIN)/python -m pytest -q
+	WANDB_MODE=offline WANDB_SILENT=true $(BIN)/python -m pytest -q --durations=15 tests
+	WANDB_MODE=offline WANDB_SILENT=true $(BIN)/python -m pytest -q --doctest-modules lightning_xai
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
