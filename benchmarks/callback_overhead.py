@@ -78,7 +78,6 @@ def _datamodule(quick: bool):
 
 def _run(config: Optional[str], dm, initial_state, quick: bool, train_batches: Optional[int]) -> Dict[str, Any]:
     import pytorch_lightning as pl
-    import torch
 
     import lightning_xai.callbacks.attention_audit as audit_module
     from lightning_xai.callbacks import AttentionAudit

@@ -25,7 +25,6 @@ import losses_common as C  # noqa: E402
 
 from lightning_xai.audits.erasure import decision_flip  # noqa: E402
 from lightning_xai.losses import ConicityLoss, ErasureFaithfulnessLoss, conicity  # noqa: E402
-from lightning_xai.models import AttentionClassifier  # noqa: E402
 
 
 def measure(model, test, flip_limit: int) -> Dict[str, float]:

@@ -37,7 +37,6 @@ import torch
 from scipy.stats import kendalltau
 from torch import Tensor
 
-from lightning_xai.adapters.protocol import ExplainOutput
 from lightning_xai.data import TextClassificationDataModule, collate
 from lightning_xai.models import AttentionClassifier
 

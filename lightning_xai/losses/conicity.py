@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput

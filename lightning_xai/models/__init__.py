@@ -5,7 +5,8 @@ from lightning_xai.models.embeddings import (EMBEDDING_INITS, EmbeddingInitRepor
                                             minilm_word_vectors, read_word_vectors, save_word_vectors)
 from lightning_xai.models.encoders import ENCODERS
 from lightning_xai.models.hf_classifier import HFClassifier, load_hf_classifier
+from lightning_xai.models.steps import ClassifierSteps
 
-__all__ = ["ATTENTIONS", "AttentionClassifier", "ENCODERS", "HFClassifier", "load_hf_classifier", "masked_softmax"]
+__all__ = ["ATTENTIONS", "AttentionClassifier", "ClassifierSteps", "ENCODERS", "HFClassifier", "load_hf_classifier", "masked_softmax"]
 __all__ += ["EMBEDDING_INITS", "EmbeddingInitReport", "initialize_embedding", "minilm_word_vectors",
             "read_word_vectors", "save_word_vectors"]

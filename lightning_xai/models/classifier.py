@@ -1,7 +1,7 @@
 """Jain & Wallace's reference model as a LightningModule: embedding -> encoder -> attention -> linear."""
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import pytorch_lightning as pl
 import torch
@@ -12,6 +12,7 @@ from lightning_xai.adapters.protocol import Batch, ExplainOutput
 from lightning_xai.models.attention import build_attention, masked_softmax
 from lightning_xai.models.embeddings import EmbeddingInitReport, check_embedding_init, initialize_embedding
 from lightning_xai.models.encoders import build_encoder
+from lightning_xai.models.steps import ClassifierSteps
 
 __all__ = ["AttentionClassifier", "check_batch"]
 
@@ -34,7 +35,7 @@ def check_batch(batch: Batch) -> None:
                          "before batching.")
 
 
-class AttentionClassifier(pl.LightningModule):
+class AttentionClassifier(ClassifierSteps, pl.LightningModule):
     """Text classifier with an inspectable attention layer, implementing the ExplainableModel protocol.
 
     Defaults follow Jain & Wallace (2019): embedding 300, BiLSTM with 128 units per direction, additive
@@ -164,44 +165,6 @@ class AttentionClassifier(pl.LightningModule):
         return self.forward_from_embeddings(self.embed(batch), batch, attention_override=attention_override)
 
     # --- training --------------------------------------------------------------------------------------
-    def _labels(self, batch: Batch) -> Tensor:
-        labels = batch["labels"]
-        if labels.numel() and (labels.min() < 0 or labels.max() >= self.hparams.num_classes):
-            raise ValueError(f"labels must lie in [0, {self.hparams.num_classes}); got values "
-                             f"{sorted(set(labels.tolist()))[:10]}. Set num_classes to the number of classes.")
-        return labels
-
-    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
-        outputs = self(batch)
-        labels = self._labels(batch)
-        loss = nn.functional.cross_entropy(outputs.logits, labels)
-        self.log("train/ce", loss, batch_size=labels.shape[0])
-        for objective in self.objectives:
-            term = objective(outputs, batch, model=self)
-            name = getattr(objective, "name", type(objective).__name__)
-            self.log(f"train/{name}", term, batch_size=labels.shape[0])
-            loss = loss + term
-        self.log("train/loss", loss, prog_bar=True, batch_size=labels.shape[0])
-        return loss
-
-    def _evaluate(self, batch: Batch, metrics: torchmetrics.MetricCollection, stage: str) -> None:
-        outputs = self(batch)
-        labels = self._labels(batch)
-        loss = nn.functional.cross_entropy(outputs.logits, labels)
-        metrics.update(outputs.logits, labels)
-        self.log(f"{stage}/loss", loss, batch_size=labels.shape[0], sync_dist=True)
-        self.log_dict(metrics, prog_bar=stage == "val", batch_size=labels.shape[0])
-
-    def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        self._evaluate(batch, self.val_metrics, "val")
-
-    def test_step(self, batch: Batch, batch_idx: int) -> None:
-        self._evaluate(batch, self.test_metrics, "test")
-
-    def predict_step(self, batch: Batch, batch_idx: int) -> dict:
-        outputs = self(batch)
-        return {"probs": outputs.logits.softmax(-1), "attention": outputs.attention}
-
     def configure_optimizers(self) -> torch.optim.Optimizer:
         attention_params = {id(p) for p in self.attention.parameters()}
         decayed = [p for p in self.parameters() if id(p) not in attention_params]

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from lightning_xai.adapters.huggingface import HuggingFaceAdapter, Reduction
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
+from lightning_xai.models.steps import ClassifierSteps
 
 __all__ = ["HFClassifier", "load_hf_classifier"]
 
@@ -40,7 +41,7 @@ def load_hf_classifier(path: str, num_labels: int = 2) -> nn.Module:
         hf_logging.set_verbosity(verbosity)
 
 
-class HFClassifier(pl.LightningModule):
+class HFClassifier(ClassifierSteps, pl.LightningModule):
     """A ``transformers`` classifier fine-tuned with Lightning and audited/constrained like the reference models.
 
     It implements the :class:`~lightning_xai.adapters.ExplainableModel` protocol through a
@@ -77,6 +78,8 @@ class HFClassifier(pl.LightningModule):
         >>> module(batch).attention.shape, module.training_step(batch, 0).dim()
         (torch.Size([1, 4]), 0)
     """
+
+    num_classes_hparam = "num_labels"
 
     def __init__(self, model_path: Optional[str] = None, model: Optional[nn.Module] = None, num_labels: int = 2,
                  attention: Reduction = "cls_last_mean", lr: float = 5e-5, weight_decay: float = 0.01,
@@ -132,47 +135,11 @@ class HFClassifier(pl.LightningModule):
         return self.adapter(batch, attention_override=attention_override)
 
     # --- training ---------------------------------------------------------------------------------------------
-    def _labels(self, batch: Batch) -> Tensor:
-        labels = batch["labels"]
-        if labels.numel() and (labels.min() < 0 or labels.max() >= self.hparams.num_labels):
-            raise ValueError(f"labels must lie in [0, {self.hparams.num_labels}); got "
-                             f"{sorted(set(labels.tolist()))[:10]}. Set num_labels to the number of classes.")
-        return labels
-
-    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
-        outputs = self(batch)
-        labels = self._labels(batch)
-        loss = nn.functional.cross_entropy(outputs.logits, labels)
-        size = labels.shape[0]
-        self.log("train/ce", loss, batch_size=size)
-        for objective in self.objectives:
-            term = objective(outputs, batch, model=self)
-            self.log(f"train/{getattr(objective, 'name', type(objective).__name__)}", term, batch_size=size)
-            loss = loss + term
-        self.log("train/loss", loss, prog_bar=True, batch_size=size)
-        return loss
-
-    def _evaluate(self, batch: Batch, metrics: torchmetrics.MetricCollection, stage: str) -> None:
-        outputs = self(batch)
-        labels = self._labels(batch)
-        metrics.update(outputs.logits, labels)
-        self.log(f"{stage}/loss", nn.functional.cross_entropy(outputs.logits, labels), batch_size=labels.shape[0],
-                 sync_dist=True)
-        if "impermissible" in batch:
+    def log_evaluation_extras(self, outputs: ExplainOutput, batch: Batch, stage: str, batch_size: int) -> None:
+        if "impermissible" in batch:  # Pruthi's quantity: last layer, [CLS] query row, mean over heads
             rows = outputs.raw_attentions[-1][:, :, self.adapter.query_index, :]
             mass = (rows * batch["impermissible"].unsqueeze(1).to(rows.dtype)).sum(-1).mean()
-            self.log(f"{stage}/impermissible_mass", mass, batch_size=labels.shape[0], sync_dist=True)
-        self.log_dict(metrics, prog_bar=stage == "val", batch_size=labels.shape[0])
-
-    def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        self._evaluate(batch, self.val_metrics, "val")
-
-    def test_step(self, batch: Batch, batch_idx: int) -> None:
-        self._evaluate(batch, self.test_metrics, "test")
-
-    def predict_step(self, batch: Batch, batch_idx: int) -> dict:
-        outputs = self(batch)
-        return {"probs": outputs.logits.softmax(-1), "attention": outputs.attention}
+            self.log(f"{stage}/impermissible_mass", mass, batch_size=batch_size, sync_dist=True)
 
     def configure_optimizers(self) -> Any:
         no_decay = [p for n, p in self.adapter.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
