@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch  # noqa: F401 - the docstring examples use it
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
