@@ -3,10 +3,12 @@
 * :class:`AttentionAudit` — agreement of attention with saliency maps, and of the maps with each other.
 * :class:`ErasureAudit` — Serrano & Smith's decision flips and ERASER comprehensiveness/sufficiency/AOPC.
 * :class:`AttentionBaselines` — Jain & Wallace's permutation test and Wiegreffe & Pinter's uniform attention.
+* :class:`AdversarialSearchAudit` — Jain & Wallace's per-instance adversarial attention search (JSD distribution).
 * :class:`ImpermissibleAttentionMonitor` — attention mass on impermissible tokens (deception audits).
 * :class:`SanityCheck` — saliency sanity checks (input invariance, parameter randomisation, completeness).
 * :class:`AuditCallback` — the shared machinery (cadence, fixed audit subset, non-invasiveness, state, logging).
 """
+from lightning_xai.callbacks.adversarial_search import AdversarialSearchAudit
 from lightning_xai.callbacks.attention_audit import AGREEMENT_METRICS, AttentionAudit
 from lightning_xai.callbacks.attention_baselines import AttentionBaselines
 from lightning_xai.callbacks.erasure_audit import ErasureAudit
@@ -14,6 +16,6 @@ from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditResul
 from lightning_xai.callbacks.impermissible import ImpermissibleAttentionMonitor
 from lightning_xai.callbacks.sanity import SanityCheck
 
-__all__ = ["AGREEMENT_METRICS", "AttentionAudit", "AttentionBaselines", "AuditCallback", "AuditExample",
-           "AuditResult", "ErasureAudit", "ImpermissibleAttentionMonitor", "SanityCheck", "audit_guard",
+__all__ = ["AGREEMENT_METRICS", "AdversarialSearchAudit", "AttentionAudit", "AttentionBaselines", "AuditCallback",
+           "AuditExample", "AuditResult", "ErasureAudit", "ImpermissibleAttentionMonitor", "SanityCheck", "audit_guard",
            "summarize_values"]
