@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -43,6 +44,14 @@ class AttentionAudit(AuditCallback):
     of a one-token text, left out) and, for correlations with a p-value, the ``significant_fraction`` (p ≤ 0.05).
     Keys look like ``attention_audit/kendall_tau/attention_vs_gradient/mean``.
 
+    When the audited batches carry an impermissible-token mask (batch key ``impermissible_key``, bool ``[B, T]``,
+    e.g. the bundled ``sst_wiki``/``pronoun``/``occupation`` data of Pruthi et al.), every map — attention and
+    each method — also gets its *impermissible share*: the fraction of its ``|score|`` over the real tokens that
+    falls on impermissible tokens, Σ_{i∈I}|s_i| / Σ_i|s_i| (0 for an example without impermissible tokens, NaN —
+    left out — for an all-zero map). Logged as ``attention_audit/impermissible_share/<map>/mean`` (and ``/std``)
+    over the audited examples. A deceptive model (Pruthi et al., 2020) drives the attention's share to ~0 while
+    gradient or leave-one-out shares stay high: saliency still sees the tokens the model uses.
+
     Args:
         methods: attribution methods compared with attention (any name :func:`~lightning_xai.attribution.attribute`
             accepts).
@@ -52,6 +61,8 @@ class AttentionAudit(AuditCallback):
         method_options: per-method keyword options for ``attribute``, e.g.
             ``{"integrated_gradients": {"n_steps": 20}}``.
         metric_options: per-metric keyword options, e.g. ``{"topk_overlap": {"k": 0.2}}``.
+        impermissible_key: batch key of the impermissible-token mask; the shares are computed for batches that
+            have it (``None``: never).
         **kwargs: scheduling and subset options of :class:`~lightning_xai.callbacks.AuditCallback`
             (``every_n_epochs=1``, ``every_n_train_steps=None``, ``num_samples=256``, ``dataloader="val"``,
             ``seed=0``, ...).
@@ -75,6 +86,7 @@ class AttentionAudit(AuditCallback):
         pairs: Optional[Sequence[Sequence[str]]] = None,
         method_options: Optional[Mapping[str, Mapping[str, Any]]] = None,
         metric_options: Optional[Mapping[str, Mapping[str, Any]]] = None,
+        impermissible_key: Optional[str] = "impermissible",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -98,6 +110,9 @@ class AttentionAudit(AuditCallback):
             resolved.append(name)
         if not resolved:
             raise MisconfigurationException("AttentionAudit needs at least one metric.")
+        if impermissible_key is not None and (not isinstance(impermissible_key, str) or not impermissible_key):
+            raise MisconfigurationException(f"AttentionAudit(impermissible_key) must be a batch key or None, got "
+                                            f"{impermissible_key!r}.")
         maps = ["attention", *methods]
         if pairs is None:
             chosen = list(itertools.combinations(maps, 2))
@@ -124,6 +139,7 @@ class AttentionAudit(AuditCallback):
         self.pairs = chosen
         self.method_options = method_options
         self.metric_options = metric_options
+        self.impermissible_key = impermissible_key
 
     def _state_config(self) -> Dict[str, Any]:
         return dict(super()._state_config(), methods=tuple(self.methods), metrics=tuple(self.metrics))
@@ -153,4 +169,20 @@ class AttentionAudit(AuditCallback):
                     values[key], values[f"{key}/p_value"] = result
                 else:
                     values[key] = result
+        if self.impermissible_key is not None and self.impermissible_key in batch:
+            impermissible = batch[self.impermissible_key]
+            if (not isinstance(impermissible, Tensor) or impermissible.dtype != torch.bool
+                    or impermissible.shape != mask.shape):
+                found = tuple(impermissible.shape) if isinstance(impermissible, Tensor) else type(impermissible)
+                raise MisconfigurationException(
+                    f"AttentionAudit: batch[{self.impermissible_key!r}] must be a bool tensor shaped like the token "
+                    f"mask {tuple(mask.shape)}, got {getattr(impermissible, 'dtype', None)} {found}; fix the "
+                    "collate function or set impermissible_key=None.")
+            real = mask.to(maps["attention"].device).double()
+            inside = impermissible.to(real.device).double() * real
+            for name, scores in maps.items():
+                magnitude = scores.double().abs() * real
+                total = magnitude.sum(-1)
+                share = (magnitude * inside).sum(-1) / total
+                values[f"impermissible_share/{name}"] = torch.where(total > 0, share, torch.full_like(share, math.nan))
         return {"prediction": prediction, "probability": probs.max(-1).values, "maps": maps, "values": values}, {}
