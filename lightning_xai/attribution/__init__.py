@@ -2,7 +2,8 @@
 
 Methods: ``attention``, ``gradient``, ``grad_x_input``, ``integrated_gradients``, ``smooth_grad``,
 ``leave_one_out`` (and any method registered with :func:`register_method`, or a Captum attribution object).
-:func:`explanation_context` makes explanations safe inside ``trainer.validate``/``test`` and training steps.
+:func:`explanation_context` makes explanations safe inside ``trainer.validate``/``test`` and training steps;
+:func:`shared_input_gradients` lets gradient and grad×input of the same inputs share one backward pass.
 """
 from lightning_xai.attribution.batching import pad_embeddings, remove_tokens, take_rows
 from lightning_xai.attribution.context import clone_inference_tensors, explanation_context
@@ -16,14 +17,14 @@ from lightning_xai.attribution.core import (
     target_probabilities,
     target_score,
 )
-from lightning_xai.attribution.gradients import IG_RULES, auto_internal_batch_size, ig_nodes
+from lightning_xai.attribution.gradients import IG_RULES, auto_internal_batch_size, ig_nodes, shared_input_gradients
 from lightning_xai.attribution.occlusion import LOO_MODES, occlusion_batch
 from lightning_xai.attribution.lrp import LRP_ENCODER_RULES, lrp, register_lrp_encoder
 
 __all__ = ["ATTRIBUTION_METHODS", "IG_RULES", "LOO_MODES", "LRP_ENCODER_RULES", "attribute",
            "auto_internal_batch_size", "check_token_mask", "clone_inference_tensors", "explanation_context", "ig_nodes", "lrp",
            "occlusion_batch", "pad_embeddings", "predicted_class", "register_lrp_encoder", "register_method",
-           "remove_tokens", "resolve_target", "take_rows", "target_probabilities",
+           "remove_tokens", "resolve_target", "shared_input_gradients", "take_rows", "target_probabilities",
            "target_score"]
 
 # methods that live in optional sibling modules (e.g. "lrp") register themselves on import

@@ -10,8 +10,8 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
-from contextlib import nullcontext
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from contextlib import contextmanager, nullcontext
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -21,7 +21,7 @@ from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution.batching import pad_embeddings, take_rows
 from lightning_xai.attribution.core import register_method, resolve_target, target_score
 
-__all__ = ["IG_RULES", "GRADIENT_METHODS", "auto_internal_batch_size", "ig_nodes", "gauss_kronrod_nodes",
+__all__ = ["IG_RULES", "GRADIENT_METHODS", "auto_internal_batch_size", "shared_input_gradients", "ig_nodes", "gauss_kronrod_nodes",
            "attention_map", "gradient_map", "grad_x_input_map", "integrated_gradients_map", "smooth_grad_map"]
 
 IG_RULES = ("gauss_legendre", "riemann_left", "riemann_middle", "riemann_right", "riemann_trapezoid")
@@ -142,6 +142,46 @@ def _embed(model: ExplainableModel, batch: Batch, create_graph: bool) -> Tensor:
         return model.embed(batch).detach()
 
 
+# the last input gradient computed inside ``shared_input_gradients`` (None: sharing is off)
+_shared: Optional[List[Any]] = None
+
+
+@contextmanager
+def shared_input_gradients() -> Iterator[None]:
+    """Let ``gradient`` and ``grad_x_input`` calls on the same inputs share one forward+backward pass.
+
+    Inside the context the last input gradient is kept; a later call whose model, embeddings, token mask,
+    target, ``output`` and ``detach_attention`` are equal reuses it instead of recomputing it — the two maps of
+    an audit then cost one backward pass, not two. The model's weights must not change inside the context
+    (audits guarantee this). Graph-building calls (``create_graph=True``) are never shared.
+
+    Example:
+        >>> import torch
+        >>> from lightning_xai.attribution import attribute
+        >>> from lightning_xai.models import AttentionClassifier
+        >>> model = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4)
+        >>> batch = {"input_ids": torch.tensor([[3, 4, 5]]), "mask": torch.ones(1, 3, dtype=torch.bool)}
+        >>> with shared_input_gradients():
+        ...     g = attribute(model, batch, "gradient")
+        ...     gxi = attribute(model, batch, "grad_x_input")  # reuses the gradient above
+        >>> torch.allclose(gxi, attribute(model, batch, "grad_x_input"))
+        True
+    """
+    global _shared
+    previous, _shared = _shared, []
+    try:
+        yield
+    finally:
+        _shared = previous
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        return (isinstance(a, Tensor) and isinstance(b, Tensor) and a.shape == b.shape and a.dtype == b.dtype
+                and a.device == b.device and bool(torch.equal(a, b)))
+    return a == b
+
+
 def _input_gradients(model: ExplainableModel, batch: Batch, embeddings: Tensor, target: Any, *, output: str,
                      create_graph: bool, detach_attention: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     """``(grad [N, T, E], inputs the grad is w.r.t., resolved target)`` of the target score.
@@ -149,6 +189,22 @@ def _input_gradients(model: ExplainableModel, batch: Batch, embeddings: Tensor, 
     With ``detach_attention`` the attention distribution is computed first and fed back as a constant
     ``attention_override`` (Jain & Wallace's gradient), so no gradient flows through the attention scorer.
     """
+    sharing = _shared is not None and not create_graph
+    if sharing and _shared:
+        key, cached = _shared
+        if (key[0] is model and key[1:3] == (output, detach_attention) and _same(key[3], target)
+                and _same(key[4], embeddings) and _same(key[5], model.token_mask(batch))):
+            return cached
+    result = _compute_input_gradients(model, batch, embeddings, target, output=output, create_graph=create_graph,
+                                      detach_attention=detach_attention)
+    if sharing:
+        _shared[:] = [(model, output, detach_attention, target, embeddings.detach(), model.token_mask(batch)), result]
+    return result
+
+
+def _compute_input_gradients(model: ExplainableModel, batch: Batch, embeddings: Tensor, target: Any, *,
+                             output: str, create_graph: bool,
+                             detach_attention: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     if create_graph and embeddings.requires_grad:
         inputs = embeddings
     else:

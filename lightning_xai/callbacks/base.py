@@ -35,6 +35,8 @@ from lightning_xai.adapters.protocol import ExplainableModel, ProtocolError, as_
 __all__ = ["AuditCallback", "AuditExample", "AuditResult", "audit_guard", "summarize_values"]
 
 SPLITS = ("train", "val", "test")
+#: padded tokens (rows × width) up to which the audit joins loader-sized batches when ``batch_size=None``
+AUDIT_TOKEN_BUDGET = 8192
 
 
 def summarize_values(values: Sequence[float], p_values: Optional[Sequence[float]] = None,
@@ -176,7 +178,9 @@ class AuditCallback(Callback, abc.ABC):
         num_samples: size of the fixed audit subset (``None``: the whole split).
         dataloader: split audited during ``fit``: ``"val"`` (default), ``"train"`` or ``"test"``.
             ``trainer.validate`` audits ``"val"`` and ``trainer.test`` audits ``"test"``.
-        batch_size: audit batch size (``None``: the dataloader's).
+        batch_size: audit batch size (``None``: the dataloader's, with consecutive batches joined while a padded
+            batch holds at most ``AUDIT_TOKEN_BUDGET`` = 8,192 tokens — e.g. ~195 SST-2 sentences per pass; long
+            documents keep the dataloader's size).
         seed: seeds the audit subset and the audit's own randomness.
         on_validate / on_test: audit in ``trainer.validate`` / ``trainer.test``.
         log_prefix: prefix of the logged keys (default: the callback's ``name``).
@@ -376,14 +380,41 @@ class AuditCallback(Callback, abc.ABC):
             if collate is None:
                 raise MisconfigurationException(f"{type(self).__name__}: the {split!r} dataloader has no collate_fn.")
             size = self.batch_size or getattr(loader, "batch_size", None) or 32
-            batches = []
             with torch.inference_mode(False):  # tensors built in validate/test must not be inference tensors
-                for start in range(0, len(positions), size):
-                    pos = positions[start:start + size]
-                    idx = [indices[p] for p in pos]
-                    batches.append((pos, idx, collate([loader.dataset[i] for i in idx])))
+                groups = [positions[start:start + size] for start in range(0, len(positions), size)]
+                if self.batch_size is None:
+                    groups = self._merge_small_batches(groups, indices, loader)
+                batches = [(pos, [indices[p] for p in pos], collate([loader.dataset[indices[p]] for p in pos]))
+                           for pos in groups]
             self._batches[split] = batches
         return self._batches[split]
+
+    @staticmethod
+    def _merge_small_batches(groups: List[List[int]], indices: List[int], loader: Any) -> List[List[int]]:
+        """Join consecutive loader-sized groups while the padded batch stays within ``AUDIT_TOKEN_BUDGET`` tokens.
+
+        Fewer, larger passes make the audit faster (per-pass overhead dominates small batches of short texts)
+        while long documents keep the loader's batch size, so memory stays bounded.
+        """
+        def width(pos: List[int]) -> int:
+            batch = loader.collate_fn([loader.dataset[indices[p]] for p in pos])
+            widths = [v.shape[1] for v in batch.values() if isinstance(v, Tensor) and v.dim() >= 2]
+            return max(widths, default=1)
+
+        merged: List[List[int]] = []
+        current: List[int] = []
+        current_width = 0
+        for group in groups:
+            group_width = width(group)
+            joined_width = max(current_width, group_width)
+            if current and (len(current) + len(group)) * joined_width > AUDIT_TOKEN_BUDGET:
+                merged.append(current)
+                current, joined_width = [], group_width
+            current = current + group
+            current_width = joined_width
+        if current:
+            merged.append(current)
+        return merged
 
     # --- scheduling ----------------------------------------------------------------------------------------
     @override

@@ -44,9 +44,9 @@ def test_bad_config_fails_at_init_with_a_named_error(make, message):
 
 def test_defaults_and_pairs():
     audit = AttentionAudit()
-    assert audit.methods == ["gradient", "grad_x_input", "integrated_gradients", "leave_one_out"]
+    assert audit.methods == ["gradient", "grad_x_input", "leave_one_out"]  # IG is opt-in: see DEFAULT_METHODS
     assert audit.metrics == ["kendall_tau", "jsd", "topk_overlap"]
-    assert len(audit.pairs) == 10 and ("gradient", "leave_one_out") in audit.pairs
+    assert len(audit.pairs) == 6 and ("gradient", "leave_one_out") in audit.pairs
     assert (audit.every_n_epochs, audit.every_n_train_steps, audit.num_samples, audit.dataloader) == (1, None, 256, "val")
     assert AttentionAudit(metrics=("jensen_shannon",)).metrics == ["jsd"]
 

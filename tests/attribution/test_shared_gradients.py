@@ -1,0 +1,47 @@
+"""shared_input_gradients: gradient and grad×input share one backward pass, and only when that is exact."""
+import torch
+
+from lightning_xai.attribution import attribute, shared_input_gradients
+from lightning_xai.attribution import gradients as gradients_module
+
+
+def _count_passes(monkeypatch):
+    calls = []
+    original = gradients_module._compute_input_gradients
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("detach_attention"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(gradients_module, "_compute_input_gradients", counting)
+    return calls
+
+
+def test_one_backward_pass_for_gradient_and_grad_x_input_with_equal_maps(trained_model, sst2_batch, monkeypatch):
+    expected = {m: attribute(trained_model, sst2_batch, m) for m in ("gradient", "grad_x_input")}
+    calls = _count_passes(monkeypatch)
+    with shared_input_gradients():
+        shared = {m: attribute(trained_model, sst2_batch, m) for m in ("gradient", "grad_x_input")}
+    assert len(calls) == 1
+    for method, scores in shared.items():
+        assert torch.equal(scores, expected[method]), method
+
+
+def test_different_inputs_or_options_are_recomputed(trained_model, sst2_batch, monkeypatch):
+    calls = _count_passes(monkeypatch)
+    other = dict(sst2_batch, input_ids=sst2_batch["input_ids"].roll(1, dims=1))
+    with shared_input_gradients():
+        attribute(trained_model, sst2_batch, "gradient")
+        attribute(trained_model, sst2_batch, "grad_x_input", detach_attention=True)  # another gradient
+        reference = attribute(trained_model, sst2_batch, "grad_x_input", target=0)  # another target
+        attribute(trained_model, other, "grad_x_input", target=0)  # other inputs
+        attribute(trained_model, sst2_batch, "grad_x_input", target=0, create_graph=True)  # never shared
+    assert len(calls) == 5
+    assert torch.equal(reference, attribute(trained_model, sst2_batch, "grad_x_input", target=0))
+
+
+def test_nothing_is_kept_outside_the_context(trained_model, sst2_batch, monkeypatch):
+    calls = _count_passes(monkeypatch)
+    attribute(trained_model, sst2_batch, "gradient")
+    attribute(trained_model, sst2_batch, "grad_x_input")
+    assert len(calls) == 2 and gradients_module._shared is None
