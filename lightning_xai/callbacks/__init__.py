@@ -9,13 +9,13 @@
 * :class:`AuditCallback` — the shared machinery (cadence, fixed audit subset, non-invasiveness, state, logging).
 """
 from lightning_xai.callbacks.adversarial_search import AdversarialSearchAudit
-from lightning_xai.callbacks.attention_audit import AGREEMENT_METRICS, AttentionAudit
+from lightning_xai.callbacks.attention_audit import AGREEMENT_METRICS, DEFAULT_METHODS, AttentionAudit
 from lightning_xai.callbacks.attention_baselines import AttentionBaselines
 from lightning_xai.callbacks.erasure_audit import ErasureAudit
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditResult, audit_guard, summarize_values
 from lightning_xai.callbacks.impermissible import ImpermissibleAttentionMonitor
 from lightning_xai.callbacks.sanity import SanityCheck
 
-__all__ = ["AGREEMENT_METRICS", "AdversarialSearchAudit", "AttentionAudit", "AttentionBaselines", "AuditCallback",
+__all__ = ["AGREEMENT_METRICS", "DEFAULT_METHODS", "AdversarialSearchAudit", "AttentionAudit", "AttentionBaselines", "AuditCallback",
            "AuditExample", "AuditResult", "ErasureAudit", "ImpermissibleAttentionMonitor", "SanityCheck", "audit_guard",
            "summarize_values"]
