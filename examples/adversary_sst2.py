@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
+import pytorch_lightning as pl
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -32,39 +34,168 @@ from lightning_xai.models import AttentionClassifier  # noqa: E402
 
 
 class AdversaryClassifier(AttentionClassifier):
-    """The adversary: the reference model trained on its adversarial objective alone (a user's own module)."""
+    """The adversary: the reference model trained on its adversarial objective alone (a user's own module).
+
+    Validation also logs ``val/adv_jsd`` and ``val/adv_tvd`` (dev means of JSD(α_adv, α_base) and
+    TVD(ŷ_adv, ŷ_base)), the quantities checkpoint selection reads.
+    """
+
+    word_dropout: float = 0.0  # > 0: also train on a copy of each batch with this share of its words removed
+    _generator = None
 
     def training_step(self, batch, batch_idx):
+        if self.word_dropout > 0:
+            if self._generator is None:
+                self._generator = torch.Generator().manual_seed(0)
+            batch = with_dropped_words(batch, self.word_dropout, self._generator)
         outputs = self(batch)
         loss = self.objectives[0](outputs, batch, model=self)  # TVD − λ·KL against the frozen base
         self.log("train/loss", loss, batch_size=outputs.logits.shape[0])
         return loss
 
+    def log_evaluation_extras(self, outputs, batch, stage, batch_size):
+        base = self.objectives[0].base_outputs(batch, outputs.logits.device)
+        jsd = jensen_shannon_divergence(outputs.attention, base.attention).mean()
+        tvd = total_variation(outputs.logits.softmax(-1), base.logits.softmax(-1)).mean()
+        self.log(f"{stage}/adv_jsd", jsd, batch_size=batch_size)
+        self.log(f"{stage}/adv_tvd", tvd, batch_size=batch_size)
+
+
+def with_dropped_words(batch: Dict[str, Any], p: float, generator: torch.Generator) -> Dict[str, Any]:
+    """The batch followed by a copy of it with each word removed with probability ``p`` (at least one word of
+    each sentence kept; the kept words close up, in order). Unlabelled augmentation: the adversary learns to
+    follow the base also where the base is less sure — as it often is on unseen sentences — than on the
+    training sentences it has fitted."""
+    mask = batch["mask"]
+    keep = mask & (torch.rand(mask.shape, generator=generator) >= p)
+    empty = ~keep.any(-1)
+    keep[empty] = mask[empty]
+    order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices
+    kept = keep.gather(1, order)
+    dropped = {"input_ids": batch["input_ids"].gather(1, order) * kept, "mask": kept}
+    out = dict(batch)
+    out["input_ids"] = torch.cat([batch["input_ids"], dropped["input_ids"]])
+    out["mask"] = torch.cat([mask, kept])
+    for key in ("labels", "index"):
+        if key in batch:
+            out[key] = torch.cat([batch[key], batch[key]])
+    return out
+
+
+class DevSelection(pl.Callback):
+    """Keep the weights of the validation check with the lowest dev mean TVD among those whose dev mean JSD is
+    at least ``min_jsd`` (the dev split only; the test split is never looked at)."""
+
+    def __init__(self, min_jsd: float) -> None:
+        self.min_jsd = min_jsd
+        self.best_tvd = float("inf")
+        self.state = None
+        self.chosen = None
+        self.history = []
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        if trainer.sanity_checking:
+            return
+        jsd = float(trainer.callback_metrics["val/adv_jsd"])
+        tvd = float(trainer.callback_metrics["val/adv_tvd"])
+        point = {"epoch": trainer.current_epoch, "step": trainer.global_step, "dev_jsd": jsd, "dev_tvd": tvd}
+        self.history.append(point)
+        print(f"  dev check {point}")
+        if jsd >= self.min_jsd and tvd < self.best_tvd:
+            self.best_tvd, self.chosen = tvd, point
+            self.state = copy.deepcopy(pl_module.state_dict())
+
+
+def adversary_tag(lam: float, epochs: int, freeze_encoder: bool = False, lr: float = 1e-3, select: str = "last",
+                  init: Optional[str] = None, checks: int = 1, drop: float = 0.0, min_dev_jsd: float = 0.45) -> str:
+    tag = f"sst2_adversary_lam{lam:g}_ep{epochs}" + ("_frozen" if freeze_encoder else "")
+    if drop:
+        tag += f"_drop{drop:g}"
+    if lr != 1e-3:
+        tag += f"_lr{lr:g}"
+    if select != "last":
+        tag += f"_sel{select}{checks}" + ("" if min_dev_jsd == 0.45 else f"_jsd{min_dev_jsd:g}")
+    if init is not None:
+        tag += f"_from-{init}"
+    return tag
+
 
 def train_adversary(dm, base: AttentionClassifier, lam: float, epochs: int, seed: int = 0,
-                    freeze_encoder: bool = False) -> AdversaryClassifier:
-    tag = f"sst2_adversary_lam{lam:g}_ep{epochs}" + ("_frozen" if freeze_encoder else "")
+                    freeze_encoder: bool = False, lr: float = 1e-3, select: str = "last",
+                    init: Optional[str] = None, checks: int = 1, min_dev_jsd: float = 0.45,
+                    drop: float = 0.0) -> AdversaryClassifier:
+    """Train (or load the cached) adversary.
+
+    Args:
+        lam: λ of the objective.
+        epochs: training epochs (over the SST-2 train split, no gold labels).
+        freeze_encoder: keep the base's embeddings and BiLSTM; only the attention scorer and output layer move.
+        lr: Adam learning rate.
+        select: ``"last"`` keeps the final weights; ``"dev"`` keeps the validation check with the lowest dev
+            mean TVD among those with dev mean JSD ≥ ``min_dev_jsd``.
+        init: tag of a cached adversary to continue from (a second stage, e.g. with a smaller λ) instead of
+            the base with a fresh attention scorer.
+        checks: validation checks per epoch (for ``select="dev"``).
+        drop: word-dropout augmentation: each training batch is followed by a copy with this share of its words
+            removed (:func:`with_dropped_words`); 0 trains on the sentences as they are.
+    """
+    tag = adversary_tag(lam, epochs, freeze_encoder, lr, select, init, checks, drop, min_dev_jsd)
     path = C.RUNS / f"{tag}.pt"
     frozen = copy.deepcopy(base)
-    adversary = AdversaryClassifier(dm.vocab_size, dm.num_classes, vocab=dm.vocab.itos, attention="tanh",
+    adversary = AdversaryClassifier(dm.vocab_size, dm.num_classes, vocab=dm.vocab.itos, attention="tanh", lr=lr,
                                     objectives=[ModelConsistentAdversary(frozen, lam=lam)], **C.MODEL_KWARGS)
     if path.exists():
         adversary.load_state_dict(torch.load(path, map_location="cpu"))
         print(f"[{tag}] loaded cached weights")
         return adversary.eval()
-    adversary.load_state_dict(base.state_dict())  # start from the base's checkpoint ...
-    torch.manual_seed(seed)
-    for module in adversary.attention.modules():  # ... with a fresh attention scorer
-        if hasattr(module, "reset_parameters"):
-            module.reset_parameters()
+    if init is None:
+        adversary.load_state_dict(base.state_dict())  # start from the base's checkpoint ...
+        torch.manual_seed(seed)
+        for module in adversary.attention.modules():  # ... with a fresh attention scorer
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+    else:
+        adversary.load_state_dict(torch.load(C.RUNS / f"{init}.pt", map_location="cpu"))
+    adversary.word_dropout = drop
     if freeze_encoder:  # keep the base's embeddings and BiLSTM: only attention and output layer move
         for p in [*adversary.embedding.parameters(), *adversary.encoder.parameters()]:
             p.requires_grad_(False)
-    info = C.fit(adversary, C.loader(dm, "train", shuffle=True, seed=seed), C.loader(dm, "val"), epochs, seed,
-                 select_best=False)
+    selection = DevSelection(min_dev_jsd)
+    train = C.loader(dm, "train", shuffle=True, seed=seed)
+    info = C.fit(adversary, train, C.loader(dm, "val"), epochs, seed, select_best=False, callbacks=[selection],
+                 trainer_kwargs={"val_check_interval": max(1, len(train) // checks)} if checks > 1 else None)
     print(f"[{tag}] trained {epochs} epochs in {info['seconds']:.0f}s")
+    if select == "dev":
+        if selection.state is None:
+            raise RuntimeError(f"[{tag}] no validation check reached dev mean JSD >= {min_dev_jsd}; "
+                               f"history: {selection.history}")
+        adversary.load_state_dict(selection.state)
+        print(f"[{tag}] selected on dev: {selection.chosen}")
     torch.save(adversary.state_dict(), path)
+    (C.RUNS / f"{tag}.history.json").write_text(json.dumps({"history": selection.history,
+                                                           "chosen": selection.chosen if select == "dev" else None}))
     return adversary.eval()
+
+
+def parse_config(text: str, defaults: Dict[str, Any]) -> Dict[str, Any]:
+    """``'0.1,2,frozen'`` (λ, epochs[, frozen]) or ``'lam=0.1,epochs=6,frozen,lr=5e-4,select=dev,checks=4,
+    init=<tag>'``."""
+    config = dict(defaults)
+    positional = ["lam", "epochs"]
+    for part in text.split(","):
+        if part == "frozen":
+            config["freeze_encoder"] = True
+        elif "=" in part:
+            key, value = part.split("=", 1)
+            config[key] = value
+        else:
+            config[positional.pop(0)] = part
+    kinds = {"lam": float, "epochs": int, "lr": float, "checks": int, "min_dev_jsd": float, "select": str,
+             "init": str, "freeze_encoder": bool, "drop": float}
+    unknown = set(config) - set(kinds)
+    if unknown:
+        raise ValueError(f"unknown adversary option(s) {sorted(unknown)} in {text!r}; use {sorted(kinds)}.")
+    return {k: kinds[k](v) if v is not None and k != "freeze_encoder" else v for k, v in config.items()}
 
 
 @torch.no_grad()
@@ -113,25 +244,42 @@ def main(argv=None) -> None:
     dm = C.datamodule("sst2")
     base = C.sst2_base(dm)
     test = list(C.loader(dm, "test"))
-    configs = [(lam, args.epochs, args.freeze_encoder) for lam in args.lam]
+    defaults = {"epochs": args.epochs, "freeze_encoder": args.freeze_encoder, "lr": 1e-3, "select": "last",
+                "init": None, "checks": 1, "min_dev_jsd": 0.45, "drop": 0.0}
+    configs = [dict(defaults, lam=lam) for lam in args.lam]
     if args.configs:
-        configs = [(float(c.split(",")[0]), int(c.split(",")[1]), c.endswith(",frozen")) for c in args.configs]
+        configs = [parse_config(c, defaults) for c in args.configs]
     if args.skip_adversary:
         configs = []
     rows = []
-    for lam, epochs, frozen in configs:
-        adversary = train_adversary(dm, base, lam, epochs, freeze_encoder=frozen)
-        r = compare(adversary, base, test)
-        print(f"lambda={lam} epochs={epochs} frozen={frozen}: {r}")
-        rows.append([f"{lam:g}", epochs, "frozen" if frozen else "trained", r["jsd"], r["jsd_median"], r["kl"],
-                     r["tvd"], r["tvd_median"], r["frac_tvd_le_0.05"], r["acc_base"], r["acc_adversary"]])
+    dev = list(C.loader(dm, "val"))
+    for config in configs:
+        adversary = train_adversary(dm, base, **config)
+        r, d = compare(adversary, base, test), compare(adversary, base, dev)
+        print(f"{config}: test {r} dev {d}")
+        recipe = ("frozen" if config["freeze_encoder"] else "trained")
+        if config["lr"] != 1e-3:
+            recipe += f", lr {config['lr']:g}"
+        if config["drop"]:
+            recipe += f", word dropout {config['drop']:g}"
+        if config["init"] is not None:
+            recipe += f", from {config['init'].replace('sst2_adversary_', '')}"
+        selection = ("last" if config["select"] == "last"
+                     else f"dev ({config['checks']}/epoch, JSD ≥ {config['min_dev_jsd']:g})")
+        rows.append([f"{config['lam']:g}", config["epochs"], recipe, selection, d["jsd"], f"{d['tvd']:.4f}",
+                     r["jsd"], r["jsd_median"], r["kl"], f"{r['tvd']:.4f}", r["tvd_median"], r["frac_tvd_le_0.05"],
+                     r["acc_base"], r["acc_adversary"]])
     text = [] if not rows else ["### Model-consistent adversary (Wiegreffe & Pinter) on SST-2", "",
-            f"Base: BiLSTM + tanh attention (test accuracy {rows[0][9]:.3f}). Adversary: the base's weights with a "
+            f"Base: BiLSTM + tanh attention (test accuracy {rows[0][12]:.3f}). Adversary: the base's weights with a "
             "fresh attention scorer, trained on TVD(ŷ_adv, ŷ_base) − λ·KL(α_adv‖α_base) only (no gold labels); "
-            "'encoder' says whether its embeddings and BiLSTM were trained or kept frozen at the base's. "
+            "'recipe' says whether its embeddings and BiLSTM were trained or kept frozen at the base's, the "
+            "learning rate when not 1e-3, and the adversary it continued from (a second stage); 'selection' is "
+            "the last weights or the dev check with the lowest dev mean TVD among those with dev mean JSD above "
+            "the bar (dev split, 872 sentences; the test split is never used to choose). "
             f"Test set ({len(dm.dataset('test'))} sentences). JSD in nats (max ln 2 = 0.693).", "",
-            C.markdown_table(["λ", "epochs", "encoder", "mean JSD", "median JSD", "mean KL", "mean TVD", "median TVD",
-                              "share TVD ≤ 0.05", "base acc", "adversary acc"], rows), "",
+            C.markdown_table(["λ", "epochs", "recipe", "selection", "dev JSD", "dev TVD", "mean JSD", "median JSD",
+                              "mean KL", "mean TVD", "median TVD", "share TVD ≤ 0.05", "base acc",
+                              "adversary acc"], rows), "",
             "Command: `OMP_NUM_THREADS=1 python examples/adversary_sst2.py " + " ".join(argv or sys.argv[1:]) + "`"]
     if not args.skip_search:
         s = search(base, dm, args.search_limit, args.search_steps)

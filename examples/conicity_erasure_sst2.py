@@ -53,25 +53,45 @@ def measure(model, test, flip_limit: int) -> Dict[str, float]:
     return result
 
 
+def parse_variant(spec: str, default_epochs: int):
+    """``'erasure:0.5@8'`` -> ``('erasure', 0.5, 8)``; weight ``None`` means the variant's default."""
+    head, _, epochs = spec.partition("@")
+    key, _, weight = head.partition(":")
+    return key, (float(weight) if weight else None), (int(epochs) if epochs else default_epochs)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--variants", nargs="+", default=["conicity", "ortho", "erasure"])
+    parser.add_argument("--variants", nargs="+", default=["conicity", "ortho", "erasure"],
+                        help="'conicity', 'ortho' or 'erasure', optionally with ':<loss weight>' and/or "
+                             "'@<epochs>' (e.g. erasure:0.5@8); the default epochs are --epochs")
+    parser.add_argument("--train-limit", type=int, default=None,
+                        help="train the variants on the first N training sentences only")
     parser.add_argument("--flip-limit", type=int, default=512, help="test sentences for the decision-flip test")
     args = parser.parse_args(argv)
     C.setup_threads()
     dm = C.datamodule("sst2")
     test = list(C.loader(dm, "test"))
-    models = {"base (BiLSTM + tanh)": C.sst2_base(dm)}
-    builders = {
-        "conicity": ("+ ConicityLoss(w=0.5)", dict(objectives=[ConicityLoss(weight=0.5)])),
-        "ortho": ("orthogonal BiLSTM", dict(encoder="ortho_bilstm")),
-        "erasure": ("+ ErasureFaithfulnessLoss", dict(objectives=[ErasureFaithfulnessLoss(fraction=0.2)])),
-    }
-    for key in args.variants:
-        label, kwargs = builders[key]
-        models[label] = C.cached_classifier(f"sst2_{key}_ep{args.epochs}", dm, epochs=args.epochs, attention="tanh",
-                                            **kwargs)
+    models = {"base (BiLSTM + tanh), 8 ep": C.sst2_base(dm)}
+    for spec in args.variants:
+        key, weight, epochs = parse_variant(spec, args.epochs)
+        if key == "conicity":
+            w = 0.5 if weight is None else weight
+            label, kwargs = f"+ ConicityLoss(w={w:g})", dict(objectives=[ConicityLoss(weight=w)])
+        elif key == "ortho":
+            label, kwargs = "orthogonal BiLSTM", dict(encoder="ortho_bilstm")
+        elif key == "erasure":
+            w = 1.0 if weight is None else weight
+            label = f"+ ErasureFaithfulnessLoss(w={w:g})"
+            kwargs = dict(objectives=[ErasureFaithfulnessLoss(fraction=0.2, weight=w)])
+        else:
+            raise ValueError(f"unknown variant {spec!r}; use conicity, ortho or erasure[:weight][@epochs].")
+        tag = f"sst2_{key}" + ("" if weight is None else f"_w{weight:g}") + f"_ep{epochs}"
+        if args.train_limit is not None:
+            tag += f"_n{args.train_limit}"
+        models[f"{label}, {epochs} ep"] = C.cached_classifier(tag, dm, epochs=epochs, attention="tanh",
+                                                             train_limit=args.train_limit, **kwargs)
     rows = []
     for label, model in models.items():
         r = measure(model, test, args.flip_limit)
@@ -79,8 +99,10 @@ def main(argv=None) -> None:
         rows.append([label, r["acc"], r["conicity"], r["attention_flipped"], r["attention_fraction"],
                      r["random_flipped"], r["random_fraction"]])
     text = ["### Conicity, orthogonal LSTM and erasure faithfulness on SST-2", "",
-            f"BiLSTM (64/direction) + tanh attention; base trained 8 epochs, variants {args.epochs} epochs, best dev "
-            f"accuracy, seed 0. Test split ({len(dm.dataset('test'))} sentences): accuracy and mean conicity; "
+            "BiLSTM (64/direction) + tanh attention; every model trained for the epochs in its row (best dev "
+            "accuracy among them), seed 0"
+            + ("" if args.train_limit is None else f", variants on the first {args.train_limit} training sentences")
+            + f". Test split ({len(dm.dataset('test'))} sentences): accuracy and mean conicity; "
             f"Serrano & Smith's decision flip on the first {args.flip_limit} test sentences: share of "
             "sentences whose decision flips before one token is left, and mean fraction of tokens removed at the "
             "flip (flipped sentences), for the attention and the random ranking.", "",

@@ -28,6 +28,9 @@ def main(argv=None) -> None:
     parser.add_argument("--lam", type=float, default=0.01)
     parser.add_argument("--adversary-epochs", type=int, default=2)
     parser.add_argument("--freeze-encoder", action="store_true")
+    parser.add_argument("--adversary-config", default=None,
+                        help="the adversary as in adversary_sst2.py --configs, e.g. "
+                             "'lam=0.1,epochs=4,frozen,drop=0.3,select=dev,checks=4' (overrides the three above)")
     parser.add_argument("--epochs", type=int, default=5, help="epochs of each diagnostic MLP")
     parser.add_argument("--seeds", type=int, nargs="*", default=[1, 2])
     parser.add_argument("--seed-epochs", type=int, default=4)
@@ -35,7 +38,15 @@ def main(argv=None) -> None:
     C.setup_threads()
     dm = C.datamodule("sst2")
     base = C.sst2_base(dm)
-    adversary = A.train_adversary(dm, base, args.lam, args.adversary_epochs, freeze_encoder=args.freeze_encoder)
+    defaults = {"lam": args.lam, "epochs": args.adversary_epochs, "freeze_encoder": args.freeze_encoder, "lr": 1e-3,
+                "select": "last", "init": None, "checks": 1, "min_dev_jsd": 0.45, "drop": 0.0}
+    config = A.parse_config(args.adversary_config, defaults) if args.adversary_config else defaults
+    adversary = A.train_adversary(dm, base, **config)
+    described = f"λ = {config['lam']:g}, {config['epochs']} epochs" + (
+        ", embeddings/BiLSTM frozen" if config["freeze_encoder"] else "") + (
+        f", word dropout {config['drop']:g}" if config["drop"] else "") + (
+        f", from {config['init']}" if config["init"] else "") + (
+        ", selected on dev mean TVD" if config["select"] == "dev" else "")
     results = diagnostic_audit(C.loader(dm, "train", shuffle=True), C.loader(dm, "val"), C.loader(dm, "test"),
                                dm.vocab_size, dm.num_classes, {"base": base, "adversary": adversary},
                                epochs=args.epochs, embedding_dim=C.MODEL_KWARGS["embedding_dim"],
@@ -47,9 +58,8 @@ def main(argv=None) -> None:
     rows = [[names[k], v["acc"], v["f1"]] for k, v in results.items()]
     text = ["### Diagnostic MLP (Wiegreffe & Pinter) on SST-2", "",
             f"Context-free MLP (embedding {C.MODEL_KWARGS['embedding_dim']} → Linear(·, 128) → tanh → attention pooling "
-            f"→ linear), {args.epochs} epochs, best dev accuracy, seed 0. Adversary: λ = {args.lam:g}, "
-            f"{args.adversary_epochs} epochs{', embeddings/BiLSTM frozen' if args.freeze_encoder else ''}. "
-            "SST-2 test split.", "",
+            f"→ linear), {args.epochs} epochs, best dev accuracy, seed 0. Adversary (examples/adversary_sst2.py): "
+            f"{described}. SST-2 test split.", "",
             C.markdown_table(["attention", "test acc", "test macro-F1"], rows)]
     if args.seeds:
         others = [C.cached_classifier(f"sst2_seed{s}_ep{args.seed_epochs}", dm, epochs=args.seed_epochs, seed=s,

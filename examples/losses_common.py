@@ -66,13 +66,15 @@ class _Best(pl.Callback):
 
 
 def fit(model: pl.LightningModule, train: DataLoader, val: DataLoader, epochs: int, seed: int = 0,
-        callbacks: Sequence[pl.Callback] = (), select_best: bool = True) -> Dict[str, Any]:
+        callbacks: Sequence[pl.Callback] = (), select_best: bool = True,
+        trainer_kwargs: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Fit with a real Trainer on CPU; restore the best-val-accuracy epoch. Returns timing and history."""
     pl.seed_everything(seed, verbose=False)
     best = _Best()
     trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[best, *callbacks], default_root_dir=str(RUNS / "trainer"))
+                         callbacks=[best, *callbacks], default_root_dir=str(RUNS / "trainer"),
+                         **(trainer_kwargs or {}))
     start = time.time()
     trainer.fit(model, train, val)
     if select_best and best.state is not None:
@@ -132,9 +134,18 @@ def write_section(name: str, text: str) -> Path:
     out = Path(__file__).resolve().parent / "results"
     out.mkdir(exist_ok=True)
     path = out / f"{name}.md"
+    previous = path.read_text().strip() if path.exists() else None
     path.write_text(text.strip() + "\n")
     print(text)
-    rebuild_results()
+    target = out.parent / "RESULTS_losses.md"
+    current = target.read_text() if target.exists() else ""
+    if previous and previous in current:  # splice: leave every other section exactly as it is
+        target.write_text(current.replace(previous, text.strip(), 1))
+    elif not current:
+        rebuild_results()
+    else:
+        print(f"NOTE: {target.name} not updated (its '{name}' section differs from {path}); merge by hand or run "
+              "losses_common.rebuild_results().")
     return path
 
 
