@@ -2,6 +2,10 @@
 
     OMP_NUM_THREADS=1 python examples/adversary_sst2.py            # ~10 min on one CPU core
 
+    # the recipe that meets JSD >= 0.4 with mean TVD <= 0.05 on test (two stages, frozen encoder, dev selection):
+    OMP_NUM_THREADS=1 python examples/adversary_sst2.py --skip-search --configs 0.1,2,frozen \
+        lam=0.005,epochs=4,frozen,init=sst2_adversary_lam0.1_ep2_frozen,select=dev,checks=4,lr=5e-4
+
 1. The audited base model: BiLSTM (64/direction) + tanh attention, 8 epochs, best dev accuracy (cached in
    runs/losses_examples/sst2_base.pt; shared with the other loss examples).
 2. The adversary starts from the base's weights with its attention scorer re-initialised (a copy of the base
@@ -227,6 +231,13 @@ def search(base, dm, limit, steps) -> Dict[str, Any]:
     return summary
 
 
+SEARCH_CALLBACK_NOTE = (
+    "While a model trains, `lightning_xai.callbacks.AdversarialSearchAudit(steps=..., num_samples=..., "
+    "every_n_epochs=...)` runs this search on a fixed audit subset at validation end and logs the same distribution "
+    "(`adversarial_search/fraction_found`, `fraction_jsd_at_least_threshold`, `jsd/mean`, `jsd/q10` … `jsd/q90`, "
+    "`output_change/mean`) to the trainer's loggers.")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lam", type=float, nargs="+", default=[0.05])
@@ -294,7 +305,7 @@ def main(argv=None) -> None:
                                     s.get("q10", float("nan")), s.get("q25", float("nan")), s.get("median", float("nan")),
                                     s.get("q75", float("nan")), s.get("q90", float("nan"))]]), "",
                        "Command: `OMP_NUM_THREADS=1 python examples/adversary_sst2.py " + " ".join(argv or sys.argv[1:])
-                       + "`"]
+                       + "`", "", SEARCH_CALLBACK_NOTE]
         C.write_section("adversarial_search_sst2", "\n".join(search_text))
     if rows:
         C.write_section("adversary_sst2", "\n".join(text))
