@@ -1,77 +1,106 @@
 """Pruthi et al.'s deceptive attention with the BiLSTM on the bundled sst_wiki and pronoun tasks.
 
-    OMP_NUM_THREADS=1 python examples/deception_bilstm.py           # ~15 min on one CPU core
+    OMP_NUM_THREADS=1 python examples/deception_bilstm.py --tasks pronoun --lams 0 0.1 1
 
-For each task, three BiLSTM models (Pruthi's scorer: Linear(2H, 1)) are trained with the same seed: without
-penalty, and with DeceptionPenalty λ = 0.1 and λ = 1 added to the cross-entropy through
-``AttentionClassifier(objectives=[...])``. An ImpermissibleAttentionMonitor follows the validation attention
-mass on the impermissible tokens every epoch. On the test split we report accuracy, the attention mass on the
-impermissible tokens, and the share of gradient (L2 over the embedding) and leave-one-out saliency that falls
-on those tokens: if saliency still points there, the model still *uses* the tokens its attention hides.
+For each task, BiLSTM models (Pruthi's scorer: Linear(2H, 1)) are trained with the same seed: without penalty
+(λ = 0) and with ``DeceptionPenalty(lam=λ)`` added to the cross-entropy through
+``AttentionClassifier(objectives=[...])``. Two callbacks audit them:
+
+* ``ImpermissibleAttentionMonitor`` follows the attention mass on the impermissible tokens on the whole dev split
+  after every epoch (and on the whole test split in ``trainer.test``);
+* ``AttentionAudit`` (gradient, leave-one-out) runs in ``trainer.test`` on a fixed subset of the test split and
+  logs ``impermissible_share/<map>``: the share of each map's |score| that falls on the impermissible tokens.
+  If gradient/LOO still point there while attention does not, saliency is not fooled: the model still *uses*
+  the tokens its attention hides.
+
+``--lam-delay-steps D --lam-warmup-steps N`` trains the first D optimizer steps without the penalty, then ramps λ
+linearly to its full value over N steps (Pruthi et al. use the full λ from the first step; the penalty's formula is
+unchanged either way; the warm-up is a recipe option for short CPU budgets, see RESULTS_losses.md).
 """
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Dict, List, Optional
 
+import pytorch_lightning as pl
 import torch
+from torch.utils.data import DataLoader, Subset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import losses_common as C  # noqa: E402
 
-from lightning_xai.attribution import attribute  # noqa: E402
-from lightning_xai.callbacks import ImpermissibleAttentionMonitor  # noqa: E402
+from lightning_xai.callbacks import AttentionAudit, ImpermissibleAttentionMonitor  # noqa: E402
+from lightning_xai.data import collate  # noqa: E402
 from lightning_xai.losses import DeceptionPenalty  # noqa: E402
 from lightning_xai.models import AttentionClassifier  # noqa: E402
 
-
-def shares(model, batches, saliency_limit: int) -> Dict[str, float]:
-    """Test accuracy, impermissible attention mass, impermissible share of gradient / LOO saliency."""
-    model.eval()
-    correct = n = 0
-    mass: List[torch.Tensor] = []
-    token_share: List[torch.Tensor] = []
-    grad_share: List[torch.Tensor] = []
-    loo_share: List[torch.Tensor] = []
-    seen = 0
-    for batch in batches:
-        with torch.no_grad():
-            out = model(batch)
-        imp = batch["impermissible"].float()
-        correct += int((out.logits.argmax(-1) == batch["labels"]).sum())
-        n += len(batch["labels"])
-        mass.append((out.attention * imp).sum(-1))
-        token_share.append(imp.sum(-1) / batch["mask"].sum(-1))
-        if seen < saliency_limit:
-            for name, store in (("gradient", grad_share), ("leave_one_out", loo_share)):
-                s = attribute(model, batch, name).abs()
-                store.append((s * imp).sum(-1) / s.sum(-1).clamp_min(1e-12))
-            seen += len(batch["labels"])
-    cat = lambda xs: torch.cat(xs).mean().item()  # noqa: E731
-    return {"acc": correct / n, "mass": cat(mass), "token_share": cat(token_share), "grad_share": cat(grad_share),
-            "loo_share": cat(loo_share), "saliency_n": seen}
+SALIENCY = ("gradient", "leave_one_out")
 
 
-def run_task(task: str, lams, epochs: int, train_limit, saliency_limit: int, select: str = "best") -> List[list]:
-    dm = C.datamodule(task)
-    train = C.loader(dm, "train", train_limit, shuffle=True)
-    val = C.loader(dm, "val")
-    test = list(C.loader(dm, "test"))
-    rows = []
-    for lam in lams:
-        objectives = [DeceptionPenalty(lam=lam)] if lam > 0 else []
-        model = AttentionClassifier(dm.vocab_size, dm.num_classes, vocab=dm.vocab.itos, attention="linear",
-                                    objectives=objectives, **C.MODEL_KWARGS)
-        monitor = ImpermissibleAttentionMonitor(num_samples=256, every_n_epochs=1)
-        info = C.fit(model, train, val, epochs, seed=0, callbacks=[monitor], select_best=select == "best")
-        curve = [r["metrics"].get("mass/mean", float("nan")) for r in monitor.history if r["stage"] == "fit"]
-        r = shares(model, test, saliency_limit)
-        print(f"{task} λ={lam}: {r} val-mass per epoch {curve} ({info['seconds']:.0f}s)")
-        rows.append([task, f"{lam:g}", r["acc"], 100 * r["mass"], 100 * r["token_share"], 100 * r["grad_share"],
-                     100 * r["loo_share"], " → ".join(f"{100 * m:.1f}" for m in curve)])
-    return rows
+class LambdaWarmup(pl.Callback):
+    """Warm-up of a penalty's ``lam`` before every optimizer step: 0 for the first ``delay`` steps, then a linear
+    ramp λ·(k + 1)/``steps`` over the next ``steps`` steps (k counted from the end of the delay), then λ."""
+
+    def __init__(self, penalty: DeceptionPenalty, delay: int = 0, steps: int = 0) -> None:
+        self.penalty = penalty
+        self.delay = delay
+        self.steps = steps
+        self.target = penalty.lam
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        k = trainer.global_step - self.delay
+        factor = 0.0 if k < 0 else min(1.0, (k + 1) / self.steps) if self.steps else 1.0
+        self.penalty.lam = self.target * factor
+
+
+def train_loader(dm, limit: Optional[int], batch_size: int, seed: int = 0) -> DataLoader:
+    """Shuffled training batches; ``limit`` takes a random subset (the bundled files are grouped by label)."""
+    dataset = dm.dataset("train")
+    if limit is not None and limit < len(dataset):
+        chosen = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:limit]
+        dataset = Subset(dataset, sorted(chosen.tolist()))
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, collate_fn=collate,
+                      generator=torch.Generator().manual_seed(seed))
+
+
+def uniform_share(batches) -> float:
+    """Mean share of real tokens that are impermissible: the mass a uniform attention puts there."""
+    shares = [b["impermissible"].sum(-1) / b["mask"].sum(-1) for b in batches]
+    return torch.cat(shares).float().mean().item()
+
+
+def run_one(task: str, dm, lam: float, args, train, val, test) -> Dict[str, Any]:
+    penalty = DeceptionPenalty(lam=lam) if lam > 0 else None
+    options = dict(C.MODEL_KWARGS, hidden_dim=args.hidden_dim, lr=args.lr)
+    if args.embedding_init == "minilm":
+        options.update(embedding_init="minilm", embedding_rms=0.2, embedding_oov="zero")
+    pl.seed_everything(0, verbose=False)  # the same initial weights for every λ (C.fit seeds the training too)
+    model = AttentionClassifier(dm.vocab_size, dm.num_classes, vocab=dm.vocab.itos, attention="linear",
+                                objectives=[penalty] if penalty is not None else [], **options)
+    monitor = ImpermissibleAttentionMonitor(num_samples=None, every_n_epochs=1)
+    audit = AttentionAudit(methods=SALIENCY, metrics=("kendall_tau",), every_n_epochs=0, on_validate=False,
+                           on_test=True, num_samples=args.audit_samples)
+    callbacks: List[pl.Callback] = [monitor, audit]
+    if penalty is not None and (args.lam_delay_steps or args.lam_warmup_steps):
+        callbacks.append(LambdaWarmup(penalty, args.lam_delay_steps, args.lam_warmup_steps))
+    info = C.fit(model, train, val, args.epochs, seed=0, callbacks=callbacks, select_best=args.select == "best")
+    trainer: pl.Trainer = info["trainer"]
+    trainer.test(model, dataloaders=test, verbose=False)
+    curve = [r["metrics"]["mass/mean"] for r in monitor.history if r["stage"] == "fit"]
+    accs = [r["metrics"]["accuracy"] for r in monitor.history if r["stage"] == "fit"]
+    tested = [r["metrics"] for r in monitor.history if r["stage"] == "test"][-1]
+    shares = [r["metrics"] for r in audit.history if r["stage"] == "test"][-1]
+    row = {"task": task, "lam": lam, "acc": tested["accuracy"], "mass": tested["mass/mean"],
+           "below": tested["mass/below_0.01"], "curve": curve, "val_acc": accs,
+           "best_epoch": 1 + max(range(len(accs)), key=lambda i: accs[i]) if args.select == "best" else len(accs),
+           "seconds": info["seconds"]}
+    for name in ("attention", *SALIENCY):
+        row[name] = shares[f"impermissible_share/{name}/mean"]
+    row["tau"] = shares["kendall_tau/attention_vs_gradient/mean"]
+    print(f"{task} λ={lam}: {row}", flush=True)
+    return row
 
 
 def main(argv=None) -> None:
@@ -79,27 +108,49 @@ def main(argv=None) -> None:
     parser.add_argument("--tasks", nargs="+", default=["sst_wiki", "pronoun"])
     parser.add_argument("--lams", type=float, nargs="+", default=[0.0, 0.1, 1.0])
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--train-limit", type=int, default=None)
-    parser.add_argument("--saliency-limit", type=int, default=512, help="test examples for gradient/LOO shares")
+    parser.add_argument("--train-limit", type=int, default=None, help="random subset of the training split")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--hidden-dim", type=int, default=64)
+    parser.add_argument("--embedding-init", choices=["normal", "minilm"], default="normal")
+    parser.add_argument("--lam-delay-steps", type=int, default=0, help="λ = 0 for the first N optimizer steps")
+    parser.add_argument("--lam-warmup-steps", type=int, default=0, help="then a linear λ ramp over N steps")
+    parser.add_argument("--audit-samples", type=int, default=512, help="test examples the AttentionAudit reads")
     parser.add_argument("--select", choices=["best", "last"], default="best",
                         help="keep the best-dev-accuracy epoch or the last one")
-    parser.add_argument("--section", default="deception_bilstm", help="name of the results section written")
+    parser.add_argument("--section", default="deception_run", help="writes examples/results/<section>.md")
     args = parser.parse_args(argv)
     C.setup_threads()
     rows = []
     for task in args.tasks:
-        rows += run_task(task, args.lams, args.epochs, args.train_limit, args.saliency_limit, args.select)
-    text = ["### Deceptive attention (Pruthi et al.) with the BiLSTM", "",
-            f"BiLSTM (64/direction) + Linear(2H, 1) attention, {args.epochs} epochs"
-            + (f" on the first {args.train_limit} training examples" if args.train_limit else "")
-            + (", best dev accuracy epoch" if args.select == "best" else ", last epoch") + ", seed 0; λ = 0 is the unpenalised model. Test split: accuracy and attention mass "
-              "on impermissible tokens (%); share (%) of |gradient| (L2 over the embedding) and |leave-one-out| "
-              f"saliency on those tokens over the first {args.saliency_limit} test examples; the last column is the "
-              "ImpermissibleAttentionMonitor's mean validation mass (%) after each epoch.", "",
-            C.markdown_table(["task", "λ", "test acc", "attention mass %", "impermissible tokens %",
-                              "gradient share %", "LOO share %", "val mass % by epoch"], rows), "",
+        dm = C.datamodule(task)
+        train = train_loader(dm, args.train_limit, args.batch_size)
+        val, test = C.loader(dm, "val"), C.loader(dm, "test")
+        uniform = uniform_share(test)
+        for lam in args.lams:
+            r = run_one(task, dm, lam, args, train, val, test)
+            rows.append([task, f"{lam:g}", r["acc"], 100 * r["mass"], 100 * uniform, 100 * r["attention"],
+                         100 * r["gradient"], 100 * r["leave_one_out"], r["tau"],
+                         " → ".join(f"{100 * m:.2f}" for m in r["curve"]),
+                         " → ".join(f"{a:.3f}" for a in r["val_acc"]), r["best_epoch"]])
+    recipe = (f"BiLSTM ({args.hidden_dim}/direction, embeddings {args.embedding_init}) + Linear(2H, 1) attention, "
+              f"{args.epochs} epochs, batch {args.batch_size}, Adam lr {args.lr:g}"
+              + (f", penalty off for the first {args.lam_delay_steps} steps" if args.lam_delay_steps else "")
+              + (f", λ ramped linearly over the next {args.lam_warmup_steps} steps" if args.lam_warmup_steps
+                 else "")
+              + (f", random {args.train_limit} training examples" if args.train_limit else ", full training split")
+              + (", epoch of best dev accuracy kept" if args.select == "best" else ", last epoch kept") + ", seed 0.")
+    text = ["### Deceptive attention (Pruthi et al.) with the BiLSTM", "", recipe, "",
+            C.markdown_table(["task", "λ", "test acc", "test attention mass %", "uniform %",
+                              "audit: attention share %", "audit: gradient share %", "audit: LOO share %",
+                              "audit: τ(attention, gradient)", "monitor: dev mass % by epoch",
+                              "dev acc by epoch", "kept epoch"], rows), "",
             "Command: `OMP_NUM_THREADS=1 python examples/deception_bilstm.py " + " ".join(argv or sys.argv[1:]) + "`"]
-    C.write_section(args.section, "\n".join(text))
+    # Only this run's section file: examples/results/deception_bilstm.md (merged by hand from the runs) is what
+    # RESULTS_losses.md shows, so a partial run never overwrites the merged table.
+    out = Path(__file__).resolve().parent / "results" / f"{args.section}.md"
+    out.write_text("\n".join(text).strip() + "\n")
+    print("\n".join(text))
 
 
 if __name__ == "__main__":
