@@ -18,18 +18,17 @@ from lightning_xai.data import TextClassificationDataModule, collate
 from lightning_xai.models import AttentionClassifier
 
 METHODS = ("gradient", "leave_one_out")
+SIZES = {"train": 96, "val": 24, "test": 24}
 
 
 class PronounSlice(TextClassificationDataModule):
     """The bundled pronoun task (mask = he/she/her/his/him/himself/herself), cut to its first examples."""
 
-    SIZES = {"train": 96, "val": 24, "test": 24}
-
     def __init__(self, **kwargs) -> None:
         super().__init__("pronoun", **kwargs)
 
     def examples(self, split):
-        return super().examples(split)[: self.SIZES[split]]
+        return super().examples(split)[: SIZES[split]]
 
 
 def _setup(tmp_path, logger=False, audit_kwargs=None, extra_callbacks=()):
