@@ -1,12 +1,15 @@
 """Conicity (Mohankumar et al.) and the erasure-faithfulness objective on SST-2, at what accuracy cost.
 
     OMP_NUM_THREADS=1 python examples/conicity_erasure_sst2.py        # ~20 min on one CPU core
+    # the table in RESULTS_losses.md (each 8-epoch variant ~3-5 min CPU on one core):
+    OMP_NUM_THREADS=1 python examples/conicity_erasure_sst2.py \
+        --variants conicity@4 conicity@8 ortho@8 erasure@4 erasure@8 erasure:0.5@8
 
 Models (same data, seed and width; best dev accuracy):
 * base: BiLSTM + tanh attention (cached, shared with the other loss examples);
 * + ConicityLoss(w = 0.5): CE + 0.5·conicity of the BiLSTM states;
 * orthogonal BiLSTM (``encoder="ortho_bilstm"``);
-* + ErasureFaithfulnessLoss (attention-space erasure of the soft top-20% tokens, weight 1).
+* + ErasureFaithfulnessLoss (attention-space erasure of the soft top-20% tokens, weight 1 or as given).
 On the test split: accuracy, mean conicity of the hidden states, and Serrano & Smith's decision-flip test with
 the attention ranking (lightning_xai.audits.erasure.decision_flip): share of sentences whose decision flips
 and the fraction of tokens removed before it does (over flipped sentences), with the random ranking alongside.

@@ -1,6 +1,7 @@
 """Wiegreffe & Pinter's diagnostic MLP and seed variance on SST-2.
 
-    OMP_NUM_THREADS=1 python examples/diagnostic_mlp.py --lam 0.01 --adversary-epochs 2 --freeze-encoder
+    OMP_NUM_THREADS=1 python examples/diagnostic_mlp.py --epochs 4 --seeds 1 --adversary-config \
+        lam=0.005,epochs=4,frozen,init=sst2_adversary_lam0.1_ep2_frozen,select=dev,checks=4,lr=5e-4
 
 A context-free MLP (per-token embedding → Linear(E, 128) → tanh, pooled by attention, then linear) is trained
 four times on SST-2 with: its own trained attention, uniform attention, the audited BiLSTM's attention imposed
