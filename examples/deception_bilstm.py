@@ -76,7 +76,7 @@ def run_one(task: str, dm, lam: float, args, train, val, test) -> Dict[str, Any]
     options = dict(C.MODEL_KWARGS, hidden_dim=args.hidden_dim, lr=args.lr)
     if args.embedding_init == "minilm":
         options.update(embedding_init="minilm", embedding_rms=0.2, embedding_oov="zero")
-    pl.seed_everything(0, verbose=False)  # the same initial weights for every λ (C.fit seeds the training too)
+    pl.seed_everything(args.seed, verbose=False)  # the same initial weights for every λ (C.fit seeds training)
     model = AttentionClassifier(dm.vocab_size, dm.num_classes, vocab=dm.vocab.itos, attention="linear",
                                 objectives=[penalty] if penalty is not None else [], **options)
     monitor = ImpermissibleAttentionMonitor(num_samples=None, every_n_epochs=1)
@@ -85,7 +85,7 @@ def run_one(task: str, dm, lam: float, args, train, val, test) -> Dict[str, Any]
     callbacks: List[pl.Callback] = [monitor, audit]
     if penalty is not None and (args.lam_delay_steps or args.lam_warmup_steps):
         callbacks.append(LambdaWarmup(penalty, args.lam_delay_steps, args.lam_warmup_steps))
-    info = C.fit(model, train, val, args.epochs, seed=0, callbacks=callbacks, select_best=args.select == "best")
+    info = C.fit(model, train, val, args.epochs, seed=args.seed, callbacks=callbacks, select_best=args.select == "best")
     trainer: pl.Trainer = info["trainer"]
     trainer.test(model, dataloaders=test, verbose=False)
     curve = [r["metrics"]["mass/mean"] for r in monitor.history if r["stage"] == "fit"]
@@ -116,6 +116,7 @@ def main(argv=None) -> None:
     parser.add_argument("--lam-delay-steps", type=int, default=0, help="λ = 0 for the first N optimizer steps")
     parser.add_argument("--lam-warmup-steps", type=int, default=0, help="then a linear λ ramp over N steps")
     parser.add_argument("--audit-samples", type=int, default=512, help="test examples the AttentionAudit reads")
+    parser.add_argument("--seed", type=int, default=0, help="initial weights, batch order, training subset")
     parser.add_argument("--select", choices=["best", "last"], default="best",
                         help="keep the best-dev-accuracy epoch or the last one")
     parser.add_argument("--section", default="deception_run", help="writes examples/results/<section>.md")
@@ -124,7 +125,7 @@ def main(argv=None) -> None:
     rows = []
     for task in args.tasks:
         dm = C.datamodule(task)
-        train = train_loader(dm, args.train_limit, args.batch_size)
+        train = train_loader(dm, args.train_limit, args.batch_size, seed=args.seed)
         val, test = C.loader(dm, "val"), C.loader(dm, "test")
         uniform = uniform_share(test)
         for lam in args.lams:
@@ -139,7 +140,8 @@ def main(argv=None) -> None:
               + (f", λ ramped linearly over the next {args.lam_warmup_steps} steps" if args.lam_warmup_steps
                  else "")
               + (f", random {args.train_limit} training examples" if args.train_limit else ", full training split")
-              + (", epoch of best dev accuracy kept" if args.select == "best" else ", last epoch kept") + ", seed 0.")
+              + (", epoch of best dev accuracy kept" if args.select == "best" else ", last epoch kept")
+              + f", seed {args.seed}.")
     text = ["### Deceptive attention (Pruthi et al.) with the BiLSTM", "", recipe, "",
             C.markdown_table(["task", "λ", "test acc", "test attention mass %", "uniform %",
                               "audit: attention share %", "audit: gradient share %", "audit: LOO share %",
