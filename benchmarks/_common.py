@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -27,6 +28,19 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CACHE = HERE / ".cache"
 RESULTS = HERE / "results"
+README = HERE / "README.md"
+
+
+def update_block(marker: str, block: str, readme: Path = README) -> bool:
+    """Replace the text between ``<!-- marker -->`` and ``<!-- /marker -->`` in ``readme``; False if absent."""
+    if not readme.exists():
+        return False
+    text = readme.read_text()
+    pattern = re.compile(rf"(<!-- {re.escape(marker)} -->\n)(.*?)(<!-- /{re.escape(marker)} -->)", re.S)
+    if not pattern.search(text):
+        return False
+    readme.write_text(pattern.sub(lambda m: m.group(1) + block.rstrip() + "\n" + m.group(3), text))
+    return True
 
 
 def set_threads(threads: Optional[int] = None) -> int:

@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import statistics
 import sys
 import time
@@ -36,8 +35,10 @@ from typing import Any, Dict, List, Optional
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-README = HERE / "README.md"
 RESULTS = HERE / "results"
+
+sys.path.insert(0, str(ROOT))
+from benchmarks import _common as C  # noqa: E402
 
 #: name -> AttentionAudit keyword arguments
 CONFIGS: Dict[str, Dict[str, Any]] = {
@@ -169,17 +170,6 @@ def _markdown(result: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def update_readme(block: str) -> bool:
-    if not README.exists():
-        return False
-    text = README.read_text()
-    pattern = re.compile(r"(<!-- results:callback_overhead -->\n)(.*?)(<!-- /results:callback_overhead -->)", re.S)
-    if not pattern.search(text):
-        return False
-    README.write_text(pattern.sub(lambda m: m.group(1) + block.rstrip() + "\n" + m.group(3), text))
-    return True
-
-
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     args = _parse(argv)
     import torch
@@ -225,7 +215,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     out.write_text(json.dumps(result, indent=2))
     print(result["markdown"])
     if not args.quick and not args.no_update_readme:
-        print("README updated" if update_readme(result["markdown"]) else "no callback_overhead block in README.md")
+        pasted = C.update_block("results:callback_overhead", result["markdown"])
+        print("README updated" if pasted else "no callback_overhead block in README.md")
     return result
 
 

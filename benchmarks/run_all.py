@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -25,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import _common as C  # noqa: E402
 
-README = C.HERE / "README.md"
 
 
 def jobs(quick: bool):
@@ -113,17 +111,6 @@ def summary(results_dir: Path = C.RESULTS) -> str:
     return text
 
 
-def update_block(marker: str, block: str) -> bool:
-    if not README.exists():
-        return False
-    text = README.read_text()
-    pattern = re.compile(rf"(<!-- {re.escape(marker)} -->\n)(.*?)(<!-- /{re.escape(marker)} -->)", re.S)
-    if not pattern.search(text):
-        return False
-    README.write_text(pattern.sub(lambda m: m.group(1) + block.rstrip() + "\n" + m.group(3), text))
-    return True
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny batches and repeats (smoke test)")
@@ -137,8 +124,8 @@ def main(argv=None) -> int:
         for path in sorted(C.RESULTS.glob("*.json")):
             block = json.loads(path.read_text()).get("markdown")
             if block:
-                update_block(f"results:{path.stem}", block)
-        update_block("summary", summary())
+                C.update_block(f"results:{path.stem}", block)
+        C.update_block("summary", summary())
         print(summary())
         return 0
     failures = []
@@ -155,7 +142,7 @@ def main(argv=None) -> int:
             failures.append(name)
             continue
         if args.update and not args.quick and result.get("markdown"):
-            if not update_block(f"results:{name}", result["markdown"]):
+            if not C.update_block(f"results:{name}", result["markdown"]):
                 print(f"(no <!-- results:{name} --> block in README.md; not pasted)")
     if args.only is None or "callbacks" in args.only:
         print(f"\n=== callbacks ({time.strftime('%H:%M:%S')}) ===", flush=True)
@@ -163,7 +150,7 @@ def main(argv=None) -> int:
         if rc not in (None, 0):
             failures.append("callbacks")
     if args.update and not args.quick:
-        update_block("summary", summary())
+        C.update_block("summary", summary())
     print(f"\nall done in {time.time() - started:.0f} s; failures: {failures or 'none'}")
     return 1 if failures else 0
 
