@@ -86,6 +86,38 @@ def test_kendall_exact_p_values_for_extreme_and_near_extreme_orders_beyond_33_to
     assert tau[0] == 1 and tau[1] == -1 and 0 < p[2] < 1e-40
 
 
+@pytest.mark.parametrize("variant", ["b", "c"])
+def test_kendall_pair_kernel_row_blocks_and_ties_in_some_blocks_only(monkeypatch, variant):
+    """Rows are processed in blocks; tie-group sizes are recounted only for blocks with ties. Splitting into
+    blocks of 7 rows must give scipy's values, bit-equal to one block."""
+    import lightning_xai.metrics.functional.agreement as agreement
+
+    x, y, mask = _ragged(40, 30, seed=21, ties=False)
+    tied_x, tied_y, _ = _ragged(40, 30, seed=22, ties=True)
+    x[10:14], y[10:14] = tied_x[10:14], tied_y[10:14]  # ties only in the second block of 7 rows
+    whole = kendall_tau(x, y, mask, variant=variant)
+    monkeypatch.setattr(agreement, "_PAIR_BUDGET", 7 * 2 * 15 * 31)  # W = 31, K = 15: 7 rows per block
+    blocked = kendall_tau(x, y, mask, variant=variant)
+    for ours, one in zip(blocked, whole):
+        assert torch.equal(torch.nan_to_num(ours, 9.0), torch.nan_to_num(one, 9.0))
+    for b in range(40):
+        ref = st.kendalltau(x[b][mask[b]].numpy(), y[b][mask[b]].numpy(), variant=variant)
+        for ours, want in ((float(blocked[0][b]), ref.statistic), (float(blocked[1][b]), ref.pvalue)):
+            assert (math.isnan(ours) and math.isnan(want)) or abs(ours - want) <= 1e-12, (b, ours, want)
+
+
+def test_kendall_values_float32_cannot_separate_are_not_ties():
+    """Signs are computed in float32 only when it holds every value exactly; 1 and 1 + 1e-12 stay distinct."""
+    x = torch.tensor([[1.0, 1.0 + 1e-12, 1.0 + 2e-12, -0.0, 0.0, 3.0]], dtype=torch.float64)
+    y = torch.tensor([[0.1, 0.2, 0.3, 0.0, 0.4, 0.5]], dtype=torch.float64)
+    mask = torch.tensor([[True, True, True, True, True, False]])
+    tau, p = kendall_tau(x, y, mask)
+    ref = st.kendalltau(x[0, :5].numpy(), y[0, :5].numpy())  # -0.0 == 0.0: one tie, as in scipy
+    assert float(tau[0]) == pytest.approx(ref.statistic, abs=1e-12)
+    assert float(p[0]) == pytest.approx(ref.pvalue, abs=1e-12)
+    assert float(kendall_tau(x.float(), y, mask)[0][0]) != pytest.approx(ref.statistic)  # float32 ties the 1s
+
+
 def test_kendall_tau_c_matches_scipy():
     x, y, mask = _ragged(25, 20, seed=3, ties=True)
     tau, p = kendall_tau(x, y, mask, variant="c")

@@ -19,6 +19,8 @@ def check_mask(mask: Tensor, shape: Tuple[int, ...], name: str = "mask") -> Tens
     if tuple(mask.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {tuple(mask.shape)} but the score maps are {tuple(shape)}; "
                          "they must match [B, T].")
+    if mask.numel() and int(mask.sum(1).min()) > 0:  # the common case in one reduction
+        return mask
     empty = (~mask.any(dim=1)).nonzero().flatten()
     if empty.numel():
         raise ValueError(f"{name} rows {empty.tolist()[:10]} have no real token; a metric over real tokens is "
@@ -44,6 +46,9 @@ def check_maps(*maps: Tensor, mask: Optional[Tensor] = None, names: Tuple[str, .
     if mask is not None:
         check_mask(mask, tuple(first.shape))
     for tensor, name in zip(maps, names):
+        probe = tensor if mask is None else tensor.masked_fill(~mask, 0.0)
+        if math.isfinite(float(probe.sum())):  # NaN and inf propagate into a sum: finite sum => all real finite
+            continue
         bad = ~torch.isfinite(tensor)
         if mask is not None:
             bad = bad & mask

@@ -30,48 +30,87 @@ from lightning_xai.metrics.functional._validation import check_maps, resolve_k, 
 
 __all__ = ["jensen_shannon", "jw_top_k", "kendall_tau", "pearson", "spearman", "topk_kendall_tau", "topk_overlap"]
 
-# pairwise signs are computed on [chunk, T, T] blocks of at most this many elements
-_PAIR_BUDGET = 1 << 15  # below torch's intra-op grain size (32768): no thread pool per op; cache-sized blocks
+# the pairwise signs are computed on blocks of at most this many elements ([rows, 2, K, W]; float32: 64 MiB)
+_PAIR_BUDGET = 1 << 24
+# dtypes whose values float32 holds exactly (float64 maps are checked value by value)
+_FLOAT32_EXACT = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _pair_stats(x: Tensor, y: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-    """Per row: C − D (concordant minus discordant pairs) and per-token tie-group sizes of x and y.
+def _pair_stats(x: Tensor, y: Tensor, mask: Tensor, n: Tensor) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """Per row: C − D over pairs of real tokens, the tied pairs of x and of y, and (only when a row has ties) the
+    tie-group size of every token.
 
-    Pairwise signs ``sign(x_i − x_j)`` over ``[chunk, T, T]`` blocks (arithmetic, no per-instance loop); pairs
-    involving a pad are weighted out with the mask.
+    Pads are set to 0 and every unordered pair is visited once: with the width made odd (W = T | 1), the cyclic
+    shifts k = 1 … (W − 1)/2 pair token i with token (i + k) mod W, and each pair {i, j} occurs for exactly one
+    (i, k). One subtraction and one ``sign_`` over ``[B, 2, K, W]`` give both maps' signs; one batched matmul of
+    the signs with themselves gives Σ sx·sy (= C − D), Σ sx² and Σ sy² (the non-tied pairs) per row. A pair of a
+    real token i with a pad (value 0) adds sign(x_i)·sign(y_i) and |sign(x_i)|, which is subtracted in O(T).
+    All sums are of −1/0/+1 values: exact integers in float32 below 2^24 pairs.
+
+    Args:
+        x, y: ``[B, T]`` score maps; mask: ``[B, T]`` real tokens; n: ``[B]`` float64 real-token counts.
+
+    Returns:
+        ``(cmd [B], ties [B, 2], sizes [B, 2, T] or None)``, float64; ``sizes`` is None when no row has a tie.
     """
     B, T = x.shape
-    pairs = max(1, T * T)
-    # small blocks stay in cache; long documents get blocks of up to 2^24 pairs (one row only beyond 4096 tokens)
-    rows = _PAIR_BUDGET // pairs if pairs * 8 <= _PAIR_BUDGET else max(1, (1 << 24) // pairs)
-    xs, ys = x.masked_fill(~mask, 0.0), y.masked_fill(~mask, 0.0)
-    weight = mask.to(xs.dtype).unsqueeze(1)  # [B, 1, T]: zeroes the pairs (i, j) with j a pad
-    per_token, diff_x, diff_y = [], [], []
+    W = T | 1  # odd: shifts 1 … K cover every unordered pair exactly once
+    K = (W - 1) // 2
+    real = mask.unsqueeze(1)
+    both = torch.stack((x, y), 1).masked_fill_(~real, 0.0)
+    # float32 keeps signs and sums exact if it holds every value (and the pair count stays below 2^24)
+    exact32 = W * K < (1 << 24) and (both.dtype in _FLOAT32_EXACT or torch.equal(both.float().double(), both))
+    dtype = torch.float32 if exact32 else torch.float64
+    doubled = both.new_zeros((B, 2, 2 * W), dtype=dtype)
+    doubled[:, :, :T] = both
+    doubled[:, :, W:W + T] = both
+    values, shifted = doubled[:, :, :W], doubled.unfold(2, W, 1)[:, :, 1:K + 1]  # shifted[.., k-1, i] = value i+k
+    rows = max(1, _PAIR_BUDGET // max(1, 2 * K * W))
+    block = torch.empty((min(rows, B), 2, K, W), dtype=dtype, device=x.device)
+
+    def signs_of(start: int, stop: int) -> Tensor:  # [rows, 2, K, W]: sign(value_i − value_{i+k})
+        return torch.sub(values[start:stop].unsqueeze(2), shifted[start:stop], out=block[:stop - start]).sign_()
+
+    grams = []
     for start in range(0, B, rows):  # blocks of many instances each, not one per instance
-        xb, yb, wb = xs[start:start + rows], ys[start:start + rows], weight[start:start + rows]
-        sx = (xb.unsqueeze(2) - xb.unsqueeze(1)).sign_().mul_(wb)  # exact: x_i − x_j is 0 iff x_i == x_j
-        sy = (yb.unsqueeze(2) - yb.unsqueeze(1)).sign_().mul_(wb)
-        per_token.append((sx * sy).sum(2))  # plain reductions, not BLAS: predictable on a busy machine
-        diff_x.append(sx.abs_().sum(2))  # #{real j : x_j != x_i}
-        diff_y.append(sy.abs_().sum(2))
-    real = mask.double()
-    n = real.sum(1, keepdim=True)
-    cmd = (torch.cat(per_token).double() * real).sum(1) / 2  # ordered pairs count each pair twice
-    # tie-group size of token i (itself included) = n − #{real j : x_j != x_i}
-    tx, ty = n - torch.cat(diff_x).double(), n - torch.cat(diff_y).double()
-    # sums of ±1/0 values: exact integers in floating point (no rounding needed)
-    return cmd, tx, ty
+        stop = min(B, start + rows)
+        flat = signs_of(start, stop).view(stop - start, 2, K * W)
+        grams.append(torch.bmm(flat, flat.transpose(1, 2)))
+    token_signs = values.sign()  # [B, 2, W], 0 at pads
+    pads = W - n
+    # pairs (real i, pad j): their Σ sx·sy and Σ sx² are the Gram of the tokens' own signs, once per pad
+    gram = torch.cat(grams).double() - pads.view(B, 1, 1) * torch.bmm(token_signs, token_signs.transpose(1, 2)).double()
+    cmd = gram[:, 0, 1]
+    ties = (n * (n - 1) / 2).unsqueeze(1) - torch.diagonal(gram, dim1=1, dim2=2)
+    if not bool(ties.any()):
+        return cmd, ties, None
+    # tie-group sizes: #{j != i : x_j != x_i} over the full row = forward shifts + backward shifts
+    sizes = torch.zeros((B, 2, W), dtype=torch.float64, device=x.device)
+    tied_rows = ties.any(1)
+    for start in range(0, B, rows):
+        stop = min(B, start + rows)
+        if not bool(tied_rows[start:stop].any()):
+            continue
+        d = block if rows >= B else signs_of(start, stop)  # one block: it still holds these signs
+        twice = d.new_empty(d.shape[:3] + (2 * W,))  # |signs| twice along the row, for the backward shifts
+        ahead = torch.abs(d, out=twice[..., :W])
+        twice[..., W:] = ahead
+        # behind[.., k-1, i] = |sign(value_{i-k} − value_i)|: row k of `twice` read from column W − k on
+        behind = twice.as_strided(d.shape, (twice.stride(0), twice.stride(1), 2 * W - 1, 1),
+                                  twice.storage_offset() + W - 1)
+        sizes[start:stop] = (ahead.sum(2) + behind.sum(2)).double()
+    # group size of real token i (itself included) = n − #{real j : x_j != x_i}; a pad differs iff x_i != 0
+    sizes = n.view(B, 1, 1) - (sizes[:, :, :T] - pads.view(B, 1, 1) * token_signs[:, :, :T].abs().double())
+    return cmd, ties, sizes.masked_fill_(~real | ~tied_rows.view(B, 1, 1), 1.0)  # rows without ties: all 1
 
 
-def _tie_stats(t: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """From per-token tie-group sizes: Σt(t−1)/2, Σt(t−1)(t−2), Σt(t−1)(2t+5) over groups, and #distinct values."""
-    t = t.masked_fill(~mask, 1.0)
-    real = mask.double()
-    ties = ((t - 1) * real).sum(1) / 2
-    t0 = ((t - 1) * (t - 2) * real).sum(1)
-    t1 = ((t - 1) * (2 * t + 5) * real).sum(1)
-    distinct = torch.floor((real / t).sum(1) + 0.5)
-    return ties, t0, t1, distinct
+def _tie_stats(sizes: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """From per-token tie-group sizes ``[B, 2, T]``: Σt(t−1)(t−2) and Σt(t−1)(2t+5) over groups, #distinct values."""
+    real = mask.unsqueeze(1).double()
+    t0 = ((sizes - 1) * (sizes - 2) * real).sum(2)
+    t1 = ((sizes - 1) * (2 * sizes + 5) * real).sum(2)
+    distinct = torch.floor((real / sizes).sum(2) + 0.5)
+    return t0, t1, distinct
 
 
 def kendall_tau(preds: Tensor, target: Tensor, mask: Tensor, variant: str = "b") -> Tuple[Tensor, Tensor]:
@@ -81,8 +120,9 @@ def kendall_tau(preds: Tensor, target: Tensor, mask: Tensor, variant: str = "b")
     (defaults ``method="auto"``, two-sided): τ-b = (C − D) / √((n₀ − n₁)(n₀ − n₂)) with n₀ = n(n−1)/2 and
     n₁, n₂ the tied pairs of each map. The p-value is exact (Kendall's null distribution) when there are no ties
     and n ≤ 33 or min(C, D) ≤ 1, else the normal approximation with the tie-corrected variance — scipy's rule.
-    Constant maps (and n = 1) give NaN, as in scipy. All instances are computed together from ``[B, T, T]``
-    pair comparisons (chunked to bound memory), never with a loop over instances.
+    Constant maps (and n = 1) give NaN, as in scipy. All instances are computed together from the pairwise signs
+    of all rows at once (one subtraction, one sign, one batched matmul per block of rows), never with a loop over
+    instances.
 
     Args:
         preds: ``[B, T]`` first score map (e.g. attention).
@@ -106,44 +146,49 @@ def kendall_tau(preds: Tensor, target: Tensor, mask: Tensor, variant: str = "b")
         raise ValueError(f"Unknown Kendall variant {variant!r}; use 'b' (tau-b) or 'c' (tau-c).")
     check_maps(preds, target, mask=mask)
     n = mask.sum(1)
-    cmd, tx, ty = _pair_stats(preds, target, mask)
-    xtie, x0, x1, xdistinct = _tie_stats(tx, mask)
-    ytie, y0, y1, ydistinct = _tie_stats(ty, mask)
-    tot = (n * (n - 1) // 2).double()
-    undefined = (xtie == tot) | (ytie == tot)  # constant map, or n = 1 (tot = 0)
     nd = n.double()
+    cmd, ties, sizes = _pair_stats(preds, target, mask, nd)
+    tot = nd * (nd - 1) / 2
+    untied = tot.unsqueeze(1) - ties  # [B, 2]: n₀ − n₁, n₀ − n₂
+    undefined = (untied == 0).any(1)  # constant map, or n = 1 (tot = 0)
     if variant == "b":
-        denom = torch.sqrt(tot - xtie) * torch.sqrt(tot - ytie)
-        tau = cmd / torch.where(undefined, torch.ones_like(denom), denom)
+        denom = untied.sqrt().prod(1)  # √(n₀ − n₁)·√(n₀ − n₂), as scipy
+        tau = cmd / denom.masked_fill(undefined, 1.0)
     else:
-        classes = torch.minimum(xdistinct, ydistinct).double()
+        distinct = nd.unsqueeze(1) if sizes is None else _tie_stats(sizes, mask)[2]
+        classes = distinct.min(1).values
         scale = nd ** 2 * (classes - 1) / classes
-        tau = 2 * cmd / torch.where(undefined, torch.ones_like(scale), scale)
+        tau = 2 * cmd / scale.masked_fill(undefined, 1.0)
     tau = tau.clamp(-1.0, 1.0)
 
     # p-values: scipy's method="auto"
-    no_ties = (xtie == 0) & (ytie == 0)
     dis = (tot - cmd) / 2  # without ties every pair is concordant or discordant (only used then)
     c = torch.minimum(dis, tot - dis).long()
-    exact = no_ties & ((n <= KENDALL_EXACT_MAX_N) | (c <= 1))
-    table = kendall_exact_table(preds.device)
-    p = table[n.clamp(max=KENDALL_EXACT_MAX_N), c.clamp(min=0, max=table.shape[1] - 1)]
-    if bool((exact & (n > KENDALL_EXACT_MAX_N)).any()):
-        # n > 33 with min(C, D) <= 1: Kendall's closed forms 2/n! (c = 0) and 2/(n−1)! (c = 1)
-        log_fact = torch.where(c == 0, torch.lgamma(nd + 1), torch.lgamma(nd))
-        p_closed = torch.exp(math.log(2.0) - log_fact).clamp(max=1.0)
-        p = torch.where(n <= KENDALL_EXACT_MAX_N, p, p_closed)
+    exact = (ties == 0).all(1) & ((n <= KENDALL_EXACT_MAX_N) | (c <= 1))
+    p = torch.zeros_like(tau)
+    if bool(exact.any()):
+        table = kendall_exact_table(preds.device)
+        p = table[n.clamp(max=KENDALL_EXACT_MAX_N), c.clamp(min=0, max=table.shape[1] - 1)]
+        if bool((exact & (n > KENDALL_EXACT_MAX_N)).any()):
+            # n > 33 with min(C, D) <= 1: Kendall's closed forms 2/n! (c = 0) and 2/(n−1)! (c = 1)
+            log_fact = torch.where(c == 0, torch.lgamma(nd + 1), torch.lgamma(nd))
+            p_closed = torch.exp(math.log(2.0) - log_fact).clamp(max=1.0)
+            p = torch.where(n <= KENDALL_EXACT_MAX_N, p, p_closed)
     if not bool(exact.all()):
         # normal approximation with scipy's tie-corrected variance of C − D
         m = nd * (nd - 1)
-        safe_m = torch.where(m > 0, m, torch.ones_like(m))
-        safe_m2 = torch.where(nd > 2, safe_m * (nd - 2), torch.ones_like(m))
-        var = (m * (2 * nd + 5) - x1 - y1) / 18 + 2 * xtie * ytie / safe_m + x0 * y0 / (9 * safe_m2)
-        z = cmd / torch.sqrt(torch.where(var > 0, var, torch.ones_like(var)))
+        if sizes is None:  # no ties: the tie corrections are all zero
+            var = m * (2 * nd + 5) / 18
+        else:
+            (x0, y0), (x1, y1) = (stat.unbind(1) for stat in _tie_stats(sizes, mask)[:2])
+            xtie, ytie = ties.unbind(1)
+            safe_m = m.masked_fill(m == 0, 1.0)
+            safe_m2 = (safe_m * (nd - 2)).masked_fill(nd <= 2, 1.0)
+            var = (m * (2 * nd + 5) - x1 - y1) / 18 + 2 * xtie * ytie / safe_m + x0 * y0 / (9 * safe_m2)
+        z = cmd / var.masked_fill(var <= 0, 1.0).sqrt()
         p_asym = torch.special.erfc(z.abs() / math.sqrt(2.0)).clamp(max=1.0)
         p = torch.where(exact, p, p_asym)
-    nan = torch.full_like(tau, float("nan"))
-    return torch.where(undefined, nan, tau), torch.where(undefined, nan, p)
+    return tau.masked_fill(undefined, float("nan")), p.masked_fill(undefined, float("nan"))
 
 
 def jw_top_k(mask: Tensor) -> int:
