@@ -4,6 +4,11 @@ A model is *explainable* when it can (1) turn a batch into input embeddings that
 autograd graph, (2) run the rest of the network from those embeddings, optionally with the attention
 distribution replaced, and (3) say which positions are real tokens. Attribution, audits, metrics,
 callbacks and losses only ever talk to a model through this protocol.
+
+One optional method speeds up a single computation and changes no result: ``deletion_logits(embeddings, batch,
+rows, positions)`` returns the ``[N, C]`` logits of row ``rows[k]`` with token ``positions[k]`` deleted (or
+``None`` to decline). Leave-one-out uses it when present; the reference BiLSTM implements it by reusing its
+recurrent states instead of re-running every shortened row.
 """
 from __future__ import annotations
 

@@ -48,8 +48,11 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
     ``mode="delete"`` removes the token (the sequence gets one shorter, as in Jain & Wallace);
     ``mode="pad"`` replaces its input embedding by the pad token's (a Captum ``FeatureAblation`` with the pad
     embedding as baseline). Only real tokens get a variant — Σ_b L_b forward rows, not B × T — and the variants
-    run ``internal_batch_size`` rows per pass. A row with a single real token cannot be deleted into an empty
-    sequence: in delete mode its token is scored in pad mode instead, with a warning.
+    run ``internal_batch_size`` rows per pass. In delete mode a model with the protocol's optional
+    ``deletion_logits(embeddings, batch, rows, positions)`` scores the variants itself (the reference BiLSTM
+    reuses its recurrent states); ``None`` from it means: re-run the shortened rows. A row with a single real
+    token cannot be deleted into an empty sequence: in delete mode its token is scored in pad mode instead,
+    with a warning.
     """
     if mode not in LOO_MODES:
         raise ValueError(f"Unknown leave_one_out mode {mode!r}; choose one of {list(LOO_MODES)}.")
@@ -72,6 +75,12 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
                               "token; deleting it leaves nothing to classify, so it is scored by replacing it with "
                               "the pad token (mode='pad').", RuntimeWarning, stacklevel=3)
             chosen = (~by_pad).nonzero().flatten()
+            # a model that can score deletions faster than re-running them (e.g. the BiLSTM reusing its states)
+            fast = getattr(model, "deletion_logits", None)
+            out = fast(embeddings, batch, rows[chosen], positions[chosen]) if callable(fast) else None
+            if out is not None:
+                parts.append((chosen, target_score(out, target.index_select(0, rows[chosen]), output)))
+                chosen = chosen[:0]
             for start in range(0, chosen.numel(), per_pass):
                 k = chosen[start:start + per_pass]
                 variants = occlusion_batch(batch, rows[k], positions[k], B)
