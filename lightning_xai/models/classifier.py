@@ -12,7 +12,7 @@ from lightning_xai.adapters.protocol import Batch, ExplainOutput
 from lightning_xai.models.attention import build_attention, masked_softmax
 from lightning_xai.models.embeddings import EmbeddingInitReport, check_embedding_init, initialize_embedding
 from lightning_xai.models.encoders import LSTMEncoder, build_encoder
-from lightning_xai.models.lstm_deletion import deleted_hidden, lstm_states, supports_deletion
+from lightning_xai.models.lstm_unrolled import deleted_hidden, lstm_states, supports_unrolling
 from lightning_xai.models.steps import ClassifierSteps
 
 __all__ = ["AttentionClassifier", "check_batch"]
@@ -175,7 +175,7 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
         """``[N, C]`` logits of row ``rows[k]`` with token ``positions[k]`` deleted (the optional fast path of
         the ExplainableModel protocol that :func:`~lightning_xai.attribution.leave_one_out` uses).
 
-        A (Bi)LSTM encoder reuses the full rows' recurrent states (:mod:`lightning_xai.models.lstm_deletion`):
+        A (Bi)LSTM encoder reuses the full rows' recurrent states (:mod:`lightning_xai.models.lstm_unrolled`):
         about a sixth of the multiply-adds of re-running the model on every shortened row, the same logits up to
         float rounding. Returns ``None`` — run the model on the shortened rows instead — for other encoders, in
         training mode (dropout) and when gradients are enabled.
@@ -192,7 +192,7 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
         """
         rnn = getattr(self.encoder, "rnn", None)
         if self.training or torch.is_grad_enabled() or not isinstance(self.encoder, LSTMEncoder) \
-                or not supports_deletion(rnn):
+                or not supports_unrolling(rnn):
             return None
         mask = self.token_mask(batch)
         T = mask.shape[1]

@@ -9,11 +9,18 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from lightning_xai.models.lstm_unrolled import supports_unrolling, unrolled_lstm
+
 __all__ = ["ENCODERS", "build_encoder", "LSTMEncoder", "CNNEncoder", "MLPEncoder", "OrthogonalLSTMEncoder"]
 
 
 class LSTMEncoder(nn.Module):
-    """(Bi)LSTM over packed sequences (Jain & Wallace use a BiLSTM with 128 units per direction)."""
+    """(Bi)LSTM over packed sequences (Jain & Wallace use a BiLSTM with 128 units per direction).
+
+    In eval mode with gradients enabled on CPU — explanation gradients — the same recurrence runs unrolled
+    (:func:`~lightning_xai.models.lstm_unrolled.unrolled_lstm`), whose backward is several times cheaper than
+    ``nn.LSTM``'s over packed sequences; training and inference use ``nn.LSTM``.
+    """
 
     def __init__(self, embedding_dim: int, hidden_dim: int, bidirectional: bool = True) -> None:
         super().__init__()
@@ -21,6 +28,11 @@ class LSTMEncoder(nn.Module):
         self.output_dim = hidden_dim * (2 if bidirectional else 1)
 
     def forward(self, embeddings: Tensor, input_mask: Tensor) -> Tensor:
+        if torch.is_grad_enabled() and not self.training and embeddings.device.type == "cpu" \
+                and supports_unrolling(self.rnn):
+            # explanation gradients on CPU (eval mode): nn.LSTM's packed backward rewrites the whole packed
+            # input once per time step; the unrolled recurrence does not (models/lstm_unrolled.py)
+            return unrolled_lstm(self.rnn, embeddings, input_mask.sum(1))
         lengths = input_mask.sum(1).cpu()
         packed = pack_padded_sequence(embeddings, lengths, batch_first=True, enforce_sorted=False)
         output, _ = self.rnn(packed)

@@ -8,7 +8,8 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from lightning_xai.attribution import attribute
 from lightning_xai.models import AttentionClassifier
-from lightning_xai.models.lstm_deletion import deleted_hidden, lstm_states, supports_deletion
+from lightning_xai.models.encoders import LSTMEncoder
+from lightning_xai.models.lstm_unrolled import deleted_hidden, lstm_states, supports_unrolling, unrolled_lstm
 
 
 def _packed(rnn: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor, width: int) -> torch.Tensor:
@@ -43,11 +44,47 @@ def test_states_and_every_deletion_equal_nn_lstm_on_the_shortened_rows(bidirecti
     torch.testing.assert_close(narrow, fast[:3, :8])
 
 
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_unrolled_outputs_and_input_gradients_equal_nn_lstm(bidirectional):
+    torch.manual_seed(1)
+    rnn = nn.LSTM(6, 5, batch_first=True, bidirectional=bidirectional).double()
+    lengths = torch.tensor([3, 9, 1, 9, 6])
+    x = torch.randn(5, 9, 6, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(5, 9, rnn.hidden_size * (2 if bidirectional else 1), dtype=torch.float64)
+    ours = unrolled_lstm(rnn, x, lengths)
+    (grad_ours,) = torch.autograd.grad((ours * weights).sum(), x)
+    theirs = _packed(rnn, x, lengths, 9)
+    (grad_theirs,) = torch.autograd.grad((theirs * weights).sum(), x)
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad_ours, grad_theirs, rtol=1e-10, atol=1e-12)
+    assert grad_ours[2, 1:].abs().sum() == 0  # pads get no gradient
+
+
+def test_encoder_unrolls_only_for_explanation_gradients_on_cpu(monkeypatch):
+    import lightning_xai.models.encoders as encoders
+
+    calls = []
+    monkeypatch.setattr(encoders, "unrolled_lstm", lambda *args: calls.append(1) or unrolled_lstm(*args))
+    encoder = LSTMEncoder(4, 3).double()
+    x = torch.randn(2, 5, 4, dtype=torch.float64)
+    mask = torch.tensor([[True] * 5, [True, True, False, False, False]])
+    encoder.train()
+    trained = encoder(x, mask)  # training: nn.LSTM
+    encoder.eval()
+    with torch.no_grad():
+        inferred = encoder(x, mask)  # inference: nn.LSTM
+    assert not calls
+    explained = encoder(x.requires_grad_(), mask)  # eval mode with gradients: unrolled
+    assert calls == [1]
+    torch.testing.assert_close(explained, inferred, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(trained, inferred)  # no dropout inside the encoder
+
+
 def test_supported_modules():
-    assert supports_deletion(nn.LSTM(3, 2, batch_first=True, bidirectional=True))
-    assert not supports_deletion(nn.LSTM(3, 2, batch_first=True, num_layers=2))
-    assert not supports_deletion(nn.LSTM(3, 2))  # time-major
-    assert not supports_deletion(nn.GRU(3, 2, batch_first=True))
+    assert supports_unrolling(nn.LSTM(3, 2, batch_first=True, bidirectional=True))
+    assert not supports_unrolling(nn.LSTM(3, 2, batch_first=True, num_layers=2))
+    assert not supports_unrolling(nn.LSTM(3, 2))  # time-major
+    assert not supports_unrolling(nn.GRU(3, 2, batch_first=True))
 
 
 def test_deletion_logits_equal_the_model_on_shortened_real_sentences(trained_model, sst2_batch):

@@ -1,13 +1,21 @@
-"""Hidden states of a (Bi)LSTM for inputs that each lack one token, reusing the full input's recurrent states.
+"""The reference (Bi)LSTM written out step by step, for two explanation workloads that ``nn.LSTM`` over packed
+sequences serves slowly on CPU. Both give ``nn.LSTM``'s results up to float rounding
+(tests/models/test_lstm_unrolled.py checks them against it).
 
-Deleting token i changes nothing before it in the forward direction and nothing after it in the backward
-direction. So the variant "row b without position i" needs only (1) the forward recurrence over positions
-i+1 … L−1, started from the full row's forward state at i−1, and (2) the backward recurrence over positions
-i−1 … 0, started from the full row's backward state at i+1 — one direction's worth of steps instead of two. The
-input projections W_ih·x + b of every token are computed once per row, not once per variant, so each step costs
-only the recurrent product W_hh·h. Leave-one-out on the reference BiLSTM (Σ L variants of length L − 1) does
-about a sixth of the multiply-adds of re-running the network on every variant, with the same result up to
-float rounding (tests/models/test_lstm_deletion.py checks it against ``nn.LSTM`` on the shortened inputs).
+**Scoring one-token deletions** (:func:`lstm_states`, :func:`deleted_hidden`). Deleting token i changes nothing
+before it in the forward direction and nothing after it in the backward direction. So the variant "row b
+without position i" needs only (1) the forward recurrence over positions i+1 … L−1, started from the full row's
+forward state at i−1, and (2) the backward recurrence over positions i−1 … 0, started from the full row's
+backward state at i+1 — one direction's worth of steps instead of two. The input projections W_ih·x + b of
+every token are computed once per row, not once per variant, so each step costs only the recurrent product
+W_hh·h. Leave-one-out on the reference BiLSTM (Σ L variants of length L − 1) does about a sixth of the
+multiply-adds of re-running the network on every variant.
+
+**Gradients w.r.t. the inputs** (:func:`unrolled_lstm`). Backpropagating through ``nn.LSTM`` on a packed
+sequence, PyTorch's CPU kernel slices the packed input once per time step, and the backward of every slice
+writes a zero tensor the size of the whole packed input: O(T · ΣL · E) memory traffic, 40% of a gradient call
+on the reference model. The unrolled recurrence projects all inputs in one matrix product and reads per-step
+views of it, so its backward allocates per-step gradients of one step's size.
 """
 from __future__ import annotations
 
@@ -16,7 +24,7 @@ from typing import List, NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-__all__ = ["LSTMStates", "deleted_hidden", "lstm_states", "supports_deletion"]
+__all__ = ["LSTMStates", "deleted_hidden", "lstm_states", "supports_unrolling", "unrolled_lstm"]
 
 
 class LSTMStates(NamedTuple):
@@ -35,8 +43,8 @@ class LSTMStates(NamedTuple):
     lengths: Tensor
 
 
-def supports_deletion(rnn: nn.Module) -> bool:
-    """Whether :func:`lstm_states`/:func:`deleted_hidden` reproduce ``rnn``: a one-layer, batch-first
+def supports_unrolling(rnn: nn.Module) -> bool:
+    """Whether the functions of this module reproduce ``rnn``: a one-layer, batch-first
     ``nn.LSTM`` with biases and without projections."""
     return (isinstance(rnn, nn.LSTM) and rnn.num_layers == 1 and rnn.batch_first and rnn.bias
             and rnn.proj_size == 0)
@@ -83,11 +91,61 @@ def _recur(projected: Tensor, start: Tensor, step: int, lengths: Tensor, h0: Ten
     return hs, cs, slot
 
 
+def unrolled_lstm(rnn: nn.LSTM, embeddings: Tensor, lengths: Tensor) -> Tensor:
+    """``[B, T, D·H]``: ``rnn`` over the left-aligned rows of ``embeddings`` (zeros past each length), as
+    ``LSTMEncoder`` returns it, differentiable, with a cheap backward on CPU (see the module docstring).
+
+    Args:
+        rnn: a module :func:`supports_unrolling` accepts.
+        embeddings: ``[B, T, E]``.
+        lengths: ``[B]`` number of leading positions read in each row (≥ 1).
+
+    Example:
+        >>> rnn = nn.LSTM(4, 3, batch_first=True, bidirectional=True)
+        >>> x = torch.randn(2, 5, 4)
+        >>> out = unrolled_lstm(rnn, x, torch.tensor([5, 5]))
+        >>> bool(torch.allclose(out, rnn(x)[0], atol=1e-6))
+        True
+    """
+    B, T, E = embeddings.shape
+    lengths = lengths.to(device=embeddings.device, dtype=torch.long)
+    order = torch.argsort(lengths, descending=True, stable=True)  # running rows are a prefix at every step
+    slot = torch.empty_like(order)
+    slot[order] = torch.arange(B, device=order.device)
+    x, lengths = embeddings.index_select(0, order), lengths.index_select(0, order)
+    steps = int(lengths[0]) if B else 0
+    position = torch.arange(T, device=x.device).unsqueeze(0)
+    running: List[int] = (lengths.unsqueeze(0) > position[:, :steps].t()).sum(1).tolist()
+    # the backward direction reads each row's prefix reversed: position p <-> L − 1 − p (an involution)
+    reverse = torch.where(position < lengths.unsqueeze(1), lengths.unsqueeze(1) - 1 - position, position)
+    outputs = []
+    for direction in range(2 if rnn.bidirectional else 1):
+        w_ih, w_hh, bias = _direction_weights(rnn, direction)
+        projected = torch.addmm(bias, x.reshape(B * T, E), w_ih.t()).view(B, T, -1)
+        if direction == 1:
+            projected = projected.gather(1, reverse.unsqueeze(-1).expand_as(projected))
+        H = w_hh.shape[1]
+        h = c = x.new_zeros(B, H)
+        hs = []
+        for step, n in zip(projected[:, :steps].unbind(1), running):
+            gates = torch.addmm(step[:n], h[:n], w_hh.t())
+            gate = gates.sigmoid()
+            c = gate[:, H:2 * H] * c[:n] + gate[:, :H] * gates[:, 2 * H:3 * H].tanh()
+            h = gate[:, 3 * H:] * c.tanh()
+            hs.append(nn.functional.pad(h, (0, 0, 0, B - n)))
+        out = torch.stack(hs, 1) if hs else x.new_zeros(B, 0, H)
+        out = nn.functional.pad(out, (0, 0, 0, T - steps))
+        if direction == 1:
+            out = out.gather(1, reverse.unsqueeze(-1).expand_as(out))
+        outputs.append(out)
+    return torch.cat(outputs, dim=-1).index_select(0, slot)
+
+
 def lstm_states(rnn: nn.LSTM, embeddings: Tensor, lengths: Tensor) -> LSTMStates:
     """Projected inputs and every position's (h, c) of ``rnn`` over the left-aligned rows of ``embeddings``.
 
     Args:
-        rnn: a module :func:`supports_deletion` accepts.
+        rnn: a module :func:`supports_unrolling` accepts.
         embeddings: ``[B, T, E]``.
         lengths: ``[B]`` number of leading positions the LSTM reads in each row (≥ 1).
 
