@@ -12,7 +12,7 @@ from lightning_xai.adapters.protocol import Batch, ExplainOutput
 from lightning_xai.models.attention import build_attention, masked_softmax
 from lightning_xai.models.embeddings import EmbeddingInitReport, check_embedding_init, initialize_embedding
 from lightning_xai.models.encoders import LSTMEncoder, build_encoder
-from lightning_xai.models.lstm_unrolled import deleted_hidden, lstm_states, supports_unrolling
+from lightning_xai.models.lstm_unrolled import deleted_hidden, deletion_reruns, lstm_states, supports_unrolling
 from lightning_xai.models.steps import ClassifierSteps
 
 __all__ = ["AttentionClassifier", "check_batch"]
@@ -198,6 +198,7 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
         T = mask.shape[1]
         lengths = self.input_mask(batch).sum(1)
         states = lstm_states(rnn, embeddings, lengths)
+        reruns = deletion_reruns(rnn, states, rows, positions)
         # shortest variants first, so that each chunk is only as wide as its longest shortened row
         order = torch.argsort(lengths.index_select(0, rows), stable=True)
         chunk = max(1, _DELETION_CHUNK_ELEMENTS // max(1, T * self.encoder.output_dim))
@@ -206,7 +207,7 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
             k = order[start:start + chunk]
             r, p = rows.index_select(0, k), positions.index_select(0, k)
             width = max(1, int(lengths.index_select(0, r).max()) - 1)
-            hidden = deleted_hidden(rnn, states, r, p, width)
+            hidden = deleted_hidden(states, reruns, rows, positions, variants=k, width=width)
             # the token mask without the deleted position: new position j reads old j, or j + 1 from p on
             keep = torch.arange(width, device=mask.device).unsqueeze(0)
             short_mask = mask.index_select(0, r).gather(1, keep + (keep >= p.unsqueeze(1)))

@@ -2,14 +2,14 @@
 sequences serves slowly on CPU. Both give ``nn.LSTM``'s results up to float rounding
 (tests/models/test_lstm_unrolled.py checks them against it).
 
-**Scoring one-token deletions** (:func:`lstm_states`, :func:`deleted_hidden`). Deleting token i changes nothing
-before it in the forward direction and nothing after it in the backward direction. So the variant "row b
-without position i" needs only (1) the forward recurrence over positions i+1 … L−1, started from the full row's
-forward state at i−1, and (2) the backward recurrence over positions i−1 … 0, started from the full row's
-backward state at i+1 — one direction's worth of steps instead of two. The input projections W_ih·x + b of
-every token are computed once per row, not once per variant, so each step costs only the recurrent product
-W_hh·h. Leave-one-out on the reference BiLSTM (Σ L variants of length L − 1) does about a sixth of the
-multiply-adds of re-running the network on every variant.
+**Scoring one-token deletions** (:func:`lstm_states`, :func:`deletion_reruns`, :func:`deleted_hidden`).
+Deleting token i changes nothing before it in the forward direction and nothing after it in the backward
+direction. So the variant "row b without position i" needs only (1) the forward recurrence over positions
+i+1 … L−1, started from the full row's forward state at i−1, and (2) the backward recurrence over positions
+i−1 … 0, started from the full row's backward state at i+1 — one direction's worth of steps instead of two.
+The input projections W_ih·x + b of every token are computed once per row, not once per variant, so each step
+costs only the recurrent product W_hh·h. Leave-one-out on the reference BiLSTM (Σ L variants of length L − 1)
+does about a sixth of the multiply-adds of re-running the network on every variant.
 
 **Gradients w.r.t. the inputs** (:func:`unrolled_lstm`). Backpropagating through ``nn.LSTM`` on a packed
 sequence, PyTorch's CPU kernel slices the packed input once per time step, and the backward of every slice
@@ -24,7 +24,8 @@ from typing import List, NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-__all__ = ["LSTMStates", "deleted_hidden", "lstm_states", "supports_unrolling", "unrolled_lstm"]
+__all__ = ["DeletionReruns", "LSTMStates", "deleted_hidden", "deletion_reruns", "lstm_states", "supports_unrolling",
+           "unrolled_lstm"]
 
 
 class LSTMStates(NamedTuple):
@@ -57,38 +58,32 @@ def _direction_weights(rnn: nn.LSTM, direction: int) -> Tuple[Tensor, Tensor, Te
 
 
 def _recur(projected: Tensor, start: Tensor, step: int, lengths: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor,
-           keep_cell: bool, out: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor], Tensor]:
-    """Run one LSTM direction over N sequences given their projected inputs.
+           out_h: Tensor, out_c: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """Run one LSTM direction over N sequences given their projected inputs, writing h (and c) packed.
 
     Sequence k reads rows ``start[k] + step·s`` of ``projected`` for s < ``lengths[k]``, from state
     ``(h0[k], c0[k])``. The sequences run longest first, so the ones still running at step s are a prefix of
-    the batch. Returns h (and c if ``keep_cell``) of every step in that order, ``[N, S, H]``, zeros past each
-    length, and ``slot`` ``[N]``: the row of sequence k in them. With ``out`` (``[N, S, H]``) h is written there
-    and entries past each length are left as they are.
+    the batch, and their outputs go to the consecutive rows ``offsets[s] … offsets[s] + running_s − 1`` of
+    ``out_h`` (``[Σ lengths, H]``, the layout of a ``PackedSequence``). Returns ``(offsets [S], slot [N])``:
+    the h of sequence k at step s is row ``offsets[s] + slot[k]``.
     """
     N, H = start.numel(), w_hh.shape[1]
-    steps = int(lengths.max()) if N else 0
-    hs = projected.new_zeros(N, steps, H) if out is None else out
-    cs = projected.new_zeros(N, steps, H) if keep_cell else None
     order = torch.argsort(lengths, descending=True, stable=True)
     slot = torch.empty_like(order)
     slot[order] = torch.arange(N, device=order.device)
-    if steps == 0:
-        return hs, cs, slot
-    step_index = torch.arange(steps, device=lengths.device).unsqueeze(1)
-    running: List[int] = (lengths.unsqueeze(0) > step_index).sum(1).tolist()
+    steps = int(lengths.max()) if N else 0
+    running = (lengths.unsqueeze(0) > torch.arange(steps, device=lengths.device).unsqueeze(1)).sum(1)
+    offsets = torch.cumsum(running, 0) - running
     start, h, c = start[order], h0[order], c0[order]
     w = w_hh.t()
-    for s in range(steps):
-        n = running[s]
+    for s, (n, at) in enumerate(zip(running.tolist(), offsets.tolist())):
         gates = torch.addmm(projected.index_select(0, start[:n] + step * s), h[:n], w)
         gate = gates.sigmoid()  # i, f, (g), o; g is the tanh slice
         c = gate[:, H:2 * H] * c[:n] + gate[:, :H] * gates[:, 2 * H:3 * H].tanh()
-        h = gate[:, 3 * H:] * c.tanh()
-        hs[:n, s] = h
-        if cs is not None:
-            cs[:n, s] = c
-    return hs, cs, slot
+        h = torch.mul(gate[:, 3 * H:], c.tanh(), out=out_h[at:at + n])
+        if out_c is not None:
+            out_c[at:at + n] = c
+    return offsets, slot
 
 
 def unrolled_lstm(rnn: nn.LSTM, embeddings: Tensor, lengths: Tensor) -> Tensor:
@@ -141,8 +136,10 @@ def unrolled_lstm(rnn: nn.LSTM, embeddings: Tensor, lengths: Tensor) -> Tensor:
     return torch.cat(outputs, dim=-1).index_select(0, slot)
 
 
+@torch.no_grad()
 def lstm_states(rnn: nn.LSTM, embeddings: Tensor, lengths: Tensor) -> LSTMStates:
-    """Projected inputs and every position's (h, c) of ``rnn`` over the left-aligned rows of ``embeddings``.
+    """Projected inputs and every position's (h, c) of ``rnn`` over the left-aligned rows of ``embeddings``
+    (inference only: no autograd graph).
 
     Args:
         rnn: a module :func:`supports_unrolling` accepts.
@@ -156,28 +153,47 @@ def lstm_states(rnn: nn.LSTM, embeddings: Tensor, lengths: Tensor) -> LSTMStates
         [(2, 5, 3), (2, 5, 3)]
     """
     B, T, _ = embeddings.shape
+    H = rnn.hidden_size
     lengths = lengths.to(device=embeddings.device, dtype=torch.long)
     rows = torch.arange(B, device=embeddings.device) * T
-    zeros = embeddings.new_zeros(B, rnn.hidden_size)
+    zeros = embeddings.new_zeros(B, H)
+    position = torch.arange(T, device=embeddings.device).unsqueeze(0)
+    live = position < lengths.unsqueeze(1)
+    total = int(lengths.sum())
     projected, hidden, cell = [], [], []
     for direction in range(2 if rnn.bidirectional else 1):
         w_ih, w_hh, bias = _direction_weights(rnn, direction)
         proj = torch.addmm(bias, embeddings.reshape(B * T, -1), w_ih.t())
-        if direction == 0:
-            h, c, slot = _recur(proj, rows, 1, lengths, zeros, zeros, w_hh, keep_cell=True)
-            h, c = h.index_select(0, slot), c.index_select(0, slot)
+        packed_h, packed_c = embeddings.new_zeros(total + 1, H), embeddings.new_zeros(total + 1, H)  # + a zero row
+        if direction == 0:  # step s is position s
+            offsets, slot = _recur(proj, rows, 1, lengths, zeros, zeros, w_hh, packed_h, packed_c)
+            step = position.expand(B, T)
         else:  # step s of the backward run is position L − 1 − s
-            h, c, slot = _recur(proj, rows + lengths - 1, -1, lengths, zeros, zeros, w_hh, keep_cell=True)
-            h, c = h.index_select(0, slot), c.index_select(0, slot)
-            position = torch.arange(h.shape[1], device=h.device)
-            index = (lengths.unsqueeze(1) - 1 - position).clamp(min=0).unsqueeze(-1).expand_as(h)
-            live = (position < lengths.unsqueeze(1)).unsqueeze(-1)
-            h, c = h.gather(1, index) * live, c.gather(1, index) * live
-        pad = T - h.shape[1]  # rows shorter than T everywhere: zero states at the trailing positions
+            offsets, slot = _recur(proj, rows + lengths - 1, -1, lengths, zeros, zeros, w_hh, packed_h, packed_c)
+            step = lengths.unsqueeze(1) - 1 - position
+        index = offsets.index_select(0, step.clamp(0, offsets.numel() - 1).flatten()).view(B, T) + slot.unsqueeze(1)
+        index = index.masked_fill(~live, total).flatten()
         projected.append(proj)
-        hidden.append(nn.functional.pad(h, (0, 0, 0, pad)))
-        cell.append(nn.functional.pad(c, (0, 0, 0, pad)))
+        hidden.append(packed_h.index_select(0, index).view(B, T, H))
+        cell.append(packed_c.index_select(0, index).view(B, T, H))
     return LSTMStates(tuple(projected), tuple(hidden), tuple(cell), lengths)
+
+
+class DeletionReruns(NamedTuple):
+    """The recurrences that one-token deletions rerun; see :func:`deletion_reruns`.
+
+    Attributes:
+        source: ``[D·(B·T) + R + 1, H]`` rows: per direction (forward first) the full rows' states (row-major)
+            and that direction's rerun outputs packed; a zero row last.
+        base: per direction, the row of ``source`` where its full rows' states start.
+        offsets: per direction ``[S]``: the row of ``source`` where step s of its reruns starts.
+        slot: per direction ``[N]``: rerun k's output at step s is row ``offsets[s] + slot[k]``.
+    """
+
+    source: Tensor
+    base: Tuple[int, ...]
+    offsets: Tuple[Tensor, ...]
+    slot: Tuple[Tensor, ...]
 
 
 def _state_at(states: Tensor, rows: Tensor, positions: Tensor, valid: Tensor) -> Tensor:
@@ -187,68 +203,86 @@ def _state_at(states: Tensor, rows: Tensor, positions: Tensor, valid: Tensor) ->
     return flat * valid.unsqueeze(-1)
 
 
-def _source(hidden: Tensor, variants: int, steps: Tensor) -> Tuple[Tensor, Tensor]:
-    """``[B·T + N·S + 1, H]`` rows: the full rows' states, room for N reruns of S steps, a zero row; and the
-    ``[N, S, H]`` view of the room (the rerun writes there directly, no copy)."""
-    B, T, H = hidden.shape
-    S = int(steps.max()) if variants else 0
-    source = hidden.new_empty(B * T + variants * S + 1, H)
-    source[:B * T] = hidden.reshape(B * T, H)
+@torch.no_grad()
+def deletion_reruns(rnn: nn.LSTM, states: LSTMStates, rows: Tensor, positions: Tensor) -> DeletionReruns:
+    """Run (inference only), for every variant "row ``rows[k]`` without position ``positions[k]``", the forward
+    recurrence over the positions after the deleted one and the backward recurrence over those before it, from
+    the full row's states next to it — all variants together, one step at a time (see the module docstring)."""
+    B, T, H = states.hidden[0].shape
+    length = states.lengths.index_select(0, rows)
+    plans = []
+    for direction in range(len(states.hidden)):
+        if direction == 0:  # positions i+1 … L−1, from the state at i − 1
+            plans.append((positions > 0, length - 1 - positions, rows * T + positions + 1, 1, positions - 1))
+        else:  # positions i−1 … 0, from the state at i + 1
+            plans.append((positions + 1 < length, positions, rows * T + positions - 1, -1, positions + 1))
+    totals = [int(plan[1].sum()) for plan in plans]
+    # one buffer for both directions, so that deleted_hidden assembles [n, width, D·H] in a single gather
+    source = states.hidden[0].new_empty(len(plans) * B * T + sum(totals) + 1, H)
     source[-1] = 0.0
-    return source, source[B * T:B * T + variants * S].view(variants, S, H)
+    base, offsets, slots, at = [], [], [], 0
+    for direction, ((valid, steps, start, step, neighbour), total) in enumerate(zip(plans, totals)):
+        _, w_hh, _ = _direction_weights(rnn, direction)
+        hidden, cell, proj = states.hidden[direction], states.cell[direction], states.projected[direction]
+        h0, c0 = (_state_at(s, rows, neighbour, valid) for s in (hidden, cell))
+        source[at:at + B * T] = hidden.reshape(B * T, H)
+        base.append(at)
+        at += B * T
+        offset, slot = _recur(proj, start, step, steps, h0, c0, w_hh, source[at:at + total])
+        offsets.append(offset + at)
+        slots.append(slot)
+        at += total
+    return DeletionReruns(source, tuple(base), tuple(offsets), tuple(slots))
 
 
-def deleted_hidden(rnn: nn.LSTM, states: LSTMStates, rows: Tensor, positions: Tensor,
-                   width: Optional[int] = None) -> Tensor:
-    """``[N, width, D·H]``: the LSTM's outputs for row ``rows[k]`` without position ``positions[k]``.
+def deleted_hidden(states: LSTMStates, reruns: DeletionReruns, rows: Tensor, positions: Tensor,
+                   variants: Optional[Tensor] = None, width: Optional[int] = None) -> Tensor:
+    """``[n, width, D·H]``: the LSTM's outputs for row ``rows[k]`` without position ``positions[k]``, for the
+    variants k in ``variants`` (default: all).
 
-    Equal, up to float rounding, to ``rnn`` run (packed) on the shortened row: outputs of the L − 1 remaining
+    Equal, up to float rounding, to the LSTM run (packed) on the shortened row: outputs of the L − 1 remaining
     positions, zeros after them — the layout ``LSTMEncoder`` returns.
 
     Args:
-        rnn: the module ``states`` was computed with.
         states: :func:`lstm_states` of the full rows.
+        reruns: :func:`deletion_reruns` of all the variants.
         rows: ``[N]`` row of each variant.
         positions: ``[N]`` deleted position of each variant, inside its row's length.
-        width: positions to return (default T − 1; at least the longest variant, L − 1).
+        variants: indices of the variants to assemble (to bound memory, assemble a few at a time).
+        width: positions to return (default T − 1; at least the longest variant's L − 1).
 
     Example:
         >>> rnn = nn.LSTM(4, 3, batch_first=True, bidirectional=True)
         >>> x = torch.randn(1, 4, 4)
         >>> states = lstm_states(rnn, x, torch.tensor([4]))
-        >>> fast = deleted_hidden(rnn, states, torch.tensor([0]), torch.tensor([1]))
+        >>> rows, positions = torch.tensor([0, 0]), torch.tensor([1, 3])
+        >>> fast = deleted_hidden(states, deletion_reruns(rnn, states, rows, positions), rows, positions)
         >>> slow, _ = rnn(x[:, [0, 2, 3]])
-        >>> bool(torch.allclose(fast, slow, atol=1e-6))
+        >>> bool(torch.allclose(fast[0], slow[0], atol=1e-6))
         True
     """
     B, T, H = states.hidden[0].shape
     width = T - 1 if width is None else width
-    N = rows.numel()
+    pick = (lambda t: t) if variants is None else (lambda t: t.index_select(0, variants))
+    rows, positions = pick(rows), pick(positions)
+    n = rows.numel()
     length = states.lengths.index_select(0, rows)
     j = torch.arange(width, device=rows.device).unsqueeze(0)
     i = positions.unsqueeze(1)
     before = j < i  # new position j holds old position j before the deleted one, old j + 1 from it on
-    outputs = []
-    for direction in range(len(states.hidden)):
-        _, w_hh, _ = _direction_weights(rnn, direction)
-        hidden, cell, proj = states.hidden[direction], states.cell[direction], states.projected[direction]
-        if direction == 0:  # forward: old states before i, a rerun over i+1 … L−1 from the state at i − 1
-            valid = positions > 0
-            h0, c0 = (_state_at(s, rows, positions - 1, valid) for s in (hidden, cell))
-            steps = length - 1 - positions
-            source, rerun = _source(hidden, N, steps)
-            _, _, slot = _recur(proj, rows * T + positions + 1, 1, steps, h0, c0, w_hh, False, out=rerun)
-            old, step = rows.unsqueeze(1) * T + j, j - i
-        else:  # backward: a rerun over i−1 … 0 from the state at i + 1, old states after i
-            valid = positions + 1 < length
-            h0, c0 = (_state_at(s, rows, positions + 1, valid) for s in (hidden, cell))
-            source, rerun = _source(hidden, N, positions)
-            _, _, slot = _recur(proj, rows * T + positions - 1, -1, positions, h0, c0, w_hh, False, out=rerun)
-            old, step = rows.unsqueeze(1) * T + j + 1, i - 1 - j
-        reused = before if direction == 0 else ~before
-        S = rerun.shape[1]
-        # one gather from [old states; rerun outputs; a zero row] builds this direction's [N, width, H]
-        index = torch.where(reused, old, B * T + slot.unsqueeze(1) * S + step.clamp(0, max(S - 1, 0)))
-        index = index.masked_fill(j >= (length - 1).unsqueeze(1), B * T + N * S)  # past the shortened row
-        outputs.append(source.index_select(0, index.flatten()).view(N, width, H))
-    return torch.cat(outputs, dim=-1) if len(outputs) > 1 else outputs[0]
+    past_end = j >= (length - 1).unsqueeze(1)
+    indices = []
+    for direction, (base, offsets, slot) in enumerate(zip(reruns.base, reruns.offsets, reruns.slot)):
+        if direction == 0:
+            reused, old, step = before, base + rows.unsqueeze(1) * T + j, j - i
+        else:
+            reused, old, step = ~before, base + rows.unsqueeze(1) * T + j + 1, i - 1 - j
+        if offsets.numel():
+            rerun = offsets.index_select(0, step.clamp(0, offsets.numel() - 1).flatten()).view(n, width)
+            rerun = rerun + pick(slot).unsqueeze(1)
+        else:  # no variant reruns anything in this direction
+            rerun = old
+        indices.append(torch.where(reused, old, rerun).masked_fill(past_end, reruns.source.shape[0] - 1))
+    # one gather from [old states; rerun outputs; a zero row]: row (k, j, direction) of [n, width, D, H]
+    index = torch.stack(indices, dim=-1).flatten()
+    return reruns.source.index_select(0, index).view(n, width, len(indices) * H)

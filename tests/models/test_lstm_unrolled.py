@@ -9,7 +9,8 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from lightning_xai.attribution import attribute
 from lightning_xai.models import AttentionClassifier
 from lightning_xai.models.encoders import LSTMEncoder
-from lightning_xai.models.lstm_unrolled import deleted_hidden, lstm_states, supports_unrolling, unrolled_lstm
+from lightning_xai.models.lstm_unrolled import (deleted_hidden, deletion_reruns, lstm_states, supports_unrolling,
+                                               unrolled_lstm)
 
 
 def _packed(rnn: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor, width: int) -> torch.Tensor:
@@ -34,14 +35,16 @@ def test_states_and_every_deletion_equal_nn_lstm_on_the_shortened_rows(bidirecti
     # every deletion of every row with at least two positions (first, middle and last ones included)
     rows = torch.tensor([b for b in range(B) for _ in range(int(lengths[b])) if lengths[b] > 1])
     positions = torch.tensor([i for b in range(B) for i in range(int(lengths[b])) if lengths[b] > 1])
-    fast = deleted_hidden(rnn, states, rows, positions)
+    reruns = deletion_reruns(rnn, states, rows, positions)
+    fast = deleted_hidden(states, reruns, rows, positions)
     assert fast.shape == (rows.numel(), T - 1, full.shape[-1])
     for k, (b, i) in enumerate(zip(rows.tolist(), positions.tolist())):
         keep = [j for j in range(T) if j != i]
         slow = _packed(rnn, x[b:b + 1, keep], lengths[b:b + 1] - 1, T - 1)[0]
         torch.testing.assert_close(fast[k], slow, rtol=1e-12, atol=1e-12, msg=f"row {b} without position {i}")
-    narrow = deleted_hidden(rnn, states, rows[:3], positions[:3], width=8)
-    torch.testing.assert_close(narrow, fast[:3, :8])
+    some = torch.tensor([5, 0, 17])
+    narrow = deleted_hidden(states, reruns, rows, positions, variants=some, width=8)
+    torch.testing.assert_close(narrow, fast[some, :8])
 
 
 @pytest.mark.parametrize("bidirectional", [True, False])
