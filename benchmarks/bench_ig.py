@@ -4,19 +4,30 @@ One run, one model, one batch (SST-2 dev, first 256 sentences), the predicted cl
 as the attributed output, zero (pad-vector) baseline. Configurations:
 
 * ``ours_default``   ``attribute(model, batch, "integrated_gradients")`` (50 Gauss–Legendre steps, auto chunks)
-* ``ours_auto``      ``attribute(..., n_steps="auto", rtol=0.01)`` (Gauss–Legendre 4, 8, 16, ... per row)
+* ``ours_auto``      ``attribute(..., n_steps="auto", rtol=0.01)`` (per-row adaptive Gauss–Kronrod G7/K15,
+  default token tolerance ``IG_AUTO_TOKEN_RTOL``)
 * ``captum_default`` ``LayerIntegratedGradients(...).attribute(n_steps=50)`` (Captum's defaults: all
   n_steps × B interpolated sequences in one pass)
 * ``captum_ibs<k>``  the same with ``internal_batch_size=k``; the fastest k of a sweep is "Captum best-tuned".
 
 Accuracy: per-token error against a 300-step Gauss–Legendre reference computed with Captum (an independent
-implementation), as Σ_t |a_t − ref_t| / Σ_t |ref_t| per sentence (median and 95th percentile over sentences)
-and the completeness error |Σ_t a_t − (F(x) − F(x′))| / |F(x) − F(x′)|.
+implementation) on a float64 copy of the model, as Σ_t |a_t − ref_t| / Σ_t |ref_t| per sentence (median,
+95th percentile and maximum over sentences) and the completeness error |Σ_t a_t − (F(x) − F(x′))| /
+|F(x) − F(x′)|. The float32 floor is our 50-node rule in float32 against the same 50 nodes in float64: errors
+at that level are rounding, not quadrature. "No worse than Captum n=50" is judged at the 95th percentile and
+the maximum (the medians of both sit at the floor).
+
+Oracle bound (``--no-oracle`` skips it): for every sentence, the fewest Gauss–Legendre nodes (of 4 … 40) whose
+map is as accurate as Captum's 50 nodes on that sentence (or within ``ORACLE_FLOOR`` = 1e-6 relative L1, a few
+times the float32 floor, where rounding rather than quadrature sets the error) — what a rule that
+knew each sentence's integrand in advance would spend. 50 / its mean bounds the speed-up any per-sentence
+choice of Gauss–Legendre rule can reach at equal accuracy.
 
 Usage: ``OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_ig.py --model reference``
 """
 from __future__ import annotations
 
+import copy
 import sys
 import warnings
 from pathlib import Path
@@ -130,6 +141,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--sweep-repeats", type=int, default=2)
     parser.add_argument("--memory-of", default=None, help=argparse_hidden())
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--no-oracle", action="store_true", help="skip the oracle bound (GL 4 … 40 per sentence)")
     args = parser.parse_args(argv)
     if args.memory_of:
         memory_of(args)
@@ -167,9 +179,20 @@ def main(argv=None) -> dict:
     result["seconds"] = {k: {"median": med[k], "all": v} for k, v in times.items()}
     result["sentences_per_second"] = {k: n / med[k] for k in med}
 
-    # 3. accuracy vs a 300-step reference (Captum, Gauss-Legendre)
-    reference = CB.layer_integrated_gradients(model, batch, target, n_steps=300,
-                                              internal_batch_size=int(best[len("captum_ibs"):]))
+    # 3. accuracy vs a 300-step reference (Captum, Gauss-Legendre, float64 unless the model is MiniLM)
+    exact = copy.deepcopy(model).double() if args.model != "minilm" else model
+    reference = CB.layer_integrated_gradients(exact, batch, target, n_steps=300,
+                                              internal_batch_size=int(best[len("captum_ibs"):])).double()
+    if exact is not model:
+        from lightning_xai.attribution import attribute
+
+        same_nodes = attribute(exact, batch, "integrated_gradients", target, **ours_options(model)).double()
+        floor = ((outputs["ours_default"].double() - same_nodes).abs().sum(1)
+                 / same_nodes.abs().sum(1).clamp_min(1e-12))
+        result["float32_floor"] = {"median": float(floor.median()), "p95": float(floor.quantile(0.95)),
+                                   "max": float(floor.max())}
+        if not args.no_oracle:
+            result["oracle"] = oracle(model, batch, target, reference, outputs[best])
     ours_auto_map, auto_steps = outputs["ours_auto"]
     maps = {"ours_default": outputs["ours_default"], "ours_auto": ours_auto_map, "captum_n50": outputs[best]}
     result["accuracy_vs_300_steps"] = accuracy(model, batch, target, maps, reference)
@@ -199,7 +222,8 @@ def main(argv=None) -> dict:
     if memory:
         ratios["memory_vs_captum_default"] = memory["ours_default"] / memory["captum_default"]
     acc = result["accuracy_vs_300_steps"]
-    ratios["auto_error_vs_captum_n50"] = acc["ours_auto"]["rel_l1_median"] / max(acc["captum_n50"]["rel_l1_median"],
+    ratios["auto_error_vs_captum_n50"] = acc["ours_auto"]["rel_l1_p95"] / max(acc["captum_n50"]["rel_l1_p95"], 1e-12)
+    ratios["auto_max_error_vs_captum_n50"] = acc["ours_auto"]["rel_l1_max"] / max(acc["captum_n50"]["rel_l1_max"],
                                                                                   1e-12)
     result["ratios"] = ratios
     result["met"] = {
@@ -208,12 +232,35 @@ def main(argv=None) -> dict:
         "time_vs_captum_best": ratios["time_vs_captum_best"] <= 1.15,
         "auto_speedup_vs_captum_best": ratios["auto_speedup_vs_captum_best"] >= 3.0,
         "auto_error_no_worse_than_captum_n50": ratios["auto_error_vs_captum_n50"] <= 1.0,
+        "auto_max_error_no_worse_than_captum_n50": ratios["auto_max_error_vs_captum_n50"] <= 1.0,
     }
     result["markdown"] = markdown(result)
     path = C.save(f"ig_{args.model}", result, args.out)
     print(result["markdown"])
     print(f"\nsaved {path}")
     return result
+
+
+ORACLE_NODES = (4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 40)
+ORACLE_FLOOR = 1e-6  # relative L1 error that counts as exact (float32 rounding is ~2e-7 here)
+
+
+def oracle(model, batch, target, reference, captum_n50) -> dict:
+    """Per sentence, the fewest Gauss–Legendre nodes matching Captum n=50's error there (or ORACLE_FLOOR)."""
+    from lightning_xai.attribution import attribute
+
+    def error(a):
+        return (a.double() - reference).abs().sum(1) / reference.abs().sum(1).clamp_min(1e-12)
+
+    goal = error(captum_n50).clamp(min=ORACLE_FLOOR)
+    need = torch.full_like(goal, 50.0)  # Captum's own 50 nodes always suffice
+    for n in sorted(ORACLE_NODES, reverse=True):
+        enough = error(attribute(model, batch, "integrated_gradients", target, n_steps=n, **ours_options(model)))
+        need = torch.where(enough <= goal, torch.full_like(need, float(n)), need)
+    return {"mean_nodes": float(need.mean()), "median_nodes": float(need.median()),
+            "share_le_15": float((need <= 15).double().mean()),
+            "max_speedup_at_equal_accuracy": 50.0 / float(need.mean()),
+            "histogram": {int(k): int((need == k).sum()) for k in need.unique()}}
 
 
 def rows_per_sentence(model, fn) -> float:
@@ -258,10 +305,21 @@ def markdown(r: dict) -> str:
         f"{k[len('captum_ibs'):]}: {C.fmt(v)}" for k, v in r["captum_sweep_seconds"].items()), ""]
     arow = []
     for name, a in acc.items():
-        arow.append((name, a["rel_l1_median"], a["rel_l1_p95"], a["completeness_median"], a["completeness_p95"],
-                     a["completeness_frac_le_1pct"]))
-    lines.append(C.table(arow, ("map", "rel. L1 err vs 300 steps (median)", "(p95)", "completeness err (median)",
-                                "(p95)", "share ≤ 1%")))
+        arow.append((name, a["rel_l1_median"], a["rel_l1_p95"], a.get("rel_l1_max", float("nan")),
+                     a["completeness_median"], a["completeness_p95"], a["completeness_frac_le_1pct"]))
+    if "float32_floor" in r:
+        fl = r["float32_floor"]
+        arow.append(("float32 floor (GL-50 float32 vs float64)", fl["median"], fl["p95"], fl["max"], float("nan"),
+                     float("nan"), float("nan")))
+    lines.append(C.table(arow, ("map", "rel. L1 err vs 300 steps (median)", "(p95)", "(max)",
+                                "completeness err (median)", "(p95)", "share ≤ 1%")))
+    if "oracle" in r:
+        o = r["oracle"]
+        lines += ["", f"Oracle bound: the fewest Gauss–Legendre nodes per sentence that match Captum n=50's error "
+                  f"on it (or {ORACLE_FLOOR:g} relative L1) average {C.fmt(o['mean_nodes'])} "
+                  f"(median {C.fmt(o['median_nodes'])}; "
+                  f"{o['share_le_15']:.0%} of sentences need ≤ 15; histogram {o['histogram']}), so no per-sentence "
+                  f"choice of rule beats {o['max_speedup_at_equal_accuracy']:.2f}× Captum n=50 at equal accuracy."]
     st = r["auto_steps"]
     lines += ["", f"n_steps='auto' chose: {st['histogram']} (steps: sentences); mean {C.fmt(st['mean'])}, "
               f"model passes per sentence incl. refinements and the F(x), F(x′) evaluations: ours_auto "
@@ -277,8 +335,11 @@ def markdown(r: dict) -> str:
                           met["time_vs_captum_best"]),
              C.target_row("auto (rtol 0.01) speed-up vs Captum n=50 best-tuned", ra["auto_speedup_vs_captum_best"],
                           "≥ 3×", met["auto_speedup_vs_captum_best"]),
-             C.target_row("auto error / Captum n=50 error (median rel. L1)", ra["auto_error_vs_captum_n50"], "≤ 1",
+             C.target_row("auto error / Captum n=50 error (p95 rel. L1)", ra["auto_error_vs_captum_n50"], "≤ 1",
                           met["auto_error_no_worse_than_captum_n50"])]
+    if "auto_max_error_vs_captum_n50" in ra:
+        trows.append(C.target_row("auto error / Captum n=50 error (max rel. L1)", ra["auto_max_error_vs_captum_n50"],
+                                  "≤ 1", met["auto_max_error_no_worse_than_captum_n50"]))
     lines.append(C.table(trows, ("ratio", "value", "target", "met?")))
     return "\n".join(lines)
 

@@ -253,7 +253,7 @@ def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = 
     * ``"integrated_gradients"``: Σ_E (e − e′)·∫∂F/∂e dα [``n_steps=50`` or ``"auto"``, ``baseline="zero"|"pad"``,
       ``rule="gauss_legendre"|"riemann_left"|"riemann_middle"|"riemann_right"|"riemann_trapezoid"``,
       ``internal_batch_size="auto"``, ``return_convergence_delta=False``, ``rtol=0.01``, ``atol=1e-6``,
-      ``max_steps=256``, ``token_rtol=0.01``, ``token_atol=1e-7``, ``start_steps=None``,
+      ``max_steps=256``, ``token_rtol=3e-3``, ``token_atol=1e-7``, ``start_steps=None``,
       ``return_n_steps=False``, ``pad_token_id=None``]; warns when \\|delta\\| > 5% of \\|F(x) − F(x′)\\|.
       ``n_steps="auto"``: per-row adaptive Gauss–Kronrod (G7/K15, halving the intervals whose \\|K15 − G7\\|
       is largest) until every token's error estimate is within ``max(token_atol, token_rtol·Σ_t|IG_t|)`` and
