@@ -29,8 +29,9 @@ AGREEMENT_METRICS: Dict[str, Tuple[Callable[..., Any], bool]] = {
 _ALIASES = {"jensen_shannon": "jsd", "kendall": "kendall_tau", "tau": "kendall_tau"}
 
 #: Jain & Wallace's maps. Integrated Gradients is one argument away (``methods=(*DEFAULT_METHODS,
-#: "integrated_gradients")``) but not a default: on 256 SST-2 sentences it needs 256 × 26–52 forward+backward passes,
-#: 35–75% of a reference-model training epoch on 2 CPU cores (benchmarks/README.md), against ~8% for these three.
+#: "integrated_gradients")``) but not a default: on 256 SST-2 sentences it needs 256 × 29–52 forward+backward passes,
+#: about a fifth (``n_steps="auto"``) of a reference-model training epoch on 2 CPU cores (benchmarks/README.md),
+#: against ~4% for these three.
 DEFAULT_METHODS: Tuple[str, ...] = ("gradient", "grad_x_input", "leave_one_out")
 
 

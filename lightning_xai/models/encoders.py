@@ -18,8 +18,9 @@ class LSTMEncoder(nn.Module):
     """(Bi)LSTM over packed sequences (Jain & Wallace use a BiLSTM with 128 units per direction).
 
     In eval mode with gradients enabled on CPU — explanation gradients — the same recurrence runs unrolled
-    (:func:`~lightning_xai.models.lstm_unrolled.unrolled_lstm`), whose backward is several times cheaper than
-    ``nn.LSTM``'s over packed sequences; training and inference use ``nn.LSTM``.
+    (:func:`~lightning_xai.models.lstm_unrolled.unrolled_lstm`), whose backward skips the full-size zero-fills
+    of ``nn.LSTM``'s packed backward (IG on 256 SST-2 sentences: 13.0 s → 10.7 s); training and inference use
+    ``nn.LSTM``.
     """
 
     def __init__(self, embedding_dim: int, hidden_dim: int, bidirectional: bool = True) -> None:

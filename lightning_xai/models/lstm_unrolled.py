@@ -9,13 +9,15 @@ i+1 … L−1, started from the full row's forward state at i−1, and (2) the b
 i−1 … 0, started from the full row's backward state at i+1 — one direction's worth of steps instead of two.
 The input projections W_ih·x + b of every token are computed once per row, not once per variant, so each step
 costs only the recurrent product W_hh·h. Leave-one-out on the reference BiLSTM (Σ L variants of length L − 1)
-does about a sixth of the multiply-adds of re-running the network on every variant.
+does about a sixth of the LSTM multiply-adds of re-running the network on every variant (0.85 s → 0.43 s on 256
+SST-2 sentences; the attention and classifier still run on every variant).
 
 **Gradients w.r.t. the inputs** (:func:`unrolled_lstm`). Backpropagating through ``nn.LSTM`` on a packed
 sequence, PyTorch's CPU kernel slices the packed input once per time step, and the backward of every slice
-writes a zero tensor the size of the whole packed input: O(T · ΣL · E) memory traffic, 40% of a gradient call
-on the reference model. The unrolled recurrence projects all inputs in one matrix product and reads per-step
-views of it, so its backward allocates per-step gradients of one step's size.
+writes a zero tensor the size of the whole packed input: O(T · ΣL · E) memory traffic. The unrolled recurrence
+projects all inputs in one matrix product and reads per-step views of it, so its backward allocates per-step
+gradients of one step's size (on 256 SST-2 sentences a gradient call goes from 0.24 s to 0.21 s, 50-step IG
+from 13.0 s to 10.7 s).
 """
 from __future__ import annotations
 
