@@ -177,8 +177,9 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
 
         A (Bi)LSTM encoder reuses the full rows' recurrent states (:mod:`lightning_xai.models.lstm_unrolled`):
         about a sixth of the LSTM multiply-adds of re-running the model on every shortened row (twice as fast
-        overall), the same logits up to float rounding. Returns ``None`` — run the model on the shortened rows instead — for other encoders, in
-        training mode (dropout) and when gradients are enabled.
+        overall), the same logits up to float rounding. Returns ``None`` — run the model on the shortened rows
+        instead — for other encoders, in training mode (dropout), when gradients are enabled and off the CPU
+        (cuDNN runs the shortened rows well).
 
         Example:
             >>> model = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4).eval()
@@ -191,8 +192,8 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
             True
         """
         rnn = getattr(self.encoder, "rnn", None)
-        if self.training or torch.is_grad_enabled() or not isinstance(self.encoder, LSTMEncoder) \
-                or not supports_unrolling(rnn):
+        if self.training or torch.is_grad_enabled() or embeddings.device.type != "cpu" \
+                or not isinstance(self.encoder, LSTMEncoder) or not supports_unrolling(rnn):
             return None
         mask = self.token_mask(batch)
         T = mask.shape[1]
