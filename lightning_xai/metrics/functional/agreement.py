@@ -148,6 +148,7 @@ def kendall_tau(preds: Tensor, target: Tensor, mask: Tensor, variant: str = "b")
     n = mask.sum(1)
     nd = n.double()
     cmd, ties, sizes = _pair_stats(preds, target, mask, nd)
+    tie_stats = None if sizes is None else _tie_stats(sizes, mask)  # only rows with ties need group sizes
     tot = nd * (nd - 1) / 2
     untied = tot.unsqueeze(1) - ties  # [B, 2]: n₀ − n₁, n₀ − n₂
     undefined = (untied == 0).any(1)  # constant map, or n = 1 (tot = 0)
@@ -155,7 +156,7 @@ def kendall_tau(preds: Tensor, target: Tensor, mask: Tensor, variant: str = "b")
         denom = untied.sqrt().prod(1)  # √(n₀ − n₁)·√(n₀ − n₂), as scipy
         tau = cmd / denom.masked_fill(undefined, 1.0)
     else:
-        distinct = nd.unsqueeze(1) if sizes is None else _tie_stats(sizes, mask)[2]
+        distinct = nd.unsqueeze(1) if tie_stats is None else tie_stats[2]
         classes = distinct.min(1).values
         scale = nd ** 2 * (classes - 1) / classes
         tau = 2 * cmd / scale.masked_fill(undefined, 1.0)
@@ -177,10 +178,10 @@ def kendall_tau(preds: Tensor, target: Tensor, mask: Tensor, variant: str = "b")
     if not bool(exact.all()):
         # normal approximation with scipy's tie-corrected variance of C − D
         m = nd * (nd - 1)
-        if sizes is None:  # no ties: the tie corrections are all zero
+        if tie_stats is None:  # no ties: the tie corrections are all zero
             var = m * (2 * nd + 5) / 18
         else:
-            (x0, y0), (x1, y1) = (stat.unbind(1) for stat in _tie_stats(sizes, mask)[:2])
+            (x0, y0), (x1, y1) = (stat.unbind(1) for stat in tie_stats[:2])
             xtie, ytie = ties.unbind(1)
             safe_m = m.masked_fill(m == 0, 1.0)
             safe_m2 = (safe_m * (nd - 2)).masked_fill(nd <= 2, 1.0)
