@@ -167,6 +167,9 @@ _DDP_SCRIPT = textwrap.dedent("""
            "shard": sum(len(p) for p, _, _ in audit._audit_batches(trainer, "val")),
            "audit": audit.history, "baselines": baselines.history}}
     json.dump(out, open({root!r} + f"/rank{{trainer.global_rank}}.json", "w"))
+    if torch.distributed.is_initialized():  # gloo torn down before exit (left to shutdown it can abort)
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 """)
 
 

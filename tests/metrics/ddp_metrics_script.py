@@ -105,6 +105,11 @@ def main(out_path: str, root: str) -> None:
             json.dump({"metrics": module.result, "world_size": trainer.world_size,
                        "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None},
                       handle)
+    # tear the gloo group down before exit: left to interpreter shutdown, its threads can abort the process
+    # ("terminate called without an active exception", seen once in ~10 runs)
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
