@@ -22,7 +22,8 @@ AttributionFn = Callable[..., Union[Tensor, Tuple[Tensor, ...]]]
 ATTRIBUTION_METHODS: Dict[str, AttributionFn] = {}
 _RESOLVES_TARGET: set = set()
 #: sibling modules that register methods when imported (loaded on first use if they exist)
-_PLUGIN_MODULES: Tuple[str, ...] = ("lightning_xai.attribution.lrp",)
+_PLUGIN_MODULES: Tuple[str, ...] = ("lightning_xai.attribution.lrp", "lightning_xai.attribution.smooth_attention",
+                                     "lightning_xai.attribution.interactions")
 _plugins_loaded = False
 
 NORMALIZATIONS = ("l1", "max_abs")
