@@ -43,6 +43,13 @@ def noise_scale(embeddings: Tensor, mask: Tensor, noise_level: float = 0.15, std
     return noise_level * spread
 
 
+def _draw(embeddings: Tensor, sigma: Tensor, generator: torch.Generator, k: int) -> Tensor:
+    """``[k, B, T, E]`` noise: ``k`` successive ``[B, T, E]`` standard normal draws, each scaled by its row's σ."""
+    draws = [torch.randn(embeddings.shape, generator=generator, dtype=embeddings.dtype, device=embeddings.device)
+             for _ in range(k)]
+    return torch.stack(draws) * sigma
+
+
 def smooth_attention_map(model: ExplainableModel, batch: Batch, embeddings: Tensor, *, n_samples: int = 30,
                          noise_level: float = 0.15, stdev: Optional[float] = None, seed: Optional[int] = 0,
                          generator: Optional[torch.Generator] = None, noise: Optional[Tensor] = None,
@@ -96,11 +103,7 @@ def smooth_attention_map(model: ExplainableModel, batch: Batch, embeddings: Tens
     with nullcontext() if create_graph else torch.no_grad():
         for first in range(0, n_samples, per_pass):
             k = min(per_pass, n_samples - first)
-            if noise is not None:
-                eps = noise[first:first + k].to(embeddings)
-            else:
-                eps = torch.stack([torch.randn(embeddings.shape, generator=generator, dtype=embeddings.dtype,
-                                               device=embeddings.device) * sigma for _ in range(k)])
+            eps = noise[first:first + k].to(embeddings) if noise is not None else _draw(embeddings, sigma, generator, k)
             noisy = (embeddings.unsqueeze(0) + eps * real).reshape(k * N, T, E)
             sub = batch if k == 1 else take_rows(batch, torch.arange(N, device=embeddings.device).repeat(k), N)
             part = model.forward_from_embeddings(noisy, sub).attention.reshape(k, N, T).sum(0)
