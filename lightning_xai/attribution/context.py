@@ -1,13 +1,43 @@
 """Run explanations anywhere: inside ``trainer.validate``/``test`` (inference mode), training, or plain code."""
 from __future__ import annotations
 
+import random
 from contextlib import ExitStack, contextmanager
 from typing import Any, Iterator, List, Mapping, Optional
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
-__all__ = ["explanation_context", "clone_inference_tensors"]
+__all__ = ["explanation_context", "clone_inference_tensors", "preserved_rng_state"]
+
+
+@contextmanager
+def preserved_rng_state() -> Iterator[None]:
+    """Save the python, numpy, torch and (initialised) CUDA random states; restore them on exit, also on error.
+
+    :func:`explanation_context` touches no random number generator; audits that draw random numbers (baselines,
+    random rankings, noise) nest it in this, so training's random stream continues as if they had not run.
+
+    Example:
+        >>> state = torch.get_rng_state()
+        >>> with preserved_rng_state():
+        ...     _ = torch.rand(3), np.random.rand(), random.random()
+        >>> torch.equal(torch.get_rng_state(), state)
+        True
+    """
+    py_state = random.getstate()
+    np_state = np.random.get_state()
+    torch_state = torch.get_rng_state()
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.set_rng_state(torch_state)
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
 
 
 def clone_inference_tensors(value: Any) -> Any:
