@@ -12,10 +12,11 @@ from lightning_xai.callbacks.adversarial_search import AdversarialSearchAudit
 from lightning_xai.callbacks.attention_audit import AGREEMENT_METRICS, DEFAULT_METHODS, AttentionAudit
 from lightning_xai.callbacks.attention_baselines import AttentionBaselines
 from lightning_xai.callbacks.erasure_audit import ErasureAudit
-from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditResult, audit_guard, summarize_values
+from lightning_xai.callbacks.base import (AuditCallback, AuditExample, AuditPrediction, AuditResult, audit_guard,
+                                          summarize_values)
 from lightning_xai.callbacks.impermissible import ImpermissibleAttentionMonitor
 from lightning_xai.callbacks.sanity import SanityCheck
 
 __all__ = ["AGREEMENT_METRICS", "DEFAULT_METHODS", "AdversarialSearchAudit", "AttentionAudit", "AttentionBaselines", "AuditCallback",
-           "AuditExample", "AuditResult", "ErasureAudit", "ImpermissibleAttentionMonitor", "SanityCheck", "audit_guard",
+           "AuditExample", "AuditPrediction", "AuditResult", "ErasureAudit", "ImpermissibleAttentionMonitor", "SanityCheck", "audit_guard",
            "summarize_values"]

@@ -9,7 +9,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.audits.adversarial import adversarial_attention_search, summarize_search
-from lightning_xai.callbacks.base import AuditCallback, AuditExample
+from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction
 
 __all__ = ["AdversarialSearchAudit"]
 
@@ -101,13 +101,12 @@ class AdversarialSearchAudit(AuditCallback):
                     max_output_change=self.max_output_change)
 
     def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
-                    indices: List[int]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+                    indices: List[int], prediction: Optional[AuditPrediction] = None
+                    ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         result = adversarial_attention_search(model, batch, num_candidates=self.num_candidates, steps=self.steps,
                                               lr=self.lr, max_output_change=self.max_output_change, seed=self.seed,
                                               **self.search_options)
-        probs = result.original_probs.float()
-        found = {"prediction": probs.argmax(-1), "probability": probs.max(-1).values,
-                 "maps": {"attention": result.original_attention, "adversarial_attention": result.attention},
+        found = {"maps": {"attention": result.original_attention, "adversarial_attention": result.attention},
                  "values": {"max_jsd": result.max_jsd, "output_change": result.output_change,
                             "found": result.found.double()}}
         return found, {}

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution import attribute, shared_input_gradients
-from lightning_xai.callbacks.base import AuditCallback
+from lightning_xai.callbacks.base import AuditCallback, AuditPrediction
 from lightning_xai.metrics.functional import (jensen_shannon, kendall_tau, pearson, spearman, topk_kendall_tau,
                                               topk_overlap)
 
@@ -158,13 +158,11 @@ class AttentionAudit(AuditCallback):
         return [f"{self.metrics[0]}/{pair_name(a, b)}" for a, b in self.pairs]
 
     def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
-                    indices: List[int]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+                    indices: List[int], prediction: Optional[AuditPrediction] = None
+                    ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        prediction = prediction or self.predict(model, batch)
         mask = model.token_mask(batch)
-        with torch.no_grad():
-            out = model.forward_from_embeddings(model.embed(batch), batch)
-            probs = out.logits.float().softmax(-1)
-        prediction = probs.argmax(-1)
-        maps: Dict[str, Tensor] = {"attention": out.attention.detach().float()}
+        maps: Dict[str, Tensor] = {"attention": prediction.attention}
         with shared_input_gradients():  # gradient and grad×input: one backward pass between them
             for method in self.methods:
                 scores = attribute(model, batch, method, target=None, **self.method_options.get(method, {}))
@@ -195,4 +193,4 @@ class AttentionAudit(AuditCallback):
                 total = magnitude.sum(-1)
                 share = (magnitude * inside).sum(-1) / total
                 values[f"impermissible_share/{name}"] = torch.where(total > 0, share, torch.full_like(share, math.nan))
-        return {"prediction": prediction, "probability": probs.max(-1).values, "maps": maps, "values": values}, {}
+        return {"maps": maps, "values": values}, {}

@@ -1,7 +1,7 @@
 """Jain & Wallace's permutation test and Wiegreffe & Pinter's uniform-attention evaluation, while training."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -10,7 +10,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.audits.baselines import (DEFAULT_MAX_ATTENTION_BINS, bin_by_max_attention, permutation_test,
                                             uniform_attention_evaluation, uniform_attention_summary)
-from lightning_xai.callbacks.base import AuditCallback, AuditExample
+from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction
 
 __all__ = ["AttentionBaselines"]
 
@@ -66,13 +66,11 @@ class AttentionBaselines(AuditCallback):
                     permutation=self.permutation, uniform=self.uniform)
 
     def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
-                    indices: List[int]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+                    indices: List[int], prediction: Optional[AuditPrediction] = None
+                    ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        prediction = prediction or self.predict(model, batch)
         values: Dict[str, torch.Tensor] = {}
-        with torch.no_grad():
-            out = model.forward_from_embeddings(model.embed(batch), batch)
-            probs = out.logits.float().softmax(-1)
-        found: Dict[str, Any] = {"prediction": probs.argmax(-1), "probability": probs.max(-1).values,
-                                 "maps": {"attention": out.attention.detach()}, "values": values}
+        found: Dict[str, Any] = {"maps": {"attention": prediction.attention}, "values": values}
         if self.permutation:
             result = permutation_test(model, batch, self.num_permutations,
                                       row_generators=self.example_generators(indices))

@@ -21,6 +21,7 @@ public names, so every existing import path keeps working.
 from __future__ import annotations
 
 import abc
+import inspect
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytorch_lightning as pl
@@ -36,19 +37,22 @@ from lightning_xai.callbacks.aggregation import aggregate_values, summarize_valu
 from lightning_xai.callbacks.distributed import gather_examples, merge_extras
 from lightning_xai.callbacks.guard import audit_guard, precision_context
 from lightning_xai.callbacks.output import add_record, log_scalars, progress_bar
-from lightning_xai.callbacks.results import AuditExample, AuditResult, collect_examples, example_tokens
+from lightning_xai.callbacks.results import (AuditExample, AuditPrediction, AuditResult, collect_examples,
+                                            example_tokens)
 from lightning_xai.callbacks.schedule import AuditSchedule, check_cadence
 from lightning_xai.callbacks.subset import (AUDIT_TOKEN_BUDGET, SPLITS, AuditBatch, build_batches, draw_subset,
                                             find_loader)
 
-__all__ = ["AUDIT_TOKEN_BUDGET", "AuditCallback", "AuditExample", "AuditResult", "audit_guard", "summarize_values"]
+__all__ = ["AUDIT_TOKEN_BUDGET", "AuditCallback", "AuditExample", "AuditPrediction", "AuditResult", "audit_guard",
+           "summarize_values"]
 
 
 class AuditCallback(AuditSchedule, abc.ABC):
     """Base class of the audit callbacks: scheduling, audit subset, non-invasiveness, state, logging.
 
     Subclasses implement :meth:`audit_batch` (per-example results of one batch of the audit subset) and may
-    override :meth:`aggregate` (scalars from all per-example results); everything else is shared.
+    override :meth:`aggregate` (scalars from all per-example results); everything else is shared, including the
+    prediction step (:meth:`predict`: forward pass, softmax, argmax), whose result ``audit_batch`` receives.
 
     Args:
         every_n_epochs: audit at the end of every n-th validation epoch of ``fit`` (0 or ``None``: never).
@@ -180,8 +184,8 @@ class AuditCallback(AuditSchedule, abc.ABC):
             return
         _, _, batch = batches[0]
         batch = move_data_to_device(batch, pl_module.device)
-        with audit_guard(pl_module), torch.no_grad():
-            out = model.forward_from_embeddings(model.embed(batch), batch)
+        with audit_guard(pl_module):
+            out = self.predict(model, batch).output
         mask = model.token_mask(batch)
         attention = getattr(out, "attention", None)
         if not isinstance(attention, Tensor) or attention.shape != mask.shape:
@@ -244,7 +248,9 @@ class AuditCallback(AuditSchedule, abc.ABC):
                 for positions, indices, cpu_batch in batches:
                     batch = move_data_to_device(cpu_batch, pl_module.device)
                     with precision_context(trainer, pl_module.device, self.precision):
-                        found, extra = self.audit_batch(model, batch, generator, indices)
+                        prediction = self.predict(model, batch)
+                        found, extra = self._call_audit_batch(model, batch, generator, indices, prediction)
+                    found = {"prediction": prediction.prediction, "probability": prediction.probability, **found}
                     examples.extend(collect_examples(model.token_mask(batch), batch, positions, indices, split,
                                                      found, self.num_report_examples))
                     extras.append(extra)
@@ -271,6 +277,18 @@ class AuditCallback(AuditSchedule, abc.ABC):
                            "callback.history (and written by lightning_xai.reporting.AuditReport if present).")
             self._warned_no_logger = True
 
+    def predict(self, model: ExplainableModel, batch: Dict[str, Any]) -> AuditPrediction:
+        """The prediction step every audit shares: the protocol's forward pass (no gradients), softmax, argmax."""
+        with torch.no_grad():
+            return AuditPrediction.from_output(model.forward_from_embeddings(model.embed(batch), batch))
+
+    def _call_audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
+                          indices: List[int], prediction: AuditPrediction) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        # subclasses written before the shared prediction step take four arguments and predict themselves
+        if "prediction" in inspect.signature(self.audit_batch).parameters:
+            return self.audit_batch(model, batch, generator, indices, prediction=prediction)
+        return self.audit_batch(model, batch, generator, indices)
+
     # --- what subclasses implement ------------------------------------------------------------------------
     def example_generators(self, indices: Sequence[int]) -> List[torch.Generator]:
         """One CPU generator per example, seeded from ``seed`` and the example's dataset index: randomness that
@@ -279,13 +297,16 @@ class AuditCallback(AuditSchedule, abc.ABC):
 
     @abc.abstractmethod
     def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
-                    indices: List[int]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-        """Measure one batch (``indices``: the dataset indices of its rows; ``generator``: the audit's own RNG).
+                    indices: List[int], prediction: Optional[AuditPrediction] = None
+                    ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        """Measure one batch (``indices``: the dataset indices of its rows; ``generator``: the audit's own RNG;
+        ``prediction``: the shared prediction step's result — ``None`` when called directly, then use
+        ``prediction or self.predict(model, batch)``).
 
         Returns:
-            ``(found, extra)``: ``found`` holds ``prediction`` ``[B]``, ``probability`` ``[B]``, optional ``maps``
-            ``{name: [B, T]}`` and ``values`` ``{name: [B]}`` per-example scalars; ``extra`` is merged over
-            batches (and processes) and passed to :meth:`aggregate`.
+            ``(found, extra)``: ``found`` holds optional ``maps`` ``{name: [B, T]}`` and ``values`` ``{name: [B]}``
+            per-example scalars (``prediction``/``probability`` ``[B]`` come from the prediction step unless given
+            here); ``extra`` is merged over batches (and processes) and passed to :meth:`aggregate`.
         """
 
     def aggregate(self, examples: List[AuditExample], extras: Dict[str, Any]) -> Dict[str, float]:

@@ -10,7 +10,7 @@ from torch import Tensor
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute
 from lightning_xai.audits.erasure import RANKINGS, decision_flip, ranking_scores
-from lightning_xai.callbacks.base import AuditCallback, AuditExample
+from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction
 from lightning_xai.metrics.functional.faithfulness import AOPC_BINS, erasure_scores
 
 __all__ = ["ErasureAudit"]
@@ -96,11 +96,10 @@ class ErasureAudit(AuditCallback):
         return attribute(model, batch, ranking, **self.method_options.get(ranking, {})).detach()
 
     def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
-                    indices: List[int]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-        with torch.no_grad():
-            out = model.forward_from_embeddings(model.embed(batch), batch)
-            probs = out.logits.float().softmax(-1)
-        maps: Dict[str, Tensor] = {"attention": out.attention.detach().float()}
+                    indices: List[int], prediction: Optional[AuditPrediction] = None
+                    ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        prediction = prediction or self.predict(model, batch)
+        maps: Dict[str, Tensor] = {"attention": prediction.attention}
         values: Dict[str, Tensor] = {}
         ks = [self.k, *self.aopc_bins]
         for ranking in self.rankings:
@@ -120,8 +119,7 @@ class ErasureAudit(AuditCallback):
                 values[f"{ranking}/sufficiency"] = suff[0].double()
                 values[f"{ranking}/aopc_comprehensiveness"] = comp[1:].double().mean(0)
                 values[f"{ranking}/aopc_sufficiency"] = suff[1:].double().mean(0)
-        return {"prediction": probs.argmax(-1), "probability": probs.max(-1).values, "maps": maps,
-                "values": values}, {}
+        return {"maps": maps, "values": values}, {}
 
     def histogram_keys(self, examples: List[AuditExample]) -> List[str]:
         key = "fraction_removed" if self.decision_flip else "comprehensiveness"

@@ -1,7 +1,7 @@
 """Attention mass on impermissible tokens (Pruthi et al., 2020), tracked while a model trains."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import pytorch_lightning as pl
@@ -9,7 +9,7 @@ import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from lightning_xai.adapters.protocol import ExplainableModel
-from lightning_xai.callbacks.base import AuditCallback, AuditExample
+from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction
 
 __all__ = ["ImpermissibleAttentionMonitor"]
 
@@ -63,16 +63,14 @@ class ImpermissibleAttentionMonitor(AuditCallback):
                 f"ImpermissibleAttentionMonitor: batch[{self.key!r}] must be a bool tensor shaped like batch['mask'].")
 
     def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
-                    indices: List[int]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+                    indices: List[int], prediction: Optional[AuditPrediction] = None
+                    ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        prediction = prediction or self.predict(model, batch)
         if self.key not in batch:
             raise MisconfigurationException(f"ImpermissibleAttentionMonitor: the batch has no {self.key!r} key.")
-        with torch.no_grad():
-            out = model.forward_from_embeddings(model.embed(batch), batch)
-            probs = out.logits.float().softmax(-1)
-            attention = out.attention.float()
-            mass = (attention * batch[self.key].to(attention.device)).sum(-1)
-        return {"prediction": probs.argmax(-1), "probability": probs.max(-1).values,
-                "maps": {"attention": attention, "impermissible": batch[self.key].float()},
+        attention = prediction.attention
+        mass = (attention * batch[self.key].to(attention.device)).sum(-1)
+        return {"maps": {"attention": attention, "impermissible": batch[self.key].float()},
                 "values": {"mass": mass}}, {}
 
     def aggregate(self, examples: List[AuditExample], extras: Dict[str, Any]) -> Dict[str, float]:

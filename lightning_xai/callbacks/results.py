@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import pytorch_lightning as pl
 from torch import Tensor
 
-__all__ = ["AuditExample", "AuditResult", "collect_examples", "example_tokens"]
+__all__ = ["AuditExample", "AuditPrediction", "AuditResult", "collect_examples", "example_tokens"]
 
 
 @dataclass
@@ -42,6 +42,42 @@ class AuditExample:
     maps: Dict[str, List[float]] = field(default_factory=dict)
     values: Dict[str, float] = field(default_factory=dict)
     tokens: Optional[List[str]] = None
+
+
+@dataclass
+class AuditPrediction:
+    """The model's prediction on an audited batch: computed once by the base class, handed to ``audit_batch``.
+
+    Attributes:
+        output: the protocol's ``forward_from_embeddings`` output (``logits`` ``[B, C]``, ``attention`` ``[B, T]``).
+        probabilities: ``[B, C]`` float32 softmax of the logits.
+        prediction: ``[B]`` predicted class (argmax).
+        probability: ``[B]`` probability of the predicted class.
+
+    Example:
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> p = AuditPrediction.from_output(SimpleNamespace(logits=torch.tensor([[0.0, 2.0]]), attention=None))
+        >>> p.prediction.tolist(), round(p.probability.item(), 4)
+        ([1], 0.8808)
+    """
+
+    output: Any
+    probabilities: Tensor
+    prediction: Tensor
+    probability: Tensor
+
+    @classmethod
+    def from_output(cls, output: Any) -> "AuditPrediction":
+        """Softmax, argmax and the top probability of ``output.logits``."""
+        probabilities = output.logits.detach().float().softmax(-1)
+        top = probabilities.max(-1)
+        return cls(output=output, probabilities=probabilities, prediction=top.indices, probability=top.values)
+
+    @property
+    def attention(self) -> Tensor:
+        """The model's attention ``[B, T]``, detached, float32."""
+        return self.output.attention.detach().float()
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing_extensions import override
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.audits.sanity import (DEFAULT_INVARIANCE_METHODS, DEFAULT_RANDOMIZATION_METHODS, MethodSpec,
                                          SanityTable, run_sanity_checks)
-from lightning_xai.callbacks.base import AuditCallback
+from lightning_xai.callbacks.base import AuditCallback, AuditPrediction
 
 __all__ = ["SanityCheck", "SANITY_CHECKS"]
 
@@ -114,14 +114,13 @@ class SanityCheck(AuditCallback):
         return super().run_audit(trainer, pl_module, stage, split)
 
     def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
-                    indices: Optional[List[int]] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-        with torch.no_grad():
-            probs = model.forward_from_embeddings(model.embed(batch), batch).logits.float().softmax(-1)
+                    indices: Optional[List[int]] = None, prediction: Optional[AuditPrediction] = None
+                    ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         tables = self._run(model, batch)
         self.tables.append(tables)
         values = {f"{check}/{key}": value for check, table in tables.items()
                   for key, value in table.per_example.items()}
-        return {"prediction": probs.argmax(-1), "probability": probs.max(-1).values, "values": values}, {}
+        return {"values": values}, {}
 
     def _run(self, model: ExplainableModel, batch: Dict[str, Any]) -> Dict[str, SanityTable]:
         options: Dict[str, Any] = {}

@@ -42,7 +42,8 @@ def find_loader(trainer: "pl.Trainer", split: str, owner: str = "audit") -> Any:
     3. the LightningModule's own ``<split>_dataloader()`` hook, if it overrides it;
     4. during ``fit``, for loaders handed to ``trainer.fit(model, train_loader, val_loader)`` that the loop has
        not loaded yet (an audit at ``on_fit_start`` or after a step before the first validation): the loop's
-       ``setup_data()`` — what Lightning itself calls before the loop's first batch — then 2. again.
+       ``setup_data()`` — what Lightning itself calls before the loop's first batch — then 2. again. (With
+       ``limit_val_batches=0`` Lightning loads no validation loader at all: pass a datamodule.)
 
     Raises:
         MisconfigurationException: no loader of ``split`` can be found (saying how to provide one).
@@ -72,8 +73,10 @@ def find_loader(trainer: "pl.Trainer", split: str, owner: str = "audit") -> Any:
             loop.setup_data()
         loader = _trainer_loader(trainer, split)
     if loader is None:
+        unloaded = (" (with limit_val_batches=0 Lightning never loads the val_dataloaders given to fit)"
+                    if split == "val" and trainer.limit_val_batches == 0 else "")
         raise MisconfigurationException(
-            f"{owner} found no {split!r} dataloader to audit; pass a datamodule with "
+            f"{owner} found no {split!r} dataloader to audit{unloaded}; pass a datamodule with "
             f"{split}_dataloader() or set dataloader= to a split the trainer has.")
     return loader
 

@@ -1,0 +1,132 @@
+"""The shared machinery after the split of ``callbacks/base.py``: the prediction step, the loader lookup, the guard."""
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+import torch
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
+
+import lightning_xai.callbacks as callbacks_package
+from lightning_xai.attribution import explanation_context
+from lightning_xai.callbacks import AuditCallback, AuditPrediction, audit_guard
+from lightning_xai.callbacks import base as callback_base
+from lightning_xai.data import collate
+from lightning_xai.models import AttentionClassifier
+
+
+class _Confidence(AuditCallback):
+    """A new-style audit: reads the shared prediction, computes no forward pass of its own."""
+
+    name = "confidence"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.received = []
+
+    def audit_batch(self, model, batch, generator, indices, prediction=None):
+        self.received.append(prediction)
+        return {"values": {"margin": prediction.probabilities.max(-1).values - prediction.probabilities.min(-1).values}}, {}
+
+
+class _OldStyle(AuditCallback):
+    """An audit written before the shared prediction step: four arguments, predicts itself."""
+
+    name = "old_style"
+
+    def audit_batch(self, model, batch, generator, indices):
+        probs = model.forward_from_embeddings(model.embed(batch), batch).logits.float().softmax(-1)
+        return {"prediction": probs.argmax(-1), "probability": probs.max(-1).values,
+                "values": {"top": probs.max(-1).values}}, {}
+
+
+def _loaders(dm):
+    train = torch.utils.data.DataLoader(dm.dataset("train"), batch_size=16, collate_fn=collate)
+    val = torch.utils.data.DataLoader(dm.dataset("val"), batch_size=16, collate_fn=collate)
+    return train, val
+
+
+def test_the_prediction_step_runs_once_in_the_base_and_matches_the_model(kit, tmp_path):
+    dm = kit.make_dm()
+    model = kit.make_model(dm)
+    new, old = _Confidence(num_samples=12, batch_size=4), _OldStyle(num_samples=12, batch_size=4)
+    kit.make_trainer(tmp_path, [new, old], max_epochs=1).fit(model, dm)
+    assert len(new.received) == 3 and all(isinstance(p, AuditPrediction) for p in new.received)
+    indices = new.audit_indices(None, "val")
+    batch = collate([dm.dataset("val")[i] for i in indices])
+    with torch.no_grad():
+        probs = model.eval().forward_from_embeddings(model.embed(batch), batch).logits.float().softmax(-1)
+    assert [e.prediction for e in new.latest.examples] == probs.argmax(-1).tolist()
+    assert [e.prediction for e in old.latest.examples] == probs.argmax(-1).tolist()
+    torch.testing.assert_close(torch.tensor([e.probability for e in new.latest.examples]), probs.max(-1).values)
+    torch.testing.assert_close(torch.tensor([e.values["top"] for e in old.latest.examples]).float(),
+                               probs.max(-1).values)
+    assert new.history[-1]["metrics"]["margin/mean"] > 0
+
+
+def test_no_subclass_repeats_the_forward_softmax_argmax():
+    for name in ("attention_audit", "erasure_audit", "attention_baselines", "impermissible", "adversarial_search",
+                 "sanity"):
+        source = inspect.getsource(importlib.import_module(f"lightning_xai.callbacks.{name}"))
+        assert ".softmax(" not in source and "forward_from_embeddings(model.embed" not in source, name
+
+
+def test_step_audits_find_plain_val_loaders_before_the_first_validation(kit, tmp_path):
+    """Loaders handed to ``fit`` (no datamodule), an audit after step 1, before any validation has loaded them."""
+    dm = kit.make_dm()
+    train, val = _loaders(dm)
+    audit = _Confidence(num_samples=10, every_n_epochs=0, every_n_train_steps=1, on_validate=False)
+    kit.make_trainer(tmp_path, [audit], limit_train_batches=2).fit(kit.make_model(dm), train, val)
+    assert [(r["global_step"], r["num_examples"]) for r in audit.history] == [(1, 10), (2, 10)]
+    assert audit.audit_indices(None, "val") == sorted(torch.randperm(len(dm.dataset("val")),
+                                                                     generator=torch.Generator().manual_seed(0))[:10]
+                                                      .tolist())
+    # without validation Lightning never loads the loaders given to fit: a clear error, not a silent skip
+    audit = _Confidence(num_samples=10, every_n_epochs=0, every_n_train_steps=1)
+    with pytest.raises(MisconfigurationException, match="limit_val_batches=0.*pass a datamodule"):
+        kit.make_trainer(tmp_path, [audit], limit_train_batches=2, limit_val_batches=0).fit(kit.make_model(dm),
+                                                                                            train, val)
+
+
+class _OwnLoaders(AttentionClassifier):
+    """The reference model bringing its own loaders through the LightningModule hooks (no datamodule)."""
+
+    def train_dataloader(self):
+        return _loaders(self.dm)[0]
+
+    def val_dataloader(self):
+        return torch.utils.data.DataLoader(self.dm.dataset("val"), batch_size=8, collate_fn=collate)
+
+
+def _own_loaders(dm):
+    model = _OwnLoaders(dm.vocab_size, 2, embedding_dim=16, hidden_dim=8)
+    model.dm = dm
+    return model
+
+
+def test_the_modules_own_dataloader_hooks_are_used(kit, tmp_path):
+    dm = kit.make_dm()
+    audit = _Confidence(num_samples=8, every_n_epochs=0, every_n_train_steps=2)
+    kit.make_trainer(tmp_path, [audit], limit_train_batches=2, limit_val_batches=0).fit(_own_loaders(dm))
+    assert [(r["global_step"], r["num_examples"]) for r in audit.history] == [(2, 8)]
+
+
+def test_no_private_loop_attributes_are_read():
+    for module in (callback_base, callbacks_package.subset):
+        assert "_data_source" not in inspect.getsource(module)
+
+
+def test_audit_guard_is_explanation_context_plus_the_random_state():
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout()).train()
+    net(torch.randn(3, 2)).sum().backward()
+    grad = net[0].weight.grad
+    seen = {}
+    for name, guard in (("guard", lambda: audit_guard(net, seed=1)), ("context", lambda: explanation_context(net))):
+        with torch.inference_mode():
+            with guard():
+                seen[name] = (net[0].weight.grad, net.training, torch.is_grad_enabled(),
+                              torch.is_inference_mode_enabled())
+                net(torch.randn(3, 2)).sum().backward()
+        assert net[0].weight.grad is grad and net.training  # the training step's gradient is back, untouched
+    assert seen["guard"] == seen["context"] == (None, False, True, False)
