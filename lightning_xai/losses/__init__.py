@@ -9,7 +9,10 @@ from lightning_xai.losses.alignment import AttentionAlignmentLoss, attention_ali
 from lightning_xai.losses.conicity import ConicityLoss, conicity
 from lightning_xai.losses.deception import DeceptionPenalty, deception_penalty, impermissible_mass
 from lightning_xai.losses.erasure import ErasureFaithfulnessLoss, soft_top_k_mask
+from lightning_xai.losses.rationale import RationaleSupervisionLoss, rationale_supervision
+from lightning_xai.losses.tying import WordTyingLoss
 
 __all__ = ["AttentionAlignmentLoss", "ConicityLoss", "DeceptionPenalty", "ErasureFaithfulnessLoss",
            "ModelConsistentAdversary", "attention_alignment_kl", "conicity", "deception_penalty",
-           "impermissible_mass", "model_consistent_adversary_loss", "normalize_saliency", "soft_top_k_mask"]
+           "impermissible_mass", "model_consistent_adversary_loss", "normalize_saliency", "soft_top_k_mask",
+           "RationaleSupervisionLoss", "WordTyingLoss", "rationale_supervision"]

@@ -1,0 +1,117 @@
+"""Supervised attention (Strout et al. 2019; Zhong et al. 2019): train attention toward human rationales."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lightning_xai.adapters.protocol import Batch, ExplainOutput
+from lightning_xai.audits.adversarial import kl_divergence
+from lightning_xai.losses._common import as_float, log_extra, token_mask
+
+__all__ = ["RationaleSupervisionLoss", "rationale_supervision"]
+
+KINDS = ("kl", "cross_entropy", "mass")
+_EPS = 1e-10
+
+
+def rationale_supervision(attention: Tensor, rationale: Tensor, mask: Tensor, kind: str = "kl") -> Tensor:
+    """Per-example ``[B]`` distance of ``attention`` from the rationale ``rationale`` (bool ``[B, T]``).
+
+    With r̂ = the rationale as a distribution (1/|R| on its real tokens):
+
+    * ``"kl"``: KL(r̂ ‖ α) — 0 when attention is uniform over the rationale;
+    * ``"cross_entropy"``: −Σ_t r̂_t log α_t = KL(r̂ ‖ α) + log |R| (same gradients as ``"kl"``, Zhong et al.'s
+      form);
+    * ``"mass"``: −log Σ_{t∈R} α_t — only asks attention to sit inside the rationale, however it is spread there.
+
+    Rows whose rationale has no real token give 0.
+
+    Example:
+        >>> a = torch.tensor([[0.5, 0.5, 0.0]])
+        >>> r, m = torch.tensor([[True, False, False]]), torch.tensor([[True, True, True]])
+        >>> [round(rationale_supervision(a, r, m, k).item(), 4) for k in ("kl", "cross_entropy", "mass")]
+        [0.6931, 0.6931, 0.6931]
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
+    if rationale.shape != attention.shape:
+        raise ValueError(f"the rationale has shape {tuple(rationale.shape)} but the attention {tuple(attention.shape)}; "
+                         "both must be [B, T] over the same positions.")
+    inside = as_float(rationale.bool() & mask.bool(), attention)
+    count = inside.sum(-1)
+    has = count > 0
+    if kind == "mass":
+        values = -torch.log((attention * inside).sum(-1) + _EPS)
+    else:
+        target = inside / count.clamp_min(1.0).unsqueeze(-1)
+        values = kl_divergence(target, attention, eps=_EPS)
+        if kind == "cross_entropy":
+            values = values + torch.log(count.clamp_min(1.0))
+    return torch.where(has, values, torch.zeros_like(values))
+
+
+class RationaleSupervisionLoss(nn.Module):
+    """weight · mean_b distance(α_b, rationale_b): attention pulled toward the human rationale ``batch[key]``.
+
+    The rationale is a bool ``[B, T]`` mask aligned with the attention (ERASER movies' ``rationale`` from
+    :class:`~lightning_xai.data.TextClassificationDataModule`); see :func:`rationale_supervision` for ``kind``.
+    The mean runs over the examples that have rationale tokens (examples without any contribute nothing and are
+    counted in :attr:`empty_examples`, logged as ``train/<name>_empty``); the attention mass on the rationale of
+    the last batch is kept in :attr:`last_mass` and logged as ``train/<name>_mass``. Gradients reach the
+    attention scorer and everything below it, never the classifier head.
+
+    Args:
+        weight: loss weight.
+        key: the batch key of the rationale mask.
+        kind: ``"kl"``, ``"cross_entropy"`` or ``"mass"``.
+        name: the logged name (``train/<name>``).
+
+    Example:
+        >>> from lightning_xai.adapters import ExplainOutput
+        >>> out = ExplainOutput(logits=torch.zeros(1, 2), attention=torch.tensor([[0.5, 0.25, 0.25]]))
+        >>> batch = {"rationale": torch.tensor([[True, False, False]]), "mask": torch.ones(1, 3, dtype=torch.bool)}
+        >>> RationaleSupervisionLoss(weight=2.0)(out, batch)  # 2·log 2
+        tensor(1.3863)
+    """
+
+    def __init__(self, weight: float = 1.0, key: str = "rationale", kind: str = "kl",
+                 name: str = "rationale") -> None:
+        super().__init__()
+        if weight < 0:
+            raise ValueError(f"weight must be >= 0, got {weight}.")
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"key must be a batch key (a non-empty string), got {key!r}.")
+        self.weight = float(weight)
+        self.key = key
+        self.kind = kind
+        self.name = name
+        self.empty_examples = 0
+        self.seen_examples = 0
+        self.last_mass: Tensor | None = None
+
+    def forward(self, outputs: ExplainOutput, batch: Batch, model: Any = None) -> Tensor:
+        if self.key not in batch:
+            raise KeyError(f"RationaleSupervisionLoss needs batch[{self.key!r}] (bool [B, T], True at rationale "
+                           "tokens); use a dataset with rationales (eraser_movies) or set key= to your batch's key.")
+        rationale = batch[self.key]
+        if rationale.dtype != torch.bool:
+            raise TypeError(f"batch[{self.key!r}] must be a bool tensor, got {rationale.dtype}; use .bool().")
+        attention = outputs.attention
+        mask = token_mask(outputs, batch, model).to(attention.device)
+        rationale = rationale.to(attention.device)
+        values = rationale_supervision(attention, rationale, mask, self.kind)
+        has = (rationale & mask).any(-1)
+        size = int(has.shape[0])
+        self.empty_examples += int((~has).sum())
+        self.seen_examples += size
+        self.last_mass = (attention.detach() * as_float(rationale & mask, attention)).sum(-1).mean()
+        log_extra(model, f"train/{self.name}_mass", self.last_mass, size)
+        log_extra(model, f"train/{self.name}_empty", float((~has).sum()), size)
+        return self.weight * values.sum() / has.sum().clamp_min(1)
+
+    def extra_repr(self) -> str:
+        return f"weight={self.weight}, key={self.key!r}, kind={self.kind!r}"
