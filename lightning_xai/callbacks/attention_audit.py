@@ -12,21 +12,10 @@ from torch import Tensor
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution import attribute, shared_input_gradients
 from lightning_xai.callbacks.base import AuditCallback, AuditPrediction
-from lightning_xai.metrics.functional import (jensen_shannon, kendall_tau, pearson, spearman, topk_kendall_tau,
-                                              topk_overlap)
+from lightning_xai.metrics.registry import AGREEMENT_ALIASES, AGREEMENT_METRICS, resolve_agreement_metric
 
 __all__ = ["AttentionAudit", "AGREEMENT_METRICS", "DEFAULT_METHODS"]
 
-#: name -> (function(preds, target, mask, **options), whether it returns ``(value, p_value)``)
-AGREEMENT_METRICS: Dict[str, Tuple[Callable[..., Any], bool]] = {
-    "kendall_tau": (kendall_tau, True),
-    "topk_kendall_tau": (topk_kendall_tau, True),
-    "spearman": (spearman, True),
-    "pearson": (pearson, True),
-    "jsd": (jensen_shannon, False),
-    "topk_overlap": (topk_overlap, False),
-}
-_ALIASES = {"jensen_shannon": "jsd", "kendall": "kendall_tau", "tau": "kendall_tau"}
 
 #: Jain & Wallace's maps. Integrated Gradients is one argument away (``methods=(*DEFAULT_METHODS,
 #: "integrated_gradients")``) but not a default: on 256 SST-2 sentences it needs 256 × 29–52 forward+backward passes,
@@ -64,8 +53,9 @@ class AttentionAudit(AuditCallback):
             about 8% of an SST-2 epoch of the reference model; add ``"integrated_gradients"`` (with
             ``method_options={"integrated_gradients": {"n_steps": "auto"}}`` for its adaptive quadrature) when
             the cost — roughly 256 × 26 extra forward+backward passes per audit — is worth it.
-        metrics: agreement metrics: ``kendall_tau`` (τ-b, J&W), ``topk_kendall_tau``, ``spearman``, ``pearson``,
-            ``jsd`` (maps as distributions of ``|score|``), ``topk_overlap``.
+        metrics: agreement metrics of :mod:`lightning_xai.metrics.registry`: ``kendall_tau`` (τ-b, J&W),
+            ``topk_kendall_tau``, ``spearman``, ``pearson``, ``jsd`` (maps as distributions of ``|score|``),
+            ``topk_overlap``, or any name registered with ``register_agreement_metric``.
         pairs: which pairs to compare, as ``("attention", "gradient")`` tuples; default every pair.
         method_options: per-method keyword options for ``attribute``, e.g.
             ``{"integrated_gradients": {"n_steps": 20}}``.
@@ -83,7 +73,7 @@ class AttentionAudit(AuditCallback):
         >>> AttentionAudit(metrics=("kendal",))
         Traceback (most recent call last):
         ...
-        lightning_fabric.utilities.exceptions.MisconfigurationException: AttentionAudit: unknown metric 'kendal'; choose from ['jsd', 'kendall_tau', 'pearson', 'spearman', 'topk_kendall_tau', 'topk_overlap'].
+        lightning_fabric.utilities.exceptions.MisconfigurationException: AttentionAudit: unknown metric 'kendal'; choose from ['jsd', 'kendall_tau', 'pearson', 'spearman', 'topk_kendall_tau', 'topk_overlap'] (or register one with lightning_xai.metrics.registry.register_agreement_metric).
     """
 
     name = "attention_audit"
@@ -112,11 +102,12 @@ class AttentionAudit(AuditCallback):
             raise MisconfigurationException(f"AttentionAudit: duplicate methods in {methods}.")
         resolved = []
         for metric in metrics:
-            name = _ALIASES.get(metric, metric)
-            if name not in AGREEMENT_METRICS:
+            try:
+                resolved.append(resolve_agreement_metric(metric))
+            except KeyError:
                 raise MisconfigurationException(
-                    f"AttentionAudit: unknown metric {metric!r}; choose from {sorted(AGREEMENT_METRICS)}.")
-            resolved.append(name)
+                    f"AttentionAudit: unknown metric {metric!r}; choose from {sorted(AGREEMENT_METRICS)} (or "
+                    "register one with lightning_xai.metrics.registry.register_agreement_metric).") from None
         if not resolved:
             raise MisconfigurationException("AttentionAudit needs at least one metric.")
         if impermissible_key is not None and (not isinstance(impermissible_key, str) or not impermissible_key):
@@ -134,7 +125,7 @@ class AttentionAudit(AuditCallback):
                         f"AttentionAudit: pair {pair!r} must name two different maps among {maps}.")
                 chosen.append(pair)
         method_options = {k: dict(v) for k, v in (method_options or {}).items()}
-        metric_options = {_ALIASES.get(k, k): dict(v) for k, v in (metric_options or {}).items()}
+        metric_options = {AGREEMENT_ALIASES.get(k, k): dict(v) for k, v in (metric_options or {}).items()}
         for key in method_options:
             if key not in methods:
                 raise MisconfigurationException(f"AttentionAudit: method_options for {key!r}, which is not in "

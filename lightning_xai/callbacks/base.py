@@ -33,7 +33,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_xai.adapters.protocol import ExplainableModel, ProtocolError, as_explainable
-from lightning_xai.callbacks.aggregation import aggregate_values, summarize_values
+from lightning_xai.callbacks.aggregation import ValueAggregator, aggregate_values, summarize_values, value_names
 from lightning_xai.callbacks.distributed import gather_examples, merge_extras
 from lightning_xai.callbacks.guard import audit_guard, precision_context
 from lightning_xai.callbacks.output import add_record, log_scalars, progress_bar
@@ -136,6 +136,7 @@ class AuditCallback(AuditSchedule, abc.ABC):
         self._checked = False
         self._last_step_audited: Optional[int] = None
         self._epoch_audited: Optional[int] = None
+        self._aggregated: Optional[Dict[str, float]] = None
 
     # --- identity and state ---------------------------------------------------------------------------
     def _state_config(self) -> Dict[str, Any]:
@@ -243,6 +244,7 @@ class AuditCallback(AuditSchedule, abc.ABC):
         extras: List[Dict[str, Any]] = []
         batches = self._audit_batches(trainer, split)
         bar = progress_bar(trainer, len(batches), f"{type(self).__name__} ({split})")
+        aggregator = ValueAggregator(pl_module.device)
         try:
             with audit_guard(pl_module, seed=self.seed) as generator:
                 for positions, indices, cpu_batch in batches:
@@ -251,6 +253,7 @@ class AuditCallback(AuditSchedule, abc.ABC):
                         prediction = self.predict(model, batch)
                         found, extra = self._call_audit_batch(model, batch, generator, indices, prediction)
                     found = {"prediction": prediction.prediction, "probability": prediction.probability, **found}
+                    aggregator.update(found.get("values", {}))
                     examples.extend(collect_examples(model.token_mask(batch), batch, positions, indices, split,
                                                      found, self.num_report_examples))
                     extras.append(extra)
@@ -261,7 +264,12 @@ class AuditCallback(AuditSchedule, abc.ABC):
                 bar.close()
         examples = gather_examples(trainer, examples)
         merged = merge_extras(trainer, extras)
-        metrics = self.aggregate(examples, merged)
+        if type(self).aggregate is AuditCallback.aggregate:  # the same class on every process: same collectives
+            self._aggregated = aggregator.compute(value_names(examples))
+        try:
+            metrics = self.aggregate(examples, merged)
+        finally:
+            self._aggregated = None
         result = AuditResult(stage=stage, epoch=trainer.current_epoch, global_step=trainer.global_step, split=split,
                              metrics=metrics, examples=examples, extras=merged)
         self.history = add_record(self.history, result.record())
@@ -310,7 +318,15 @@ class AuditCallback(AuditSchedule, abc.ABC):
         """
 
     def aggregate(self, examples: List[AuditExample], extras: Dict[str, Any]) -> Dict[str, float]:
-        """Scalars to log from every audited example (the same on every process)."""
+        """Scalars to log from every audited example (the same on every process).
+
+        The default logs ``<value>/mean``, ``/std`` and, for values with a ``<value>/p_value``,
+        ``/significant_fraction`` (p ≤ 0.05) of every per-example value, NaN instances left out. Inside
+        :meth:`run_audit` they come from the :class:`~lightning_xai.metrics.ValueMean` torchmetrics each process
+        fed with its shard (DDP sync by torchmetrics); called directly, the same code runs on ``examples``.
+        """
+        if self._aggregated is not None:
+            return dict(self._aggregated)
         return aggregate_values(examples)
 
     def histogram_keys(self, examples: List[AuditExample]) -> List[str]:

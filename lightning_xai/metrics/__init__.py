@@ -7,7 +7,7 @@
   :class:`DecisionFlip` (Serrano & Smith, attention erasure);
 * plausibility against human rationales: :class:`TokenF1`, :class:`IOUF1`, :class:`AUPRC`.
 """
-from lightning_xai.metrics._base import InstanceMeanMetric
+from lightning_xai.metrics._base import InstanceMeanMetric, ValueMean, summarize_values
 from lightning_xai.metrics.agreement import (JensenShannon, KendallTau, PearsonCorrelation, SpearmanCorrelation,
                                              TopKKendallTau, TopKOverlap)
 from lightning_xai.metrics.faithfulness import AOPC, Comprehensiveness, DecisionFlip, Sufficiency
@@ -15,4 +15,4 @@ from lightning_xai.metrics.plausibility import AUPRC, IOUF1, TokenF1
 
 __all__ = ["AOPC", "AUPRC", "Comprehensiveness", "DecisionFlip", "IOUF1", "InstanceMeanMetric", "JensenShannon",
            "KendallTau", "PearsonCorrelation", "SpearmanCorrelation", "Sufficiency", "TokenF1", "TopKKendallTau",
-           "TopKOverlap"]
+           "TopKOverlap", "ValueMean", "summarize_values"]

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-__all__ = ["InstanceMeanMetric"]
+__all__ = ["InstanceMeanMetric", "ValueMean", "summarize_values"]
 
 
 class InstanceMeanMetric(Metric):
@@ -71,3 +71,48 @@ class InstanceMeanMetric(Metric):
             out["significant_fraction"] = (self.significant / self.count if float(self.count) > 0
                                            else self.significant * math.nan)
         return out
+
+
+class ValueMean(InstanceMeanMetric):
+    """:class:`InstanceMeanMetric` of values already computed per instance (the audit callbacks' aggregator).
+
+    ``update(values, p_values=None)`` takes ``[N]`` values (NaN: undefined) and, with ``significance`` set,
+    their p-values; ``compute()`` reports what every metric class does (``mean``, ``std``, ``count``,
+    ``undefined_fraction`` and, with ``significance``, ``significant_fraction``), synced across DDP processes.
+
+    Example:
+        >>> metric = ValueMean(significance=0.05)
+        >>> metric.update(torch.tensor([0.2, 0.4, float("nan")]), torch.tensor([0.01, 0.5, float("nan")]))
+        >>> {k: round(float(v), 6) for k, v in metric.compute().items()}
+        {'mean': 0.3, 'std': 0.1, 'count': 2.0, 'undefined_fraction': 0.333333, 'significant_fraction': 0.5}
+    """
+
+    higher_is_better: Optional[bool] = None
+
+    def update(self, values: Tensor, p_values: Optional[Tensor] = None) -> None:
+        values = torch.as_tensor(values, dtype=torch.float64, device=self.total.device).flatten()
+        if p_values is not None:
+            p_values = torch.as_tensor(p_values, dtype=torch.float64, device=self.total.device).flatten()
+            if p_values.shape != values.shape:
+                raise ValueError(f"ValueMean: {p_values.numel()} p-values for {values.numel()} values.")
+        self._accumulate(values, p_values)
+
+
+def summarize_values(values: Sequence[float], p_values: Optional[Sequence[float]] = None,
+                     alpha: float = 0.05) -> Dict[str, float]:
+    """:class:`ValueMean` of ``values`` in one call: mean, standard deviation (population, as ``numpy.std``),
+    ``count`` and ``undefined`` (NaN values, left out of mean and std), ``undefined_fraction`` and — given
+    p-values — the ``significant_fraction`` with ``p <= alpha``. The same code, so the same fields and numbers,
+    as the torchmetrics classes and the audit callbacks' logged aggregates.
+
+    Example:
+        >>> {k: round(v, 6) for k, v in summarize_values([0.2, 0.4, float("nan")], [0.01, 0.5, float("nan")]).items()}
+        {'mean': 0.3, 'std': 0.1, 'count': 2, 'undefined_fraction': 0.333333, 'significant_fraction': 0.5, 'undefined': 1}
+    """
+    metric = ValueMean(significance=alpha if p_values is not None else None, sync_on_compute=False)
+    metric.update(torch.tensor(list(values), dtype=torch.float64),
+                  None if p_values is None else torch.tensor(list(p_values), dtype=torch.float64))
+    out: Dict[str, float] = {k: float(v) for k, v in metric.compute().items()}
+    out["count"] = int(out["count"])
+    out["undefined"] = int(metric.undefined)
+    return out
