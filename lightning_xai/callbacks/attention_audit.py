@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
@@ -22,6 +22,7 @@ __all__ = ["AttentionAudit", "AGREEMENT_METRICS", "DEFAULT_METHODS"]
 #: about a fifth (``n_steps="auto"``) of a reference-model training epoch on 2 CPU cores (benchmarks/README.md),
 #: against ~4% for these three.
 DEFAULT_METHODS: Tuple[str, ...] = ("gradient", "grad_x_input", "leave_one_out")
+_SUMMARY_LABELS = {"kendall_tau": "Kendall τ", "jsd": "JSD", "topk_overlap": "top-k overlap"}
 
 
 def pair_name(first: str, second: str) -> str:
@@ -143,6 +144,23 @@ class AttentionAudit(AuditCallback):
 
     def _state_config(self) -> Dict[str, Any]:
         return dict(super()._state_config(), methods=tuple(self.methods), metrics=tuple(self.metrics))
+
+    def summary_rows(self, metrics: Mapping[str, float], full: bool = False) -> List[Tuple[str, str]]:
+        """Rows of the final table (``lightning_xai.reporting.final_results``): the first metric (Kendall τ by
+        default, as J&W report) of every pair, every metric with ``full``.
+
+        Example:
+            >>> AttentionAudit(methods=("gradient",)).summary_rows({"kendall_tau/attention_vs_gradient/mean": 0.3})
+            [('Kendall τ attention ↔ gradient', '{kendall_tau/attention_vs_gradient:mean_std}')]
+        """
+        rows = []
+        for metric in self.metrics[: None if full else 1]:
+            label = _SUMMARY_LABELS.get(metric, metric)
+            for first, second in self.pairs:
+                key = f"{metric}/{pair_name(first, second)}"
+                if f"{key}/mean" in metrics:
+                    rows.append((f"{label} {first} ↔ {second}", f"{{{key}:mean_std}}"))
+        return rows
 
     def histogram_keys(self, examples: List[Any]) -> List[str]:
         """The agreement histogram: the first metric (Kendall τ by default) of every pair."""

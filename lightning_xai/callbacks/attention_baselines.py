@@ -1,7 +1,7 @@
 """Jain & Wallace's permutation test and Wiegreffe & Pinter's uniform-attention evaluation, while training."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -81,6 +81,30 @@ class AttentionBaselines(AuditCallback):
             values["uniform/delta"] = uni["delta"]
             values["uniform/prediction"] = uni["uniform_pred"].double()
         return found, {}
+
+    def summary_rows(self, metrics: Mapping[str, float], full: bool = False) -> List[Tuple[str, str]]:
+        """Rows of the final table: uniform-attention accuracy/F1/flips, the permutation median ``|Δŷ|`` overall
+        and per maximum-attention bin.
+
+        Example:
+            >>> AttentionBaselines().summary_rows({"permutation/median_delta": 0.01})
+            [('permutation: median |Δŷ|', '{permutation/median_delta:num4}')]
+        """
+        rows = []
+        if "uniform/accuracy_delta" in metrics:
+            rows.append(("uniform attention: accuracy trained → uniform", "{uniform/accuracy_trained:num} → "
+                         "{uniform/accuracy_uniform:num} (Δ {uniform/accuracy_delta:+.3f})"))
+            rows.append(("uniform attention: macro-F1 delta", "{uniform/f1_delta:+.3f}"))
+            rows.append(("uniform attention: decisions flipped", "{uniform/flip_fraction:num}"))
+        if "permutation/median_delta" in metrics:
+            rows.append(("permutation: median |Δŷ|", "{permutation/median_delta:num4}"))
+            for key in metrics:
+                count = key.replace("/median_delta", "/count")
+                if key.startswith("permutation/bin") and key.endswith("/median_delta") and metrics.get(count):
+                    label = key[len("permutation/bin"):-len("/median_delta")]
+                    rows.append((f"permutation: median |Δŷ|, max attention in {label}",
+                                 f"{{{key}:num4}} (n={{{count}:int}})"))
+        return rows
 
     def histogram_keys(self, examples: List[AuditExample]) -> List[str]:
         return [k for k in ("permutation/median_delta", "uniform/delta") if any(k in e.values for e in examples)]

@@ -53,6 +53,9 @@ class AuditCallback(AuditSchedule, abc.ABC):
     Subclasses implement :meth:`audit_batch` (per-example results of one batch of the audit subset) and may
     override :meth:`aggregate` (scalars from all per-example results); everything else is shared, including the
     prediction step (:meth:`predict`: forward pass, softmax, argmax), whose result ``audit_batch`` receives.
+    A subclass may define ``summary_rows(metrics, full) -> [(label, template)]`` to choose its rows of the final
+    results table (:func:`lightning_xai.reporting.final_results`); reporting reads callbacks only through such
+    attributes, so a new audit callback needs no change there.
 
     Args:
         every_n_epochs: audit at the end of every n-th validation epoch of ``fit`` (0 or ``None``: never).

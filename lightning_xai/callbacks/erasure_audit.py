@@ -1,7 +1,7 @@
 """Erasure faithfulness while a model trains: Serrano & Smith's decision flips and ERASER's deletion metrics."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
@@ -120,6 +120,24 @@ class ErasureAudit(AuditCallback):
                 values[f"{ranking}/aopc_comprehensiveness"] = comp[1:].double().mean(0)
                 values[f"{ranking}/aopc_sufficiency"] = suff[1:].double().mean(0)
         return {"maps": maps, "values": values}, {}
+
+    def summary_rows(self, metrics: Mapping[str, float], full: bool = False) -> List[Tuple[str, str]]:
+        """Rows of the final table: decision flips, comprehensiveness and sufficiency per ranking (and their AOPC
+        with ``full``).
+
+        Example:
+            >>> ErasureAudit(rankings=("attention",), eraser=False).summary_rows({"attention/flipped/mean": 0.25})
+            [('decision flip [attention]: fraction flipped', '{attention/flipped/mean:num}'), ('decision flip [attention]: fraction of tokens removed', '{attention/fraction_removed:mean_std}')]
+        """
+        rows = []
+        names = ("comprehensiveness", "sufficiency") + (("aopc_comprehensiveness", "aopc_sufficiency") if full else ())
+        for r in self.rankings:
+            if f"{r}/flipped/mean" in metrics:
+                rows.append((f"decision flip [{r}]: fraction flipped", f"{{{r}/flipped/mean:num}}"))
+                rows.append((f"decision flip [{r}]: fraction of tokens removed", f"{{{r}/fraction_removed:mean_std}}"))
+            rows.extend((f"{name.replace('_', ' ')} [{r}]", f"{{{r}/{name}:mean_std}}") for name in names
+                        if f"{r}/{name}/mean" in metrics)
+        return rows
 
     def histogram_keys(self, examples: List[AuditExample]) -> List[str]:
         key = "fraction_removed" if self.decision_flip else "comprehensiveness"

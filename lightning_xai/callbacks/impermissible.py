@@ -1,7 +1,7 @@
 """Attention mass on impermissible tokens (Pruthi et al., 2020), tracked while a model trains."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import pytorch_lightning as pl
@@ -72,6 +72,15 @@ class ImpermissibleAttentionMonitor(AuditCallback):
         mass = (attention * batch[self.key].to(attention.device)).sum(-1)
         return {"maps": {"attention": attention, "impermissible": batch[self.key].float()},
                 "values": {"mass": mass}}, {}
+
+    def summary_rows(self, metrics: Mapping[str, float], full: bool = False) -> List[Tuple[str, str]]:
+        """The final table's row: the attention mass on impermissible tokens (mean ± std).
+
+        Example:
+            >>> ImpermissibleAttentionMonitor().summary_rows({})
+            [('attention mass on impermissible tokens', '{mass:mean_std}')]
+        """
+        return [("attention mass on impermissible tokens", "{mass:mean_std}")]
 
     def aggregate(self, examples: List[AuditExample], extras: Dict[str, Any]) -> Dict[str, float]:
         if not examples:

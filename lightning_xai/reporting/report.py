@@ -20,10 +20,10 @@ from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
-from lightning_xai.callbacks.base import AuditCallback, AuditResult
 from lightning_xai.reporting.html import (ReportSection, _esc, _fmt, history_table_html, render_report,
                                           token_heatmap_html)
 from lightning_xai.reporting.plots import plot_heatmap, plot_histograms, plot_history
+from lightning_xai.reporting.protocol import ReportableAudit
 from lightning_xai.reporting.summary import final_results, format_summary
 from lightning_xai.reporting.wandb_logging import is_wandb_logger, log_audit_to_wandb
 
@@ -69,7 +69,7 @@ def _plot_groups(history: Sequence[Dict[str, Any]]) -> Dict[str, List[str]]:
     return {"results": plain} if plain else {}
 
 
-def _audit_section(audit: AuditCallback, result: Optional[AuditResult], directory: str,
+def _audit_section(audit: ReportableAudit, result: Optional[Any], directory: str,
                    max_examples: int, png: bool, heatmap_pngs: int) -> ReportSection:
     title = f"{type(audit).__name__} ({audit.log_prefix})"
     slug = _slug(audit.log_prefix)
@@ -116,7 +116,7 @@ def _audit_section(audit: AuditCallback, result: Optional[AuditResult], director
     return ReportSection(title, "".join(parts), images)
 
 
-def write_report(audits: Sequence[AuditCallback], directory: str, filename: str = "report.html",
+def write_report(audits: Sequence[ReportableAudit], directory: str, filename: str = "report.html",
                  title: str = "lightning_xai audit report", subtitle: Optional[str] = None,
                  max_examples: int = 8, png: bool = True, heatmap_pngs: int = 4) -> str:
     """Write ``report.html`` (and the PNGs it embeds) for ``audits`` into ``directory``; return its path.
@@ -175,9 +175,9 @@ class AuditReport(Callback):
         self._trainer: Optional[Any] = None
 
     @staticmethod
-    def audits(trainer: "pl.Trainer") -> List[AuditCallback]:
-        """The audit callbacks of ``trainer``."""
-        return [c for c in trainer.callbacks if isinstance(c, AuditCallback)]
+    def audits(trainer: "pl.Trainer") -> List[ReportableAudit]:
+        """The audit callbacks of ``trainer`` (whatever has the :class:`ReportableAudit` attributes)."""
+        return [c for c in trainer.callbacks if isinstance(c, ReportableAudit)]
 
     @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:

@@ -10,10 +10,11 @@ Example (what ``lightning-xai fit`` prints at the end of the demo)::
 from __future__ import annotations
 
 import math
+import re
 import sys
 from typing import Any, Iterable, List, Mapping, Optional, Sequence, TextIO, Tuple
 
-__all__ = ["final_results", "format_summary", "print_summary", "pick_record"]
+__all__ = ["final_results", "format_summary", "print_summary", "pick_record", "render_cell"]
 
 _STAGE_ORDER = ("test", "validate", "fit")
 
@@ -49,6 +50,37 @@ def _mean_std(metrics: Mapping[str, float], key: str) -> str:
     return text
 
 
+_FIELD = re.compile(r"\{([^{}]+):([^{}:]+)\}")
+
+
+def render_cell(template: str, metrics: Mapping[str, float]) -> str:
+    """Fill the ``{key:style}`` fields of a summary-row template from ``metrics``.
+
+    Styles: ``mean_std`` (``key`` names a prefix: ``key/mean ± key/std``, plus ``(sig. …)`` when
+    ``key/significant_fraction`` exists), ``num`` / ``num2`` / ``num4`` (3, 2 or 4 decimals, tiny values in
+    scientific notation, ``n/a`` when missing or NaN), ``int``, or any Python format spec such as ``+.3f``.
+
+    Example:
+        >>> m = {"tau/mean": 0.35, "tau/std": 0.2, "tau/significant_fraction": 0.41, "acc": 0.8, "delta": -0.02}
+        >>> render_cell("{tau:mean_std}", m)
+        '0.350 ± 0.200 (sig. 0.41)'
+        >>> render_cell("{acc:num} (Δ {delta:+.3f}, n={n:int})", dict(m, n=8.0))
+        '0.800 (Δ -0.020, n=8)'
+    """
+    def fill(match: "re.Match[str]") -> str:
+        key, style = match.group(1), match.group(2)
+        if style == "mean_std":
+            return _mean_std(metrics, key)
+        value = metrics.get(key)
+        if style.startswith("num"):
+            return _num(value, int(style[3:] or 3))
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "n/a"
+        return str(int(value)) if style == "int" else format(value, style)
+
+    return _FIELD.sub(fill, template)
+
+
 def _source(record: Mapping[str, Any]) -> str:
     return f"{record['stage']}, epoch {record['epoch']}, n={record.get('num_examples', '?')}"
 
@@ -63,7 +95,9 @@ def final_results(callbacks: Iterable[Any], test_metrics: Optional[Mapping[str, 
         full: every agreement metric of every pair (default: the first metric, Kendall τ, as J&W report) and the
             AOPC rows of the erasure audit.
 
-    For each audit callback the latest ``test`` record is used (else ``validate``, else ``fit``).
+    For each audit callback the latest ``test`` record is used (else ``validate``, else ``fit``). An audit
+    chooses its rows with a ``summary_rows(metrics, full)`` method returning ``(label, template)`` pairs (see
+    :func:`render_cell`); one without it gets a ``mean ± std`` row per ``.../mean`` key.
     """
     rows: List[Tuple[str, str, str]] = []
     if test_metrics:
@@ -80,47 +114,12 @@ def final_results(callbacks: Iterable[Any], test_metrics: Optional[Mapping[str, 
         if record is None:
             continue
         m, src = record["metrics"], _source(record)
-        kind = type(cb).__name__
-        if kind == "AttentionAudit":
-            for metric in getattr(cb, "metrics", [])[: None if full else 1]:
-                label = {"kendall_tau": "Kendall τ", "jsd": "JSD", "topk_overlap": "top-k overlap"}.get(metric, metric)
-                for first, second in getattr(cb, "pairs", []):
-                    key = f"{metric}/{first}_vs_{second}"
-                    if f"{key}/mean" in m:
-                        rows.append((f"{label} {first} ↔ {second}", _mean_std(m, key), src))
-        elif kind == "ErasureAudit":
-            for r in getattr(cb, "rankings", []):
-                if f"{r}/flipped/mean" in m:
-                    rows.append((f"decision flip [{r}]: fraction flipped", _num(m[f"{r}/flipped/mean"]), src))
-                    rows.append((f"decision flip [{r}]: fraction of tokens removed", _mean_std(m, f"{r}/fraction_removed"),
-                                 src))
-                names = ("comprehensiveness", "sufficiency") + (("aopc_comprehensiveness", "aopc_sufficiency")
-                                                                 if full else ())
-                for name in names:
-                    if f"{r}/{name}/mean" in m:
-                        rows.append((f"{name.replace('_', ' ')} [{r}]", _mean_std(m, f"{r}/{name}"), src))
-        elif kind == "AttentionBaselines":
-            if "uniform/accuracy_delta" in m:
-                rows.append(("uniform attention: accuracy trained → uniform",
-                             f"{_num(m['uniform/accuracy_trained'])} → {_num(m['uniform/accuracy_uniform'])} "
-                             f"(Δ {m['uniform/accuracy_delta']:+.3f})", src))
-                rows.append(("uniform attention: macro-F1 delta", f"{m['uniform/f1_delta']:+.3f}", src))
-                rows.append(("uniform attention: decisions flipped", _num(m.get("uniform/flip_fraction")), src))
-            if "permutation/median_delta" in m:
-                rows.append(("permutation: median |Δŷ|", _num(m["permutation/median_delta"], 4), src))
-                bins = [k for k in m if k.startswith("permutation/bin") and k.endswith("/median_delta")]
-                for key in bins:
-                    count = m.get(key.replace("/median_delta", "/count"), 0)
-                    if count:
-                        label = key[len("permutation/bin"):-len("/median_delta")]
-                        rows.append((f"permutation: median |Δŷ|, max attention in {label}",
-                                     f"{_num(m[key], 4)} (n={int(count)})", src))
-        elif kind == "ImpermissibleAttentionMonitor":
-            rows.append(("attention mass on impermissible tokens", _mean_std(m, "mass"), src))
+        describe = getattr(cb, "summary_rows", None)
+        if callable(describe):
+            rows.extend((label, render_cell(template, m), src) for label, template in describe(m, full))
         else:
-            for key, value in m.items():
-                if key.endswith("/mean"):
-                    rows.append((f"{kind}: {key[:-5]}", _mean_std(m, key[:-5]), src))
+            kind = type(cb).__name__
+            rows.extend((f"{kind}: {key[:-5]}", _mean_std(m, key[:-5]), src) for key in m if key.endswith("/mean"))
     return rows
 
 
