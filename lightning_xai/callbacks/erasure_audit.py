@@ -1,6 +1,7 @@
 """Erasure faithfulness while a model trains: Serrano & Smith's decision flips and ERASER's deletion metrics."""
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
@@ -9,11 +10,17 @@ from torch import Tensor
 
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute
-from lightning_xai.audits.erasure import RANKINGS, decision_flip, ranking_scores
+from lightning_xai.audits.erasure import decision_flip, ranking_scores
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction
 from lightning_xai.metrics.functional.faithfulness import AOPC_BINS, erasure_scores
 
-__all__ = ["ErasureAudit"]
+__all__ = ["ERASURE_RANKINGS", "ErasureAudit"]
+
+#: the erasure audit's own rankings, by the name it logs them under -> the ranking of :mod:`lightning_xai.audits.erasure`
+ERASURE_RANKINGS: Dict[str, str] = {"attention": "attention", "random": "random", "attention_gradient": "gradient",
+                                    "grad_x_attention": "grad_x_attention"}
+#: old names -> new names (a ``DeprecationWarning`` says so)
+_RENAMED = {"gradient": "attention_gradient"}
 
 
 class ErasureAudit(AuditCallback):
@@ -28,9 +35,12 @@ class ErasureAudit(AuditCallback):
     * **ERASER** (DeYoung et al., 2020), deleting tokens: ``<ranking>/comprehensiveness`` and
       ``<ranking>/sufficiency`` at the top-``k`` tokens, and their AOPC over ``aopc_bins``.
 
-    Rankings: ``"attention"``, ``"random"``, ``"gradient"`` (∂ logit / ∂α, Serrano & Smith's),
-    ``"grad_x_attention"``, or any :func:`~lightning_xai.attribution.attribute` method name (its token map is the
-    ranking, e.g. ``"integrated_gradients"``, ``"leave_one_out"``).
+    Rankings: ``"attention"``, ``"random"``, ``"attention_gradient"`` (∂ logit / ∂α, Serrano & Smith's
+    gradient w.r.t. the attention weights), ``"grad_x_attention"`` (α · ∂ logit / ∂α), or any other
+    :func:`~lightning_xai.attribution.attribute` method name (its token map is the ranking, e.g.
+    ``"integrated_gradients"``, ``"leave_one_out"``). ``"gradient"`` used to name ∂ logit / ∂α here while
+    ``attribute``'s ``"gradient"`` is ‖∂p/∂e‖ (the embedding gradient), both logged as ``gradient/…``: it still
+    means ∂ logit / ∂α, with a ``DeprecationWarning``, and is logged as ``attention_gradient/…``.
 
     Args:
         rankings: the rankings compared.
@@ -49,21 +59,21 @@ class ErasureAudit(AuditCallback):
 
     name = "erasure_audit"
 
-    def __init__(self, rankings: Sequence[str] = ("attention", "gradient", "random"),
+    def __init__(self, rankings: Sequence[str] = ("attention", "attention_gradient", "random"),
                  k: Union[int, float] = 0.2, aopc_bins: Sequence[Union[int, float]] = AOPC_BINS,
                  decision_flip: bool = True, eraser: bool = True,
                  method_options: Optional[Dict[str, Dict[str, Any]]] = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if isinstance(rankings, str):
             raise MisconfigurationException("ErasureAudit(rankings) is a list of names, not a string.")
-        rankings = [str(r) for r in rankings]
+        rankings = [self._renamed(str(r)) for r in rankings]
         if not rankings or len(set(rankings)) != len(rankings):
             raise MisconfigurationException(f"ErasureAudit(rankings) must be non-empty and distinct, got {rankings}.")
         methods = sorted(ATTRIBUTION_METHODS)
         for r in rankings:
-            if r not in RANKINGS and r not in methods:
-                raise MisconfigurationException(f"ErasureAudit: unknown ranking {r!r}; use one of {list(RANKINGS)} or "
-                                                f"an attribution method ({methods}).")
+            if r not in ERASURE_RANKINGS and r not in methods:
+                raise MisconfigurationException(f"ErasureAudit: unknown ranking {r!r}; use one of "
+                                                f"{list(ERASURE_RANKINGS)} or an attribution method ({methods}).")
         if isinstance(k, bool) or not isinstance(k, (int, float)) or k <= 0 or (isinstance(k, float) and k > 1):
             raise MisconfigurationException(f"ErasureAudit(k) must be an int >= 1 or a fraction in (0, 1], got {k!r}.")
         bins = list(aopc_bins)
@@ -78,6 +88,16 @@ class ErasureAudit(AuditCallback):
         self.eraser = eraser
         self.method_options = dict(method_options or {})
 
+    @staticmethod
+    def _renamed(ranking: str) -> str:
+        if ranking in _RENAMED:
+            warnings.warn(f"ErasureAudit ranking {ranking!r} is deprecated: it is ∂ logit / ∂α (the gradient w.r.t. "
+                          f"the attention weights), not attribute()'s {ranking!r} (‖∂p/∂e‖); it is now named "
+                          f"{_RENAMED[ranking]!r} and logged under '{_RENAMED[ranking]}/...'. Pass "
+                          f"{_RENAMED[ranking]!r} instead.", DeprecationWarning, stacklevel=3)
+            return _RENAMED[ranking]
+        return ranking
+
     def _state_config(self) -> Dict[str, Any]:
         return dict(super()._state_config(), rankings=tuple(self.rankings), k=self.k)
 
@@ -91,8 +111,8 @@ class ErasureAudit(AuditCallback):
                 real = mask[row].cpu().nonzero().flatten()
                 scores[row, real] = torch.rand(real.numel(), generator=gen)
             return scores.to(mask.device)
-        if ranking in RANKINGS:
-            return ranking_scores(model, batch, ranking)
+        if ranking in ERASURE_RANKINGS:
+            return ranking_scores(model, batch, ERASURE_RANKINGS[ranking])
         return attribute(model, batch, ranking, **self.method_options.get(ranking, {})).detach()
 
     def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,

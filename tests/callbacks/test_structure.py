@@ -130,3 +130,33 @@ def test_audit_guard_is_explanation_context_plus_the_random_state():
                 net(torch.randn(3, 2)).sum().backward()
         assert net[0].weight.grad is grad and net.training  # the training step's gradient is back, untouched
     assert seen["guard"] == seen["context"] == (None, False, True, False)
+
+
+def test_the_erasure_gradient_ranking_has_one_honest_name(kit, tmp_path):
+    import warnings
+
+    from lightning_xai.audits.erasure import ranking_scores
+    from lightning_xai.callbacks import ErasureAudit
+
+    with pytest.warns(DeprecationWarning, match="'gradient' is deprecated.*'attention_gradient'"):
+        old = ErasureAudit(rankings=("attention", "gradient"), num_samples=8, eraser=False)
+    assert old.rankings == ["attention", "attention_gradient"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        new = ErasureAudit(rankings=("attention", "attention_gradient"), num_samples=8, eraser=False)
+        assert ErasureAudit().rankings == ["attention", "attention_gradient", "random"]
+    assert old.state_key == new.state_key
+    with pytest.raises(MisconfigurationException, match="distinct"):
+        with pytest.warns(DeprecationWarning):
+            ErasureAudit(rankings=("gradient", "attention_gradient"))
+
+    dm = kit.make_dm()
+    model = kit.make_model(dm)
+    kit.make_trainer(tmp_path, [new]).fit(model, dm)
+    logged = new.history[-1]["metrics"]
+    assert "attention_gradient/flipped/mean" in logged and not any(k.startswith("gradient/") for k in logged)
+    # the ranking is ∂logit/∂α (audits' "gradient" ranking), not attribute()'s embedding gradient
+    example = new.latest.examples[0]
+    batch = collate([dm.dataset("val")[example.index]])
+    want = ranking_scores(model.eval(), batch, "gradient")[0][batch["mask"][0]]
+    torch.testing.assert_close(torch.tensor(example.maps["attention_gradient"]), want.float(), rtol=1e-4, atol=1e-6)

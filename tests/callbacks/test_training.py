@@ -24,7 +24,7 @@ def _all_four(kit, num_samples=16):
         AttentionAudit(methods=("gradient", "grad_x_input", "integrated_gradients", "leave_one_out", "smooth_grad"),
                        method_options={"integrated_gradients": {"n_steps": 8}, "smooth_grad": {"n_samples": 4}},
                        num_samples=num_samples),
-        ErasureAudit(rankings=("attention", "gradient", "random"), num_samples=num_samples),
+        ErasureAudit(rankings=("attention", "attention_gradient", "random"), num_samples=num_samples),
         AttentionBaselines(num_samples=num_samples, num_permutations=8),
         ImpermissibleAttentionMonitor(num_samples=num_samples),
     ]
