@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from lightning_xai.data.datamodule import SPLITS, collate
 from lightning_xai.data.vocabulary import UNK
 
-__all__ = ["MASK_MODES", "MaskedDataModule", "MaskedDataset", "top_positions"]
+__all__ = ["MASK_MODES", "MaskedDataModule", "MaskedDataset", "RandomMaskingDataset", "top_positions"]
 
 MASK_MODES = ("unk", "delete")
 _PER_TOKEN = ("input_ids", "mask", "impermissible", "rationale")
@@ -92,6 +92,45 @@ class MaskedDataset(Dataset):
         return item
 
 
+class RandomMaskingDataset(Dataset):
+    """Masked fine-tuning (Madsen et al. 2024): ``dataset`` with random tokens masked, fresh masks at every read.
+
+    With probability ``probability`` an item is masked: a share u ~ Uniform(0, 1) is drawn and ⌈u·n⌉ of its n real
+    tokens (at most n − 1) become ``<unk>``; other items are served unchanged. Training on such inputs puts the
+    erased inputs of faithfulness metrics (and of remove-and-retrain) inside the training distribution. The
+    draws come from one generator seeded with ``seed``, so with a seeded shuffle and ``num_workers=0`` a run is
+    reproducible; wrap only the training split.
+
+    Example:
+        >>> items = [{"input_ids": [5, 6, 7, 8], "mask": [True] * 4, "labels": 1, "index": 0}]
+        >>> data = RandomMaskingDataset(items, probability=1.0, unk_id=1, seed=0)
+        >>> masked = [data[0]["input_ids"] for _ in range(3)]
+        >>> all(1 in ids and ids != [1, 1, 1, 1] for ids in masked)
+        True
+    """
+
+    def __init__(self, dataset: Any, probability: float = 0.5, unk_id: int = 1, seed: int = 0) -> None:
+        if not 0.0 <= probability <= 1.0:
+            raise ValueError(f"probability must lie in [0, 1]; got {probability}.")
+        self.dataset = dataset
+        self.probability = float(probability)
+        self.unk_id = int(unk_id)
+        self.generator = torch.Generator().manual_seed(int(seed))
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Dict[str, Any]:
+        item = dict(self.dataset[index])
+        if float(torch.rand((), generator=self.generator)) >= self.probability:
+            return item
+        share = float(torch.rand((), generator=self.generator))
+        scores = torch.rand(len(item["input_ids"]), generator=self.generator).tolist()
+        drop = set(top_positions(scores, item["mask"], min(share, 1.0 - 1e-9)))
+        item["input_ids"] = [self.unk_id if p in drop else w for p, w in enumerate(item["input_ids"])]
+        return item
+
+
 class MaskedDataModule(pl.LightningDataModule):
     """A :class:`~lightning_xai.data.TextClassificationDataModule` whose splits are masked at given positions.
 
@@ -102,6 +141,9 @@ class MaskedDataModule(pl.LightningDataModule):
         base: the data module to mask (set up or not).
         positions: ``{split: per-item position lists}`` for the splits to mask; other splits are served unmasked.
         mode: see :class:`MaskedDataset`.
+        random_masking: masked fine-tuning: the training split is also served through
+            :class:`RandomMaskingDataset` with this probability (0: off). ``MaskedDataModule(dm, {}, random_masking=0.5)``
+            is ``dm`` with masked fine-tuning.
 
     Example:
         >>> from lightning_xai.data import TextClassificationDataModule
@@ -113,8 +155,12 @@ class MaskedDataModule(pl.LightningDataModule):
         [1, 1]
     """
 
-    def __init__(self, base: Any, positions: Mapping[str, Sequence[Sequence[int]]], mode: str = "unk") -> None:
+    def __init__(self, base: Any, positions: Mapping[str, Sequence[Sequence[int]]], mode: str = "unk",
+                 random_masking: float = 0.0) -> None:
         super().__init__()
+        if not 0.0 <= random_masking <= 1.0:
+            raise ValueError(f"random_masking must lie in [0, 1]; got {random_masking}.")
+        self.random_masking = float(random_masking)
         unknown = sorted(set(positions) - set(SPLITS))
         if unknown:
             raise ValueError(f"positions has splits {unknown}; choose among {SPLITS}.")
@@ -141,9 +187,12 @@ class MaskedDataModule(pl.LightningDataModule):
 
     def dataset(self, split: str) -> Dataset:
         data = self.base.dataset(split)
-        if split not in self.positions:
-            return data
-        return MaskedDataset(data, self.positions[split], self.mode, unk_id=self.base.vocab.stoi[UNK])
+        unk = self.base.vocab.stoi[UNK]
+        if split in self.positions:
+            data = MaskedDataset(data, self.positions[split], self.mode, unk_id=unk)
+        if split == "train" and self.random_masking > 0:
+            data = RandomMaskingDataset(data, self.random_masking, unk_id=unk, seed=self.base.hparams.seed)
+        return data
 
     def _loader(self, split: str) -> DataLoader:
         shuffle = split == "train"
