@@ -10,7 +10,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.audits.baselines import (DEFAULT_MAX_ATTENTION_BINS, bin_by_max_attention, permutation_test,
                                             uniform_attention_evaluation, uniform_attention_summary)
-from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction
+from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, summarize_values
 
 __all__ = ["AttentionBaselines"]
 
@@ -129,5 +129,5 @@ class AttentionBaselines(AuditCallback):
                     torch.tensor([int(e.values["uniform/prediction"]) for e in labelled]),
                     torch.tensor([e.label for e in labelled]))
                 out.update({f"uniform/{k}": v for k, v in summary.items()})
-            out["uniform/mean_delta"] = float(np.mean([e.values["uniform/delta"] for e in examples]))
+            out["uniform/mean_delta"] = summarize_values([e.values["uniform/delta"] for e in examples])["mean"]
         return out

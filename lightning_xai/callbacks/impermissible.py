@@ -9,7 +9,7 @@ import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from lightning_xai.adapters.protocol import ExplainableModel
-from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction
+from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, summarize_values
 
 __all__ = ["ImpermissibleAttentionMonitor"]
 
@@ -86,7 +86,8 @@ class ImpermissibleAttentionMonitor(AuditCallback):
         if not examples:
             return {}
         mass = np.array([e.values["mass"] for e in examples], dtype=np.float64)
-        out = {"mass/mean": float(mass.mean()), "mass/std": float(mass.std()), "mass/max": float(mass.max()),
+        summary = summarize_values(mass.tolist())  # the torchmetrics ValueMean every audit averages with
+        out = {"mass/mean": summary["mean"], "mass/std": summary["std"], "mass/max": float(mass.max()),
                f"mass/below_{self.threshold:g}": float((mass < self.threshold).mean())}
         labelled = [e for e in examples if e.label is not None]
         if labelled:
