@@ -160,3 +160,24 @@ def test_the_erasure_gradient_ranking_has_one_honest_name(kit, tmp_path):
     batch = collate([dm.dataset("val")[example.index]])
     want = ranking_scores(model.eval(), batch, "gradient")[0][batch["mask"][0]]
     torch.testing.assert_close(torch.tensor(example.maps["attention_gradient"]), want.float(), rtol=1e-4, atol=1e-6)
+
+
+def test_loading_plain_loaders_early_leaves_training_bit_identical(kit, tmp_path):
+    """The lookup may run the val loop's setup_data() at fit start: training must not notice."""
+    dm = kit.make_dm()
+
+    def train(callbacks, root):
+        torch.manual_seed(0)
+        train_loader = torch.utils.data.DataLoader(dm.dataset("train"), batch_size=16, collate_fn=collate,
+                                                   shuffle=True)
+        model = kit.make_model(dm, dropout=0.3)  # dropout and shuffling draw from the global RNG
+        kit.make_trainer(root, callbacks, max_epochs=2, limit_train_batches=4).fit(model, train_loader,
+                                                                                    _loaders(dm)[1])
+        return model.state_dict()
+
+    plain = train([], tmp_path / "plain")
+    audit = _Confidence(num_samples=8, every_n_epochs=1, every_n_train_steps=3)
+    audited = train([audit], tmp_path / "audited")
+    assert [r["global_step"] for r in audit.history] == [3, 4, 6, 8]
+    for name in plain:
+        assert torch.equal(plain[name], audited[name]), name
