@@ -33,7 +33,8 @@ from lightning_xai.metrics.functional import aopc, auprc, kendall_tau, token_f1
 from lightning_xai.models import AttentionClassifier
 
 
-def train(args: argparse.Namespace, dm: TextClassificationDataModule, weight: float, workdir: str) -> AttentionClassifier:
+def train(args: argparse.Namespace, dm: TextClassificationDataModule, weight: float,
+          workdir: str) -> AttentionClassifier:
     pl.seed_everything(args.seed, verbose=False)
     objectives = [RationaleSupervisionLoss(weight=weight)] if weight > 0 else []
     model = AttentionClassifier(dm.vocab_size, 2, embedding_dim=32, hidden_dim=16, embedding_std=0.2, lr=3e-3,

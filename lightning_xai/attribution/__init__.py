@@ -1,7 +1,8 @@
 """Saliency maps for any :class:`~lightning_xai.adapters.ExplainableModel` through one verb, :func:`attribute`.
 
 Methods: ``attention``, ``gradient``, ``grad_x_input``, ``integrated_gradients``, ``smooth_grad``,
-``leave_one_out`` (and any method registered with :func:`register_method`, or a Captum attribution object).
+``leave_one_out``, ``smooth_attention``, ``integrated_hessians`` (:func:`integrated_hessians` gives its ``[B, T, T]``
+pairwise interactions), any method registered with :func:`register_method`, or a Captum attribution object.
 :func:`explanation_context` makes explanations safe inside ``trainer.validate``/``test`` and training steps;
 :func:`shared_input_gradients` lets gradient and grad×input of the same inputs share one backward pass.
 """
@@ -20,10 +21,12 @@ from lightning_xai.attribution.core import (
 from lightning_xai.attribution.gradients import (IG_AUTO_TOKEN_RTOL, IG_RULES, auto_internal_batch_size, ig_nodes,
                                                  shared_input_gradients)
 from lightning_xai.attribution.occlusion import LOO_MODES, occlusion_batch
+from lightning_xai.attribution.interactions import integrated_hessians
 from lightning_xai.attribution.lrp import LRP_ENCODER_RULES, lrp, register_lrp_encoder
 
 __all__ = ["ATTRIBUTION_METHODS", "IG_AUTO_TOKEN_RTOL", "IG_RULES", "LOO_MODES", "LRP_ENCODER_RULES", "attribute",
-           "auto_internal_batch_size", "check_token_mask", "clone_inference_tensors", "explanation_context", "ig_nodes", "lrp",
+           "auto_internal_batch_size", "check_token_mask", "clone_inference_tensors", "explanation_context", "ig_nodes",
+           "integrated_hessians", "lrp",
            "occlusion_batch", "pad_embeddings", "predicted_class", "register_lrp_encoder", "register_method",
            "remove_tokens", "resolve_target", "shared_input_gradients", "take_rows", "target_probabilities",
            "target_score"]

@@ -94,7 +94,8 @@ def integrated_hessians_map(model: ExplainableModel, batch: Batch, embeddings: T
             gamma[:, s, :] += ((hess * delta_x).sum(-1) * w.view(-1, 1, 1)).sum(0).detach()
     real = mask.to(gamma.dtype)
     gamma = gamma * real.unsqueeze(2) * real.unsqueeze(1)
-    ig_x = _inner_ig(model, batch, embeddings.unsqueeze(0).clone().requires_grad_(True), base, target, betas, beta_w, output,
+    start = embeddings.unsqueeze(0).clone().requires_grad_(True)
+    ig_x = _inner_ig(model, batch, start, base, target, betas, beta_w, output,
                      create_graph=False)[0].detach() * real
     delta = gamma.sum(-1) - ig_x
     scale = ig_x.abs().sum(1)

@@ -142,8 +142,8 @@ class MaskedDataModule(pl.LightningDataModule):
         positions: ``{split: per-item position lists}`` for the splits to mask; other splits are served unmasked.
         mode: see :class:`MaskedDataset`.
         random_masking: masked fine-tuning: the training split is also served through
-            :class:`RandomMaskingDataset` with this probability (0: off). ``MaskedDataModule(dm, {}, random_masking=0.5)``
-            is ``dm`` with masked fine-tuning.
+            :class:`RandomMaskingDataset` with this probability (0: off);
+            ``MaskedDataModule(dm, {}, random_masking=0.5)`` is ``dm`` with masked fine-tuning.
 
     Example:
         >>> from lightning_xai.data import TextClassificationDataModule

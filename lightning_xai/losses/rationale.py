@@ -37,7 +37,8 @@ def rationale_supervision(attention: Tensor, rationale: Tensor, mask: Tensor, ki
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
     if rationale.shape != attention.shape:
-        raise ValueError(f"the rationale has shape {tuple(rationale.shape)} but the attention {tuple(attention.shape)}; "
+        raise ValueError(f"the rationale has shape {tuple(rationale.shape)} but the attention "
+                         f"{tuple(attention.shape)}; "
                          "both must be [B, T] over the same positions.")
     inside = as_float(rationale.bool() & mask.bool(), attention)
     count = inside.sum(-1)

@@ -131,8 +131,8 @@ def remove_and_retrain(datamodule: Any, make_model: Callable[[], pl.LightningMod
         >>> from lightning_xai.models import AttentionClassifier
         >>> dm = TextClassificationDataModule("sst2", batch_size=64)
         >>> make = lambda: AttentionClassifier(dm.vocab_size, 2, embedding_dim=8, hidden_dim=4)
-        >>> result = remove_and_retrain(dm, make, rankings=("random",), fractions=(0.5,),
-        ...                             trainer_kwargs={"max_steps": 2, "limit_val_batches": 1, "limit_test_batches": 2})
+        >>> quick = {"max_steps": 2, "limit_val_batches": 1, "limit_test_batches": 2}
+        >>> result = remove_and_retrain(dm, make, rankings=("random",), fractions=(0.5,), trainer_kwargs=quick)
         >>> sorted(result.accuracy["random"])
         [0.5]
     """
