@@ -19,12 +19,19 @@ default position of the summary token):
     renormalised to 1, ``R = Â_L ⋯ Â_1``, the ``[CLS]`` row of ``R``;
   - a callable ``f(raw_attentions, batch) -> [B, T]`` non-negative scores.
 
+  **Which row.** Every reduction reads the row of the position the classifier pools, found per model and per
+  row by :mod:`lightning_xai.adapters.hf_pooling` (``[CLS]`` for the BERT family, the last non-pad token for
+  decoder classifiers with left or right padding, the mean of rows for mean-pooled heads); ``query_index=``
+  overrides it. For causal models "attention" is therefore the last real token's attention over the sentence.
+  The pooled positions are reported as ``extras["query_positions"]`` (``LongTensor[B]``, one per row) and
+  ``extras["query_mask"]`` (``[B, T]`` bool).
+
   **Renormalisation over real tokens.** Every reduction is set to 0 on ``[CLS]``, ``[SEP]`` and pads and divided by
   its sum over the real tokens: ``a_i / Σ_{j real} a_j``. This is the distribution of the ``[CLS]`` query's
   attention *conditional on not attending to a special token* (BERT puts much of its mass on ``[SEP]``); it is what
   the metrics compare with saliency maps, which also live on real tokens only. The raw rows (with the special
   tokens' mass) stay available in ``raw_attentions`` and ``extras["cls_rows"]``.
-* ``attention_override`` replaces the **last layer's ``[CLS]`` query row** of the attention probabilities, for every
+* ``attention_override`` replaces the **last layer's pooled query row(s)** of the attention probabilities, for every
   head, before they multiply the values. The sequence classifier reads only the last layer's ``[CLS]`` state, so this
   row is the whole of the last layer's token mixing that reaches the logits; every earlier layer is unchanged.
 
@@ -47,130 +54,20 @@ default position of the summary token):
 """
 from __future__ import annotations
 
-import contextvars
-import importlib
-import sys
-import warnings
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional
 
 import torch
 from torch import Tensor, nn
 
+from lightning_xai.adapters.hf_attention import (ATTENTION_IMPLEMENTATION, OverrideState, active_override,
+                                                 override_rows, register_attention_implementation,
+                                                 use_registered_attention)
+from lightning_xai.adapters.hf_pooling import detect_pooling, is_causal, pooled_logits, query_mask
+from lightning_xai.adapters.hf_reductions import (Reduction, attention_rollout, parse_reduction, pooled_rows,
+                                                  renormalise)
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError
 
 __all__ = ["ATTENTION_IMPLEMENTATION", "HuggingFaceAdapter", "attention_rollout", "register_attention_implementation"]
-
-#: The name under which lightning_xai's attention function is registered with transformers.
-ATTENTION_IMPLEMENTATION = "lightning_xai_eager"
-
-Reduction = Union[str, Callable[[Tuple[Tensor, ...], Batch], Tensor]]
-
-
-@dataclass
-class _Override:
-    module: nn.Module
-    query_index: int
-    make_rows: Callable[[Tensor], Tensor]  # own rows [B, H, T] -> new rows [B, H, T]
-
-
-_ACTIVE_OVERRIDE: contextvars.ContextVar[Optional[_Override]] = contextvars.ContextVar(
-    "lightning_xai_attention_override", default=None)
-_EAGER_CACHE: Dict[type, Callable] = {}
-
-
-def _eager_for(module: nn.Module) -> Callable:
-    """The eager attention function of the module's own modeling file (BERT's when it has none)."""
-    cls = type(module)
-    if cls not in _EAGER_CACHE:
-        fn = getattr(sys.modules.get(cls.__module__), "eager_attention_forward", None)
-        if not callable(fn):
-            fn = importlib.import_module("transformers.models.bert.modeling_bert").eager_attention_forward
-        _EAGER_CACHE[cls] = fn
-    return _EAGER_CACHE[cls]
-
-
-def _lightning_xai_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
-                             attention_mask: Optional[Tensor], scaling: Optional[float] = None,
-                             dropout: float = 0.0, **kwargs: Any) -> Tuple[Tensor, Tensor]:
-    """Eager attention; inside an override, the target module's query row is replaced and ``weights @ v`` redone."""
-    output, weights = _eager_for(module)(module, query, key, value, attention_mask, scaling=scaling,
-                                         dropout=dropout, **kwargs)
-    state = _ACTIVE_OVERRIDE.get()
-    if state is None or state.module is not module:
-        return output, weights
-    q = state.query_index
-    rows = state.make_rows(weights[:, :, q, :]).to(weights.dtype)
-    if rows.shape != weights[:, :, q, :].shape:
-        raise ValueError(f"attention override rows have shape {tuple(rows.shape)}; the layer's rows are "
-                         f"{tuple(weights[:, :, q, :].shape)}.")
-    weights = torch.cat([weights[:, :, :q], rows.unsqueeze(2), weights[:, :, q + 1:]], dim=2)
-    if value.shape[1] != weights.shape[1]:  # grouped-query attention: share each key/value head
-        value = value.repeat_interleave(weights.shape[1] // value.shape[1], dim=1)
-    output = torch.matmul(weights, value).transpose(1, 2).contiguous()
-    return output, weights
-
-
-def register_attention_implementation() -> str:
-    """Register lightning_xai's attention function (and its eager mask) with transformers; returns its name.
-
-    Idempotent. Afterwards ``model.set_attn_implementation(ATTENTION_IMPLEMENTATION)`` (or
-    ``from_pretrained(..., attn_implementation=ATTENTION_IMPLEMENTATION)``) selects it.
-
-    Example:
-        >>> register_attention_implementation()
-        'lightning_xai_eager'
-    """
-    try:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, eager_mask
-    except ImportError as error:  # pragma: no cover - depends on the installed version
-        raise ImportError("HuggingFaceAdapter needs `transformers` with AttentionInterface and "
-                          "AttentionMaskInterface (transformers >= 4.53): pip install 'lightning-xai[hf]'.") from error
-    AttentionInterface.register(ATTENTION_IMPLEMENTATION, _lightning_xai_attention)
-    AttentionMaskInterface.register(ATTENTION_IMPLEMENTATION, eager_mask)
-    return ATTENTION_IMPLEMENTATION
-
-
-def attention_rollout(raw_attentions: Sequence[Tensor], query_index: Optional[int] = 0) -> Tensor:
-    """Attention rollout (Abnar & Zuidema, 2020).
-
-    Per layer the heads are averaged and the residual connection is added as an identity,
-    ``Â_l = (mean_h A_l + I) / 2`` with every row renormalised to sum to 1; the layers are composed as
-    ``R = Â_L Â_{L-1} ⋯ Â_1`` (``R[i, j]``: how much of input token ``j`` reaches position ``i`` at the top).
-
-    Args:
-        raw_attentions: per-layer ``[B, heads, T, T]`` probabilities, first layer first.
-        query_index: the row to return (0 = ``[CLS]``); ``None`` returns the whole ``[B, T, T]`` matrix.
-
-    Returns:
-        ``[B, T]`` (or ``[B, T, T]``) rollout; rows sum to 1 over all positions (special tokens included).
-
-    Example:
-        >>> import torch
-        >>> A = torch.tensor([[[[0.5, 0.5], [0.0, 1.0]]]])   # 1 layer, 1 head, 2 tokens
-        >>> attention_rollout([A])
-        tensor([[0.7500, 0.2500]])
-    """
-    if not raw_attentions:
-        raise ValueError("attention_rollout needs at least one layer of attention probabilities.")
-    rollout: Optional[Tensor] = None
-    for layer in raw_attentions:
-        if layer.dim() != 4 or layer.shape[-1] != layer.shape[-2]:
-            raise ValueError(f"each layer must be [B, heads, T, T]; got {tuple(layer.shape)}.")
-        mixed = layer.mean(dim=1)
-        eye = torch.eye(mixed.shape[-1], dtype=mixed.dtype, device=mixed.device)
-        mixed = (mixed + eye) / 2
-        mixed = mixed / mixed.sum(dim=-1, keepdim=True)
-        rollout = mixed if rollout is None else mixed @ rollout
-    assert rollout is not None
-    return rollout if query_index is None else rollout[:, query_index, :]
-
-
-def _renormalise(scores: Tensor, mask: Tensor) -> Tensor:
-    scores = scores.masked_fill(~mask, 0.0)
-    total = scores.sum(dim=-1, keepdim=True)
-    return scores / total.clamp_min(torch.finfo(scores.dtype).tiny)
 
 
 class HuggingFaceAdapter(nn.Module):
@@ -191,7 +88,10 @@ class HuggingFaceAdapter(nn.Module):
         attention: the reduction reported as ``ExplainOutput.attention`` (see the module docstring).
         override_specials: ``"keep"`` or ``"zero"``: what a ``[B, T]`` override does with each head's mass on the
             special tokens.
-        query_index: position of the summary token whose row is reduced/overridden (0 for BERT's ``[CLS]``).
+        query_index: an explicit query position (same for every row) replacing the detected pooled position; the
+            default ``None`` finds it per model and per row (see :mod:`lightning_xai.adapters.hf_pooling`).
+        check: compare the adapter's logits with the model's own on the first eval-mode ``forward(batch)`` and
+            raise on a mismatch (:meth:`check_logits`).
 
     Raises:
         ProtocolError: no reachable input embedding layer, or attention not dispatched through transformers'
@@ -218,7 +118,7 @@ class HuggingFaceAdapter(nn.Module):
     """
 
     def __init__(self, model: nn.Module, tokenizer: Any = None, attention: Reduction = "cls_last_mean",
-                 override_specials: str = "keep", query_index: int = 0) -> None:
+                 override_specials: str = "keep", query_index: Optional[int] = None, check: bool = True) -> None:
         super().__init__()
         if override_specials not in ("keep", "zero"):
             raise ValueError(f"override_specials must be 'keep' or 'zero', got {override_specials!r}.")
@@ -226,12 +126,23 @@ class HuggingFaceAdapter(nn.Module):
         self.tokenizer = tokenizer
         self.override_specials = override_specials
         self.query_index = query_index
-        self._reduce = self._parse_reduction(attention)
+        self._reduce = parse_reduction(attention)
         self.attention_name = attention if isinstance(attention, str) else getattr(attention, "__name__", "callable")
         # a reference, not a registered submodule: it already lives inside ``model`` (no duplicate state_dict keys)
         object.__setattr__(self, "_embedding", self._find_embedding(model))
+        try:
+            detected = detect_pooling(model)
+        except ProtocolError:
+            if query_index is None:
+                raise
+            detected = "index"
+        #: where the head reads: "first", "last", "mean", or "index" (an explicit ``query_index``)
+        self.pooling = detected if query_index is None else "index"
+        self._head_pooling = detected
+        self.causal = is_causal(model, detected)
+        self._checked = not check
         self._check_tokenizer(tokenizer)
-        self._use_registered_attention(model)
+        self.overridable = self._use_registered_attention(model)
         object.__setattr__(self, "_attention_modules", self._find_attention_modules(model))
 
     # --- construction checks ------------------------------------------------------------------------------
@@ -269,27 +180,9 @@ class HuggingFaceAdapter(nn.Module):
                                  f"{theirs}; load the tokenizer that belongs to this checkpoint.")
 
     @staticmethod
-    def _use_registered_attention(model: nn.Module) -> None:
-        config = getattr(model, "config", None)
-        current = getattr(config, "_attn_implementation", None)
-        register_attention_implementation()  # also when a saved config already names it (new process)
-        if current == ATTENTION_IMPLEMENTATION:
-            return
-        setter = getattr(model, "set_attn_implementation", None)
-        if callable(setter):
-            try:
-                setter(ATTENTION_IMPLEMENTATION)
-            except (ValueError, KeyError, ImportError):
-                pass
-        if getattr(config, "_attn_implementation", None) != ATTENTION_IMPLEMENTATION:
-            raise ProtocolError(
-                f"{type(model).__name__} (attention implementation {current!r}) does not dispatch attention through "
-                "transformers' AttentionInterface, so its attention maps cannot be read or overridden. Use a model "
-                "class that supports attn_implementation switching, or HookAdapter on its attention modules.")
-        if current not in (None, "eager"):
-            warnings.warn(f"{type(model).__name__} used attn_implementation={current!r}, which returns no attention "
-                          f"maps; switched it to lightning_xai's eager attention ({ATTENTION_IMPLEMENTATION!r}). "
-                          "Load it with attn_implementation='eager' to avoid this message.", stacklevel=3)
+    def _use_registered_attention(model: nn.Module) -> bool:
+        """Switch the model's attention implementation (:func:`~lightning_xai.adapters.hf_attention.use_registered_attention`)."""
+        return use_registered_attention(model)
 
     @staticmethod
     def _find_attention_modules(model: nn.Module) -> List[nn.Module]:
@@ -301,45 +194,6 @@ class HuggingFaceAdapter(nn.Module):
             if modules:
                 return modules
         return []
-
-    def _parse_reduction(self, attention: Reduction) -> Callable[[Tuple[Tensor, ...], Batch], Tensor]:
-        q = self.query_index
-        if callable(attention):
-            return attention
-        if not isinstance(attention, str):
-            raise ValueError(f"attention must be a string or a callable, got {type(attention).__name__}.")
-        if attention == "cls_last_mean":
-            return lambda raw, batch: raw[-1][:, :, q, :].mean(dim=1)
-        if attention == "cls_last_max":
-            return lambda raw, batch: raw[-1][:, :, q, :].amax(dim=1)
-        if attention == "rollout":
-            return lambda raw, batch: attention_rollout(raw, q)
-        if ":" in attention:
-            layer_text, head_text = attention.split(":", 1)
-            try:
-                layer = int(layer_text)
-            except ValueError:
-                layer = None
-            if layer is not None and head_text in ("mean", "max"):
-                pool = (lambda rows: rows.mean(dim=1)) if head_text == "mean" else (lambda rows: rows.amax(dim=1))
-                return lambda raw, batch: pool(self._layer(raw, layer)[:, :, q, :])
-            if layer is not None and head_text.lstrip("-").isdigit():
-                head = int(head_text)
-                return lambda raw, batch: self._head(self._layer(raw, layer), head)[:, q, :]
-        raise ValueError(f"Unknown attention reduction {attention!r}; use 'cls_last_mean', 'cls_last_max', "
-                         "'rollout', 'LAYER:HEAD' (e.g. '-1:0', '5:mean') or a callable f(raw_attentions, batch).")
-
-    @staticmethod
-    def _layer(raw: Tuple[Tensor, ...], layer: int) -> Tensor:
-        if not -len(raw) <= layer < len(raw):
-            raise ValueError(f"attention layer {layer} does not exist: the model has {len(raw)} layers.")
-        return raw[layer]
-
-    @staticmethod
-    def _head(layer: Tensor, head: int) -> Tensor:
-        if not -layer.shape[1] <= head < layer.shape[1]:
-            raise ValueError(f"attention head {head} does not exist: the layer has {layer.shape[1]} heads.")
-        return layer[:, head]
 
     # --- the ExplainableModel protocol -----------------------------------------------------------------------
     @property
@@ -390,37 +244,32 @@ class HuggingFaceAdapter(nn.Module):
                            "collate with lightning_xai.data.hf.WordPieceCollator or the tokenizer's padding.")
         return batch["attention_mask"]
 
-    def _override_rows(self, override: Tensor, batch: Batch, mask: Tensor) -> Callable[[Tensor], Tensor]:
-        attention_mask = self._attention_mask(batch).bool()
-        B, T = mask.shape
-        if override.dim() == 2:
-            if override.shape != (B, T):
-                raise ValueError(f"attention_override has shape {tuple(override.shape)}; expected the token mask's "
-                                 f"{(B, T)} (or [B, heads, T] raw rows).")
-            real = override.masked_fill(~mask, 0.0)
+    def _last_module_calls(self) -> int:
+        """How many layers run the last attention module (ALBERT shares one module among a group's layers)."""
+        config = self.model.config
+        layers, groups = getattr(config, "num_hidden_layers", 1), getattr(config, "num_hidden_groups", None)
+        if groups is None or len(self._attention_modules) >= layers:
+            return 1
+        return sum(int(i / (layers / groups)) == groups - 1 for i in range(layers))
 
-            def make_rows(own: Tensor) -> Tensor:
-                proposal = real.unsqueeze(1).to(own.dtype).expand_as(own)
-                if self.override_specials == "zero":
-                    return proposal
-                special = (attention_mask & ~mask).unsqueeze(1)
-                kept = own * special
-                return kept + proposal * (1 - kept.sum(dim=-1, keepdim=True))
+    def query_mask(self, batch: Batch) -> Tensor:
+        """``[B, T]`` bool: the query position(s) whose attention row each example's classifier reads."""
+        return query_mask(self._head_pooling if self.query_index is None else "index", batch,
+                          self._attention_mask(batch), self.pad_token_id, self.query_index)
 
-            return make_rows
-        if override.dim() == 3:
-            if override.shape[0] != B or override.shape[2] != T:
-                raise ValueError(f"attention_override has shape {tuple(override.shape)}; expected [B, heads, T] = "
-                                 f"[{B}, heads, {T}] raw rows (or the token mask's [B, T]).")
-
-            def make_rows(own: Tensor) -> Tensor:
-                if override.shape[1] != own.shape[1]:
-                    raise ValueError(f"attention_override has {override.shape[1]} heads; the last layer has "
-                                     f"{own.shape[1]}.")
-                return override.to(own.dtype) * attention_mask.unsqueeze(1).to(own.dtype)
-
-            return make_rows
-        raise ValueError(f"attention_override must be [B, T] or [B, heads, T]; got {tuple(override.shape)}.")
+    def _check_sight(self, qmask: Tensor, mask: Tensor) -> None:
+        """Raise when a causal query row sees fewer than two of its example's (two or more) real tokens."""
+        if not self.causal:
+            return
+        T = mask.shape[1]
+        last = (qmask.long() * torch.arange(T, device=qmask.device)).amax(-1, keepdim=True)
+        seen = (mask & (torch.arange(T, device=mask.device) <= last)).sum(-1)
+        blind = (seen < 2) & (mask.sum(-1) >= 2)
+        if bool(blind.any()):
+            raise ValueError(f"the attention row read (query_index={self.query_index}) of this causal model sees "
+                             f"only {int(seen[blind].min())} real token(s) of rows {blind.nonzero().flatten().tolist()}"
+                             " that have two or more, so its attention says nothing about them. Leave query_index="
+                             "None (the adapter then reads each row's last non-pad token, the one the head pools).")
 
     def forward_from_embeddings(self, embeddings: Tensor, batch: Batch, *,
                                 attention_override: Optional[Tensor] = None) -> ExplainOutput:
@@ -429,40 +278,83 @@ class HuggingFaceAdapter(nn.Module):
         if embeddings.shape[:2] != mask.shape:
             raise ValueError(f"embeddings have shape {tuple(embeddings.shape)} but the token mask is "
                              f"{tuple(mask.shape)}; expected [B, T, E] with the batch's [B, T].")
-        kwargs = {"inputs_embeds": embeddings, "attention_mask": self._attention_mask(batch),
+        attention_mask = self._attention_mask(batch)
+        qmask = self.query_mask(batch)
+        self._check_sight(qmask, mask)
+        kwargs = {"inputs_embeds": embeddings, "attention_mask": attention_mask,
                   "output_attentions": True, "output_hidden_states": True, "return_dict": True}
         if "token_type_ids" in batch:
             kwargs["token_type_ids"] = batch["token_type_ids"]
         token = None
         if attention_override is not None:
+            if not self.overridable:
+                raise ProtocolError(f"{type(self.model).__name__} computes attention inside its own modeling file "
+                                    "(no transformers AttentionInterface), so attention_override is not supported: "
+                                    "audits that replace attention (ErasureAudit, AttentionBaselines) cannot run on "
+                                    "it; attention maps and every saliency method do.")
             if not self._attention_modules:
                 raise ProtocolError(f"{type(self.model).__name__} does not declare its attention modules "
                                     "(_can_record_outputs['attentions']), so attention_override cannot find the last "
                                     "layer; use HookAdapter for this model.")
-            state = _Override(self._attention_modules[-1], self.query_index,
-                              self._override_rows(attention_override, batch, mask))
-            token = _ACTIVE_OVERRIDE.set(state)
+            rows = override_rows(attention_override, attention_mask.bool(), mask, self.override_specials)
+            state = OverrideState(self._attention_modules[-1], qmask, rows, calls=self._last_module_calls())
+            token = active_override().set(state)
         try:
-            output = self.model(**kwargs)
+            if self._head_pooling == "last":
+                head_rows = query_mask("last", batch, attention_mask, self.pad_token_id, None)
+                logits, output = pooled_logits(self.model, kwargs, head_rows.long().argmax(-1))
+            else:
+                output = self.model(**kwargs)
+                logits = output.logits
         finally:
             if token is not None:
-                _ACTIVE_OVERRIDE.reset(token)
+                active_override().reset(token)
         raw = tuple(output.attentions) if getattr(output, "attentions", None) is not None else ()
         if not raw:
             raise ProtocolError(
                 f"{type(self.model).__name__} returned no attention maps (attn_implementation="
                 f"{getattr(self.model.config, '_attn_implementation', None)!r}); load it with "
                 "attn_implementation='eager'.")
-        reduced = self._reduce(raw, batch)
+        reduced = self._reduce(raw, batch, qmask)
         if reduced.shape != mask.shape:
             raise ValueError(f"the attention reduction returned shape {tuple(reduced.shape)}; expected "
                              f"{tuple(mask.shape)}.")
-        attention = _renormalise(reduced, mask)
+        attention = renormalise(reduced, mask)
         hidden = output.hidden_states[-1] if getattr(output, "hidden_states", None) else None
-        return ExplainOutput(logits=output.logits, attention=attention, hidden_states=hidden, raw_attentions=raw,
-                             extras={"cls_rows": raw[-1][:, :, self.query_index, :],
-                                     "all_hidden_states": getattr(output, "hidden_states", None)})
+        extras = {"cls_rows": pooled_rows(raw[-1], qmask), "query_mask": qmask,
+                  "all_hidden_states": getattr(output, "hidden_states", None)}
+        if bool((qmask.sum(-1) == 1).all()):
+            extras["query_positions"] = qmask.long().argmax(-1)
+        return ExplainOutput(logits=logits, attention=attention, hidden_states=hidden, raw_attentions=raw,
+                             extras=extras)
+
+    @torch.no_grad()
+    def check_logits(self, batch: Batch, atol: float = 1e-4) -> float:
+        """Compare the adapter's logits with the model's own (``model(input_ids=...)``); return max ``|Δlogit|``.
+
+        Raises:
+            ValueError: when they differ by more than ``atol`` (relative to the logits' scale), naming the fix.
+        """
+        kwargs = {"input_ids": batch["input_ids"], "attention_mask": self._attention_mask(batch)}
+        if "token_type_ids" in batch:
+            kwargs["token_type_ids"] = batch["token_type_ids"]
+        own = self.model(**kwargs).logits
+        mine = self.forward_from_embeddings(self.embed(batch), batch).logits
+        gap = float((own - mine).abs().max()) if own.numel() else 0.0
+        if not gap <= atol * max(1.0, float(own.abs().max())):  # NaN fails too
+            raise ValueError(f"HuggingFaceAdapter's logits differ from {type(self.model).__name__}'s own by "
+                             f"{gap:.3g} on this batch (pooling={self.pooling!r}, query_index={self.query_index}): "
+                             "the explanations would describe a different function. Check query_index (leave it "
+                             "None), the batch's attention_mask/token_type_ids and the config's pad_token_id.")
+        return gap
 
     def forward(self, batch: Batch, attention_override: Optional[Tensor] = None) -> ExplainOutput:
-        """``forward_from_embeddings(embed(batch), batch, attention_override=...)``."""
+        """``forward_from_embeddings(embed(batch), batch, attention_override=...)``.
+
+        The first call in eval mode (no dropout) first runs :meth:`check_logits` on the batch (``check=False`` at
+        construction skips it).
+        """
+        if not self._checked and not self.model.training and attention_override is None:
+            self._checked = True
+            self.check_logits(batch)
         return self.forward_from_embeddings(self.embed(batch), batch, attention_override=attention_override)

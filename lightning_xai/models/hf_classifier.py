@@ -136,8 +136,8 @@ class HFClassifier(ClassifierSteps, pl.LightningModule):
 
     # --- training ---------------------------------------------------------------------------------------------
     def log_evaluation_extras(self, outputs: ExplainOutput, batch: Batch, stage: str, batch_size: int) -> None:
-        if "impermissible" in batch:  # Pruthi's quantity: last layer, [CLS] query row, mean over heads
-            rows = outputs.raw_attentions[-1][:, :, self.adapter.query_index, :]
+        if "impermissible" in batch:  # Pruthi's quantity: last layer, the pooled query row, mean over heads
+            rows = outputs.extras["cls_rows"]
             mass = (rows * batch["impermissible"].unsqueeze(1).to(rows.dtype)).sum(-1).mean()
             self.log(f"{stage}/impermissible_mass", mass, batch_size=batch_size, sync_dist=True)
 

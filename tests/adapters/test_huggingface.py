@@ -272,7 +272,7 @@ def test_model_that_returns_no_attention_is_refused(make_tiny_bert, batch):
             return self.embedding
 
     with pytest.raises(ProtocolError, match="does not dispatch attention through transformers' AttentionInterface"):
-        HuggingFaceAdapter(NotInterfaced())
+        HuggingFaceAdapter(NotInterfaced(), query_index=0)  # pooling given: the attention check fires
 
 
 def test_tokenizer_model_mismatch(make_tiny_bert, tokenizer, batch):
