@@ -15,7 +15,6 @@ signed leave-one-out).
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 import warnings
@@ -26,6 +25,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 
+from debate_common import parse_args, report
 from lightning_xai.attribution import attribute
 from lightning_xai.data import TextClassificationDataModule
 from lightning_xai.losses import RationaleSupervisionLoss
@@ -72,14 +72,11 @@ def evaluate(model: AttentionClassifier, dm: TextClassificationDataModule) -> Di
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser()
     parser.add_argument("--weights", nargs="+", type=float, default=[0.0, 1.0])
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
+    args = parse_args(__doc__, parser)
     started = time.perf_counter()
     dm = TextClassificationDataModule("eraser_movies", batch_size=64, max_length=args.max_length, min_freq=2,
                                       seed=args.seed)
@@ -94,16 +91,10 @@ def main() -> None:
         row = {"weight": weight, **evaluate(model, dm), "seconds": time.perf_counter() - started}
         print(row, flush=True)
         rows.append(row)
-    print("| rationale loss weight | test acc | attention token F1 ↑ | AUPRC ↑ | mass on rationale | "
-          "comprehensiveness ↑ | sufficiency ↓ | τ(attention, LOO) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['weight']:g} | {r['correct']:.3f} | {r['f1']:.3f} | {r['auprc']:.3f} | {r['mass']:.3f} | "
-              f"{r['comp']:.3f} | {r['suff']:.3f} | {r['tau']:.3f} |")
-    print(f"total {time.perf_counter() - started:.0f} s")
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump({"args": vars(args), "rows": rows}, handle, indent=2)
+    header = ["rationale loss weight", "test acc", "attention token F1 ↑", "AUPRC ↑", "mass on rationale",
+              "comprehensiveness ↑", "sufficiency ↓", "τ(attention, LOO)"]
+    keys = ("correct", "f1", "auprc", "mass", "comp", "suff", "tau")
+    report(args, rows, header, lambda r: [f"{r['weight']:g}"] + [f"{r[k]:.3f}" for k in keys], started)
 
 
 if __name__ == "__main__":

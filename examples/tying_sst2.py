@@ -9,7 +9,6 @@ per-sentence Kendall τ-b between attention and leave-one-out (|Δp|) on the 1,8
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import warnings
 
@@ -17,6 +16,7 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 
+from debate_common import parse_args, report
 from lightning_xai.attribution import attribute
 from lightning_xai.data import TextClassificationDataModule
 from lightning_xai.losses import WordTyingLoss
@@ -49,26 +49,18 @@ def run(dm: TextClassificationDataModule, mode: str, weight: float, epochs: int,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser()
     parser.add_argument("--weight", type=float, default=1.0)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
+    args = parse_args(__doc__, parser)
     start = time.perf_counter()
     dm = TextClassificationDataModule("sst2", batch_size=32, seed=args.seed)
     dm.setup("fit")
     rows = [run(dm, "embedding", 0.0, args.epochs, args.seed)]
     rows += [run(dm, mode, args.weight, args.epochs, args.seed) for mode in ("embedding", "word")]
-    print("| tying | weight | test acc | τ(attention, LOO) mean ± std |")
-    print("|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['mode']} | {r['weight']:g} | {r['test_acc']:.3f} | {r['tau_mean']:.3f} ± {r['tau_std']:.3f} |")
-    print(f"total {time.perf_counter() - start:.0f} s")
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump({"args": vars(args), "rows": rows}, handle, indent=2)
+    report(args, rows, ["tying", "weight", "test acc", "τ(attention, LOO) mean ± std"],
+           lambda r: [r["mode"], f"{r['weight']:g}", f"{r['test_acc']:.3f}", f"{r['tau_mean']:.3f} ± {r['tau_std']:.3f}"],
+           start)
 
 
 if __name__ == "__main__":
