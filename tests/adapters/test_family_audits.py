@@ -1,0 +1,111 @@
+"""Transformer families: the error paths that keep a wrong reading from passing silently, and the audits end to end.
+
+Error paths: a causal row that sees one token, an unknown family, a logits mismatch found by the first-batch
+self-check, an override on DeBERTa (no AttentionInterface). Audits: AttentionAudit + ErasureAudit +
+AttentionBaselines in a real Trainer on the bundled pronoun data for one encoder and two decoder families.
+"""
+from __future__ import annotations
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_xai.adapters import HuggingFaceAdapter, ProtocolError
+from tests.adapters.test_families import PAD, family_batch, family_model
+
+from transformers import LlamaForSequenceClassification  # noqa: E402
+
+
+def test_causal_row_that_sees_one_token_is_refused():
+    adapter = HuggingFaceAdapter(family_model("llama"), query_index=0)
+    with pytest.raises(ValueError, match=r"sees only 1 real token.*Leave query_index=None"):
+        adapter(family_batch("llama", left=False))
+
+
+def test_unknown_family_is_refused_by_name():
+    class CustomHead(LlamaForSequenceClassification):
+        """A classifier with its own forward: the adapter cannot tell where it pools."""
+
+        def forward(self, *args, **kwargs):
+            return super().forward(*args, **kwargs)
+
+    model = family_model("llama")
+    custom = CustomHead(model.config).double().eval()
+    with pytest.raises(ProtocolError, match=r"does not know where CustomHead.*Pass query_index="):
+        HuggingFaceAdapter(custom)
+
+
+def test_logits_self_check_catches_a_wrong_query_index():
+    class Tempered(LlamaForSequenceClassification):
+        def forward(self, *args, **kwargs):  # a custom head the adapter is told (wrongly) reads position -1
+            return super().forward(*args, **kwargs)
+
+    custom = Tempered(family_model("llama").config).double().eval()
+    batch = family_batch("llama", left=False)  # right padding: position -1 is a pad for two rows
+    adapter = HuggingFaceAdapter(custom, query_index=-1)
+    with pytest.raises(ValueError, match=r"logits differ from Tempered's own by .*Check query_index"):
+        adapter(batch)
+    assert HuggingFaceAdapter(custom, query_index=-1).check_logits(family_batch("llama", left=True)) < 1e-9
+
+
+def test_deberta_attention_is_read_but_override_is_refused_by_name():
+    adapter = HuggingFaceAdapter(family_model("deberta-v2"))
+    batch = family_batch("deberta-v2", left=False)
+    out = adapter(batch)
+    assert not adapter.overridable and len(out.raw_attentions) == 2
+    with pytest.raises(ProtocolError, match=r"attention_override is not supported.*ErasureAudit, AttentionBaselines"):
+        adapter(batch, attention_override=out.attention)
+
+
+def test_decoder_logits_ignore_what_follows_the_last_token():
+    """Right padding: the pads after a row's last real token change nothing (the head pools before them)."""
+    adapter = HuggingFaceAdapter(family_model("qwen2"))
+    batch = family_batch("qwen2", left=False)
+    longer = {k: torch.cat([v, torch.full_like(v[:, :2], PAD if k == "input_ids" else 0)], 1) if v.dim() == 2
+              else v for k, v in batch.items()}
+    longer["mask"] = longer["mask"].bool()
+    with torch.no_grad():
+        torch.testing.assert_close(adapter(longer).logits, adapter(batch).logits)
+
+
+def _decoder_for_bert_vocab(family: str):
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    torch.manual_seed(0)
+    extra = {"gpt2": dict(n_embd=32, n_layer=2, n_head=4, n_positions=128)}.get(family, {})
+    config = AutoConfig.for_model(family, vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
+                                  pad_token_id=0, num_labels=2, attn_implementation="eager", **extra)
+    return AutoModelForSequenceClassification.from_config(config)
+
+
+@pytest.mark.parametrize("family", ["bert", "llama", "gpt2"])
+def test_audits_run_end_to_end_in_a_trainer(family, tokenizer, tmp_path):
+    from lightning_xai.callbacks import AttentionAudit, AttentionBaselines, ErasureAudit
+    from lightning_xai.data.hf import HFTextClassificationDataModule, WordDataset, WordPieceCollator
+    from lightning_xai.models import HFClassifier
+
+    pl.seed_everything(0, verbose=False)
+    dm = HFTextClassificationDataModule(tokenizer, "pronoun", batch_size=8, train_limit=16, max_length=48)
+    collate = WordPieceCollator(tokenizer, max_length=48, warn=False)
+    val = DataLoader(WordDataset(dm.examples("val")[:8]), batch_size=8, collate_fn=collate)
+    model = _decoder_for_bert_vocab(family) if family != "bert" else None
+    if model is None:
+        from transformers import BertConfig, BertForSequenceClassification
+
+        model = BertForSequenceClassification(BertConfig(
+            vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=128, attn_implementation="eager"))
+    module = HFClassifier(model=model, tokenizer=tokenizer)
+    assert module.adapter.pooling == ("first" if family == "bert" else "last")
+    common = dict(num_samples=8, every_n_epochs=0, on_validate=True, on_test=False, batch_size=8)
+    audit = AttentionAudit(methods=["gradient", "leave_one_out"], metrics=["kendall_tau"], **common)
+    erasure = ErasureAudit(rankings=("attention", "random"), **common)
+    baselines = AttentionBaselines(num_permutations=4, **common)
+    pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+               default_root_dir=tmp_path, callbacks=[audit, erasure, baselines]).validate(module, val, verbose=False)
+    taus = [v for k, v in audit.history[-1]["metrics"].items() if k.startswith("kendall_tau/") and k.endswith("/mean")]
+    assert len(taus) == 3 and all(-1 <= t <= 1 for t in taus)  # attention_vs_* present: the row sees the sentence
+    assert 0 <= erasure.history[-1]["metrics"]["attention/flipped/mean"] <= 1
+    assert 0 <= baselines.history[-1]["metrics"]["uniform/flip_fraction"] <= 1
