@@ -76,7 +76,9 @@ class DeceptionPenalty(nn.Module):
         reduction: ``"mean"`` or ``"max"``.
         layers: layer index or indices of ``raw_attentions`` (negative indices count from the end).
         heads: head indices to use (default all).
-        query: query row of the multi-head maps (0 = [CLS]).
+        query: query row of the multi-head maps; ``None`` (default) reads the row the classifier pools,
+            ``outputs.extras["query_positions"]`` (each row's last real token for decoder classifiers), or row 0
+            ([CLS]) when the output does not report it.
         source: ``"auto"``, ``"attention"`` or ``"raw"``.
         eps: clamp margin below mass 1.
         name: the logged name (``train/<name>``).
@@ -91,7 +93,8 @@ class DeceptionPenalty(nn.Module):
     """
 
     def __init__(self, lam: float = 1.0, reduction: str = "mean", layers: Union[int, Sequence[int]] = -1,
-                 heads: Optional[Sequence[int]] = None, query: int = 0, source: str = "auto", eps: float = 1e-6,
+                 heads: Optional[Sequence[int]] = None, query: Optional[int] = None, source: str = "auto",
+                 eps: float = 1e-6,
                  name: str = "deception") -> None:
         super().__init__()
         if reduction not in _REDUCTIONS:
@@ -137,7 +140,11 @@ class DeceptionPenalty(nn.Module):
                 if raw.dim() != 4:
                     raise ValueError(f"raw_attentions[{layer}] has shape {tuple(raw.shape)}; expected "
                                      "[B, heads, T, T].")
-                rows = raw[:, :, self.query, :]  # [B, heads, T]
+                positions = (outputs.extras or {}).get("query_positions") if self.query is None else None
+                if positions is not None:  # the pooled row of every example
+                    rows = raw[torch.arange(raw.shape[0], device=raw.device), :, positions.to(raw.device)]
+                else:
+                    rows = raw[:, :, 0 if self.query is None else self.query, :]  # [B, heads, T]
                 if self.heads is not None:
                     rows = rows[:, self.heads]
                 maps.append(rows)

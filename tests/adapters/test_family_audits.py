@@ -109,3 +109,19 @@ def test_audits_run_end_to_end_in_a_trainer(family, tokenizer, tmp_path):
     assert len(taus) == 3 and all(-1 <= t <= 1 for t in taus)  # attention_vs_* present: the row sees the sentence
     assert 0 <= erasure.history[-1]["metrics"]["attention/flipped/mean"] <= 1
     assert 0 <= baselines.history[-1]["metrics"]["uniform/flip_fraction"] <= 1
+
+
+def test_deception_penalty_reads_the_decoder_row_the_head_pools():
+    from lightning_xai.losses import DeceptionPenalty
+
+    adapter = HuggingFaceAdapter(family_model("llama"))
+    batch = dict(family_batch("llama", left=False))
+    batch["impermissible"] = torch.zeros_like(batch["mask"])
+    batch["impermissible"][:, 1] = True
+    with torch.no_grad():
+        out = adapter(batch)
+    last = torch.tensor([6, 4, 3])
+    expected = out.raw_attentions[-1][torch.arange(3), :, last, 1]  # [B, heads]: the last real token's rows
+    masses = DeceptionPenalty(lam=1.0, reduction="mean").masses(out, batch)
+    torch.testing.assert_close(masses.reshape(3, -1), expected)
+    assert float(expected.min()) > 0  # row 0 (the old default) would give token 1 nothing in a causal model
