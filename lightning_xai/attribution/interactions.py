@@ -30,7 +30,7 @@ from torch import Tensor
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution.batching import take_rows
 from lightning_xai.attribution.core import attribute, register_method, resolve_target, target_score
-from lightning_xai.attribution.gradients import _baseline, auto_internal_batch_size, ig_nodes
+from lightning_xai.attribution.gradients import _baseline, _rows_per_pass, ig_nodes
 
 __all__ = ["integrated_hessians", "integrated_hessians_map"]
 
@@ -75,12 +75,7 @@ def integrated_hessians_map(model: ExplainableModel, batch: Batch, embeddings: T
     as_tensor = lambda a: torch.as_tensor(a, dtype=embeddings.dtype, device=embeddings.device)  # noqa: E731
     alphas, alpha_w = map(as_tensor, ig_nodes(n_steps))
     betas, beta_w = map(as_tensor, ig_nodes(inner_steps))
-    if internal_batch_size is None or internal_batch_size == "auto":
-        rows = auto_internal_batch_size(T, E, embeddings.device)
-    elif isinstance(internal_batch_size, bool) or not isinstance(internal_batch_size, int) or internal_batch_size < 1:
-        raise ValueError(f"internal_batch_size must be a positive int or 'auto'; got {internal_batch_size!r}.")
-    else:
-        rows = internal_batch_size
+    rows = _rows_per_pass(internal_batch_size, T, E, embeddings.device)
     per_pass = max(1, rows // (inner_steps * N))
     delta_x = embeddings - base
     tokens = [s for s in range(T) if bool(mask[:, s].any())]

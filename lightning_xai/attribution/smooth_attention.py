@@ -17,7 +17,7 @@ from torch import Tensor
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution.batching import take_rows
 from lightning_xai.attribution.core import register_method, resolve_target
-from lightning_xai.attribution.gradients import auto_internal_batch_size
+from lightning_xai.attribution.gradients import _rows_per_pass
 
 __all__ = ["noise_scale", "smooth_attention_map"]
 
@@ -92,12 +92,7 @@ def smooth_attention_map(model: ExplainableModel, batch: Batch, embeddings: Tens
         sigma = noise_scale(embeddings, mask, noise_level, stdev).view(N, 1, 1)
         if generator is None:
             generator = torch.Generator(device=embeddings.device).manual_seed(0 if seed is None else int(seed))
-    if internal_batch_size is None or internal_batch_size == "auto":
-        rows = auto_internal_batch_size(T, E, embeddings.device, forward_only=not create_graph)
-    elif isinstance(internal_batch_size, bool) or not isinstance(internal_batch_size, int) or internal_batch_size < 1:
-        raise ValueError(f"internal_batch_size must be a positive int or 'auto'; got {internal_batch_size!r}.")
-    else:
-        rows = internal_batch_size
+    rows = _rows_per_pass(internal_batch_size, T, E, embeddings.device, forward_only=not create_graph)
     per_pass = max(1, rows // N)
     total: Optional[Tensor] = None
     with nullcontext() if create_graph else torch.no_grad():
