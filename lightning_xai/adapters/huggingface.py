@@ -11,12 +11,12 @@ default position of the summary token):
   (``raw_attentions``: one ``[B, heads, T, T]`` tensor per layer) and reduces them to one ``[B, T]`` token
   distribution (``attention``), chosen by the ``attention=`` argument:
 
-  - ``"cls_last_mean"`` (default): the last layer's ``[CLS]`` query row, averaged over heads;
+  - ``"cls_last_mean"`` (default): the last layer's pooled query row (``[CLS]`` for BERT), averaged over heads;
   - ``"cls_last_max"``: the same row, maximum over heads;
-  - ``"L:H"`` (e.g. ``"-1:3"``, ``"5:0"``): the ``[CLS]`` row of head ``H`` of layer ``L``; ``H`` may also be
+  - ``"L:H"`` (e.g. ``"-1:3"``, ``"5:0"``): the pooled row of head ``H`` of layer ``L``; ``H`` may also be
     ``mean`` or ``max``;
   - ``"rollout"``: attention rollout (Abnar & Zuidema, 2020): per layer ``Â_l = (mean_h A_l + I) / 2`` with rows
-    renormalised to 1, ``R = Â_L ⋯ Â_1``, the ``[CLS]`` row of ``R``;
+    renormalised to 1, ``R = Â_L ⋯ Â_1``, the pooled row of ``R``;
   - a callable ``f(raw_attentions, batch) -> [B, T]`` non-negative scores.
 
   **Which row.** Every reduction reads the row of the position the classifier pools, found per model and per
@@ -30,9 +30,10 @@ default position of the summary token):
   its sum over the real tokens: ``a_i / Σ_{j real} a_j``. This is the distribution of the ``[CLS]`` query's
   attention *conditional on not attending to a special token* (BERT puts much of its mass on ``[SEP]``); it is what
   the metrics compare with saliency maps, which also live on real tokens only. The raw rows (with the special
-  tokens' mass) stay available in ``raw_attentions`` and ``extras["cls_rows"]``.
+  tokens' mass) stay available in ``raw_attentions`` and ``extras["cls_rows"]`` (the pooled rows ``[B, heads, T]``,
+  the mean of the rows for a mean-pooled head; the name is historical).
 * ``attention_override`` replaces the **last layer's pooled query row(s)** of the attention probabilities, for every
-  head, before they multiply the values. The sequence classifier reads only the last layer's ``[CLS]`` state, so this
+  head, before they multiply the values. The classifier reads only the last layer's pooled state(s), so this
   row is the whole of the last layer's token mixing that reaches the logits; every earlier layer is unchanged.
 
   - ``[B, T]``: one distribution over real tokens, used as given (not renormalised; values outside the token mask
@@ -89,7 +90,8 @@ class HuggingFaceAdapter(nn.Module):
         override_specials: ``"keep"`` or ``"zero"``: what a ``[B, T]`` override does with each head's mass on the
             special tokens.
         query_index: an explicit query position (same for every row) replacing the detected pooled position; the
-            default ``None`` finds it per model and per row (see :mod:`lightning_xai.adapters.hf_pooling`).
+            default ``None`` finds it per model and per row (see :mod:`lightning_xai.adapters.hf_pooling`); the
+            attribute then reads 0 for a first-token head and stays ``None`` for per-row (last-token, mean) heads.
         check: compare the adapter's logits with the model's own on the first eval-mode ``forward(batch)`` and
             raise on a mismatch (:meth:`check_logits`).
 
@@ -139,6 +141,8 @@ class HuggingFaceAdapter(nn.Module):
         #: where the head reads: "first", "last", "mean", or "index" (an explicit ``query_index``)
         self.pooling = detected if query_index is None else "index"
         self._head_pooling = detected
+        if query_index is None and detected == "first":  # one fixed row for every example: say which
+            self.query_index = 0
         self.causal = is_causal(model, detected)
         self._checked = not check
         self._check_tokenizer(tokenizer)
@@ -181,7 +185,7 @@ class HuggingFaceAdapter(nn.Module):
 
     @staticmethod
     def _use_registered_attention(model: nn.Module) -> bool:
-        """Switch the model's attention implementation (:func:`~lightning_xai.adapters.hf_attention.use_registered_attention`)."""
+        """Switch the attention implementation, :func:`lightning_xai.adapters.hf_attention.use_registered_attention`."""
         return use_registered_attention(model)
 
     @staticmethod
