@@ -23,7 +23,8 @@ ATTRIBUTION_METHODS: Dict[str, AttributionFn] = {}
 _RESOLVES_TARGET: set = set()
 #: sibling modules that register methods when imported (loaded on first use if they exist)
 _PLUGIN_MODULES: Tuple[str, ...] = ("lightning_xai.attribution.lrp", "lightning_xai.attribution.smooth_attention",
-                                     "lightning_xai.attribution.interactions")
+                                     "lightning_xai.attribution.interactions",
+                                     "lightning_xai.attribution.context_mixing")
 _plugins_loaded = False
 
 NORMALIZATIONS = ("l1", "max_abs")

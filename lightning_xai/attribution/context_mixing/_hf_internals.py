@@ -1,0 +1,254 @@
+"""Read a transformers classifier's attention blocks through its own modules and forward hooks.
+
+The context-mixing methods need, per layer, what the attention probabilities multiply (the value vectors), the
+output projection ``W_O`` that maps them back to the residual stream, the residual stream itself and, for
+post-LN families, the layer norm after the residual sum. They are taken from the model's own modules:
+
+* **BERT family** (``BertLayer``-like: BERT, RoBERTa, MiniLM, ELECTRA, XLM-R, Camembert, ...):
+  ``attention.self.value``, ``attention.output.dense``, ``attention.output.LayerNorm`` (post-LN).
+* **DistilBERT** (``TransformerBlock``): ``attention.v_lin``, ``attention.out_lin``, ``sa_layer_norm`` (post-LN).
+* **Llama family** (``LlamaDecoderLayer``-like: Llama, Qwen2, Mistral, ...): ``self_attn.v_proj``, ``self_attn.o_proj``,
+  ``input_layernorm`` before attention (pre-norm, no norm after the residual sum); grouped-query heads supported.
+
+One traced forward of the adapter records every layer's input (the residual stream), the input and output of the
+value projection (values include ``b_V``), the output projection's output (includes ``b_O``), the layer's output and
+its call arguments (to re-run one layer, e.g. with some value vectors zeroed).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError
+
+__all__ = ["LayerParts", "Trace", "head_outputs", "layer_index", "layer_parts", "mix_vectors", "query_positions",
+           "normalise_rows", "pad_mask", "rerun_layer", "rollout_rows", "trace", "adapter_model"]
+
+
+@dataclass
+class LayerParts:
+    """The modules of one attention block (see the module docstring for where each comes from)."""
+
+    block: nn.Module
+    value: nn.Linear
+    out: nn.Linear
+    norm_after: Optional[nn.Module]
+    n_heads: int
+    n_kv_heads: int
+    family: str
+
+    @property
+    def head_dim(self) -> int:
+        return self.value.out_features // self.n_kv_heads
+
+
+def _parts_of(module: nn.Module, n_heads: int, n_kv: int) -> Optional[LayerParts]:
+    attention = getattr(module, "attention", None)
+    if attention is not None and hasattr(getattr(attention, "self", None), "value") \
+            and hasattr(getattr(attention, "output", None), "LayerNorm"):
+        return LayerParts(module, attention.self.value, attention.output.dense, attention.output.LayerNorm,
+                          n_heads, n_heads, "bert")
+    if attention is not None and hasattr(attention, "v_lin") and hasattr(module, "sa_layer_norm"):
+        return LayerParts(module, attention.v_lin, attention.out_lin, module.sa_layer_norm, n_heads, n_heads,
+                          "distilbert")
+    self_attn = getattr(module, "self_attn", None)
+    if self_attn is not None and hasattr(self_attn, "v_proj") and hasattr(self_attn, "o_proj") \
+            and hasattr(module, "input_layernorm"):
+        return LayerParts(module, self_attn.v_proj, self_attn.o_proj, None, n_heads, n_kv, "llama")
+    return None
+
+
+def layer_parts(model: nn.Module) -> List[LayerParts]:
+    """The attention blocks of ``model`` (a ``transformers`` model), first layer first.
+
+    Raises:
+        ProtocolError: the model's layers are none of the supported layouts.
+    """
+    config = getattr(model, "config", None)
+    n_heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_heads", None)
+    n_kv = getattr(config, "num_key_value_heads", None) or n_heads
+    if not n_heads:
+        raise ProtocolError(f"{type(model).__name__}'s config has no num_attention_heads; the context-mixing methods "
+                            "need the head count to split value vectors into heads.")
+    found = [p for p in (_parts_of(m, int(n_heads), int(n_kv)) for m in model.modules()) if p is not None]
+    if not found:
+        raise ProtocolError(
+            f"{type(model).__name__} has no attention block the context-mixing methods can read: they support the "
+            "BERT family (attention.self.value / attention.output.dense / .LayerNorm), DistilBERT (attention.v_lin / "
+            "out_lin / sa_layer_norm) and the Llama family (self_attn.v_proj / o_proj / input_layernorm). Use "
+            "'rollout', 'attention' or a gradient method for this model.")
+    return found
+
+
+@dataclass
+class Trace:
+    """What one traced forward recorded, per layer (lists indexed by layer)."""
+
+    output: ExplainOutput
+    parts: List[LayerParts]
+    block_in: List[Tensor] = field(default_factory=list)
+    values: List[Tensor] = field(default_factory=list)
+    out_proj: List[Tensor] = field(default_factory=list)
+    block_out: List[Tensor] = field(default_factory=list)
+    norm_out: List[Optional[Tensor]] = field(default_factory=list)
+    calls: List[Tuple[tuple, Dict[str, Any]]] = field(default_factory=list)
+
+    @property
+    def attentions(self) -> Tuple[Tensor, ...]:
+        raw = self.output.raw_attentions
+        if not raw or len(raw) != len(self.parts):
+            raise ProtocolError(f"the model returned {0 if not raw else len(raw)} attention maps for "
+                                f"{len(self.parts)} attention blocks; it must run eager attention "
+                                "(HuggingFaceAdapter switches it) with one self-attention per block.")
+        return raw
+
+
+def _first(output: Any) -> Tensor:
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+@contextmanager
+def _hooks(registrations: List[Callable[[], Any]]) -> Iterator[None]:
+    handles = [register() for register in registrations]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def trace(adapter: Any, batch: Batch, embeddings: Optional[Tensor] = None) -> Trace:
+    """Run ``adapter.forward_from_embeddings`` once, recording every attention block (see :class:`Trace`)."""
+    parts = layer_parts(adapter_model(adapter))
+    slots: Dict[str, List[Any]] = {k: [None] * len(parts) for k in
+                                   ("block_in", "values", "out_proj", "block_out", "norm_out", "calls")}
+
+    def store(key: str, index: int, value: Any) -> None:
+        if slots[key][index] is None:  # the first call is the layer's own (no re-entrant calls expected)
+            slots[key][index] = value
+
+    registrations: List[Callable[[], Any]] = []
+    for i, p in enumerate(parts):
+        def pre(module, args, kwargs, i=i):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            store("block_in", i, hidden)
+            store("calls", i, (tuple(args), dict(kwargs)))
+        registrations.append(lambda p=p, pre=pre: p.block.register_forward_pre_hook(pre, with_kwargs=True))
+        registrations.append(lambda p=p, i=i: p.block.register_forward_hook(
+            lambda m, a, o: store("block_out", i, _first(o))))
+        registrations.append(lambda p=p, i=i: p.value.register_forward_hook(lambda m, a, o: store("values", i, o)))
+        registrations.append(lambda p=p, i=i: p.out.register_forward_hook(lambda m, a, o: store("out_proj", i, o)))
+        if p.norm_after is not None:
+            registrations.append(lambda p=p, i=i: p.norm_after.register_forward_hook(
+                lambda m, a, o: store("norm_out", i, o)))
+    emb = adapter.embed(batch) if embeddings is None else embeddings
+    with _hooks(registrations):
+        output = adapter.forward_from_embeddings(emb, batch)
+    missing = [k for k in ("block_in", "values", "out_proj", "block_out") if any(v is None for v in slots[k])]
+    if missing:
+        raise ProtocolError(f"the traced forward of {type(adapter.model).__name__} did not run every attention "
+                            f"block's modules (nothing recorded for {missing}).")
+    return Trace(output, parts, **slots)
+
+
+def query_positions(adapter: Any, output: ExplainOutput, batch_size: int, length: int, device: Any) -> Tensor:
+    """``LongTensor[B]``: the position whose row the classifier reads (the adapter's pooled row)."""
+    given = (output.extras or {}).get("query_positions")
+    if given is not None:
+        return torch.as_tensor(given, device=device).long().view(batch_size)
+    q = int(getattr(adapter, "query_index", 0))
+    return torch.full((batch_size,), q % length, dtype=torch.long, device=device)
+
+
+def head_outputs(parts: LayerParts, values: Tensor) -> Tensor:
+    """``[B, T, H, D]``: ``f^h(x_j) = (x_j W_V^h + b_V^h) W_O^h`` for every token and head (``b_O`` excluded)."""
+    B, T, _ = values.shape
+    v = values.view(B, T, parts.n_kv_heads, parts.head_dim)
+    if parts.n_heads != parts.n_kv_heads:  # grouped-query attention: kv head k serves heads k*g .. k*g+g-1
+        v = v.repeat_interleave(parts.n_heads // parts.n_kv_heads, dim=2)
+    w_o = parts.out.weight.view(parts.out.out_features, parts.n_heads, parts.head_dim).to(v.dtype)
+    return torch.einsum("bjhk,dhk->bjhd", v, w_o)
+
+
+def mix_vectors(parts: LayerParts, values: Tensor, attention: Tensor, rows: Optional[Tensor] = None) -> Tensor:
+    """``Σ_h α^h_{ij} f^h(x_j)``: ``[B, T, T, D]`` (query i, key j), or ``[B, T, D]`` for one query row per example."""
+    f = head_outputs(parts, values)
+    if rows is None:
+        return torch.einsum("bhij,bjhd->bijd", attention.to(f.dtype), f)
+    picked = attention[torch.arange(attention.shape[0], device=attention.device), :, rows, :]  # [B, H, T]
+    return torch.einsum("bhj,bjhd->bjd", picked.to(f.dtype), f)
+
+
+def _expand(value: Any, batch_size: int, repeats: int) -> Any:
+    if isinstance(value, Tensor):
+        if value.dim() >= 2 and value.shape[0] == batch_size and batch_size > 1:
+            return value.repeat_interleave(repeats, dim=0)
+        if value.dim() >= 2 and value.shape[0] == 1:
+            return value.expand(repeats * batch_size, *value.shape[1:]) if batch_size == 1 else value
+        return value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_expand(v, batch_size, repeats) for v in value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return None  # caches and other stateful objects: a re-run must not read or extend them
+
+
+def rerun_layer(tr: Trace, layer: int, hidden: Tensor, repeats: int,
+                value_edit: Optional[Callable[[Tensor], Tensor]] = None) -> Tensor:
+    """Re-run block ``layer`` on ``hidden`` (``[B·repeats, T, D]``, rows of example b at b·repeats ...), with the
+    call's other arguments repeated likewise, and ``value_edit`` applied to its value projection's output."""
+    parts = tr.parts[layer]
+    args, kwargs = tr.calls[layer]
+    B = tr.block_in[layer].shape[0]
+    new_args = (hidden,) + tuple(_expand(a, B, repeats) for a in args[1:]) if args else ()
+    new_kwargs = {k: _expand(v, B, repeats) for k, v in kwargs.items()}
+    if not args:
+        new_kwargs["hidden_states"] = hidden
+    registrations = [] if value_edit is None else [
+        lambda: parts.value.register_forward_hook(lambda m, a, o: value_edit(o))]
+    with _hooks(registrations):
+        return _first(parts.block(*new_args, **new_kwargs))
+
+
+def layer_index(layer: int, n_layers: int) -> int:
+    """``layer`` as a non-negative index (negative counts from the top), or a ValueError naming the range."""
+    if isinstance(layer, bool) or not isinstance(layer, int) or not -n_layers <= layer < n_layers:
+        raise ValueError(f"layer={layer!r} does not exist: the model has {n_layers} attention layers "
+                         f"(use 0..{n_layers - 1} or -1 for the last).")
+    return layer % n_layers
+
+
+def pad_mask(batch: Batch, like: Tensor) -> Tensor:
+    """``[B, T]`` bool: the positions the model reads (``attention_mask``; special tokens included)."""
+    if "attention_mask" not in batch:
+        return torch.ones(like.shape[:2], dtype=torch.bool, device=like.device)
+    return batch["attention_mask"].to(like.device).bool()
+
+
+def normalise_rows(matrix: Tensor, present: Tensor) -> Tensor:
+    """``[B, T, T]`` with pad rows/columns zeroed and every other row divided by its sum (0 stays 0)."""
+    keep = present.unsqueeze(1) & present.unsqueeze(2)
+    matrix = matrix.masked_fill(~keep, 0.0)
+    return matrix / matrix.sum(-1, keepdim=True).clamp_min(torch.finfo(matrix.dtype).tiny)
+
+
+def rollout_rows(matrices: List[Tensor], rows: Tensor) -> Tensor:
+    """``[B, T]``: row ``rows[b]`` of ``M_L ⋯ M_1`` (``M_l`` ``[B, T, T]``, first layer first)."""
+    joint = matrices[0]
+    for m in matrices[1:]:
+        joint = m @ joint
+    return joint[torch.arange(joint.shape[0], device=joint.device), rows]
+
+
+def adapter_model(model: Any) -> nn.Module:
+    """The wrapped ``transformers`` model of a :class:`~lightning_xai.adapters.HuggingFaceAdapter`."""
+    inner = getattr(model, "model", None)
+    if not isinstance(inner, nn.Module) or not hasattr(inner, "config"):
+        raise ProtocolError(f"{type(model).__name__} is not a HuggingFaceAdapter: the context-mixing methods read a "
+                            "transformers model's attention blocks; wrap the classifier with "
+                            "lightning_xai.adapters.HuggingFaceAdapter(model).")
+    return inner

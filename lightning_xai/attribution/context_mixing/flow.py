@@ -1,0 +1,145 @@
+"""``"attention_flow"``: maximum flow through the layered attention graph (Abnar & Zuidema, 2020).
+
+"Quantifying Attention Flow in Transformers" (ACL 2020). Nodes are (layer, position) pairs, layer 0 being the input
+embeddings. Layer ``l``'s attention, averaged over heads with the residual added as an identity and rows renormalised,
+``Â_l = rownorm(mean_h A_l + I)`` (the matrices of ``"rollout"``), gives edge ``(l−1, j) → (l, i)`` the capacity
+``Â_l[i, j]``. Token ``j``'s flow is the maximum-flow value from ``(0, j)`` to the summary node ``(L, q)``; as in the
+authors' code the flows of a row are divided by their sum over the non-pad positions.
+
+The maximum flow is Edmonds–Karp (shortest augmenting paths, float capacities) on the non-pad positions; one flow per
+token, so the cost grows like ``T · (L·T)²`` per augmenting path: meant for sentences, not documents.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lightning_xai.adapters.protocol import Batch
+from lightning_xai.attribution.context_mixing._hf_internals import pad_mask, query_positions
+from lightning_xai.attribution.core import register_method, resolve_target
+
+__all__ = ["attention_flow", "flow_capacities", "max_flow_value"]
+
+
+def max_flow_value(capacity: np.ndarray, source: int, sink: int, tol: float = 1e-12) -> float:
+    """Maximum flow from ``source`` to ``sink`` of a graph given as a dense ``[N, N]`` capacity matrix.
+
+    Edmonds–Karp: breadth-first (shortest) augmenting paths in the residual graph until none has capacity > ``tol``.
+
+    Example (RoBERTa):
+        >>> import torch
+        >>> import transformers
+        >>> from lightning_xai.adapters import HuggingFaceAdapter
+        >>> from lightning_xai.attribution import attribute
+        >>> gen = torch.manual_seed(0)
+        >>> roberta = transformers.RobertaForSequenceClassification(transformers.RobertaConfig(
+        ...     vocab_size=30, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16,
+        ...     max_position_embeddings=20, attn_implementation="eager")).eval()
+        >>> ids = torch.tensor([[0, 7, 8, 2]])
+        >>> batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids), mask=torch.tensor([[0, 1, 1, 0]]).bool())
+        >>> flows = attribute(HuggingFaceAdapter(roberta), batch, "attention_flow")
+        >>> flows.shape, bool((flows[0, 1:3] > 0).all()), bool(flows.sum() < 1)
+        (torch.Size([1, 4]), True, True)
+    """
+    residual = np.array(capacity, dtype=np.float64)
+    if residual.ndim != 2 or residual.shape[0] != residual.shape[1]:
+        raise ValueError(f"capacity must be a square [N, N] matrix; got shape {residual.shape}.")
+    if (residual < 0).any():
+        raise ValueError("capacities must be non-negative.")
+    total = 0.0
+    n = residual.shape[0]
+    while True:
+        parent = np.full(n, -1)
+        parent[source] = source
+        frontier = np.array([source])
+        while frontier.size and parent[sink] < 0:
+            reach = residual[frontier] > tol
+            new = reach.any(axis=0) & (parent < 0)
+            found = np.flatnonzero(new)
+            if not found.size:
+                break
+            parent[found] = frontier[reach[:, found].argmax(axis=0)]
+            frontier = found
+        if parent[sink] < 0:
+            return total
+        path = [sink]
+        while path[-1] != source:
+            path.append(int(parent[path[-1]]))
+        heads, tails = np.array(path[1:]), np.array(path[:-1])
+        bottleneck = residual[heads, tails].min()
+        residual[heads, tails] -= bottleneck
+        residual[tails, heads] += bottleneck
+        total += float(bottleneck)
+
+
+def flow_capacities(raw_attentions: Sequence[Tensor]) -> Tensor:
+    """``[L, B, T, T]`` edge capacities ``Â_l = rownorm(mean_h A_l + I)`` (query ``i``, key ``j``)."""
+    mats = []
+    for layer in raw_attentions:
+        mixed = layer.mean(dim=1)
+        mixed = mixed + torch.eye(mixed.shape[-1], dtype=mixed.dtype, device=mixed.device)
+        mats.append(mixed / mixed.sum(-1, keepdim=True))
+    return torch.stack(mats)
+
+
+def _row_flows(caps: np.ndarray, query: int) -> np.ndarray:
+    """Flows from every input position to node ``(L, query)`` of one example; ``caps`` ``[L, n, n]``."""
+    L, n, _ = caps.shape
+    graph = np.zeros(((L + 1) * n, (L + 1) * n))
+    for layer in range(L):  # edge (layer, j) -> (layer + 1, i) with capacity caps[layer][i, j]
+        graph[layer * n:(layer + 1) * n, (layer + 1) * n:(layer + 2) * n] = caps[layer].T
+    sink = L * n + query
+    return np.array([max_flow_value(graph, j, sink) for j in range(n)])
+
+
+@register_method("attention_flow", resolves_target=True)
+def attention_flow(model: Any, batch: Batch, target: Any = None, *, create_graph: bool = False,
+                   normalize_flows: bool = True) -> Tensor:
+    """``[B, T]`` attention flow from each position to the classifier's summary node (Abnar & Zuidema 2020).
+
+    Needs only the raw attention maps: every family the adapter runs with eager attention. Not differentiable
+    (``create_graph`` is accepted and ignored: the flow is computed in NumPy).
+
+    Args:
+        model: a :class:`~lightning_xai.adapters.HuggingFaceAdapter`.
+        batch: its batch.
+        target: only validated.
+        create_graph: ignored (see above).
+        normalize_flows: divide each row's flows by their sum over non-pad positions (default, as the authors do).
+
+    Example:
+        >>> import torch
+        >>> from transformers import BertConfig, BertForSequenceClassification
+        >>> from lightning_xai.adapters import HuggingFaceAdapter
+        >>> from lightning_xai.attribution import attribute
+        >>> _ = torch.manual_seed(0)
+        >>> config = BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+        ...                     intermediate_size=16, max_position_embeddings=16, attn_implementation="eager")
+        >>> adapter = HuggingFaceAdapter(BertForSequenceClassification(config).eval())
+        >>> batch = {"input_ids": torch.tensor([[2, 7, 8, 3]]), "attention_mask": torch.ones(1, 4, dtype=torch.long),
+        ...          "mask": torch.tensor([[False, True, True, False]])}
+        >>> scores = attribute(adapter, batch, "attention_flow")
+        >>> scores.shape, bool((scores > 0).all(dim=0)[1:3].all())
+        (torch.Size([1, 4]), True)
+    """
+    with torch.no_grad():
+        out = model.forward_from_embeddings(model.embed(batch), batch)
+        resolve_target(out.logits, target)
+        if not out.raw_attentions:
+            raise ValueError(f"{type(model).__name__} returned no raw attention maps; attention_flow needs them.")
+        caps = flow_capacities(out.raw_attentions).double().cpu().numpy()
+        present = pad_mask(batch, out.raw_attentions[0][:, 0]).cpu()
+        B, T = present.shape
+        rows = query_positions(model, out, B, T, "cpu")
+        flows = np.zeros((B, T))
+        for b in range(B):
+            keep = np.flatnonzero(present[b].numpy())
+            query = int(np.searchsorted(keep, int(rows[b])))
+            if query >= keep.size or keep[query] != int(rows[b]):
+                raise ValueError(f"row {b}'s summary position {int(rows[b])} is a pad position.")
+            row = _row_flows(caps[:, b][:, keep][:, :, keep], query)
+            flows[b, keep] = row / max(row.sum(), np.finfo(float).tiny) if normalize_flows else row
+    return torch.as_tensor(flows, dtype=out.logits.dtype, device=out.logits.device)
