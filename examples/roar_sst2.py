@@ -9,7 +9,6 @@ file and a PNG (accuracy vs fraction, one line per ranking) to ``--out``.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -21,22 +20,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from lightning_xai.data import TextClassificationDataModule  # noqa: E402
 from lightning_xai.models import AttentionClassifier  # noqa: E402
-from lightning_xai.roar import DEFAULT_FRACTIONS, remove_and_retrain  # noqa: E402
+from lightning_xai.roar import remove_and_retrain  # noqa: E402
+from lightning_xai.roar.cli import build_parser  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rankings", nargs="+", default=["attention", "gradient", "leave_one_out", "random"])
-    parser.add_argument("--fractions", nargs="+", type=float, default=list(DEFAULT_FRACTIONS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--embedding-dim", type=int, default=32)
-    parser.add_argument("--hidden-dim", type=int, default=16)
-    parser.add_argument("--mode", choices=["unk", "delete"], default="unk")
-    parser.add_argument("--out", default="examples/roar_sst2")
+    parser = build_parser()  # the options of the ``lightning-xai-roar`` console script
+    parser.set_defaults(out="examples/roar_sst2")
     args = parser.parse_args()
 
-    dm = TextClassificationDataModule("sst2", batch_size=32, seed=0)
+    dm = TextClassificationDataModule(args.dataset, batch_size=args.batch_size, seed=0)
     dm.setup("fit")
 
     def make() -> AttentionClassifier:
