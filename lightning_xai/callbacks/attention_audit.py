@@ -53,7 +53,9 @@ class AttentionAudit(AuditCallback):
             accepts). The default, gradient, grad×input and leave-one-out, keeps an audit of 256 sentences at
             about 8% of an SST-2 epoch of the reference model; add ``"integrated_gradients"`` (with
             ``method_options={"integrated_gradients": {"n_steps": "auto"}}`` for its adaptive quadrature) when
-            the cost — roughly 256 × 26 extra forward+backward passes per audit — is worth it.
+            the cost — roughly 256 × 26 extra forward+backward passes per audit — is worth it. A method whose
+            ``attribute`` returns a tuple (``integrated_hessians``: row sums and Γ; ``integrated_gradients`` with
+            ``return_convergence_delta=True``) is compared through its first element, the ``[B, T]`` map.
         metrics: agreement metrics of :mod:`lightning_xai.metrics.registry`: ``kendall_tau`` (τ-b, J&W),
             ``topk_kendall_tau``, ``spearman``, ``pearson``, ``jsd`` (maps as distributions of ``|score|``),
             ``topk_overlap``, or any name registered with ``register_agreement_metric``.
@@ -175,6 +177,8 @@ class AttentionAudit(AuditCallback):
         with shared_input_gradients():  # gradient and grad×input: one backward pass between them
             for method in self.methods:
                 scores = attribute(model, batch, method, target=None, **self.method_options.get(method, {}))
+                if isinstance(scores, tuple):  # (map [B, T], extra): IG's convergence delta, Int. Hessians' [B, T, T]
+                    scores = scores[0]
                 maps[method] = scores.detach().float()
         values: Dict[str, Tensor] = {}
         for first, second in self.pairs:
