@@ -100,7 +100,7 @@ def _audit_section(audit: ReportableAudit, result: Optional[Any], directory: str
             path = plot_histograms(values, os.path.join(directory, f"{slug}_histograms.png"),
                                    title=f"{audit.log_prefix}: per-example values (latest audit)")
             if path:
-                images.append(("Per-example values of the latest audit (dashed line: mean)", path))
+                images.append(("Per-example values of the latest audit (legend: mean of each)", path))
         shown = [e for e in result.examples if e.maps][:max_examples]
         if shown:
             parts.append("<h3>Token heatmaps (latest audit)</h3>")
@@ -212,7 +212,10 @@ class AuditReport(Callback):
                         prefix = audit.log_prefix if stage == "fit" else f"{stage}/{audit.log_prefix}"
                         log_audit_to_wandb(logger, prefix, audit.latest.examples, audit.latest.global_step)
         directory = self._directory or os.path.join(trainer.default_root_dir, "xai_report")
-        subtitle = f"{type(pl_module).__name__}, epoch {trainer.current_epoch}, step {trainer.global_step}"
+        latest = [a.latest for a in audits if getattr(a, "latest", None) is not None]
+        last = max(latest, key=lambda r: r.global_step) if latest else None
+        epoch, step = (last.epoch, last.global_step) if last else (trainer.current_epoch, trainer.global_step)
+        subtitle = f"{type(pl_module).__name__}, latest audit: epoch {epoch}, step {step}"
         # Heatmap PNGs are the slow part: draw them once, when the run (fit/validate/test) ends.
         self.report_path = write_report(audits, directory, self.filename, self.title, subtitle,
                                         self.max_examples, self.png, self.heatmap_pngs if final else 0)

@@ -210,3 +210,25 @@ def test_report_renders_in_headless_chromium_and_scripts_do_not_run(tmp_path):
     assert blue > 50 and red > 20
     if os.environ.get("LIGHTNING_XAI_KEEP_SCREENSHOT"):
         shutil.copy(shot, os.environ["LIGHTNING_XAI_KEEP_SCREENSHOT"])
+
+
+def test_plot_history_epoch_ticks_are_integers(tmp_path):
+    """Issue 20: three audits (epochs 0..2) must not label the epoch axis 0.25, 0.5, ..."""
+    from matplotlib.figure import Figure
+    from lightning_xai.reporting import plots
+
+    seen = {}
+    original = plots._save
+
+    def capture(fig: Figure, path: str) -> str:
+        fig.canvas.draw() if fig.canvas is not None else None
+        seen["ticks"] = [t for t in fig.axes[0].get_xticks() if fig.axes[0].get_xlim()[0] <= t <= fig.axes[0].get_xlim()[1]]
+        return original(fig, path)
+
+    plots._save = capture
+    try:
+        history = [{"stage": "fit", "epoch": e, "metrics": {"tau/mean": 0.1 * e, "tau/std": 0.05}} for e in range(3)]
+        assert plots.plot_history(history, ["tau"], str(tmp_path / "p.png")) is not None
+    finally:
+        plots._save = original
+    assert seen["ticks"] and all(float(t).is_integer() for t in seen["ticks"]), seen["ticks"]
