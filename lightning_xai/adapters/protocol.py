@@ -5,10 +5,9 @@ autograd graph, (2) run the rest of the network from those embeddings, optionall
 distribution replaced, and (3) say which positions are real tokens. Attribution, audits, metrics,
 callbacks and losses only ever talk to a model through this protocol.
 
-One optional method speeds up a single computation and changes no result: ``deletion_logits(embeddings, batch,
-rows, positions)`` returns the ``[N, C]`` logits of row ``rows[k]`` with token ``positions[k]`` deleted (or
-``None`` to decline). Leave-one-out uses it when present; the reference BiLSTM implements it by reusing its
-recurrent states instead of re-running every shortened row.
+Optional capabilities (a fast path for leave-one-out's deletions, an embedding shift for the input-invariance
+check, a linear head, an encoder with an LRP rule) are small ``runtime_checkable`` protocols of their own in
+:mod:`lightning_xai.adapters.capabilities`; the generic layers ask for those, never for a model class.
 """
 from __future__ import annotations
 

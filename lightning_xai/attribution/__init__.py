@@ -18,18 +18,20 @@ from lightning_xai.attribution.core import (
     target_probabilities,
     target_score,
 )
-from lightning_xai.attribution.gradients import (IG_AUTO_TOKEN_RTOL, IG_RULES, auto_internal_batch_size, ig_nodes,
-                                                 shared_input_gradients)
+from lightning_xai.attribution.gradients import auto_internal_batch_size, shared_input_gradients
+from lightning_xai.attribution.integrated_gradients import IG_AUTO_TOKEN_RTOL, integrated_gradients_map
+from lightning_xai.attribution.quadrature import IG_RULES, ig_nodes
+from lightning_xai.attribution.smooth_grad import smooth_grad_map
 from lightning_xai.attribution.occlusion import LOO_MODES, occlusion_batch
 from lightning_xai.attribution.interactions import integrated_hessians
 from lightning_xai.attribution.lrp import LRP_ENCODER_RULES, lrp, register_lrp_encoder
 
 __all__ = ["ATTRIBUTION_METHODS", "IG_AUTO_TOKEN_RTOL", "IG_RULES", "LOO_MODES", "LRP_ENCODER_RULES", "attribute",
            "auto_internal_batch_size", "check_token_mask", "clone_inference_tensors", "explanation_context", "ig_nodes",
-           "integrated_hessians", "lrp",
+           "integrated_gradients_map", "integrated_hessians", "lrp",
            "occlusion_batch", "pad_embeddings", "predicted_class", "register_lrp_encoder", "register_method",
-           "remove_tokens", "resolve_target", "shared_input_gradients", "take_rows", "target_probabilities",
-           "target_score"]
+           "remove_tokens", "resolve_target", "shared_input_gradients", "smooth_grad_map", "take_rows",
+           "target_probabilities", "target_score"]
 
 # methods that live in optional sibling modules (e.g. "lrp") register themselves on import
 from lightning_xai.attribution.core import _load_plugins  # noqa: E402

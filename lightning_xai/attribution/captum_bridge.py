@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
-from lightning_xai.attribution.core import OUTPUTS, resolve_target
+from lightning_xai.attribution.targets import OUTPUTS, resolve_target
 
 __all__ = ["captum_attribute"]
 

@@ -1,4 +1,9 @@
-"""The one verb, :func:`attribute`, its method registry, and target helpers."""
+"""The one verb, :func:`attribute`, and its method registry.
+
+The target helpers (:func:`resolve_target`, :func:`target_score`, ...) live in
+:mod:`lightning_xai.attribution.targets` and are re-exported here; Captum objects are run by
+:mod:`lightning_xai.attribution.captum_bridge`, which needs only those helpers (no import circle).
+"""
 from __future__ import annotations
 
 import importlib
@@ -10,11 +15,15 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
+from lightning_xai.adapters.protocol import Batch, as_explainable
+from lightning_xai.attribution.captum_bridge import captum_attribute
 from lightning_xai.attribution.context import explanation_context
+from lightning_xai.attribution.targets import (OUTPUTS, check_token_mask, predicted_class, resolve_target,
+                                               target_probabilities, target_score)
 
 __all__ = ["ATTRIBUTION_METHODS", "AttributionFn", "attribute", "register_method", "resolve_target",
-           "predicted_class", "target_probabilities", "check_token_mask", "target_score", "NORMALIZATIONS"]
+           "predicted_class", "target_probabilities", "check_token_mask", "target_score", "NORMALIZATIONS",
+           "OUTPUTS"]
 
 AttributionFn = Callable[..., Union[Tensor, Tuple[Tensor, ...]]]
 
@@ -28,7 +37,6 @@ _PLUGIN_MODULES: Tuple[str, ...] = ("lightning_xai.attribution.lrp", "lightning_
 _plugins_loaded = False
 
 NORMALIZATIONS = ("l1", "max_abs")
-OUTPUTS = ("probability", "logit", "log_probability")
 
 
 def register_method(name: str, *, resolves_target: bool = False) -> Callable[[AttributionFn], AttributionFn]:
@@ -78,129 +86,6 @@ def _load_plugins() -> None:
             importlib.import_module(module)
 
 
-def check_token_mask(model: ExplainableModel, batch: Batch) -> Tensor:
-    """``model.token_mask(batch)`` after checking it is a bool ``[B, T]`` with a real token in every row."""
-    mask = model.token_mask(batch)
-    if not isinstance(mask, Tensor) or mask.dim() != 2:
-        raise ValueError(f"{type(model).__name__}.token_mask(batch) must be a [B, T] tensor; got "
-                         f"{getattr(mask, 'shape', type(mask))}.")
-    if mask.dtype != torch.bool:
-        raise TypeError(f"token_mask(batch) must be bool, got {mask.dtype}; return mask.bool().")
-    empty = (~mask.any(dim=1)).nonzero().flatten()
-    if empty.numel():
-        raise ValueError(f"Batch rows {empty.tolist()[:10]} have no real token (all pad/special), so there is "
-                         "nothing to attribute; drop empty examples before batching.")
-    return mask
-
-
-def resolve_target(logits: Tensor, target: Any = None) -> Tensor:
-    """The class each row is explained for, as a validated ``LongTensor[B]``.
-
-    Args:
-        logits: ``[B, C]`` model outputs on the unperturbed input.
-        target: ``None`` (the predicted class), an int (same class for every row), or an integer tensor /
-            sequence of ``B`` class indices.
-
-    Raises:
-        ValueError: wrong length or a class outside ``[0, C)``.
-        TypeError: a float or bool target.
-
-    Example:
-        >>> resolve_target(torch.tensor([[0.1, 2.0], [3.0, 0.0]]))
-        tensor([1, 0])
-        >>> resolve_target(torch.zeros(2, 2), 5)
-        Traceback (most recent call last):
-        ...
-        ValueError: target 5 is out of range for a model with 2 classes: valid targets are 0..1.
-    """
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be [B, C]; got shape {tuple(logits.shape)}.")
-    B, C = logits.shape
-    if target is None:
-        return logits.detach().argmax(dim=-1)
-    if isinstance(target, bool) or (isinstance(target, Tensor) and target.dtype == torch.bool):
-        raise TypeError("target must be a class index (int or LongTensor[B]), not a bool.")
-    if isinstance(target, int) or (hasattr(target, "__index__") and not isinstance(target, Tensor)
-                                   and not isinstance(target, (list, tuple))):
-        value = int(target)
-        if not 0 <= value < C:
-            raise ValueError(f"target {value} is out of range for a model with {C} classes: valid targets are "
-                             f"0..{C - 1}.")
-        return torch.full((B,), value, dtype=torch.long, device=logits.device)
-    if isinstance(target, (list, tuple)):
-        target = torch.as_tensor(target)
-    if not isinstance(target, Tensor):
-        raise TypeError(f"target must be None, an int or a LongTensor[B]; got {type(target).__name__}.")
-    if target.is_floating_point() or target.is_complex():
-        raise TypeError(f"target must hold class indices (an integer tensor); got {target.dtype}. "
-                        "Use target.long() if the values are whole numbers.")
-    if target.dim() == 0:
-        return resolve_target(logits, int(target))
-    if tuple(target.shape) != (B,):
-        raise ValueError(f"target has shape {tuple(target.shape)}; expected ({B},), one class per row of the "
-                         "batch (or an int for all rows).")
-    target = target.to(device=logits.device, dtype=torch.long)
-    bad = (target < 0) | (target >= C)
-    if bool(bad.any()):
-        raise ValueError(f"target values {sorted(set(target[bad].tolist()))[:10]} are out of range for a model "
-                         f"with {C} classes: valid targets are 0..{C - 1}.")
-    return target
-
-
-def target_score(logits: Tensor, target: Tensor, output: str = "probability") -> Tensor:
-    """``[B]`` score of the target class: its probability, logit, or log-probability."""
-    if output == "probability":
-        values = logits.softmax(dim=-1)
-    elif output == "logit":
-        values = logits
-    elif output == "log_probability":
-        values = logits.log_softmax(dim=-1)
-    else:
-        raise ValueError(f"Unknown output {output!r}; choose one of {list(OUTPUTS)}.")
-    return values.gather(1, target.view(-1, 1)).squeeze(1)
-
-
-def predicted_class(model: Any, batch: Batch) -> Tensor:
-    """``LongTensor[B]``: the class the model predicts for each row (eval mode, no gradients).
-
-    Works under ``torch.inference_mode`` and restores the model's modes.
-
-    Example:
-        >>> from lightning_xai.models import AttentionClassifier
-        >>> _ = torch.manual_seed(0)
-        >>> model = AttentionClassifier(vocab_size=20, num_classes=3, embedding_dim=8, hidden_dim=4)
-        >>> batch = {"input_ids": torch.tensor([[3, 4, 5], [6, 7, 0]]),
-        ...          "mask": torch.tensor([[True, True, True], [True, True, False]])}
-        >>> predicted_class(model, batch).shape
-        torch.Size([2])
-    """
-    model = as_explainable(model)
-    with explanation_context(model, batch) as batch, torch.no_grad():
-        return model.forward_from_embeddings(model.embed(batch), batch).logits.argmax(dim=-1)
-
-
-def target_probabilities(model: Any, batch: Batch, target: Any = None, *,
-                         embeddings: Optional[Tensor] = None, output: str = "probability") -> Tensor:
-    """``[B]`` probability of ``target`` (default: the predicted class) for each row.
-
-    Runs the model as it is (its current train/eval mode) under the caller's grad mode, so the value is
-    differentiable when gradients are enabled (useful in losses); call ``model.eval()`` for deterministic
-    values. ``embeddings`` (``[B, T, E]``) replaces ``model.embed(batch)``, e.g. to score perturbed inputs.
-
-    Example:
-        >>> from lightning_xai.models import AttentionClassifier
-        >>> model = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4).eval()
-        >>> batch = {"input_ids": torch.tensor([[3, 4, 5]]), "mask": torch.ones(1, 3, dtype=torch.bool)}
-        >>> p = target_probabilities(model, batch, target=0) + target_probabilities(model, batch, target=1)
-        >>> torch.allclose(p, torch.ones(1))
-        True
-    """
-    model = as_explainable(model)
-    emb = model.embed(batch) if embeddings is None else embeddings
-    logits = model.forward_from_embeddings(emb, batch).logits
-    return target_score(logits, resolve_target(logits, target), output)
-
-
 def _lookup(method: Any) -> Tuple[AttributionFn, bool, Dict[str, Any]]:
     if isinstance(method, str):
         _load_plugins()
@@ -209,7 +94,6 @@ def _lookup(method: Any) -> Tuple[AttributionFn, bool, Dict[str, Any]]:
                              f"{sorted(ATTRIBUTION_METHODS)}. A Captum attribution object is accepted too.")
         return ATTRIBUTION_METHODS[method], method in _RESOLVES_TARGET, {}
     if callable(getattr(method, "attribute", None)):
-        from lightning_xai.attribution.captum_bridge import captum_attribute
         return captum_attribute, True, {"captum_method": method}
     raise TypeError(f"method must be a method name ({sorted(ATTRIBUTION_METHODS)}) or an attribution object "
                     f"with an .attribute(...) method (e.g. captum.attr.Saliency); got {type(method).__name__}.")

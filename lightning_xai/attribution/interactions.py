@@ -30,7 +30,9 @@ from torch import Tensor
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution.batching import take_rows
 from lightning_xai.attribution.core import attribute, register_method, resolve_target, target_score
-from lightning_xai.attribution.gradients import _baseline, _rows_per_pass, ig_nodes
+from lightning_xai.attribution.gradients import _rows_per_pass
+from lightning_xai.attribution.integrated_gradients import _baseline
+from lightning_xai.attribution.quadrature import ig_nodes
 
 __all__ = ["integrated_hessians", "integrated_hessians_map"]
 

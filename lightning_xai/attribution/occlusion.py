@@ -8,10 +8,12 @@ from typing import Any, Optional, Union
 import torch
 from torch import Tensor
 
+from lightning_xai.adapters.capabilities import DeletionLogits
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution.batching import pad_embeddings, remove_tokens, take_rows
-from lightning_xai.attribution.core import register_method, resolve_target, target_score
+from lightning_xai.attribution.core import register_method
 from lightning_xai.attribution.gradients import _rows_per_pass
+from lightning_xai.attribution.targets import resolve_target, target_score
 
 __all__ = ["LOO_MODES", "leave_one_out", "occlusion_batch"]
 
@@ -48,9 +50,9 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
     ``mode="delete"`` removes the token (the sequence gets one shorter, as in Jain & Wallace);
     ``mode="pad"`` replaces its input embedding by the pad token's (a Captum ``FeatureAblation`` with the pad
     embedding as baseline). Only real tokens get a variant — Σ_b L_b forward rows, not B × T — and the variants
-    run ``internal_batch_size`` rows per pass. In delete mode a model with the protocol's optional
-    ``deletion_logits(embeddings, batch, rows, positions)`` scores the variants itself (the reference BiLSTM
-    reuses its recurrent states); ``None`` from it means: re-run the shortened rows. A row with a single real
+    run ``internal_batch_size`` rows per pass. In delete mode a model with the
+    :class:`~lightning_xai.adapters.capabilities.DeletionLogits` capability scores the variants itself (the
+    reference BiLSTM reuses its recurrent states); ``None`` from it means: re-run the shortened rows. A row with a single real
     token cannot be deleted into an empty sequence: in delete mode its token is scored in pad mode instead,
     with a warning.
     """
@@ -76,8 +78,8 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
                               "the pad token (mode='pad').", RuntimeWarning, stacklevel=3)
             chosen = (~by_pad).nonzero().flatten()
             # a model that can score deletions faster than re-running them (e.g. the BiLSTM reusing its states)
-            fast = getattr(model, "deletion_logits", None)
-            out = fast(embeddings, batch, rows[chosen], positions[chosen]) if callable(fast) else None
+            out = model.deletion_logits(embeddings, batch, rows[chosen], positions[chosen]) \
+                if isinstance(model, DeletionLogits) else None
             if out is not None:
                 parts.append((chosen, target_score(out, target.index_select(0, rows[chosen]), output)))
                 chosen = chosen[:0]

@@ -9,6 +9,7 @@ import torchmetrics
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
+from lightning_xai.attribution.targets import check_real_tokens
 from lightning_xai.models.attention import build_attention, masked_softmax
 from lightning_xai.models.embeddings import EmbeddingInitReport, check_embedding_init, initialize_embedding
 from lightning_xai.models.encoders import LSTMEncoder, build_encoder
@@ -31,12 +32,7 @@ def check_batch(batch: Batch) -> None:
     if mask.shape != ids.shape:
         raise ValueError(f"'mask' has shape {tuple(mask.shape)} but 'input_ids' has {tuple(ids.shape)}; "
                          "they must match [B, T].")
-    if mask.dtype != torch.bool:
-        raise TypeError(f"'mask' must be a bool tensor, got {mask.dtype}; use mask.bool().")
-    empty = (~mask.any(dim=1)).nonzero().flatten()
-    if empty.numel():
-        raise ValueError(f"Batch rows {empty.tolist()[:10]} have no real token (all pad); drop empty examples "
-                         "before batching.")
+    check_real_tokens(mask, "batch['mask']")
 
 
 class AttentionClassifier(ClassifierSteps, pl.LightningModule):
@@ -219,6 +215,42 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
 
     def forward(self, batch: Batch, attention_override: Optional[Tensor] = None) -> ExplainOutput:
         return self.forward_from_embeddings(self.embed(batch), batch, attention_override=attention_override)
+
+    # --- optional capabilities (lightning_xai.adapters.capabilities) --------------------------------
+    def linear_head(self) -> nn.Linear:
+        """:class:`~lightning_xai.adapters.capabilities.LinearHead`: logits = classifier(Σ_t α_t h_t)."""
+        return self.classifier
+
+    def token_encoder(self) -> nn.Module:
+        """:class:`~lightning_xai.adapters.capabilities.TokenEncoder`: hidden states = encoder(embeddings, input mask)."""
+        return self.encoder
+
+    def embedding_table(self) -> Tensor:
+        """:class:`~lightning_xai.adapters.capabilities.EmbeddingShift`: the ``[V, E]`` embedding table."""
+        return self.embedding.weight
+
+    def shift_embeddings(self, shift: Tensor) -> None:
+        """:class:`~lightning_xai.adapters.capabilities.EmbeddingShift`: add ``shift`` ``[E]`` to every embedding
+        (the pad row too) and subtract ``W·shift`` from the bias of the encoder's first layer, in place.
+
+        Example:
+            >>> model = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4).eval()
+            >>> batch = {"input_ids": torch.tensor([[3, 4, 5]]), "mask": torch.ones(1, 3, dtype=torch.bool)}
+            >>> before = model(batch).logits
+            >>> model.shift_embeddings(torch.full((8,), 0.5))
+            >>> torch.allclose(model(batch).logits, before, atol=1e-5)
+            True
+        """
+        compensate = getattr(self.encoder, "compensate_input_shift", None)
+        if not callable(compensate):
+            raise ValueError(f"Cannot compensate an embedding shift in {type(self.encoder).__name__}: supported "
+                             "encoders are LSTMEncoder ('lstm', 'bilstm'), OrthogonalLSTMEncoder ('ortho_lstm', "
+                             "'ortho_bilstm') and MLPEncoder ('mlp'). The CNN zero-pads its borders, so a shifted "
+                             "input is not a bias change there.")
+        with torch.no_grad():
+            shift = shift.to(self.embedding.weight)
+            compensate(shift)  # first: a refusal leaves the model unchanged
+            self.embedding.weight.add_(shift)
 
     # --- training --------------------------------------------------------------------------------------
     def configure_optimizers(self) -> torch.optim.Optimizer:

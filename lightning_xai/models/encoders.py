@@ -2,16 +2,33 @@
 
 Every encoder zeroes pad positions in its output and never lets pads influence real positions
 (the LSTMs pack their input), so a model's output is invariant to what sits in the pads.
+
+The encoders whose first layer is affine in its input offer ``compensate_input_shift(shift)`` (the model's
+:class:`~lightning_xai.adapters.capabilities.EmbeddingShift` capability builds on it), and importing this module
+registers the LRP rules of :class:`LSTMEncoder` and :class:`MLPEncoder` with
+:func:`~lightning_xai.attribution.lrp.register_lrp_encoder`.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from lightning_xai.attribution.lrp import register_lrp_encoder
+from lightning_xai.attribution.lrp_rules import lstm_rule, per_token_rule
 from lightning_xai.models.lstm_unrolled import supports_unrolling, unrolled_lstm
 
 __all__ = ["ENCODERS", "build_encoder", "LSTMEncoder", "CNNEncoder", "MLPEncoder", "OrthogonalLSTMEncoder"]
+
+
+def _subtract_shift(weight: Tensor, bias: Optional[Tensor], shift: Tensor, what: str) -> None:
+    """``bias ← bias − weight·shift`` in place: the layer then maps ``x + shift`` to what it mapped ``x`` to."""
+    if bias is None:
+        raise ValueError(f"The {what} has no bias, so a shift of its input cannot be compensated.")
+    with torch.no_grad():
+        bias.sub_(weight @ shift.to(weight))
 
 
 class LSTMEncoder(nn.Module):
@@ -39,6 +56,12 @@ class LSTMEncoder(nn.Module):
         output, _ = self.rnn(packed)
         hidden, _ = pad_packed_sequence(output, batch_first=True, total_length=embeddings.shape[1])
         return hidden
+
+    def compensate_input_shift(self, shift: Tensor) -> None:
+        """Absorb a constant shift of every input vector into the input biases of both directions."""
+        for suffix in ("", "_reverse") if self.rnn.bidirectional else ("",):
+            _subtract_shift(getattr(self.rnn, f"weight_ih_l0{suffix}"), getattr(self.rnn, f"bias_ih_l0{suffix}"),
+                            shift, "LSTM")
 
 
 class OrthogonalLSTMEncoder(nn.Module):
@@ -89,6 +112,11 @@ class OrthogonalLSTMEncoder(nn.Module):
             outputs.append(backward.gather(1, index.expand(-1, -1, backward.shape[-1])))
         return torch.cat(outputs, dim=-1)
 
+    def compensate_input_shift(self, shift: Tensor) -> None:
+        """Absorb a constant shift of every input vector into the input bias of each direction's cell."""
+        for cell in self.cells:
+            _subtract_shift(cell.weight_ih, cell.bias_ih, shift, "LSTM cell")
+
 
 class CNNEncoder(nn.Module):
     """Jain & Wallace's CNN: kernels {1, 3, 5, 7}, ReLU, 'same' padding, concatenated channels."""
@@ -116,6 +144,10 @@ class MLPEncoder(nn.Module):
     def forward(self, embeddings: Tensor, input_mask: Tensor) -> Tensor:
         return torch.tanh(self.proj(embeddings)) * input_mask.unsqueeze(-1)
 
+    def compensate_input_shift(self, shift: Tensor) -> None:
+        """Absorb a constant shift of every input vector into the projection's bias."""
+        _subtract_shift(self.proj.weight, self.proj.bias, shift, "MLP encoder")
+
 
 ENCODERS = {
     "bilstm": lambda e, h: LSTMEncoder(e, h, bidirectional=True),
@@ -132,3 +164,8 @@ def build_encoder(name: str, embedding_dim: int, hidden_dim: int) -> nn.Module:
     if name not in ENCODERS:
         raise ValueError(f"Unknown encoder {name!r}; choose one of {sorted(ENCODERS)}.")
     return ENCODERS[name](embedding_dim, hidden_dim)
+
+
+# LRP (lightning_xai.attribution.lrp) finds a rule by the encoder's type; the models register theirs here
+register_lrp_encoder(LSTMEncoder)(lstm_rule)
+register_lrp_encoder(MLPEncoder)(per_token_rule)

@@ -1,0 +1,106 @@
+"""Optional capabilities a model may add to the :class:`~lightning_xai.adapters.ExplainableModel` protocol.
+
+Each is a small ``runtime_checkable`` protocol: code in the generic layers (attribution, audits) asks
+``isinstance(model, Capability)`` and never the model's class, so any model — a reference model, an adapter,
+your own module — gains a fast path or a check by implementing the methods. None is required: without one,
+leave-one-out re-runs the shortened rows, the adversarial search re-runs the model from its embeddings, the
+input-invariance check and LRP report that the model is not supported.
+
+* :class:`DeletionLogits` — score "row ``r`` without token ``p``" variants faster than re-running them
+  (leave-one-out's fast path; the reference BiLSTM reuses its recurrent states).
+* :class:`EmbeddingShift` — shift every input embedding by a constant vector and compensate it inside, so
+  the model computes the same function (Kindermans et al.'s input-invariance check).
+* :class:`LinearHead` — the logits are an affine map of the attention-pooled hidden states, ``head(Σ_t α_t h_t)``
+  (the adversarial search's fixed-hidden-state path; LRP's classifier rule).
+* :class:`TokenEncoder` — the hidden states are ``encoder(embeddings, input_mask)``, one module whose type has an
+  LRP rule registered with :func:`~lightning_xai.attribution.lrp.register_lrp_encoder` (the models package
+  registers the rules of its encoders when it is imported).
+"""
+from __future__ import annotations
+
+from typing import Optional, Protocol, runtime_checkable
+
+from torch import Tensor, nn
+
+from lightning_xai.adapters.protocol import Batch
+
+__all__ = ["DeletionLogits", "EmbeddingShift", "LinearHead", "TokenEncoder"]
+
+
+@runtime_checkable
+class DeletionLogits(Protocol):
+    """Leave-one-out's fast path: the logits of many single-token deletions at once.
+
+    Example:
+        >>> from lightning_xai.models import AttentionClassifier
+        >>> isinstance(AttentionClassifier(vocab_size=10, num_classes=2), DeletionLogits)
+        True
+    """
+
+    def deletion_logits(self, embeddings: Tensor, batch: Batch, rows: Tensor, positions: Tensor
+                        ) -> Optional[Tensor]:
+        """``[N, C]`` logits of row ``rows[k]`` of the batch with its token ``positions[k]`` deleted.
+
+        ``embeddings`` are ``embed(batch)``. The result must equal running the model on the shortened rows (up
+        to float rounding); ``None`` declines (then the caller re-runs the shortened rows).
+        """
+        ...
+
+
+@runtime_checkable
+class EmbeddingShift(Protocol):
+    """A model whose input embeddings can be shifted by a constant without changing its function.
+
+    Example:
+        >>> from lightning_xai.models import AttentionClassifier
+        >>> isinstance(AttentionClassifier(vocab_size=10, num_classes=2), EmbeddingShift)
+        True
+    """
+
+    def embedding_table(self) -> Tensor:
+        """``[V, E]`` the table the input embeddings are looked up in (read, not modified)."""
+        ...
+
+    def shift_embeddings(self, shift: Tensor) -> None:
+        """In place: add ``shift`` (``[E]``) to every row of the table and compensate it in the first layer
+        (``b ← b − W·shift``), so the logits do not change.
+
+        Raises:
+            ValueError: the model cannot compensate a shift (e.g. a zero-padded convolution reads the inputs).
+        """
+        ...
+
+
+@runtime_checkable
+class LinearHead(Protocol):
+    """A model whose logits are ``linear_head()(Σ_t α_t h_t)``, with ``α`` its ``attention`` and ``h`` its
+    ``hidden_states`` (both from ``forward_from_embeddings``).
+
+    Example:
+        >>> from lightning_xai.models import AttentionClassifier
+        >>> isinstance(AttentionClassifier(vocab_size=10, num_classes=2), LinearHead)
+        True
+    """
+
+    def linear_head(self) -> nn.Linear:
+        """The ``nn.Linear`` from the pooled context ``[..., H]`` to the logits ``[..., C]``."""
+        ...
+
+
+@runtime_checkable
+class TokenEncoder(Protocol):
+    """A model whose ``hidden_states`` are ``token_encoder()(embeddings, input_mask(batch))``.
+
+    Example:
+        >>> from lightning_xai.models import AttentionClassifier
+        >>> isinstance(AttentionClassifier(vocab_size=10, num_classes=2), TokenEncoder)
+        True
+    """
+
+    def token_encoder(self) -> nn.Module:
+        """The module from input embeddings ``[B, T, E]`` and the input mask to hidden states ``[B, T, H]``."""
+        ...
+
+    def input_mask(self, batch: Batch) -> Tensor:
+        """``[B, T]`` bool: the positions the encoder reads (real tokens and special ones like ``<sos>``)."""
+        ...
