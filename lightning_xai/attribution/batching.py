@@ -1,4 +1,5 @@
-"""Batch surgery shared by the attribution methods: select/repeat rows, delete tokens, pad embeddings.
+"""Batch surgery shared by the attribution methods, metrics and audits: select/repeat rows, delete tokens, pad
+embeddings.
 
 A batch is a mapping of named values. Every tensor whose first dimension is the batch size ``B`` is a
 per-example value and follows its rows; every tensor whose first two dimensions are ``[B, T]`` (ids, masks,
@@ -13,9 +14,10 @@ from typing import Any, Dict, Tuple
 import torch
 from torch import Tensor
 
-from lightning_xai.adapters.protocol import Batch, ExplainableModel
+from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
 
-__all__ = ["batch_shape", "take_rows", "remove_tokens", "replace_input_ids", "pad_embeddings"]
+__all__ = ["batch_shape", "take_rows", "repeat_rows", "remove_tokens", "erase_tokens", "replace_input_ids",
+           "pad_embeddings"]
 
 
 def batch_shape(model: ExplainableModel, batch: Batch) -> Tuple[int, int]:
@@ -50,6 +52,23 @@ def take_rows(batch: Batch, rows: Tensor, batch_size: int) -> Dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+def repeat_rows(batch: Batch, times: int, batch_size: int, *, interleave: bool = False) -> Dict[str, Any]:
+    """The batch with each of its ``batch_size`` rows repeated ``times`` times (through :func:`take_rows`).
+
+    Tiled by default (rows ``0 … B−1``, then again: variant ``k`` of row ``b`` is row ``k·B + b``); with
+    ``interleave`` each row's copies are adjacent (row ``b·times + k``), as ``Tensor.repeat_interleave``.
+
+    Example:
+        >>> b = {"input_ids": torch.tensor([[1, 2], [3, 0]]), "labels": torch.tensor([0, 1])}
+        >>> repeat_rows(b, 2, 2)["labels"].tolist(), repeat_rows(b, 2, 2, interleave=True)["labels"].tolist()
+        ([0, 1, 0, 1], [0, 0, 1, 1])
+    """
+    if isinstance(times, bool) or not isinstance(times, int) or times < 1:
+        raise ValueError(f"times must be a positive int, got {times!r}.")
+    rows = torch.arange(batch_size)
+    return take_rows(batch, rows.repeat_interleave(times) if interleave else rows.repeat(times), batch_size)
 
 
 def remove_tokens(batch: Batch, remove: Tensor, *, fill: int = 0) -> Dict[str, Any]:
@@ -90,6 +109,64 @@ def remove_tokens(batch: Batch, remove: Tensor, *, fill: int = 0) -> Dict[str, A
         else:
             out[key] = value
     return out
+
+
+def _check_remove(remove: Tensor, mask: Tensor, name: str = "remove") -> None:
+    if not isinstance(remove, Tensor) or remove.dtype != torch.bool:
+        raise TypeError(f"{name} must be a bool tensor [B, T]; got "
+                        f"{remove.dtype if isinstance(remove, Tensor) else type(remove).__name__}.")
+    if remove.shape != mask.shape:
+        raise ValueError(f"{name} has shape {tuple(remove.shape)} but the token mask is {tuple(mask.shape)}.")
+    if bool((remove & ~mask.to(remove.device)).any()):
+        raise ValueError(f"{name} marks positions that are not real tokens (pads or special tokens); only real "
+                         "tokens (model.token_mask(batch)) can be erased.")
+
+
+def erase_tokens(model: ExplainableModel, batch: Batch, remove: Tensor) -> dict:
+    """The batch with the real tokens marked in ``remove`` deleted from every row.
+
+    The remaining tokens (special tokens such as ``<sos>``/``<eos>`` included) move left, every ``[B, T, ...]``
+    tensor of the batch moves with them (:func:`remove_tokens`), and the batch narrows to its longest remaining row.
+    Rows keep their order. Deleting every real token of a row is refused: models are undefined on empty inputs.
+
+    Args:
+        model: the explainable model (its ``token_mask`` says which positions are real tokens).
+        batch: the batch.
+        remove: ``[B, T]`` bool, True at real tokens to delete.
+
+    Example:
+        >>> from lightning_xai.models import AttentionClassifier
+        >>> model = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4)
+        >>> batch = {"input_ids": torch.tensor([[5, 6, 7], [8, 9, 0]]),
+        ...          "mask": torch.tensor([[True, True, True], [True, True, False]])}
+        >>> erase_tokens(model, batch, torch.tensor([[False, True, False], [True, False, False]]))["input_ids"]
+        tensor([[5, 7],
+                [9, 0]])
+    """
+    mask = as_explainable(model).token_mask(batch)
+    _check_remove(remove, mask)
+    emptied = ((mask & ~remove.to(mask.device)).sum(1) == 0).nonzero().flatten()
+    if emptied.numel():
+        raise ValueError(f"remove deletes every real token of rows {emptied.tolist()[:10]}; keep at least one token.")
+    out = remove_tokens(batch, remove.to(mask.device))
+    return _trim_padding(out, tuple(mask.shape))
+
+
+def _trim_padding(batch: dict, shape: tuple) -> dict:
+    """Drop trailing columns that are padding in every row, read from the batch's own non-pad indicator
+    (``input_mask``, else ``attention_mask``, else ``mask``); other batches are returned unchanged."""
+    B, T = shape
+    present = next((batch[k] for k in ("input_mask", "attention_mask", "mask")
+                    if isinstance(batch.get(k), Tensor) and batch[k].dim() == 2 and batch[k].shape[0] == B), None)
+    if present is None or present.shape[1] == 0:
+        return batch
+    width_now = present.shape[1]
+    columns = present.bool().any(0).nonzero().flatten()
+    width = int(columns.max()) + 1 if columns.numel() else width_now
+    if width == width_now:
+        return batch
+    return {key: value[:, :width] if isinstance(value, Tensor) and value.dim() >= 2
+            and tuple(value.shape[:2]) == (B, width_now) else value for key, value in batch.items()}
 
 
 def replace_input_ids(batch: Batch, where: Tensor, token_id: int) -> Dict[str, Any]:

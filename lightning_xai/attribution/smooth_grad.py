@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
-from lightning_xai.attribution.batching import take_rows
+from lightning_xai.attribution.batching import repeat_rows
 from lightning_xai.attribution.core import register_method
 from lightning_xai.attribution.gradients import _embed, _rows_per_pass, grad_x_input_map, gradient_map
 from lightning_xai.attribution.integrated_gradients import integrated_gradients_map
@@ -82,7 +82,7 @@ def smooth_grad_map(model: ExplainableModel, batch: Batch, embeddings: Tensor, t
                                            device=embeddings.device) for _ in range(k)]) * sigma.view(1, N, 1, 1)
         noisy = (embeddings.unsqueeze(0) + eps * real).reshape(k * N, T, E)
         row = torch.arange(N, device=embeddings.device).repeat(k)
-        sub = batch if k == 1 else take_rows(batch, row, N)
+        sub = batch if k == 1 else repeat_rows(batch, k, N)
         maps = kernel(model, sub, noisy, target.index_select(0, row), create_graph=create_graph, **base_options)
         if isinstance(maps, tuple):
             maps = maps[0]

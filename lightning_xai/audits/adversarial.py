@@ -1,64 +1,25 @@
-"""Adversarial attention: Jain & Wallace's per-instance search and the divergences it is measured with.
+"""Adversarial attention: Jain & Wallace's per-instance search, measured with their divergences.
 
-The divergences here follow Jain & Wallace's official code exactly (natural log, ``eps = 1e-10`` inside the
-logarithms, inputs clamped to ``[0, 1]``), so ``JSD ≤ ln 2 ≈ 0.693``. They operate on the last dimension and
-broadcast, which is what the losses in :mod:`lightning_xai.losses` differentiate through.
+The divergences (:func:`kl_divergence`, :func:`jensen_shannon_divergence`, :func:`total_variation`) live in
+:mod:`lightning_xai.metrics.functional.divergence` (Jain & Wallace's formulas: natural log, ``eps = 1e-10`` inside
+the logarithms, so ``JSD ≤ ln 2 ≈ 0.693``) and are re-exported here.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Optional
+from typing import Dict
 
 import torch
 from torch import Tensor
 
+from lightning_xai.adapters.capabilities import LinearHead
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
+from lightning_xai.attribution import explanation_context
+from lightning_xai.attribution.batching import repeat_rows
+from lightning_xai.metrics.functional.divergence import jensen_shannon_divergence, kl_divergence, total_variation
 
 __all__ = ["AdversarialSearchResult", "adversarial_attention_search", "jensen_shannon_divergence", "kl_divergence",
            "summarize_search", "total_variation"]
-
-EPS = 1e-10
-
-
-def kl_divergence(p: Tensor, q: Tensor, eps: float = EPS) -> Tensor:
-    """KL(p ‖ q) = Σ p·(log(p+eps) − log(q+eps)) over the last dimension (Jain & Wallace's ``kld``).
-
-    Zero entries of ``p`` (pads) contribute exactly 0.
-
-    Example:
-        >>> p, q = torch.tensor([0.5, 0.5, 0.0]), torch.tensor([0.25, 0.75, 0.0])
-        >>> round(kl_divergence(p, q).item(), 4)
-        0.1438
-    """
-    p = p.clamp(0.0, 1.0)
-    q = q.clamp(0.0, 1.0)
-    return (p * (torch.log(p + eps) - torch.log(q + eps))).sum(-1)
-
-
-def jensen_shannon_divergence(p: Tensor, q: Tensor, eps: float = EPS) -> Tensor:
-    """JSD(p, q) = ½KL(p‖m) + ½KL(q‖m), m = ½(p+q), natural log, over the last dimension.
-
-    Example:
-        >>> p, q = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
-        >>> round(jensen_shannon_divergence(p, q).item(), 4)  # ln 2, the maximum
-        0.6931
-    """
-    m = 0.5 * (p + q)
-    return 0.5 * (kl_divergence(p, m, eps) + kl_divergence(q, m, eps))
-
-
-def total_variation(p: Tensor, q: Tensor) -> Tensor:
-    """TVD(p, q) = ½ Σ |p − q| over the last dimension (classes).
-
-    For two classes this equals ``|p₁ − q₁|``, the single-output difference Jain & Wallace and Wiegreffe &
-    Pinter compute on the positive-class probability.
-
-    Example:
-        >>> total_variation(torch.tensor([0.9, 0.1]), torch.tensor([0.7, 0.3]))
-        tensor(0.2000)
-    """
-    return 0.5 * (p - q).abs().sum(-1)
 
 
 @dataclass
@@ -85,37 +46,6 @@ class AdversarialSearchResult:
     candidate_output_change: Tensor
     original_attention: Tensor
     original_probs: Tensor
-
-
-@contextmanager
-def _eval_with_grad(model: Any) -> Iterator[None]:
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()
-    try:
-        with torch.inference_mode(False), torch.enable_grad():
-            yield
-    finally:
-        if was_training and hasattr(model, "train"):
-            model.train()
-
-
-def _clone_batch(batch: Batch) -> Dict[str, Any]:
-    return {k: v.clone() if isinstance(v, Tensor) else v for k, v in batch.items()}
-
-
-def _repeat_batch(batch: Dict[str, Any], size: int, repeats: int) -> Dict[str, Any]:
-    return {k: v.repeat_interleave(repeats, dim=0) if isinstance(v, Tensor) and v.dim() and v.shape[0] == size
-            else v for k, v in batch.items()}
-
-
-def _fast_head(model: Any) -> Optional[torch.nn.Module]:
-    """The reference models pool hidden states linearly: logits = classifier(Σ α_t h_t). Return that head."""
-    from lightning_xai.models.classifier import AttentionClassifier
-
-    if isinstance(model, AttentionClassifier):
-        return model.classifier
-    return None
 
 
 def adversarial_attention_search(
@@ -145,9 +75,10 @@ def adversarial_attention_search(
     JSD(α̃, α) among them is reported. All instances and candidates are optimised in one batched tensor;
     instances are independent (the loss is a sum, Adam is per-coordinate).
 
-    Hidden states stay fixed, as in J&W: for the reference :class:`~lightning_xai.models.AttentionClassifier`
-    the output is recomputed as ``classifier(Σ α̃_t h_t)`` from hidden states computed once
-    (``fixed_hidden=True``); any other model (or ``fixed_hidden=False``) is re-run through
+    Hidden states stay fixed, as in J&W: for a model with the
+    :class:`~lightning_xai.adapters.capabilities.LinearHead` capability (the reference
+    ``AttentionClassifier``) the output is recomputed as ``linear_head()(Σ α̃_t h_t)`` from hidden states
+    computed once (``fixed_hidden=True``); any other model (or ``fixed_hidden=False``) is re-run through
     ``forward_from_embeddings(..., attention_override=α̃)`` at every step with its embeddings fixed.
 
     The model's mode, parameters and gradients are left untouched; the search runs with a seeded generator,
@@ -184,8 +115,8 @@ def adversarial_attention_search(
     model = as_explainable(model)
     if num_candidates < 1 or steps < 0:
         raise ValueError(f"num_candidates must be >= 1 and steps >= 0, got {num_candidates} and {steps}.")
-    batch = _clone_batch(batch)
-    with _eval_with_grad(model):
+    # eval mode, gradients on (also under inference mode), parameters frozen and restored on exit
+    with explanation_context(model, batch, freeze_parameters=True) as batch:
         mask = model.token_mask(batch).bool()
         size, length = mask.shape
         k = num_candidates
@@ -194,9 +125,9 @@ def adversarial_attention_search(
             original = model.forward_from_embeddings(embeddings, batch)
             base_attention = original.attention.detach()
             base_probs = original.logits.detach().softmax(-1)
-            head = _fast_head(model) if fixed_hidden else None
+            head = model.linear_head() if fixed_hidden and isinstance(model, LinearHead) else None
             hidden = original.hidden_states.detach() if head is not None else None
-        big_batch = _repeat_batch(batch, size, k) if head is None else None
+        big_batch = repeat_rows(batch, k, size, interleave=True) if head is None else None
         big_embeddings = embeddings.repeat_interleave(k, dim=0) if head is None else None
         cand_mask = mask.unsqueeze(1).expand(size, k, length)
         lengths = mask.sum(-1, keepdim=True).unsqueeze(1).to(embeddings.dtype)  # [B, 1, 1]
@@ -206,38 +137,32 @@ def adversarial_attention_search(
             device=embeddings.device, dtype=embeddings.dtype)
         logits_param = (torch.log(1.0 / lengths).expand(size, k, length) + init_std * noise).requires_grad_(True)
         optimizer = torch.optim.Adam([logits_param], lr=lr, amsgrad=True)
-        frozen = [p for p in (model.parameters() if hasattr(model, "parameters") else []) if p.requires_grad]
-        for p in frozen:
-            p.requires_grad_(False)
-        try:
-            def evaluate(z: Tensor) -> tuple:
-                attn = torch.softmax(z.masked_fill(~cand_mask, float("-inf")), -1).masked_fill(~cand_mask, 0.0)
-                if head is not None:
-                    probs = head(torch.einsum("bkt,bth->bkh", attn, hidden)).softmax(-1)
-                else:
-                    out = model.forward_from_embeddings(big_embeddings, big_batch,
-                                                        attention_override=attn.reshape(size * k, length))
-                    probs = out.logits.softmax(-1).reshape(size, k, -1)
-                return attn, probs
 
-            for _ in range(steps):
-                attn, probs = evaluate(logits_param)
-                jsd_to_base = jensen_shannon_divergence(attn, base_attention.unsqueeze(1))  # [B, K]
-                change = total_variation(probs, base_probs.unsqueeze(1))
-                loss = -jsd_to_base + output_penalty * torch.relu(change - output_tolerance)
-                if k > 1 and diversity_weight:
-                    pairwise = jensen_shannon_divergence(attn.unsqueeze(2), attn.unsqueeze(1))  # [B, K, K]
-                    loss = loss - diversity_weight * pairwise.sum(-1) / (k - 1)
-                optimizer.zero_grad(set_to_none=True)
-                loss.sum().backward()
-                optimizer.step()
-            with torch.no_grad():
-                attn, probs = evaluate(logits_param)
-                cand_jsd = jensen_shannon_divergence(attn, base_attention.unsqueeze(1))
-                cand_change = total_variation(probs, base_probs.unsqueeze(1))
-        finally:
-            for p in frozen:
-                p.requires_grad_(True)
+        def evaluate(z: Tensor) -> tuple:
+            attn = torch.softmax(z.masked_fill(~cand_mask, float("-inf")), -1).masked_fill(~cand_mask, 0.0)
+            if head is not None:
+                probs = head(torch.einsum("bkt,bth->bkh", attn, hidden)).softmax(-1)
+            else:
+                out = model.forward_from_embeddings(big_embeddings, big_batch,
+                                                    attention_override=attn.reshape(size * k, length))
+                probs = out.logits.softmax(-1).reshape(size, k, -1)
+            return attn, probs
+
+        for _ in range(steps):
+            attn, probs = evaluate(logits_param)
+            jsd_to_base = jensen_shannon_divergence(attn, base_attention.unsqueeze(1))  # [B, K]
+            change = total_variation(probs, base_probs.unsqueeze(1))
+            loss = -jsd_to_base + output_penalty * torch.relu(change - output_tolerance)
+            if k > 1 and diversity_weight:
+                pairwise = jensen_shannon_divergence(attn.unsqueeze(2), attn.unsqueeze(1))  # [B, K, K]
+                loss = loss - diversity_weight * pairwise.sum(-1) / (k - 1)
+            # only the candidates' logits get a gradient: nothing accumulates on the model's parameters
+            (logits_param.grad,) = torch.autograd.grad(loss.sum(), logits_param)
+            optimizer.step()
+        with torch.no_grad():
+            attn, probs = evaluate(logits_param)
+            cand_jsd = jensen_shannon_divergence(attn, base_attention.unsqueeze(1))
+            cand_change = total_variation(probs, base_probs.unsqueeze(1))
 
     ok = cand_change <= max_output_change
     scored = cand_jsd.masked_fill(~ok, float("-inf"))

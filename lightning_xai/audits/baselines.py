@@ -21,6 +21,8 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
+from lightning_xai.attribution.batching import repeat_rows
+from lightning_xai.metrics.functional.divergence import total_variation
 
 __all__ = [
     "PermutationResult",
@@ -35,16 +37,6 @@ __all__ = [
 ]
 
 DEFAULT_MAX_ATTENTION_BINS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
-
-
-def total_variation(p: Tensor, q: Tensor) -> Tensor:
-    """Total variation distance ``½ Σ_c |p_c − q_c|`` over the last dimension.
-
-    Example:
-        >>> total_variation(torch.tensor([[0.9, 0.1]]), torch.tensor([[0.6, 0.4]]))
-        tensor([0.3000])
-    """
-    return 0.5 * (p - q).abs().sum(-1)
 
 
 def uniform_attention(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -133,16 +125,6 @@ def _probabilities(model: ExplainableModel, embeddings: Tensor, batch: Batch,
     return output, output.logits.float().softmax(-1)
 
 
-def _repeat_batch(batch: Batch, times: int) -> Dict[str, object]:
-    out: Dict[str, object] = {}
-    for key, value in batch.items():
-        if isinstance(value, Tensor) and value.dim() >= 1:
-            out[key] = value.repeat(times, *([1] * (value.dim() - 1)))
-        else:
-            out[key] = value
-    return out
-
-
 @torch.no_grad()
 def permutation_test(model: ExplainableModel, batch: Batch, num_permutations: int = 100,
                      generator: Optional[torch.Generator] = None, chunk_size: int = 1024,
@@ -188,7 +170,7 @@ def permutation_test(model: ExplainableModel, batch: Batch, num_permutations: in
     for start in range(0, num_permutations, per_chunk):
         block = permuted[start:start + per_chunk]
         n = block.shape[0]
-        repeated = _repeat_batch(batch, n)
+        repeated = repeat_rows(batch, n, batch_size)
         emb = embeddings.repeat(n, 1, 1)
         _, probs = _probabilities(model, emb, repeated, attention_override=block.reshape(n * batch_size, -1))
         deltas.append(total_variation(probs.view(n, batch_size, -1), base_probs.unsqueeze(0)))

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
-from lightning_xai.audits.adversarial import jensen_shannon_divergence, total_variation
+from lightning_xai.metrics.functional.divergence import jensen_shannon_divergence, total_variation
 
 __all__ = ["SeedVarianceResult", "attention_divergence", "seed_variance"]
 

@@ -27,6 +27,7 @@ from torch import Tensor
 from lightning_xai.metrics.functional._special import (KENDALL_EXACT_MAX_N, kendall_exact_table,
                                                          two_sided_t_pvalue)
 from lightning_xai.metrics.functional._validation import check_maps, resolve_k, topk_mask
+from lightning_xai.metrics.functional.divergence import jensen_shannon_divergence
 
 __all__ = ["jensen_shannon", "jw_top_k", "kendall_tau", "pearson", "spearman", "topk_kendall_tau", "topk_overlap"]
 
@@ -317,12 +318,11 @@ def _normalise(scores: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor]:
 def jensen_shannon(preds: Tensor, target: Tensor, mask: Tensor, eps: float = 1e-10) -> Tensor:
     r"""Jensen–Shannon divergence (natural log) between the two maps seen as distributions over real tokens.
 
-    Each map is made non-negative with ``|·|`` and normalised to sum to 1 over the real tokens, then
-    JSD(p, q) = ½ KL(p ‖ m) + ½ KL(q ‖ m), m = (p + q)/2, following Jain & Wallace's code:
-    KL(p ‖ m) = Σ p (log(p + ε) − log(m + ε)) with ε = 1e-10. Symmetric, in [0, ln 2]. With ``eps=0`` the exact
-    divergence is computed (equal to ``scipy.spatial.distance.jensenshannon(p, q) ** 2``); the ε version differs
-    from it by less than 1e-8. ``torchmetrics.functional.kl_divergence`` is not used: it renormalises its
-    inputs and has no mask, so the zero-mass pads of a ``[B, T]`` batch would need a per-instance loop.
+    Each map is made non-negative with ``|·|`` and normalised to sum to 1 over the real tokens (pads get 0), then
+    :func:`~lightning_xai.metrics.functional.divergence.jensen_shannon_divergence` — JSD(p, q) = ½ KL(p ‖ m) +
+    ½ KL(q ‖ m), m = (p + q)/2 — is taken with Jain & Wallace's ε = 1e-10 inside the logarithms. Symmetric, in
+    [0, ln 2]. With ``eps=0`` the exact divergence is computed (torchmetrics', equal to
+    ``scipy.spatial.distance.jensenshannon(p, q) ** 2``); the ε version differs from it by less than 1e-8.
     A map that is zero at every real token has no distribution: its JSD is NaN (skipped by the Metric class).
 
     Example:
@@ -336,16 +336,7 @@ def jensen_shannon(preds: Tensor, target: Tensor, mask: Tensor, eps: float = 1e-
         raise ValueError(f"eps must be a finite number >= 0, got {eps}.")
     p, p_zero = _normalise(preds, mask)
     q, q_zero = _normalise(target, mask)
-    m = 0.5 * (p + q)
-    if eps == 0.0:
-        # p·log(p/m) with 0·log 0 = 0 (m = 0 only where p = q = 0, e.g. at pads)
-        kl_p = (torch.special.xlogy(p, p) - torch.special.xlogy(p, m)).sum(1)
-        kl_q = (torch.special.xlogy(q, q) - torch.special.xlogy(q, m)).sum(1)
-        jsd = 0.5 * (kl_p + kl_q)
-    else:
-        log_m = torch.log(m + eps)
-        jsd = 0.5 * ((p * (torch.log(p + eps) - log_m)).sum(1) + (q * (torch.log(q + eps) - log_m)).sum(1))
-    jsd = jsd.clamp(0.0, math.log(2.0))
+    jsd = jensen_shannon_divergence(p, q, eps).clamp(0.0, math.log(2.0))
     return torch.where(p_zero | q_zero, torch.full_like(jsd, float("nan")), jsd)
 
 

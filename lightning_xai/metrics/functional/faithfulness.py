@@ -7,7 +7,7 @@ With ŷ the predicted class on the full input x (or a given ``target``) and r th
 * AOPC: each averaged over the top-k bins {1, 5, 10, 20, 50}% of the real tokens.
 
 Tokens are *deleted* (the sequence gets shorter, masks stay aligned; see
-:func:`lightning_xai.audits.erasure.erase_tokens`), never replaced. Conventions:
+:func:`lightning_xai.attribution.batching.erase_tokens`), never replaced. Conventions:
 
 * |r| = clamp(ceil(k · n), 1, n) for a fraction ``k`` (n = real tokens), min(k, n) for an int ``k``; ties in the
   score map are broken by position (earlier first). Special tokens (``<sos>``/``<eos>``, ``[CLS]``) are never
@@ -24,8 +24,8 @@ from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
 from lightning_xai.attribution import explanation_context, resolve_target
-from lightning_xai.audits.erasure import erasure_probabilities
 from lightning_xai.metrics.functional._validation import check_maps, resolve_k, topk_mask
+from lightning_xai.metrics.functional.erasure import erasure_probabilities
 
 __all__ = ["AOPC_BINS", "aopc", "comprehensiveness", "erasure_scores", "rationale_mask", "sufficiency"]
 

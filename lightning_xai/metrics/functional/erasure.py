@@ -1,0 +1,247 @@
+"""Erasure measurements: score many token erasures of a batch, and Serrano & Smith's (2019) decision flip.
+
+* :func:`erasure_probabilities` scores many erasures of one batch (tokens deleted with
+  :func:`~lightning_xai.attribution.batching.erase_tokens`) in a few batched forward passes; ERASER's
+  comprehensiveness and sufficiency (:mod:`~lightning_xai.metrics.functional.faithfulness`) are built on it.
+* :func:`decision_flip` zeroes attention weights one ranked item at a time — with the encoder outputs fixed,
+  through ``attention_override`` — renormalises, and records when the argmax first changes (the functional twin
+  of :class:`~lightning_xai.metrics.DecisionFlip`).
+* :func:`attention_gradient` and :func:`ranking_scores` give the rankings Serrano & Smith compare: attention,
+  random, the gradient of the decision w.r.t. attention, and gradient × attention.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
+from lightning_xai.attribution import explanation_context, resolve_target, take_rows
+from lightning_xai.attribution.batching import _check_remove, erase_tokens, repeat_rows
+
+__all__ = ["RANKINGS", "DecisionFlipResult", "attention_gradient", "decision_flip", "erasure_probabilities",
+           "ranking_scores"]
+
+#: Rankings :func:`ranking_scores` computes by name (Serrano & Smith's four).
+RANKINGS = ("attention", "random", "gradient", "grad_x_attention")
+
+
+def erasure_probabilities(model: ExplainableModel, batch: Batch, removals: Sequence[Tensor], target: Tensor, *,
+                          max_rows: int = 1024) -> Tensor:
+    """``[K, B]``: probability of ``target`` after each of the ``K`` erasures in ``removals`` (``[B, T]`` bools).
+
+    All ``K·B`` erased rows are built in one batch (rows repeated, then tokens deleted) and scored in forward
+    passes of at most ``max_rows`` rows. Runs without gradients; call it inside
+    :func:`~lightning_xai.attribution.explanation_context` (as the metrics do) for eval mode.
+    """
+    model = as_explainable(model)
+    mask = model.token_mask(batch)
+    B = mask.shape[0]
+    if not removals:
+        return torch.empty(0, B, device=mask.device)
+    for i, remove in enumerate(removals):
+        _check_remove(remove, mask, name=f"removals[{i}]")
+    K = len(removals)
+    stacked = repeat_rows(batch, K, B)
+    erased = erase_tokens(model, stacked, torch.cat([r.to(mask.device) for r in removals], 0))
+    targets = target.to(mask.device).repeat(K)
+    probs = []
+    with torch.no_grad():
+        for start in range(0, K * B, max_rows):
+            idx = torch.arange(start, min(start + max_rows, K * B), device=mask.device)
+            part = take_rows(erased, idx, K * B)
+            logits = model.forward_from_embeddings(model.embed(part), part).logits
+            probs.append(logits.softmax(-1).gather(1, targets[idx].view(-1, 1)).squeeze(1))
+    return torch.cat(probs).view(K, B)
+
+
+def attention_gradient(model: ExplainableModel, batch: Batch, target: Any = None) -> Tensor:
+    """``[B, T]`` gradient of the target logit (default: the predicted class) w.r.t. the attention weights α.
+
+    α is the model's own attention, fed back through ``attention_override=α.requires_grad_()`` with the
+    embeddings detached, so only the path through the attention weights is differentiated (Serrano & Smith's
+    "gradient" ranking). Zero at positions that are not real tokens. Restores the model's modes.
+
+    Example:
+        >>> import torch
+        >>> from lightning_xai.models import AttentionClassifier
+        >>> model = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4)
+        >>> batch = {"input_ids": torch.tensor([[3, 4, 5], [6, 7, 0]]),
+        ...          "mask": torch.tensor([[True, True, True], [True, True, False]])}
+        >>> attention_gradient(model, batch).shape
+        torch.Size([2, 3])
+    """
+    model = as_explainable(model)
+    with explanation_context(model, batch) as safe:
+        mask = model.token_mask(safe)
+        emb = model.embed(safe).detach()
+        with torch.no_grad():
+            out = model.forward_from_embeddings(emb, safe)
+        tgt = resolve_target(out.logits, target)
+        alpha = out.attention.detach().clone().requires_grad_(True)
+        logits = model.forward_from_embeddings(emb, safe, attention_override=alpha).logits
+        grad, = torch.autograd.grad(logits.gather(1, tgt.view(-1, 1)).sum(), alpha)
+    return grad.detach().masked_fill(~mask, 0.0)
+
+
+def ranking_scores(model: ExplainableModel, batch: Batch, ranking: Union[str, Tensor] = "attention", *,
+                   generator: Optional[torch.Generator] = None, target: Any = None) -> Tensor:
+    """``[B, T]`` scores whose descending order ranks the attention items to erase.
+
+    Args:
+        model: the explainable model.
+        batch: the batch.
+        ranking: ``"attention"`` (α), ``"random"`` (uniform noise from ``generator``), ``"gradient"``
+            (∂ logit / ∂α, signed: the items whose weight raises the decision most come first) or
+            ``"grad_x_attention"`` (α · ∂ logit / ∂α); or a ``[B, T]`` score map of your own (e.g. a saliency map).
+        generator: random source for ``"random"`` (seed it for reproducible rankings).
+        target: class whose logit the gradient rankings use (default: the predicted class).
+
+    Example:
+        >>> import torch
+        >>> from lightning_xai.models import AttentionClassifier
+        >>> model = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4)
+        >>> batch = {"input_ids": torch.tensor([[3, 4, 5]]), "mask": torch.ones(1, 3, dtype=torch.bool)}
+        >>> ranking_scores(model, batch, "random", generator=torch.Generator().manual_seed(0)).shape
+        torch.Size([1, 3])
+    """
+    model = as_explainable(model)
+    mask = model.token_mask(batch)
+    if isinstance(ranking, Tensor):
+        if ranking.shape != mask.shape:
+            raise ValueError(f"ranking scores have shape {tuple(ranking.shape)}; expected the token mask's "
+                             f"{tuple(mask.shape)}.")
+        bad = (~torch.isfinite(ranking.detach()) & mask.to(ranking.device)).any(1).nonzero().flatten()
+        if bad.numel():
+            raise ValueError(f"ranking scores have NaN or inf at real tokens of rows {bad.tolist()[:10]}.")
+        return ranking.detach()
+    if ranking not in RANKINGS:
+        raise ValueError(f"Unknown ranking {ranking!r}; choose one of {list(RANKINGS)} or pass a [B, T] score map.")
+    if ranking == "random":
+        noise = torch.rand(mask.shape, generator=generator, device="cpu" if generator is None else generator.device)
+        return noise.to(mask.device).masked_fill(~mask, 0.0)
+    if ranking == "attention":
+        with explanation_context(model, batch) as safe, torch.no_grad():
+            return model.forward_from_embeddings(model.embed(safe), safe).attention.detach()
+    grad = attention_gradient(model, batch, target=target)
+    if ranking == "gradient":
+        return grad
+    with explanation_context(model, batch) as safe, torch.no_grad():
+        alpha = model.forward_from_embeddings(model.embed(safe), safe).attention.detach()
+    return grad * alpha
+
+
+@dataclass
+class DecisionFlipResult:
+    """Per-instance outcome of :func:`decision_flip` (all ``[B]``; −1 where the decision never flips).
+
+    Attributes:
+        items_removed: attention items zeroed when the argmax first changed (LongTensor), or −1.
+        attention_removed: attention mass (sum of the original α of those items), or −1.
+        fraction_removed: ``items_removed / n`` (n = real tokens of the instance), or −1.
+        flipped: whether the decision flipped before only one item was left.
+        lengths: n, the real tokens of each instance.
+    """
+
+    items_removed: Tensor
+    attention_removed: Tensor
+    fraction_removed: Tensor
+    flipped: Tensor
+    lengths: Tensor
+
+
+def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Tensor] = "attention", *,
+                  generator: Optional[torch.Generator] = None, max_rows: int = 2048) -> DecisionFlipResult:
+    """Serrano & Smith's erasure test: zero attention items in ranked order until the decision flips.
+
+    With the encoder outputs fixed (the model is re-run from the same embeddings with ``attention_override``),
+    step s zeroes the s highest-ranked real tokens' attention weights and renormalises the rest to sum to 1
+    (uniform over the remaining tokens if their weights are all exactly 0). Steps run from 1 to n − 1, so at least
+    one item is always left; if the argmax never changes the instance records −1. Ranking ties are broken by
+    position (earlier first).
+
+    All steps of all instances are built as one stack of ``Σ (n_b − 1)`` overridden attention rows and run in
+    forward passes of at most ``max_rows`` rows, lowest steps first; instances that already flipped are dropped
+    from later passes.
+
+    Args:
+        model: the explainable model (put in eval mode while this runs; modes are restored).
+        batch: the batch.
+        ranking: ``"attention"``, ``"random"``, ``"gradient"``, ``"grad_x_attention"`` or a ``[B, T]`` score map
+            (see :func:`ranking_scores`); the highest score is erased first.
+        generator: random source for ``ranking="random"``.
+        max_rows: rows per forward pass.
+
+    Example:
+        >>> import torch
+        >>> from lightning_xai.models import AttentionClassifier
+        >>> _ = torch.manual_seed(0)
+        >>> model = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4)
+        >>> batch = {"input_ids": torch.tensor([[3, 4, 5, 6]]), "mask": torch.ones(1, 4, dtype=torch.bool)}
+        >>> result = decision_flip(model, batch, "attention")
+        >>> bool(result.items_removed[0] == -1 or 1 <= result.items_removed[0] <= 3)
+        True
+    """
+    if not isinstance(max_rows, int) or max_rows < 1:
+        raise ValueError(f"max_rows must be a positive int, got {max_rows!r}.")
+    model = as_explainable(model)
+    own_attention = isinstance(ranking, str) and ranking == "attention"  # taken from the full pass below
+    scores = None if own_attention else ranking_scores(model, batch, ranking, generator=generator)
+    with explanation_context(model, batch) as safe, torch.no_grad():
+        mask = model.token_mask(safe)
+        if bool((~mask.any(1)).any()):
+            raise ValueError("decision_flip: some rows have no real token; drop empty examples first.")
+        B, T = mask.shape
+        device = mask.device
+        emb = model.embed(safe)
+        out = model.forward_from_embeddings(emb, safe)
+        alpha = out.attention.detach().masked_fill(~mask, 0.0)
+        decision = out.logits.argmax(-1)
+        lengths = mask.sum(1)
+        ranked = (alpha if scores is None else scores.to(device)).masked_fill(~mask, float("-inf"))
+        order = torch.sort(ranked, dim=1, descending=True, stable=True).indices
+        rank = torch.empty_like(order).scatter_(1, order, torch.arange(T, device=device).expand(B, T).contiguous())
+        mass_in_order = torch.cumsum(alpha.gather(1, order), dim=1)  # mass of the first s items at index s − 1
+
+        steps = (lengths - 1).clamp(min=0)
+        max_step = int(steps.max()) if B else 0
+        # rows ordered by step, then instance: (b, s) for s = 1..n_b − 1
+        step_grid = torch.arange(1, max_step + 1, device=device).view(-1, 1).expand(max_step, B)
+        inst_grid = torch.arange(B, device=device).view(1, -1).expand(max_step, B)
+        valid = step_grid <= steps.view(1, -1)
+        row_inst, row_step = inst_grid[valid], step_grid[valid]
+
+        first_flip = torch.full((B,), T + 1, dtype=torch.long, device=device)
+        pointer = 0
+        while pointer < row_inst.numel():
+            pending_inst, pending_step = row_inst[pointer:], row_step[pointer:]
+            alive = first_flip[pending_inst] > pending_step
+            if not bool(alive.any()):
+                break
+            take = alive.nonzero().flatten()[:max_rows]
+            inst, step = pending_inst[take], pending_step[take]
+            pointer += int(take[-1]) + 1
+            removed = rank[inst] < step.view(-1, 1)
+            left = mask[inst] & ~removed
+            weights = alpha[inst].masked_fill(~left, 0.0)
+            total = weights.sum(1, keepdim=True)
+            uniform = left.to(weights.dtype) / left.sum(1, keepdim=True).to(weights.dtype)
+            override = torch.where(total > 0, weights / torch.where(total > 0, total, torch.ones_like(total)),
+                                   uniform)
+            part = take_rows(safe, inst, B)
+            logits = model.forward_from_embeddings(emb.index_select(0, inst), part,
+                                                   attention_override=override).logits
+            flips = logits.argmax(-1) != decision[inst]
+            if bool(flips.any()):
+                first_flip.scatter_reduce_(0, inst[flips], step[flips], reduce="amin")
+
+        flipped = first_flip <= T
+        items = torch.where(flipped, first_flip, torch.full_like(first_flip, -1))
+        index = (first_flip - 1).clamp(min=0, max=max(T - 1, 0)).view(-1, 1)
+        mass = torch.where(flipped, mass_in_order.gather(1, index).squeeze(1), torch.full_like(alpha[:, 0], -1.0))
+        fraction = torch.where(flipped, first_flip.double() / lengths.double(),
+                               torch.full_like(first_flip, -1, dtype=torch.float64))
+    return DecisionFlipResult(items_removed=items, attention_removed=mass, fraction_removed=fraction,
+                              flipped=flipped, lengths=lengths)
