@@ -10,6 +10,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, summarize_values
+from lightning_xai.metrics.functional.plausibility import impermissible_mass
 
 __all__ = ["ImpermissibleAttentionMonitor"]
 
@@ -69,7 +70,7 @@ class ImpermissibleAttentionMonitor(AuditCallback):
         if self.key not in batch:
             raise MisconfigurationException(f"ImpermissibleAttentionMonitor: the batch has no {self.key!r} key.")
         attention = prediction.attention
-        mass = (attention * batch[self.key].to(attention.device)).sum(-1)
+        mass = impermissible_mass(attention, batch[self.key])
         return {"maps": {"attention": attention, "impermissible": batch[self.key].float()},
                 "values": {"mass": mass}}, {}
 

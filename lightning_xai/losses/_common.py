@@ -1,6 +1,7 @@
 """Helpers shared by the loss modules (private)."""
 from __future__ import annotations
 
+import warnings
 from typing import Any, Optional
 
 from torch import Tensor
@@ -43,8 +44,32 @@ def as_float(mask: Tensor, like: Tensor) -> Tensor:
     return mask.to(device=like.device, dtype=like.dtype)
 
 
+def renamed_lam(weight: float, lam: Optional[float], owner: str, default: float = 1.0) -> float:
+    """The loss strength ``weight``, or the value of its deprecated name ``lam`` (with a ``DeprecationWarning``).
+
+    Every loss calls its strength ``weight``; ``DeceptionPenalty`` and ``ModelConsistentAdversary`` (and their
+    functions) called it ``lam`` until issue 13, and still accept it.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     value = renamed_lam(1.0, 0.1, "DeceptionPenalty")
+        >>> value, caught[0].category.__name__
+        (0.1, 'DeprecationWarning')
+    """
+    if lam is None:
+        return float(weight)
+    if weight != default:
+        raise TypeError(f"{owner} got weight={weight} and lam={lam}; lam is the deprecated name of weight, pass "
+                        "weight only.")
+    warnings.warn(f"{owner}: lam= is deprecated, use weight= (the name of the strength in every loss).",
+                  DeprecationWarning, stacklevel=3)
+    return float(lam)
+
+
 def ensure_scalar(value: Tensor) -> Tensor:
     return value.reshape(()) if value.numel() == 1 else value.mean()
 
 
-__all__ = ["log_extra", "token_mask", "require_model", "batch_size_of", "as_float", "ensure_scalar"]
+__all__ = ["log_extra", "token_mask", "require_model", "batch_size_of", "as_float", "ensure_scalar", "renamed_lam"]

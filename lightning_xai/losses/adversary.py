@@ -1,21 +1,25 @@
 """Wiegreffe & Pinter (2019): a model-consistent adversary whose attention differs from a frozen base."""
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, Optional
 
 import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, ExplainOutput, as_explainable
-from lightning_xai.audits.adversarial import jensen_shannon_divergence, kl_divergence, total_variation
-from lightning_xai.losses._common import log_extra
+from lightning_xai.losses._common import log_extra, renamed_lam
+from lightning_xai.metrics.functional.divergence import jensen_shannon_divergence, kl_divergence, total_variation
 
 __all__ = ["ModelConsistentAdversary", "model_consistent_adversary_loss"]
 
 
 def model_consistent_adversary_loss(adv_logits: Tensor, base_probs: Tensor, adv_attention: Tensor,
-                                    base_attention: Tensor, lam: float) -> Dict[str, Tensor]:
+                                    base_attention: Tensor, weight: float = 1.0, *,
+                                    lam: Optional[float] = None) -> Dict[str, Tensor]:
     """L = mean_b TVD(ŷ_adv, ŷ_base) − λ·mean_b KL(α_adv ‖ α_base), with the terms (KL, JSD, TVD) for logging.
+
+    λ is ``weight`` (``lam``: its deprecated name).
 
     Example:
         >>> terms = model_consistent_adversary_loss(torch.zeros(1, 2), torch.tensor([[0.5, 0.5]]),
@@ -23,10 +27,11 @@ def model_consistent_adversary_loss(adv_logits: Tensor, base_probs: Tensor, adv_
         >>> round(terms["loss"].item(), 4), round(terms["kl"].item(), 4)
         (-0.6931, 0.6931)
     """
+    weight = renamed_lam(weight, lam, "model_consistent_adversary_loss")
     tvd = total_variation(adv_logits.softmax(-1), base_probs).mean()
     kl = kl_divergence(adv_attention, base_attention).mean()
     jsd = jensen_shannon_divergence(adv_attention, base_attention).mean()
-    return {"loss": tvd - lam * kl, "tvd": tvd, "kl": kl, "jsd": jsd}
+    return {"loss": tvd - weight * kl, "tvd": tvd, "kl": kl, "jsd": jsd}
 
 
 class ModelConsistentAdversary(nn.Module):
@@ -49,15 +54,16 @@ class ModelConsistentAdversary(nn.Module):
 
     Args:
         base_model: the audited model (an ExplainableModel).
-        lam: λ, weight of the attention divergence.
+        weight: λ, weight of the attention divergence.
         name: the logged name.
+        lam: deprecated name of ``weight`` (accepted with a ``DeprecationWarning``).
 
     Example:
         >>> import torch
         >>> from lightning_xai.models import AttentionClassifier
         >>> base = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4)
         >>> adversary = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4)
-        >>> objective = ModelConsistentAdversary(base, lam=0.1)
+        >>> objective = ModelConsistentAdversary(base, weight=0.1)
         >>> batch = {"input_ids": torch.tensor([[3, 4, 5]]), "mask": torch.ones(1, 3, dtype=torch.bool)}
         >>> loss = objective(adversary(batch), batch)
         >>> loss.backward()
@@ -65,17 +71,19 @@ class ModelConsistentAdversary(nn.Module):
         (True, ['jsd', 'kl', 'tvd'])
     """
 
-    def __init__(self, base_model: ExplainableModel, lam: float = 1.0, name: str = "adversary") -> None:
+    def __init__(self, base_model: ExplainableModel, weight: float = 1.0, name: str = "adversary", *,
+                 lam: Optional[float] = None) -> None:
         super().__init__()
+        weight = renamed_lam(weight, lam, "ModelConsistentAdversary")
         base = as_explainable(base_model)
-        if lam < 0:
-            raise ValueError(f"lam must be >= 0, got {lam}.")
+        if weight < 0:
+            raise ValueError(f"weight must be >= 0, got {weight}.")
         self._base = (base,)  # a tuple keeps it out of this module's children and parameters
         if isinstance(base, nn.Module):
             base.eval()
             for p in base.parameters():
                 p.requires_grad_(False)
-        self.lam = float(lam)
+        self.weight = float(weight)
         self.name = name
         self.last_terms: Dict[str, Tensor] = {}
 
@@ -103,11 +111,22 @@ class ModelConsistentAdversary(nn.Module):
                              f"has {tuple(outputs.attention.shape)}; both must read the same tokenisation.")
         terms = model_consistent_adversary_loss(outputs.logits, base.logits.softmax(-1).to(outputs.logits.dtype),
                                                 outputs.attention, base.attention.to(outputs.attention.dtype),
-                                                self.lam)
+                                                self.weight)
         self.last_terms = {k: v.detach() for k, v in terms.items() if k != "loss"}
         for key, value in self.last_terms.items():
             log_extra(model, f"train/{self.name}_{key}", value, int(outputs.logits.shape[0]))
         return terms["loss"]
 
+    @property
+    def lam(self) -> float:
+        """Deprecated name of :attr:`weight`."""
+        warnings.warn("ModelConsistentAdversary.lam is deprecated; use .weight.", DeprecationWarning, stacklevel=2)
+        return self.weight
+
+    @lam.setter
+    def lam(self, value: float) -> None:
+        warnings.warn("ModelConsistentAdversary.lam is deprecated; use .weight.", DeprecationWarning, stacklevel=2)
+        self.weight = float(value)
+
     def extra_repr(self) -> str:
-        return f"lam={self.lam}, base={type(self.base_model).__name__}"
+        return f"weight={self.weight}, base={type(self.base_model).__name__}"

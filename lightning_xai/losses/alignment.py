@@ -7,8 +7,8 @@ import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
-from lightning_xai.audits.adversarial import kl_divergence
 from lightning_xai.losses._common import require_model, token_mask
+from lightning_xai.metrics.functional.divergence import kl_divergence
 
 __all__ = ["AttentionAlignmentLoss", "attention_alignment_kl", "normalize_saliency"]
 

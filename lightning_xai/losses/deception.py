@@ -1,13 +1,15 @@
 """Pruthi et al. (2020): train attention to hide impermissible tokens."""
 from __future__ import annotations
 
+import warnings
 from typing import Any, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
-from lightning_xai.losses._common import log_extra
+from lightning_xai.losses._common import log_extra, renamed_lam
+from lightning_xai.metrics.functional.plausibility import impermissible_mass
 
 __all__ = ["DeceptionPenalty", "deception_penalty", "impermissible_mass"]
 
@@ -19,37 +21,25 @@ def _safe_neg_log_complement(mass: Tensor, eps: float) -> Tensor:
     return -torch.log1p(-mass.clamp(0.0, 1.0 - eps))
 
 
-def deception_penalty(mass: Tensor, lam: float, reduction: str = "mean", eps: float = 1e-6) -> Tensor:
+def deception_penalty(mass: Tensor, weight: float = 1.0, reduction: str = "mean", eps: float = 1e-6, *,
+                      lam: Optional[float] = None) -> Tensor:
     """Pruthi's penalty from impermissible attention masses ``mass`` (any shape, e.g. ``[B]`` or ``[B, heads]``).
 
-    ``mean``: −λ·mean log(1 − m); ``max``: −λ·min log(1 − m) (the largest single penalty).
+    ``mean``: −λ·mean log(1 − m); ``max``: −λ·min log(1 − m) (the largest single penalty); λ = ``weight``
+    (``lam``: its deprecated name).
 
     Example:
         >>> m = torch.tensor([0.0, 0.5])
-        >>> deception_penalty(m, lam=1.0), deception_penalty(m, lam=1.0, reduction="max")
+        >>> deception_penalty(m, weight=1.0), deception_penalty(m, weight=1.0, reduction="max")
         (tensor(0.3466), tensor(0.6931))
     """
+    weight = renamed_lam(weight, lam, "deception_penalty")
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}.")
     terms = _safe_neg_log_complement(mass, eps)
     if terms.numel() == 0:
         return mass.new_zeros(())
-    return lam * (terms.mean() if reduction == "mean" else terms.max())
-
-
-def impermissible_mass(attention: Tensor, impermissible: Tensor) -> Tensor:
-    """Σ_{i∈I} α_i over the last dimension: ``attention`` ``[..., T]``, ``impermissible`` bool ``[B, T]``.
-
-    ``attention`` may carry extra middle dimensions (e.g. ``[B, heads, T]``); the mask broadcasts over them.
-
-    Example:
-        >>> impermissible_mass(torch.tensor([[0.2, 0.3, 0.5]]), torch.tensor([[True, False, True]]))
-        tensor([0.7000])
-    """
-    mask = impermissible.to(device=attention.device, dtype=attention.dtype)
-    while mask.dim() < attention.dim():
-        mask = mask.unsqueeze(1)
-    return (attention * mask).sum(-1)
+    return weight * (terms.mean() if reduction == "mean" else terms.max())
 
 
 class DeceptionPenalty(nn.Module):
@@ -72,7 +62,7 @@ class DeceptionPenalty(nn.Module):
     impermissible mass of the last batch is kept in :attr:`last_mass` and logged as ``train/<name>_mass``.
 
     Args:
-        lam: λ, the penalty weight (Pruthi et al. use 0.1 and 1).
+        weight: λ, the penalty weight (Pruthi et al. use 0.1 and 1).
         reduction: ``"mean"`` or ``"max"``.
         layers: layer index or indices of ``raw_attentions`` (negative indices count from the end).
         heads: head indices to use (default all).
@@ -82,30 +72,31 @@ class DeceptionPenalty(nn.Module):
         source: ``"auto"``, ``"attention"`` or ``"raw"``.
         eps: clamp margin below mass 1.
         name: the logged name (``train/<name>``).
+        lam: deprecated name of ``weight`` (accepted with a ``DeprecationWarning``).
 
     Example:
         >>> import torch
         >>> from lightning_xai.adapters import ExplainOutput
-        >>> penalty = DeceptionPenalty(lam=1.0)
+        >>> penalty = DeceptionPenalty(weight=1.0)
         >>> out = ExplainOutput(logits=torch.zeros(1, 2), attention=torch.tensor([[0.5, 0.25, 0.25]]))
         >>> penalty(out, {"impermissible": torch.tensor([[True, False, False]])})
         tensor(0.6931)
     """
 
-    def __init__(self, lam: float = 1.0, reduction: str = "mean", layers: Union[int, Sequence[int]] = -1,
+    def __init__(self, weight: float = 1.0, reduction: str = "mean", layers: Union[int, Sequence[int]] = -1,
                  heads: Optional[Sequence[int]] = None, query: Optional[int] = None, source: str = "auto",
-                 eps: float = 1e-6,
-                 name: str = "deception") -> None:
+                 eps: float = 1e-6, name: str = "deception", *, lam: Optional[float] = None) -> None:
         super().__init__()
+        weight = renamed_lam(weight, lam, "DeceptionPenalty")
         if reduction not in _REDUCTIONS:
             raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}.")
         if source not in ("auto", "attention", "raw"):
             raise ValueError(f"source must be 'auto', 'attention' or 'raw', got {source!r}.")
-        if lam < 0:
-            raise ValueError(f"lam must be >= 0 (it is a penalty weight), got {lam}.")
+        if weight < 0:
+            raise ValueError(f"weight must be >= 0 (it is a penalty weight), got {weight}.")
         if not 0 < eps < 1:
             raise ValueError(f"eps must lie in (0, 1), got {eps}.")
-        self.lam = float(lam)
+        self.weight = float(weight)
         self.reduction = reduction
         self.layers = [layers] if isinstance(layers, int) else list(layers)
         self.heads = None if heads is None else list(heads)
@@ -163,11 +154,22 @@ class DeceptionPenalty(nn.Module):
         self.empty_examples += empty
         self.seen_examples += int(batch["impermissible"].shape[0])
         self.last_mass = mass.detach().mean()
-        value = deception_penalty(mass, self.lam, self.reduction, self.eps)
+        value = deception_penalty(mass, self.weight, self.reduction, self.eps)
         size = int(batch["impermissible"].shape[0])
         log_extra(model, f"train/{self.name}_mass", self.last_mass, size)
         log_extra(model, f"train/{self.name}_empty", float(empty), size)
         return value
 
+    @property
+    def lam(self) -> float:
+        """Deprecated name of :attr:`weight`."""
+        warnings.warn("DeceptionPenalty.lam is deprecated; use .weight.", DeprecationWarning, stacklevel=2)
+        return self.weight
+
+    @lam.setter
+    def lam(self, value: float) -> None:
+        warnings.warn("DeceptionPenalty.lam is deprecated; use .weight.", DeprecationWarning, stacklevel=2)
+        self.weight = float(value)
+
     def extra_repr(self) -> str:
-        return f"lam={self.lam}, reduction={self.reduction!r}, layers={self.layers}, heads={self.heads}"
+        return f"weight={self.weight}, reduction={self.reduction!r}, layers={self.layers}, heads={self.heads}"

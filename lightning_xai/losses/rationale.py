@@ -7,8 +7,8 @@ import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
-from lightning_xai.audits.adversarial import kl_divergence
 from lightning_xai.losses._common import as_float, log_extra, token_mask
+from lightning_xai.metrics.functional.divergence import kl_divergence
 
 __all__ = ["RationaleSupervisionLoss", "rationale_supervision"]
 

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from lightning_xai.adapters.huggingface import HuggingFaceAdapter, Reduction
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
+from lightning_xai.metrics.functional.plausibility import impermissible_mass
 from lightning_xai.models.steps import ClassifierSteps
 
 __all__ = ["HFClassifier", "load_hf_classifier"]
@@ -138,7 +139,7 @@ class HFClassifier(ClassifierSteps, pl.LightningModule):
     def log_evaluation_extras(self, outputs: ExplainOutput, batch: Batch, stage: str, batch_size: int) -> None:
         if "impermissible" in batch:  # Pruthi's quantity: last layer, the pooled query row, mean over heads
             rows = outputs.extras["cls_rows"]
-            mass = (rows * batch["impermissible"].unsqueeze(1).to(rows.dtype)).sum(-1).mean()
+            mass = impermissible_mass(rows, batch["impermissible"]).mean()
             self.log(f"{stage}/impermissible_mass", mass, batch_size=batch_size, sync_dist=True)
 
     def configure_optimizers(self) -> Any:

@@ -20,7 +20,7 @@ def test_terms_match_scipy(trained_model, sst2_batch):
     base = copy.deepcopy(trained_model)  # the objective freezes its base; keep the shared fixture intact
     adversary = copy.deepcopy(trained_model)
     torch.nn.init.normal_(adversary.attention.v.weight, std=1.0)
-    objective = ModelConsistentAdversary(base, lam=0.5)
+    objective = ModelConsistentAdversary(base, weight=0.5)
     out = adversary(sst2_batch)
     loss = objective(out, sst2_batch)
     base = base(sst2_batch)
@@ -48,7 +48,7 @@ def test_trainer_never_updates_the_base(sst2, trained_model, tmp_path):
     base = copy.deepcopy(trained_model).train()  # even a base left in train mode is evaluated frozen
     base.zero_grad(set_to_none=True)
     before = {k: v.clone() for k, v in base.state_dict().items()}
-    objective = ModelConsistentAdversary(base, lam=1.0)
+    objective = ModelConsistentAdversary(base, weight=1.0)
     adversary = _AdversaryModule(sst2.vocab_size, 2, embedding_dim=32, hidden_dim=16, objectives=[objective])
     adversary.load_state_dict(base.state_dict(), strict=False)
     torch.nn.init.normal_(adversary.attention.v.weight, std=1.0)
@@ -70,5 +70,5 @@ def test_trainer_never_updates_the_base(sst2, trained_model, tmp_path):
 def test_rejects_non_explainable_base_and_negative_lambda(trained_model):
     with pytest.raises(TypeError, match="ExplainableModel"):
         ModelConsistentAdversary(torch.nn.Linear(2, 2))
-    with pytest.raises(ValueError, match="lam"):
-        ModelConsistentAdversary(copy.deepcopy(trained_model), lam=-1.0)
+    with pytest.raises(ValueError, match="weight"):
+        ModelConsistentAdversary(copy.deepcopy(trained_model), weight=-1.0)

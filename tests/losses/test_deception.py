@@ -31,11 +31,11 @@ def test_bilstm_attention_matches_hand_computation(wiki_batch):
         mass = sum(float(out.attention.detach()[b, t]) for t in range(batch["mask"].shape[1]) if batch["impermissible"][b, t])
         logs.append(math.log(1.0 - mass))
     for lam in (0.1, 1.0):
-        mean = DeceptionPenalty(lam=lam, reduction="mean")(out, batch)
-        worst = DeceptionPenalty(lam=lam, reduction="max")(out, batch)
+        mean = DeceptionPenalty(weight=lam, reduction="mean")(out, batch)
+        worst = DeceptionPenalty(weight=lam, reduction="max")(out, batch)
         assert mean.item() == pytest.approx(-lam * sum(logs) / len(logs), rel=1e-5)
         assert worst.item() == pytest.approx(-lam * min(logs), rel=1e-5)
-    DeceptionPenalty(lam=1.0)(out, batch).backward()
+    DeceptionPenalty(weight=1.0)(out, batch).backward()
     assert model.attention.v.weight.grad is not None and model.attention.v.weight.grad.abs().sum() > 0
 
 
@@ -56,34 +56,34 @@ def test_multi_head_raw_attentions_match_hand_computation():
         return values
 
     logs = hand([1], range(4))  # default: last layer, [CLS] row, every head
-    assert DeceptionPenalty(lam=1.0)(out, batch).item() == pytest.approx(-sum(logs) / len(logs), rel=1e-5)
-    assert DeceptionPenalty(lam=1.0, reduction="max")(out, batch).item() == pytest.approx(-min(logs), rel=1e-5)
+    assert DeceptionPenalty(weight=1.0)(out, batch).item() == pytest.approx(-sum(logs) / len(logs), rel=1e-5)
+    assert DeceptionPenalty(weight=1.0, reduction="max")(out, batch).item() == pytest.approx(-min(logs), rel=1e-5)
     logs = hand([0], [1, 3])
-    value = DeceptionPenalty(lam=0.1, layers=0, heads=[1, 3])(out, batch)
+    value = DeceptionPenalty(weight=0.1, layers=0, heads=[1, 3])(out, batch)
     assert value.item() == pytest.approx(-0.1 * sum(logs) / len(logs), rel=1e-5)
     # source="attention" ignores the raw maps
-    assert DeceptionPenalty(lam=1.0, source="attention")(out, batch).item() == 0.0
+    assert DeceptionPenalty(weight=1.0, source="attention")(out, batch).item() == 0.0
 
 
 def test_missing_key_and_bad_masks_raise_clear_errors():
     out = ExplainOutput(logits=torch.zeros(1, 2), attention=torch.tensor([[0.5, 0.5]]))
     with pytest.raises(KeyError, match="impermissible"):
-        DeceptionPenalty(lam=1.0)(out, {"mask": torch.ones(1, 2, dtype=torch.bool)})
+        DeceptionPenalty(weight=1.0)(out, {"mask": torch.ones(1, 2, dtype=torch.bool)})
     with pytest.raises(TypeError, match="bool"):
-        DeceptionPenalty(lam=1.0)(out, {"impermissible": torch.tensor([[1, 0]])})
+        DeceptionPenalty(weight=1.0)(out, {"impermissible": torch.tensor([[1, 0]])})
     with pytest.raises(ValueError, match="aligned"):
-        DeceptionPenalty(lam=1.0)(out, {"impermissible": torch.tensor([[True, False, False]])})
+        DeceptionPenalty(weight=1.0)(out, {"impermissible": torch.tensor([[True, False, False]])})
     with pytest.raises(ValueError, match="raw_attentions"):
-        DeceptionPenalty(lam=1.0, source="raw")(out, {"impermissible": torch.tensor([[True, False]])})
+        DeceptionPenalty(weight=1.0, source="raw")(out, {"impermissible": torch.tensor([[True, False]])})
     with pytest.raises(ValueError, match="reduction"):
-        DeceptionPenalty(lam=1.0, reduction="sum")
+        DeceptionPenalty(weight=1.0, reduction="sum")
 
 
 def test_empty_impermissible_set_contributes_zero_and_is_counted():
     attention = torch.tensor([[0.2, 0.8], [0.6, 0.4]])
     out = ExplainOutput(logits=torch.zeros(2, 2), attention=attention)
     batch = {"impermissible": torch.tensor([[False, False], [True, False]])}
-    penalty = DeceptionPenalty(lam=1.0)
+    penalty = DeceptionPenalty(weight=1.0)
     value = penalty(out, batch)
     assert value.item() == pytest.approx(-(math.log(1.0) + math.log(0.4)) / 2, rel=1e-6)
     assert (penalty.empty_examples, penalty.seen_examples) == (1, 2)
@@ -96,8 +96,8 @@ def test_mass_near_one_stays_finite_with_finite_gradients():
     scores = torch.tensor([[40.0, 0.0, 0.0]], requires_grad=True)
     attention = scores.softmax(-1)  # mass on token 0 is 1 - 2e-18 -> rounds to 1 in float32
     out = ExplainOutput(logits=torch.zeros(1, 2), attention=attention)
-    value = DeceptionPenalty(lam=1.0, eps=1e-6)(out, {"impermissible": torch.tensor([[True, False, False]])})
+    value = DeceptionPenalty(weight=1.0, eps=1e-6)(out, {"impermissible": torch.tensor([[True, False, False]])})
     value.backward()
     assert torch.isfinite(value) and value.item() == pytest.approx(-math.log(1e-6), rel=1e-3)
     assert torch.isfinite(scores.grad).all()
-    assert deception_penalty(torch.tensor([1.0, 1.0]), lam=1.0).isfinite()
+    assert deception_penalty(torch.tensor([1.0, 1.0]), weight=1.0).isfinite()

@@ -22,7 +22,7 @@ def test_deception_penalty_token_attention(reduction):
     torch.manual_seed(0)
     scores = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
     batch = {"impermissible": torch.tensor([[True, False, True, False], [False, True, False, False]])}
-    penalty = DeceptionPenalty(lam=0.7, reduction=reduction)
+    penalty = DeceptionPenalty(weight=0.7, reduction=reduction)
 
     def f(s):
         return penalty(ExplainOutput(logits=torch.zeros(2, 2, dtype=torch.float64), attention=_softmax(s)), batch)
@@ -35,7 +35,7 @@ def test_deception_penalty_multi_head(reduction):
     torch.manual_seed(1)
     scores = torch.randn(2, 3, 4, 4, dtype=torch.float64, requires_grad=True)
     batch = {"impermissible": torch.tensor([[False, True, True, False], [False, False, True, False]])}
-    penalty = DeceptionPenalty(lam=1.0, reduction=reduction, layers=[-1, 0], heads=[0, 2])
+    penalty = DeceptionPenalty(weight=1.0, reduction=reduction, layers=[-1, 0], heads=[0, 2])
 
     def f(s):
         raw = (s.softmax(-1), (s * 0.5).softmax(-1))
@@ -53,7 +53,7 @@ def test_adversary_loss():
     base_attention = _softmax(torch.randn(2, 4, dtype=torch.float64))
 
     def f(lg, s):
-        return model_consistent_adversary_loss(lg, base_probs, _softmax(s), base_attention, lam=0.3)["loss"]
+        return model_consistent_adversary_loss(lg, base_probs, _softmax(s), base_attention, weight=0.3)["loss"]
 
     assert gradcheck(f, (logits, scores))
 

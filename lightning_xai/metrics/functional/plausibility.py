@@ -21,7 +21,7 @@ from torch import Tensor
 
 from lightning_xai.metrics.functional._validation import check_mask, check_maps, resolve_k, topk_mask
 
-__all__ = ["auprc", "binarize", "iou_f1", "span_match_counts", "token_f1"]
+__all__ = ["auprc", "binarize", "impermissible_mass", "iou_f1", "span_match_counts", "token_f1"]
 
 
 def _check_rationale(rationale: Tensor, mask: Tensor) -> None:
@@ -182,3 +182,20 @@ def auprc(scores: Tensor, rationale: Tensor, mask: Tensor) -> Tensor:
     prev_recall[:, 1:] = running[:, :-1]
     ap = ((recall - prev_recall) * precision * last.double()).sum(1)
     return torch.where(positives.squeeze(1) > 0, ap, torch.full_like(ap, float("nan")))
+
+
+def impermissible_mass(attention: Tensor, impermissible: Tensor) -> Tensor:
+    """Σ_{i∈I} α_i over the last dimension: the attention mass on a marked token set ``I`` (Pruthi et al.'s
+    impermissible tokens, or a rationale). ``attention`` ``[..., T]``, ``impermissible`` bool ``[B, T]``.
+
+    ``attention`` may carry extra middle dimensions (e.g. ``[B, heads, T]``); the mask broadcasts over them. The one
+    implementation behind the deception penalty, the impermissible-attention monitor and ``HFClassifier``'s log.
+
+    Example:
+        >>> impermissible_mass(torch.tensor([[0.2, 0.3, 0.5]]), torch.tensor([[True, False, True]]))
+        tensor([0.7000])
+    """
+    mask = impermissible.to(device=attention.device, dtype=attention.dtype)
+    while mask.dim() < attention.dim():
+        mask = mask.unsqueeze(1)
+    return (attention * mask).sum(-1)
