@@ -180,7 +180,7 @@ def integrated_gradients_map(model: ExplainableModel, batch: Batch, embeddings: 
                              max_steps: int = 256, start_steps: Optional[int] = None,
                              token_rtol: float = IG_AUTO_TOKEN_RTOL, token_atol: float = 1e-7, pad_token_id: Optional[int] = None,
                              warn_threshold: float = 0.05) -> Tuple[Tensor, Tensor, Tensor]:
-    """IG over embeddings; returns ``(map [N, T], delta [N], n_steps [N])``. See :func:`attribute`.
+    r"""IG over embeddings; returns ``(map [N, T], delta [N], n_steps [N])``. See :func:`attribute`.
 
     ``n_steps`` an int: the fixed ``rule`` with that many nodes for every row.
 
