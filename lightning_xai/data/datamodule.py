@@ -6,8 +6,9 @@ from typing import Any, Dict, List, Optional
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
+from lightning_xai.data.loaders import LoaderSettings, SplitLoaders
 from lightning_xai.data.readers import (DATASET_SPLITS, LABEL_NAMES, Example, jain_wallace_clean, read_split,
                                         read_user_file)
 from lightning_xai.data.vocabulary import EOS, SOS, Vocabulary
@@ -70,7 +71,7 @@ def collate(items: List[Dict[str, Any]]) -> Dict[str, torch.Tensor]:
     return batch
 
 
-class TextClassificationDataModule(pl.LightningDataModule):
+class TextClassificationDataModule(SplitLoaders, pl.LightningDataModule):
     """Bundled real datasets (or your own TSV/JSONL files) as padded, masked batches.
 
     Batches are dicts with ``input_ids`` ``[B, T]``, ``mask`` ``[B, T]`` (real tokens), ``labels`` ``[B]``,
@@ -217,24 +218,13 @@ class TextClassificationDataModule(pl.LightningDataModule):
     def dataset(self, split: str) -> EncodedDataset:
         return EncodedDataset(self.examples(split), self.vocab, self.hparams.add_sos_eos)
 
-    def _loader(self, split: str, shuffle: bool):
-        if self._source_split(split) is None:
-            return []  # e.g. a user's data without a val file: Lightning then skips that loop
-        generator = torch.Generator().manual_seed(self.hparams.seed) if shuffle else None
-        return DataLoader(self.dataset(split), batch_size=self.hparams.batch_size, shuffle=shuffle,
-                          collate_fn=collate, generator=generator, num_workers=self.hparams.num_workers)
+    def has_split(self, split: str) -> bool:
+        """Whether there is data for ``split`` (e.g. a user's data may have no val file)."""
+        return self._source_split(split) is not None
 
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
+    def loader_settings(self) -> LoaderSettings:
+        hp = self.hparams
+        return LoaderSettings(hp.batch_size, hp.seed, collate, hp.num_workers)
 
     def state_dict(self) -> Dict[str, Any]:
         return {"vocab": self.vocab.itos}

@@ -26,9 +26,10 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from lightning_xai.data.datamodule import TextClassificationDataModule
+from lightning_xai.data.loaders import LoaderSettings, SplitLoaders
 from lightning_xai.data.readers import Example
 
 __all__ = ["HFTextClassificationDataModule", "WordDataset", "WordPieceCollator"]
@@ -177,7 +178,7 @@ def _word_module(dataset: str, batch_size: int, seed: int, word_kwargs: Dict[str
     return TextClassificationDataModule(dataset, batch_size=batch_size, seed=seed, **word_kwargs)
 
 
-class HFTextClassificationDataModule(pl.LightningDataModule):
+class HFTextClassificationDataModule(SplitLoaders, pl.LightningDataModule):
     """The bundled datasets (or your files) as word-piece batches for a Hugging Face model.
 
     Reading, cleaning and filtering are those of :class:`~lightning_xai.data.TextClassificationDataModule` (built
@@ -260,19 +261,5 @@ class HFTextClassificationDataModule(pl.LightningDataModule):
                 continue
             self.dataset(split)
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.seed) if shuffle else None
-        return DataLoader(self.dataset(split), batch_size=self.batch_size, shuffle=shuffle, collate_fn=self.collator,
-                          generator=generator, num_workers=self.num_workers)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
+    def loader_settings(self) -> LoaderSettings:
+        return LoaderSettings(self.batch_size, self.seed, self.collator, self.num_workers)

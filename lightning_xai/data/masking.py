@@ -12,9 +12,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from lightning_xai.data.datamodule import SPLITS, collate
+from lightning_xai.data.loaders import LoaderSettings, SplitLoaders
 from lightning_xai.data.vocabulary import UNK
 
 __all__ = ["MASK_MODES", "MaskedDataModule", "MaskedDataset", "RandomMaskingDataset", "top_positions"]
@@ -131,7 +132,7 @@ class RandomMaskingDataset(Dataset):
         return item
 
 
-class MaskedDataModule(pl.LightningDataModule):
+class MaskedDataModule(SplitLoaders, pl.LightningDataModule):
     """A :class:`~lightning_xai.data.TextClassificationDataModule` whose splits are masked at given positions.
 
     Loaders use the base module's batch size, seed and collate; ``vocab``, ``vocab_size`` and ``num_classes`` are
@@ -194,20 +195,6 @@ class MaskedDataModule(pl.LightningDataModule):
             data = RandomMaskingDataset(data, self.random_masking, unk_id=unk, seed=self.base.hparams.seed)
         return data
 
-    def _loader(self, split: str) -> DataLoader:
-        shuffle = split == "train"
-        generator = torch.Generator().manual_seed(self.base.hparams.seed) if shuffle else None
-        return DataLoader(self.dataset(split), batch_size=self.base.hparams.batch_size, shuffle=shuffle,
-                          collate_fn=collate, generator=generator, num_workers=self.base.hparams.num_workers)
-
-    def train_dataloader(self) -> DataLoader:
-        """The (masked) training split, shuffled with the base module's seed."""
-        return self._loader("train")
-
-    def val_dataloader(self) -> DataLoader:
-        """The (masked) validation split, in order."""
-        return self._loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        """The (masked) test split, in order."""
-        return self._loader("test")
+    def loader_settings(self) -> LoaderSettings:
+        hp = self.base.hparams
+        return LoaderSettings(hp.batch_size, hp.seed, collate, hp.num_workers)
