@@ -21,8 +21,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	WANDB_MODE=offline $(BIN)/lightning-xai fit --config examples/configs/sst2.yaml
 
-# The suite, then the docstring examples of the package (every public example must run).
+# The import contracts of setup.cfg (one direction of imports, no circles), the suite, then the docstring examples
+# of the package (every public example must run).
 test: $(STAMP)
+	$(BIN)/lint-imports --no-cache
 	WANDB_MODE=offline WANDB_SILENT=true $(BIN)/python -m pytest -q --durations=15 tests
 	WANDB_MODE=offline WANDB_SILENT=true $(BIN)/python -m pytest -q --doctest-modules lightning_xai
 
