@@ -32,9 +32,13 @@ class DeletionLogits(Protocol):
     """Leave-one-out's fast path: the logits of many single-token deletions at once.
 
     Example:
+        >>> import torch
         >>> from lightning_xai.models import AttentionClassifier
-        >>> isinstance(AttentionClassifier(vocab_size=10, num_classes=2), DeletionLogits)
-        True
+        >>> model = AttentionClassifier(vocab_size=10, num_classes=2, embedding_dim=4, hidden_dim=2).eval()
+        >>> batch = {"input_ids": torch.tensor([[3, 4, 5]]), "mask": torch.ones(1, 3, dtype=torch.bool)}
+        >>> with torch.no_grad():  # row 0 without token 1, and row 0 without token 2
+        ...     model.deletion_logits(model.embed(batch), batch, torch.tensor([0, 0]), torch.tensor([1, 2])).shape
+        torch.Size([2, 2])
     """
 
     def deletion_logits(self, embeddings: Tensor, batch: Batch, rows: Tensor, positions: Tensor
@@ -53,8 +57,9 @@ class EmbeddingShift(Protocol):
 
     Example:
         >>> from lightning_xai.models import AttentionClassifier
-        >>> isinstance(AttentionClassifier(vocab_size=10, num_classes=2), EmbeddingShift)
-        True
+        >>> model = AttentionClassifier(vocab_size=10, num_classes=2, embedding_dim=4, hidden_dim=2, encoder="cnn")
+        >>> isinstance(model, EmbeddingShift), model.embedding_table().shape  # the CNN refuses a shift when asked
+        (True, torch.Size([10, 4]))
     """
 
     def embedding_table(self) -> Tensor:
@@ -77,9 +82,12 @@ class LinearHead(Protocol):
     ``hidden_states`` (both from ``forward_from_embeddings``).
 
     Example:
-        >>> from lightning_xai.models import AttentionClassifier
-        >>> isinstance(AttentionClassifier(vocab_size=10, num_classes=2), LinearHead)
-        True
+        >>> from torch import nn
+        >>> class Pooled(nn.Module):
+        ...     def linear_head(self):
+        ...         return nn.Linear(8, 3)
+        >>> isinstance(Pooled(), LinearHead), isinstance(nn.Linear(8, 3), LinearHead)
+        (True, False)
     """
 
     def linear_head(self) -> nn.Linear:
@@ -93,8 +101,8 @@ class TokenEncoder(Protocol):
 
     Example:
         >>> from lightning_xai.models import AttentionClassifier
-        >>> isinstance(AttentionClassifier(vocab_size=10, num_classes=2), TokenEncoder)
-        True
+        >>> type(AttentionClassifier(vocab_size=10, num_classes=2, encoder="mlp").token_encoder()).__name__
+        'MLPEncoder'
     """
 
     def token_encoder(self) -> nn.Module:

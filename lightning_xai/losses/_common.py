@@ -4,6 +4,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Optional
 
+import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
@@ -68,8 +69,37 @@ def renamed_lam(weight: float, lam: Optional[float], owner: str, default: float 
     return float(lam)
 
 
+class DeprecatedLam:
+    """Mixin: ``loss.lam`` reads and sets ``loss.weight``, with a ``DeprecationWarning`` (the old attribute name)."""
+
+    weight: float
+
+    @property
+    def lam(self) -> float:
+        """Deprecated name of ``weight``."""
+        warnings.warn(f"{type(self).__name__}.lam is deprecated; use .weight.", DeprecationWarning, stacklevel=2)
+        return self.weight
+
+    @lam.setter
+    def lam(self, value: float) -> None:
+        warnings.warn(f"{type(self).__name__}.lam is deprecated; use .weight.", DeprecationWarning, stacklevel=2)
+        self.weight = float(value)
+
+
+def bool_batch_mask(batch: Batch, key: str, owner: str, hint: str) -> Tensor:
+    """``batch[key]``, checked to be a bool tensor; ``hint`` says what the key holds and where it comes from."""
+    if key not in batch:
+        raise KeyError(f"{owner} needs batch[{key!r}] (bool [B, T], {hint}).")
+    value = batch[key]
+    if not isinstance(value, Tensor) or value.dtype != torch.bool:
+        raise TypeError(f"batch[{key!r}] must be a bool tensor, got {getattr(value, 'dtype', type(value))}; "
+                        "use .bool().")
+    return value
+
+
 def ensure_scalar(value: Tensor) -> Tensor:
     return value.reshape(()) if value.numel() == 1 else value.mean()
 
 
-__all__ = ["log_extra", "token_mask", "require_model", "batch_size_of", "as_float", "ensure_scalar", "renamed_lam"]
+__all__ = ["DeprecatedLam", "as_float", "batch_size_of", "bool_batch_mask", "ensure_scalar", "log_extra",
+           "renamed_lam", "require_model", "token_mask"]

@@ -1,14 +1,13 @@
 """Wiegreffe & Pinter (2019): a model-consistent adversary whose attention differs from a frozen base."""
 from __future__ import annotations
 
-import warnings
 from typing import Any, Dict, Optional
 
 import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, ExplainOutput, as_explainable
-from lightning_xai.losses._common import log_extra, renamed_lam
+from lightning_xai.losses._common import DeprecatedLam, log_extra, renamed_lam
 from lightning_xai.metrics.functional.divergence import jensen_shannon_divergence, kl_divergence, total_variation
 
 __all__ = ["ModelConsistentAdversary", "model_consistent_adversary_loss"]
@@ -34,7 +33,7 @@ def model_consistent_adversary_loss(adv_logits: Tensor, base_probs: Tensor, adv_
     return {"loss": tvd - weight * kl, "tvd": tvd, "kl": kl, "jsd": jsd}
 
 
-class ModelConsistentAdversary(nn.Module):
+class ModelConsistentAdversary(DeprecatedLam, nn.Module):
     """Wiegreffe & Pinter's model-consistent adversarial objective against a frozen base model.
 
     L = TVD(ŷ_adv, ŷ_base) − λ·KL(α_adv ‖ α_base), averaged over the batch, where TVD = ½Σ_c|p_c − q_c| over
@@ -116,17 +115,6 @@ class ModelConsistentAdversary(nn.Module):
         for key, value in self.last_terms.items():
             log_extra(model, f"train/{self.name}_{key}", value, int(outputs.logits.shape[0]))
         return terms["loss"]
-
-    @property
-    def lam(self) -> float:
-        """Deprecated name of :attr:`weight`."""
-        warnings.warn("ModelConsistentAdversary.lam is deprecated; use .weight.", DeprecationWarning, stacklevel=2)
-        return self.weight
-
-    @lam.setter
-    def lam(self, value: float) -> None:
-        warnings.warn("ModelConsistentAdversary.lam is deprecated; use .weight.", DeprecationWarning, stacklevel=2)
-        self.weight = float(value)
 
     def extra_repr(self) -> str:
         return f"weight={self.weight}, base={type(self.base_model).__name__}"

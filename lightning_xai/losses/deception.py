@@ -1,14 +1,13 @@
 """Pruthi et al. (2020): train attention to hide impermissible tokens."""
 from __future__ import annotations
 
-import warnings
 from typing import Any, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
-from lightning_xai.losses._common import log_extra, renamed_lam
+from lightning_xai.losses._common import DeprecatedLam, bool_batch_mask, log_extra, renamed_lam
 from lightning_xai.metrics.functional.plausibility import impermissible_mass
 
 __all__ = ["DeceptionPenalty", "deception_penalty", "impermissible_mass"]
@@ -42,7 +41,7 @@ def deception_penalty(mass: Tensor, weight: float = 1.0, reduction: str = "mean"
     return weight * (terms.mean() if reduction == "mean" else terms.max())
 
 
-class DeceptionPenalty(nn.Module):
+class DeceptionPenalty(DeprecatedLam, nn.Module):
     """Pruthi et al.'s deception penalty R = −λ·log(1 − Σ_{i∈I} α_i) on the batch's ``impermissible`` tokens.
 
     Two kinds of attention are supported:
@@ -110,13 +109,9 @@ class DeceptionPenalty(nn.Module):
 
     def masses(self, outputs: ExplainOutput, batch: Batch) -> Tensor:
         """The impermissible masses the penalty is computed from: ``[B]`` or ``[B, heads·layers]``."""
-        if "impermissible" not in batch:
-            raise KeyError("DeceptionPenalty needs batch['impermissible'] (bool [B, T], True at tokens whose "
-                           "attention is penalised). Use a dataset with impermissible masks (sst_wiki, pronoun, "
-                           "occupation) or add the key in your collate function.")
-        impermissible = batch["impermissible"]
-        if impermissible.dtype != torch.bool:
-            raise TypeError(f"batch['impermissible'] must be a bool tensor, got {impermissible.dtype}; use .bool().")
+        impermissible = bool_batch_mask(batch, "impermissible", "DeceptionPenalty",
+                                        "True at tokens whose attention is penalised; use a dataset with impermissible "
+                                        "masks (sst_wiki, pronoun, occupation) or add the key in your collate function")
         use_raw = self.source == "raw" or (self.source == "auto" and outputs.raw_attentions is not None)
         if use_raw:
             if not outputs.raw_attentions:
@@ -159,17 +154,6 @@ class DeceptionPenalty(nn.Module):
         log_extra(model, f"train/{self.name}_mass", self.last_mass, size)
         log_extra(model, f"train/{self.name}_empty", float(empty), size)
         return value
-
-    @property
-    def lam(self) -> float:
-        """Deprecated name of :attr:`weight`."""
-        warnings.warn("DeceptionPenalty.lam is deprecated; use .weight.", DeprecationWarning, stacklevel=2)
-        return self.weight
-
-    @lam.setter
-    def lam(self, value: float) -> None:
-        warnings.warn("DeceptionPenalty.lam is deprecated; use .weight.", DeprecationWarning, stacklevel=2)
-        self.weight = float(value)
 
     def extra_repr(self) -> str:
         return f"weight={self.weight}, reduction={self.reduction!r}, layers={self.layers}, heads={self.heads}"

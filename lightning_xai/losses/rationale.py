@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
-from lightning_xai.losses._common import as_float, log_extra, token_mask
+from lightning_xai.losses._common import as_float, bool_batch_mask, log_extra, token_mask
 from lightning_xai.metrics.functional.divergence import kl_divergence
 
 __all__ = ["RationaleSupervisionLoss", "rationale_supervision"]
@@ -95,12 +95,9 @@ class RationaleSupervisionLoss(nn.Module):
         self.last_mass: Tensor | None = None
 
     def forward(self, outputs: ExplainOutput, batch: Batch, model: Any = None) -> Tensor:
-        if self.key not in batch:
-            raise KeyError(f"RationaleSupervisionLoss needs batch[{self.key!r}] (bool [B, T], True at rationale "
-                           "tokens); use a dataset with rationales (eraser_movies) or set key= to your batch's key.")
-        rationale = batch[self.key]
-        if rationale.dtype != torch.bool:
-            raise TypeError(f"batch[{self.key!r}] must be a bool tensor, got {rationale.dtype}; use .bool().")
+        rationale = bool_batch_mask(batch, self.key, "RationaleSupervisionLoss",
+                                    "True at rationale tokens; use a dataset with rationales (eraser_movies) or set "
+                                    "key= to your batch's key")
         attention = outputs.attention
         mask = token_mask(outputs, batch, model).to(attention.device)
         rationale = rationale.to(attention.device)

@@ -16,7 +16,7 @@ torchmetrics' own ``KendallRankCorrCoef``/``SpearmanCorrCoef``/``PearsonCorrCoef
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -89,7 +89,20 @@ class TopKKendallTau(InstanceMeanMetric):
         self._accumulate(*topk_kendall_tau(preds, target, mask, k=self.k, variant=self.variant))
 
 
-class SpearmanCorrelation(InstanceMeanMetric):
+class _Correlation(InstanceMeanMetric):
+    """A per-instance correlation with its p-value, ``function(preds, target, mask) -> (values, p_values)``."""
+
+    higher_is_better = True
+    function: Callable[[Tensor, Tensor, Tensor], Tuple[Tensor, Tensor]]  # a staticmethod in each subclass
+
+    def __init__(self, significance: float = 0.05, **kwargs) -> None:
+        super().__init__(significance=significance, **kwargs)
+
+    def update(self, preds: Tensor, target: Tensor, mask: Tensor) -> None:
+        self._accumulate(*type(self).function(preds, target, mask))
+
+
+class SpearmanCorrelation(_Correlation):
     """Per-instance Spearman ρ (scipy ``spearmanr``) averaged over instances.
 
     Example:
@@ -100,33 +113,22 @@ class SpearmanCorrelation(InstanceMeanMetric):
         -1.0
     """
 
-    higher_is_better = True
-
-    def __init__(self, significance: float = 0.05, **kwargs) -> None:
-        super().__init__(significance=significance, **kwargs)
-
-    def update(self, preds: Tensor, target: Tensor, mask: Tensor) -> None:
-        self._accumulate(*spearman(preds, target, mask))
+    function = staticmethod(spearman)
 
 
-class PearsonCorrelation(InstanceMeanMetric):
-    """Per-instance Pearson r (scipy ``pearsonr``) averaged over instances.
+class PearsonCorrelation(_Correlation):
+    """Per-instance Pearson r (scipy ``pearsonr``) averaged over instances, with the share with p ≤ ``significance``.
 
     Example:
         >>> import torch
-        >>> metric = PearsonCorrelation()
-        >>> metric.update(torch.tensor([[1., 2., 3.]]), torch.tensor([[2., 4., 6.]]), torch.ones(1, 3, dtype=torch.bool))
-        >>> round(float(metric.compute()["mean"]), 6)
-        1.0
+        >>> metric = PearsonCorrelation(significance=0.01)
+        >>> maps = torch.tensor([[1., 2., 3., 4.], [4., 1., 3., 2.]])
+        >>> metric.update(maps, 2 * maps, torch.ones(2, 4, dtype=torch.bool))  # r = 1 for both rows, p = 0
+        >>> [round(float(metric.compute()[key]), 6) for key in ("mean", "significant_fraction")]
+        [1.0, 1.0]
     """
 
-    higher_is_better = True
-
-    def __init__(self, significance: float = 0.05, **kwargs) -> None:
-        super().__init__(significance=significance, **kwargs)
-
-    def update(self, preds: Tensor, target: Tensor, mask: Tensor) -> None:
-        self._accumulate(*pearson(preds, target, mask))
+    function = staticmethod(pearson)
 
 
 class JensenShannon(InstanceMeanMetric):

@@ -27,7 +27,21 @@ def _check_k(k: Union[int, float]) -> None:
     resolve_k(k, torch.ones(1, dtype=torch.long))
 
 
-class Comprehensiveness(InstanceMeanMetric):
+class _TopKErasure(InstanceMeanMetric):
+    """One of ERASER's two top-k erasure scores (``_which``: 0 comprehensiveness, 1 sufficiency), per instance."""
+
+    _which = 0
+
+    def __init__(self, k: Union[int, float] = 0.2, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        _check_k(k)
+        self.k = k
+
+    def update(self, model: ExplainableModel, batch: Batch, scores: Tensor, target: Any = None) -> None:
+        self._accumulate(erasure_scores(model, batch, scores, [self.k], target)[self._which][0])
+
+
+class Comprehensiveness(_TopKErasure):
     """ERASER comprehensiveness p(ŷ|x) − p(ŷ|x∖r) of the top-k tokens, averaged over instances.
 
     ``compute()`` → ``{"mean", "std", "count", "undefined_fraction"}`` (see :class:`InstanceMeanMetric`).
@@ -44,39 +58,26 @@ class Comprehensiveness(InstanceMeanMetric):
     """
 
     higher_is_better = True
-
-    def __init__(self, k: Union[int, float] = 0.2, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        _check_k(k)
-        self.k = k
-
-    def update(self, model: ExplainableModel, batch: Batch, scores: Tensor, target: Any = None) -> None:
-        self._accumulate(erasure_scores(model, batch, scores, [self.k], target)[0][0])
+    _which = 0
 
 
-class Sufficiency(InstanceMeanMetric):
+class Sufficiency(_TopKErasure):
     """ERASER sufficiency p(ŷ|x) − p(ŷ|r) of the top-k tokens, averaged over instances (lower is better).
 
     Example:
-        >>> import torch
+        >>> from lightning_xai.metrics.functional import sufficiency
         >>> from lightning_xai.models import AttentionClassifier
         >>> model = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4)
-        >>> batch = {"input_ids": torch.tensor([[3, 4, 5, 6]]), "mask": torch.ones(1, 4, dtype=torch.bool)}
-        >>> metric = Sufficiency(k=1.0)
-        >>> metric.update(model, batch, torch.tensor([[0.1, 0.9, 0.2, 0.3]]))
-        >>> float(metric.compute()["mean"])
-        0.0
+        >>> batch, scores = {"input_ids": torch.tensor([[3, 4, 5, 6]])}, torch.tensor([[0.1, 0.9, 0.2, 0.3]])
+        >>> batch["mask"] = torch.ones(1, 4, dtype=torch.bool)
+        >>> metric = Sufficiency(k=1.0)  # the rationale is the whole input: nothing changes
+        >>> metric.update(model, batch, scores)
+        >>> float(metric.compute()["mean"]), float(sufficiency(model, batch, scores, k=1.0)[0])
+        (0.0, 0.0)
     """
 
     higher_is_better = False
-
-    def __init__(self, k: Union[int, float] = 0.2, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        _check_k(k)
-        self.k = k
-
-    def update(self, model: ExplainableModel, batch: Batch, scores: Tensor, target: Any = None) -> None:
-        self._accumulate(erasure_scores(model, batch, scores, [self.k], target)[1][0])
+    _which = 1
 
 
 class AOPC(Metric):

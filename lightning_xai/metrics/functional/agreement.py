@@ -265,6 +265,20 @@ def _constant(values: Tensor, mask: Tensor) -> Tensor:
     return filled_hi == filled_lo
 
 
+def _correlation(preds: Tensor, target: Tensor, mask: Tensor, *, ranked: bool, p_two: float) -> Tuple[Tensor, Tensor]:
+    """Pearson's r of the maps (of their average ranks if ``ranked``: Spearman's ρ) with the t-test p-value;
+    ``p_two`` is the p-value at n = 2 (scipy: 1 for Pearson, NaN for Spearman); NaN where a map is constant."""
+    check_maps(preds, target, mask=mask)
+    n = mask.sum(1)
+    undefined = _constant(preds, mask) | _constant(target, mask)
+    if ranked:
+        preds, target = _average_ranks(preds, mask), _average_ranks(target, mask)
+    r = _masked_pearson(preds, target, mask)
+    p = torch.where(n > 2, two_sided_t_pvalue(r, n), torch.full_like(r, p_two))
+    nan = torch.full_like(r, float("nan"))
+    return torch.where(undefined, nan, r), torch.where(undefined, nan, p)
+
+
 def pearson(preds: Tensor, target: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor]:
     r"""Pearson's r per instance over real tokens with scipy's two-sided p-value ``I_{1−r²}((n−2)/2, ½)``.
 
@@ -277,13 +291,7 @@ def pearson(preds: Tensor, target: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor
         >>> round(float(r[0]), 4), round(float(p[0]), 4)
         (0.5817, 0.4183)
     """
-    check_maps(preds, target, mask=mask)
-    n = mask.sum(1)
-    undefined = _constant(preds, mask) | _constant(target, mask)
-    r = _masked_pearson(preds, target, mask)
-    p = torch.where(n > 2, two_sided_t_pvalue(r, n), torch.ones_like(r))
-    nan = torch.full_like(r, float("nan"))
-    return torch.where(undefined, nan, r), torch.where(undefined, nan, p)
+    return _correlation(preds, target, mask, ranked=False, p_two=1.0)
 
 
 def spearman(preds: Tensor, target: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor]:
@@ -299,13 +307,7 @@ def spearman(preds: Tensor, target: Tensor, mask: Tensor) -> Tuple[Tensor, Tenso
         >>> round(float(rho[0]), 4), round(float(p[0]), 4)
         (0.6325, 0.3675)
     """
-    check_maps(preds, target, mask=mask)
-    n = mask.sum(1)
-    undefined = _constant(preds, mask) | _constant(target, mask)
-    rho = _masked_pearson(_average_ranks(preds, mask), _average_ranks(target, mask), mask)
-    p = torch.where(n > 2, two_sided_t_pvalue(rho, n), torch.full_like(rho, float("nan")))
-    nan = torch.full_like(rho, float("nan"))
-    return torch.where(undefined, nan, rho), torch.where(undefined, nan, p)
+    return _correlation(preds, target, mask, ranked=True, p_two=float("nan"))
 
 
 def _normalise(scores: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor]:
