@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 from torch import Tensor, nn
 
-from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError
+from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError, check_embeddings
 
 __all__ = ["HookAdapter"]
 
@@ -164,9 +164,7 @@ class HookAdapter(nn.Module):
     def forward_from_embeddings(self, embeddings: Tensor, batch: Batch, *,
                                 attention_override: Optional[Tensor] = None) -> ExplainOutput:
         mask = self.token_mask(batch)
-        if embeddings.shape[:2] != mask.shape:
-            raise ValueError(f"embeddings have shape {tuple(embeddings.shape)} but the token mask is "
-                             f"{tuple(mask.shape)}; expected [B, T, E] with the batch's [B, T].")
+        check_embeddings(embeddings, mask)
         if attention_override is not None and attention_override.shape != mask.shape:
             raise ValueError(f"attention_override has shape {tuple(attention_override.shape)}; expected the token "
                              f"mask's {tuple(mask.shape)}.")

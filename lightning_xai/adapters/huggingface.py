@@ -66,7 +66,7 @@ from lightning_xai.adapters.hf_attention import (ATTENTION_IMPLEMENTATION, Overr
 from lightning_xai.adapters.hf_pooling import detect_pooling, is_causal, pooled_logits, query_mask
 from lightning_xai.adapters.hf_reductions import (Reduction, attention_rollout, parse_reduction, pooled_rows,
                                                   renormalise)
-from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError
+from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError, check_embeddings
 
 __all__ = ["ATTENTION_IMPLEMENTATION", "HuggingFaceAdapter", "attention_rollout", "register_attention_implementation"]
 
@@ -279,9 +279,7 @@ class HuggingFaceAdapter(nn.Module):
                                 attention_override: Optional[Tensor] = None) -> ExplainOutput:
         """Run the classifier from word embeddings (see the module docstring for the override semantics)."""
         mask = self.token_mask(batch)
-        if embeddings.shape[:2] != mask.shape:
-            raise ValueError(f"embeddings have shape {tuple(embeddings.shape)} but the token mask is "
-                             f"{tuple(mask.shape)}; expected [B, T, E] with the batch's [B, T].")
+        check_embeddings(embeddings, mask)
         attention_mask = self._attention_mask(batch)
         qmask = self.query_mask(batch)
         self._check_sight(qmask, mask)

@@ -18,7 +18,7 @@ from torch import Tensor
 
 Batch = Mapping[str, Any]
 
-__all__ = ["Batch", "ExplainOutput", "ExplainableModel", "ProtocolError", "as_explainable"]
+__all__ = ["Batch", "ExplainOutput", "ExplainableModel", "ProtocolError", "as_explainable", "check_embeddings"]
 
 
 class ProtocolError(TypeError):
@@ -73,6 +73,22 @@ class ExplainableModel(Protocol):
 
 
 _REQUIRED = ("embed", "forward_from_embeddings", "token_mask")
+
+
+def check_embeddings(embeddings: Tensor, mask: Tensor) -> None:
+    """Raise a ValueError unless ``embeddings`` is ``[B, T, E]`` for the batch's ``[B, T]`` token ``mask``.
+
+    Example:
+        >>> import torch
+        >>> check_embeddings(torch.zeros(2, 3, 4), torch.ones(2, 3, dtype=torch.bool))
+        >>> check_embeddings(torch.zeros(2, 4), torch.ones(2, 3, dtype=torch.bool))
+        Traceback (most recent call last):
+        ...
+        ValueError: embeddings have shape (2, 4) but the token mask is (2, 3); expected [B, T, E] with the batch's [B, T].
+    """
+    if embeddings.dim() != 3 or embeddings.shape[:2] != mask.shape:
+        raise ValueError(f"embeddings have shape {tuple(embeddings.shape)} but the token mask is "
+                         f"{tuple(mask.shape)}; expected [B, T, E] with the batch's [B, T].")
 
 
 def as_explainable(model: Any) -> ExplainableModel:

@@ -8,7 +8,7 @@ import torch
 import torchmetrics
 from torch import Tensor, nn
 
-from lightning_xai.adapters.protocol import Batch, ExplainOutput
+from lightning_xai.adapters.protocol import Batch, ExplainOutput, check_embeddings
 from lightning_xai.attribution.targets import check_real_tokens
 from lightning_xai.models.attention import build_attention, masked_softmax
 from lightning_xai.models.embeddings import EmbeddingInitReport, check_embedding_init, initialize_embedding
@@ -143,9 +143,7 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
         self, embeddings: Tensor, batch: Batch, *, attention_override: Optional[Tensor] = None
     ) -> ExplainOutput:
         mask = self.token_mask(batch)
-        if embeddings.shape[:2] != mask.shape:
-            raise ValueError(f"embeddings have shape {tuple(embeddings.shape)} but the token mask is "
-                             f"{tuple(mask.shape)}; expected [B, T, E] with the batch's [B, T].")
+        check_embeddings(embeddings, mask)
         hidden = self.encoder(self.dropout(embeddings), self.input_mask(batch))
         return self._pool_and_classify(hidden, mask, attention_override)
 

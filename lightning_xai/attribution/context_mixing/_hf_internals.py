@@ -24,9 +24,10 @@ import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError
+from lightning_xai.attribution.targets import resolve_target
 
 __all__ = ["LayerParts", "Trace", "head_outputs", "layer_index", "layer_parts", "mix_vectors", "query_positions",
-           "normalise_rows", "pad_mask", "rerun_layer", "rollout_rows", "trace", "adapter_model"]
+           "normalise_rows", "pad_mask", "rerun_layer", "rollout_rows", "trace", "traced_layers", "adapter_model"]
 
 
 @dataclass
@@ -212,6 +213,18 @@ def rerun_layer(tr: Trace, layer: int, hidden: Tensor, repeats: int,
         lambda: parts.value.register_forward_hook(lambda m, a, o: value_edit(o))]
     with _hooks(registrations):
         return _first(parts.block(*new_args, **new_kwargs))
+
+
+def traced_layers(model: Any, batch: Batch, target: Any, layer: Optional[int]
+                  ) -> Tuple[Trace, Tensor, Tensor, List[int]]:
+    """The traced forward, its ``[B, T]`` pad mask, the pooled rows and the layer indices ``layer`` names
+    (``None``: every layer, first first), checking ``target`` against the logits: what the rolled-out methods share."""
+    tr = trace(model, batch)
+    resolve_target(tr.output.logits, target)
+    x = tr.block_in[0]
+    rows = query_positions(model, tr.output, x.shape[0], x.shape[1], x.device)
+    layers = list(range(len(tr.parts))) if layer is None else [layer_index(layer, len(tr.parts))]
+    return tr, pad_mask(batch, x), rows, layers
 
 
 def layer_index(layer: int, n_layers: int) -> int:

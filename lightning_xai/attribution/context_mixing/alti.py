@@ -23,9 +23,9 @@ import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ProtocolError
-from lightning_xai.attribution.context_mixing._hf_internals import (Trace, layer_index, mix_vectors, normalise_rows,
-                                                                     pad_mask, query_positions, rollout_rows, trace)
-from lightning_xai.attribution.core import register_method, resolve_target
+from lightning_xai.attribution.context_mixing._hf_internals import (Trace, mix_vectors, normalise_rows, rollout_rows,
+                                                                     traced_layers)
+from lightning_xai.attribution.core import register_method
 
 __all__ = ["alti", "alti_transformed_vectors", "alti_matrix"]
 
@@ -100,10 +100,5 @@ def alti(model: Any, batch: Batch, target: Any = None, *, create_graph: bool = F
         (torch.Size([1, 4]), True, 1.0)
     """
     with nullcontext() if create_graph else torch.no_grad():
-        tr = trace(model, batch)
-        resolve_target(tr.output.logits, target)
-        x = tr.block_in[0]
-        present = pad_mask(batch, x)
-        rows = query_positions(model, tr.output, x.shape[0], x.shape[1], x.device)
-        layers = range(len(tr.parts)) if layer is None else [layer_index(layer, len(tr.parts))]
+        tr, present, rows, layers = traced_layers(model, batch, target, layer)
         return rollout_rows([alti_matrix(tr, index, present) for index in layers], rows)

@@ -16,10 +16,9 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch
-from lightning_xai.attribution.context_mixing._hf_internals import (Trace, layer_index, normalise_rows, pad_mask,
-                                                                     query_positions, rerun_layer, rollout_rows,
-                                                                     trace)
-from lightning_xai.attribution.core import register_method, resolve_target
+from lightning_xai.attribution.context_mixing._hf_internals import (Trace, normalise_rows, rerun_layer, rollout_rows,
+                                                                     traced_layers)
+from lightning_xai.attribution.core import register_method
 
 __all__ = ["value_zeroing", "value_zeroing_matrix"]
 
@@ -79,11 +78,6 @@ def value_zeroing(model: Any, batch: Batch, target: Any = None, *, create_graph:
         (torch.Size([1, 4]), True, True)
     """
     with nullcontext() if create_graph else torch.no_grad():
-        tr = trace(model, batch)
-        resolve_target(tr.output.logits, target)
-        x = tr.block_in[0]
-        present = pad_mask(batch, x)
-        rows = query_positions(model, tr.output, x.shape[0], x.shape[1], x.device)
-        layers = range(len(tr.parts)) if layer is None else [layer_index(layer, len(tr.parts))]
+        tr, present, rows, layers = traced_layers(model, batch, target, layer)
         matrices = [normalise_rows(value_zeroing_matrix(tr, index, internal_batch_size), present) for index in layers]
         return rollout_rows(matrices, rows)
