@@ -7,7 +7,8 @@ import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, ExplainOutput, as_explainable
-from lightning_xai.losses._common import DeprecatedLam, log_extra, renamed_lam
+from lightning_xai.losses._common import (DeprecatedLam, FiniteGuard, check_weight, log_extra, renamed_lam,
+                                          require_finite)
 from lightning_xai.metrics.functional.divergence import jensen_shannon_divergence, kl_divergence, total_variation
 
 __all__ = ["ModelConsistentAdversary", "model_consistent_adversary_loss"]
@@ -20,20 +21,31 @@ def model_consistent_adversary_loss(adv_logits: Tensor, base_probs: Tensor, adv_
 
     λ is ``weight`` (``lam``: its deprecated name).
 
+    Raises:
+        ValueError: a weight that is not a finite number >= 0, or NaN or infinite logits or attention.
+
     Example:
         >>> terms = model_consistent_adversary_loss(torch.zeros(1, 2), torch.tensor([[0.5, 0.5]]),
         ...                                         torch.tensor([[1.0, 0.0]]), torch.tensor([[0.5, 0.5]]), 1.0)
         >>> round(terms["loss"].item(), 4), round(terms["kl"].item(), 4)
         (-0.6931, 0.6931)
     """
-    weight = renamed_lam(weight, lam, "model_consistent_adversary_loss")
+    owner = "model_consistent_adversary_loss"
+    weight = check_weight(renamed_lam(weight, lam, owner), owner)
+    require_finite(owner, adv_logits=adv_logits, base_probs=base_probs,
+                   adv_attention=adv_attention, base_attention=base_attention)
+    return _adversary_terms(adv_logits, base_probs, adv_attention, base_attention, weight)
+
+
+def _adversary_terms(adv_logits: Tensor, base_probs: Tensor, adv_attention: Tensor, base_attention: Tensor,
+                     weight: float) -> Dict[str, Tensor]:
     tvd = total_variation(adv_logits.softmax(-1), base_probs).mean()
     kl = kl_divergence(adv_attention, base_attention).mean()
     jsd = jensen_shannon_divergence(adv_attention, base_attention).mean()
     return {"loss": tvd - weight * kl, "tvd": tvd, "kl": kl, "jsd": jsd}
 
 
-class ModelConsistentAdversary(DeprecatedLam, nn.Module):
+class ModelConsistentAdversary(FiniteGuard, DeprecatedLam, nn.Module):
     """Wiegreffe & Pinter's model-consistent adversarial objective against a frozen base model.
 
     L = TVD(ŷ_adv, ŷ_base) − λ·KL(α_adv ‖ α_base), averaged over the batch, where TVD = ½Σ_c|p_c − q_c| over
@@ -75,8 +87,7 @@ class ModelConsistentAdversary(DeprecatedLam, nn.Module):
         super().__init__()
         weight = renamed_lam(weight, lam, "ModelConsistentAdversary")
         base = as_explainable(base_model)
-        if weight < 0:
-            raise ValueError(f"weight must be >= 0, got {weight}.")
+        weight = check_weight(weight, "ModelConsistentAdversary")
         self._base = (base,)  # a tuple keeps it out of this module's children and parameters
         if isinstance(base, nn.Module):
             base.eval()
@@ -108,13 +119,14 @@ class ModelConsistentAdversary(DeprecatedLam, nn.Module):
         if base.attention.shape != outputs.attention.shape:
             raise ValueError(f"The base's attention has shape {tuple(base.attention.shape)} but the adversary's "
                              f"has {tuple(outputs.attention.shape)}; both must read the same tokenisation.")
-        terms = model_consistent_adversary_loss(outputs.logits, base.logits.softmax(-1).to(outputs.logits.dtype),
-                                                outputs.attention, base.attention.to(outputs.attention.dtype),
-                                                self.weight)
+        base_probs = base.logits.softmax(-1).to(outputs.logits.dtype)
+        terms = _adversary_terms(outputs.logits, base_probs, outputs.attention,
+                                 base.attention.to(outputs.attention.dtype), self.weight)
         self.last_terms = {k: v.detach() for k, v in terms.items() if k != "loss"}
         for key, value in self.last_terms.items():
             log_extra(model, f"train/{self.name}_{key}", value, int(outputs.logits.shape[0]))
-        return terms["loss"]
+        return self.finite_or_zero(terms["loss"], model, logits=outputs.logits, attention=outputs.attention,
+                                   base_logits=base.logits, base_attention=base.attention)
 
     def extra_repr(self) -> str:
         return f"weight={self.weight}, base={type(self.base_model).__name__}"

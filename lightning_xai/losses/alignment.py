@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
-from lightning_xai.losses._common import require_model, token_mask
+from lightning_xai.losses._common import FiniteGuard, check_weight, require_finite, require_model, token_mask
 from lightning_xai.metrics.functional.divergence import kl_divergence
 
 __all__ = ["AttentionAlignmentLoss", "attention_alignment_kl", "normalize_saliency"]
@@ -34,6 +34,9 @@ def attention_alignment_kl(attention: Tensor, saliency: Tensor, mask: Tensor,
                            direction: str = "saliency_to_attention") -> Tensor:
     """Mean over the batch of KL(s ‖ α) (``saliency_to_attention``) or KL(α ‖ s), s the normalised saliency.
 
+    Raises:
+        ValueError: an unknown direction, or NaN or infinite attention or saliency.
+
     Example:
         >>> a = torch.tensor([[0.5, 0.5]])
         >>> attention_alignment_kl(a, torch.tensor([[1.0, 1.0]]), torch.tensor([[True, True]]))
@@ -41,13 +44,18 @@ def attention_alignment_kl(attention: Tensor, saliency: Tensor, mask: Tensor,
     """
     if direction not in _DIRECTIONS:
         raise ValueError(f"direction must be one of {_DIRECTIONS}, got {direction!r}.")
+    require_finite("attention_alignment_kl", attention=attention, saliency=saliency)
+    return _alignment_kl(attention, saliency, mask, direction)
+
+
+def _alignment_kl(attention: Tensor, saliency: Tensor, mask: Tensor, direction: str) -> Tensor:
     target = normalize_saliency(saliency, mask)
     if direction == "saliency_to_attention":
         return kl_divergence(target, attention).mean()
     return kl_divergence(attention, target).mean()
 
 
-class AttentionAlignmentLoss(nn.Module):
+class AttentionAlignmentLoss(FiniteGuard, nn.Module):
     """weight · KL between the model's attention and a saliency map of the same model (a faithfulness prior).
 
     The saliency map is ``lightning_xai.attribution.attribute(model, batch, method, target, create_graph=...)``
@@ -91,8 +99,7 @@ class AttentionAlignmentLoss(nn.Module):
         super().__init__()
         if direction not in _DIRECTIONS:
             raise ValueError(f"direction must be one of {_DIRECTIONS}, got {direction!r}.")
-        if weight < 0:
-            raise ValueError(f"weight must be >= 0, got {weight}.")
+        weight = check_weight(weight, "AttentionAlignmentLoss")
         if not (isinstance(method, str) or callable(method)):
             raise TypeError(f"method must be an attribution method name or a callable, got {type(method).__name__}.")
         self.method = method
@@ -121,7 +128,8 @@ class AttentionAlignmentLoss(nn.Module):
         if scores.shape != outputs.attention.shape:
             raise ValueError(f"saliency has shape {tuple(scores.shape)} but attention has "
                              f"{tuple(outputs.attention.shape)}.")
-        return self.weight * attention_alignment_kl(outputs.attention, scores, mask, self.direction)
+        value = self.weight * _alignment_kl(outputs.attention, scores, mask, self.direction)
+        return self.finite_or_zero(value, model, attention=outputs.attention, saliency=scores)
 
     def extra_repr(self) -> str:
         method = self.method if isinstance(self.method, str) else getattr(self.method, "__name__", "callable")

@@ -7,7 +7,7 @@ import torch  # noqa: F401 - the docstring examples use it
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
-from lightning_xai.losses._common import token_mask
+from lightning_xai.losses._common import FiniteGuard, check_weight, require_finite, token_mask
 
 __all__ = ["ConicityLoss", "conicity"]
 
@@ -18,11 +18,19 @@ def conicity(hidden: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     Conicity near 1 means all hidden states point the same way (a narrow cone), so any attention
     distribution pools nearly the same vector. Rows without real tokens give 0.
 
+    Raises:
+        ValueError: NaN or infinite hidden states.
+
     Example:
         >>> h = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [9.0, 9.0]]])
         >>> conicity(h, torch.tensor([[True, True, False]]))  # two orthogonal vectors: cos 45° each
         tensor([0.7071])
     """
+    require_finite("conicity", hidden=hidden)
+    return _conicity(hidden, mask, eps)
+
+
+def _conicity(hidden: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     m = mask.to(hidden.dtype).unsqueeze(-1)
     count = m.sum(1).clamp_min(1.0)  # [B, 1]
     mean = (hidden * m).sum(1) / count  # [B, H]
@@ -32,7 +40,7 @@ def conicity(hidden: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     return (cos.abs() * m.squeeze(-1)).sum(1) / count.squeeze(-1)
 
 
-class ConicityLoss(nn.Module):
+class ConicityLoss(FiniteGuard, nn.Module):
     """w · mean_b conicity(h_b) on ``outputs.hidden_states`` over real tokens (Mohankumar et al. use w = 0.5).
 
     Gradients flow into the encoder (and the embeddings below it) only; the attention scorer is untouched.
@@ -52,9 +60,7 @@ class ConicityLoss(nn.Module):
 
     def __init__(self, weight: float = 0.5, name: str = "conicity") -> None:
         super().__init__()
-        if weight < 0:
-            raise ValueError(f"weight must be >= 0, got {weight}.")
-        self.weight = float(weight)
+        self.weight = check_weight(weight, "ConicityLoss")
         self.name = name
 
     def forward(self, outputs: ExplainOutput, batch: Batch, model: Any = None) -> Tensor:
@@ -64,7 +70,8 @@ class ConicityLoss(nn.Module):
         if mask.shape != outputs.hidden_states.shape[:2]:
             raise ValueError(f"token mask {tuple(mask.shape)} does not match hidden states "
                              f"{tuple(outputs.hidden_states.shape)}.")
-        return self.weight * conicity(outputs.hidden_states, mask).mean()
+        value = self.weight * _conicity(outputs.hidden_states, mask).mean()
+        return self.finite_or_zero(value, model, hidden_states=outputs.hidden_states)
 
     def extra_repr(self) -> str:
         return f"weight={self.weight}"

@@ -1,13 +1,14 @@
 """Pruthi et al. (2020): train attention to hide impermissible tokens."""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
-from lightning_xai.losses._common import DeprecatedLam, bool_batch_mask, log_extra, renamed_lam
+from lightning_xai.losses._common import (DeprecatedLam, FiniteGuard, bool_batch_mask, check_weight, log_extra,
+                                          renamed_lam, require_finite)
 from lightning_xai.metrics.functional.plausibility import impermissible_mass
 
 __all__ = ["DeceptionPenalty", "deception_penalty", "impermissible_mass"]
@@ -15,33 +16,58 @@ __all__ = ["DeceptionPenalty", "deception_penalty", "impermissible_mass"]
 _REDUCTIONS = ("mean", "max")
 
 
-def _safe_neg_log_complement(mass: Tensor, eps: float) -> Tensor:
-    """−log(1 − m), finite for m → 1: m is clamped to ``[0, 1 − eps]`` and ``log1p`` keeps precision near 0."""
-    return -torch.log1p(-mass.clamp(0.0, 1.0 - eps))
+def _neg_log_permissible(mass: Tensor, permissible: Optional[Tensor], eps: float) -> Tensor:
+    """−log(p / (m + p)), p the permissible mass (``1 − m`` when not given), finite and with a nonzero gradient.
+
+    Near m = 0 it is −log1p(−m / (m + p)) (precise for small m); near m = 1 it is log(m + p) − log p with p summed
+    directly, not as 1 − m (which rounds to 0 in float32 while p is still 1e-7). p below ``eps``·(m + p) counts as
+    ``eps``·(m + p) in the value (at most −log eps) but keeps the gradient of log p (a straight-through clamp): a
+    clamp alone would make the gradient exactly 0 where the mass is highest, where the penalty matters most.
+    """
+    tiny = torch.finfo(mass.dtype).tiny
+    if permissible is None:
+        permissible, total = 1.0 - mass, torch.ones_like(mass)
+    else:
+        total = (mass + permissible).clamp_min(tiny)
+    share = mass / total
+    small = -torch.log1p(-share.clamp(max=0.5))
+    kept = permissible + (torch.maximum(permissible, eps * total) - permissible).detach()
+    large = torch.log(total) - torch.log(kept.clamp_min(tiny))
+    return torch.where(share <= 0.5, small, large)
+
+
+def _penalty(mass: Tensor, permissible: Optional[Tensor], weight: float, reduction: str, eps: float) -> Tensor:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}.")
+    terms = _neg_log_permissible(mass, permissible, eps)
+    if terms.numel() == 0:
+        return mass.new_zeros(())
+    return weight * (terms.mean() if reduction == "mean" else terms.max())
 
 
 def deception_penalty(mass: Tensor, weight: float = 1.0, reduction: str = "mean", eps: float = 1e-6, *,
-                      lam: Optional[float] = None) -> Tensor:
+                      lam: Optional[float] = None, permissible: Optional[Tensor] = None) -> Tensor:
     """Pruthi's penalty from impermissible attention masses ``mass`` (any shape, e.g. ``[B]`` or ``[B, heads]``).
 
     ``mean``: −λ·mean log(1 − m); ``max``: −λ·min log(1 − m) (the largest single penalty); λ = ``weight``
-    (``lam``: its deprecated name).
+    (``lam``: its deprecated name). ``permissible``: the masses Σ_{j∉I} α_j summed directly (same shape as
+    ``mass``; default 1 − m), which keeps 1 − m exact near m = 1; then the term is −log(p / (m + p)). Masses whose
+    1 − m falls below ``eps`` count as 1 − eps in the value but keep a nonzero gradient.
+
+    Raises:
+        ValueError: a weight that is not a finite number >= 0, or a NaN or infinite mass.
 
     Example:
         >>> m = torch.tensor([0.0, 0.5])
         >>> deception_penalty(m, weight=1.0), deception_penalty(m, weight=1.0, reduction="max")
         (tensor(0.3466), tensor(0.6931))
     """
-    weight = renamed_lam(weight, lam, "deception_penalty")
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}.")
-    terms = _safe_neg_log_complement(mass, eps)
-    if terms.numel() == 0:
-        return mass.new_zeros(())
-    return weight * (terms.mean() if reduction == "mean" else terms.max())
+    weight = check_weight(renamed_lam(weight, lam, "deception_penalty"), "deception_penalty")
+    require_finite("deception_penalty", mass=mass, permissible=permissible)
+    return _penalty(mass, permissible, weight, reduction, eps)
 
 
-class DeceptionPenalty(DeprecatedLam, nn.Module):
+class DeceptionPenalty(FiniteGuard, DeprecatedLam, nn.Module):
     """Pruthi et al.'s deception penalty R = −λ·log(1 − Σ_{i∈I} α_i) on the batch's ``impermissible`` tokens.
 
     Two kinds of attention are supported:
@@ -55,8 +81,10 @@ class DeceptionPenalty(DeprecatedLam, nn.Module):
 
     ``source="auto"`` uses ``raw_attentions`` when the output has them, else ``attention``. The mask is read
     from ``batch["impermissible"]`` (bool ``[B, T]``, aligned with the attention's key positions — for
-    word-piece models the adapter provides the word-piece mask). Masses approaching 1 stay finite (the mass is
-    clamped at ``1 − eps`` and ``log1p`` is used). Examples without any impermissible token contribute 0 and are
+    word-piece models the adapter provides the word-piece mask). Masses approaching 1 stay finite and keep their
+    gradient (1 − m is the permissible mass summed directly, counted as at least ``eps`` in the value; see
+    :func:`deception_penalty`); a batch with NaN or infinite attention gives a zero loss and a warning
+    (:class:`~lightning_xai.losses._common.FiniteGuard`). Examples without any impermissible token contribute 0 and are
     counted in :attr:`empty_examples` (and logged as ``train/<name>_empty`` under a Trainer); the mean
     impermissible mass of the last batch is kept in :attr:`last_mass` and logged as ``train/<name>_mass``.
 
@@ -91,8 +119,7 @@ class DeceptionPenalty(DeprecatedLam, nn.Module):
             raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}.")
         if source not in ("auto", "attention", "raw"):
             raise ValueError(f"source must be 'auto', 'attention' or 'raw', got {source!r}.")
-        if weight < 0:
-            raise ValueError(f"weight must be >= 0 (it is a penalty weight), got {weight}.")
+        weight = check_weight(weight, "DeceptionPenalty")
         if not 0 < eps < 1:
             raise ValueError(f"eps must lie in (0, 1), got {eps}.")
         self.weight = float(weight)
@@ -109,6 +136,10 @@ class DeceptionPenalty(DeprecatedLam, nn.Module):
 
     def masses(self, outputs: ExplainOutput, batch: Batch) -> Tensor:
         """The impermissible masses the penalty is computed from: ``[B]`` or ``[B, heads·layers]``."""
+        return self._masses(outputs, batch)[0]
+
+    def _masses(self, outputs: ExplainOutput, batch: Batch) -> Tuple[Tensor, Tensor]:
+        """The impermissible masses and the permissible ones (Σ_{j∉I} α_j, summed directly)."""
         impermissible = bool_batch_mask(batch, "impermissible", "DeceptionPenalty",
                                         "True at tokens whose attention is penalised; use a dataset with impermissible "
                                         "masks (sst_wiki, pronoun, occupation) or add the key in your collate function")
@@ -141,15 +172,16 @@ class DeceptionPenalty(DeprecatedLam, nn.Module):
             raise ValueError(f"batch['impermissible'] has shape {tuple(impermissible.shape)} but the attention "
                              f"covers {(attention.shape[0], attention.shape[-1])} [B, T] positions; the mask must "
                              "be aligned with the attention's key positions (word pieces for transformers).")
-        return impermissible_mass(attention, impermissible)
+        return impermissible_mass(attention, impermissible), impermissible_mass(attention, ~impermissible)
 
     def forward(self, outputs: ExplainOutput, batch: Batch, model: Any = None) -> Tensor:
-        mass = self.masses(outputs, batch)
+        mass, permissible = self._masses(outputs, batch)
         empty = int((~batch["impermissible"].any(-1)).sum())
         self.empty_examples += empty
         self.seen_examples += int(batch["impermissible"].shape[0])
         self.last_mass = mass.detach().mean()
-        value = deception_penalty(mass, self.weight, self.reduction, self.eps)
+        value = self.finite_or_zero(_penalty(mass, permissible, self.weight, self.reduction, self.eps), model,
+                                    impermissible_mass=mass, permissible_mass=permissible)
         size = int(batch["impermissible"].shape[0])
         log_extra(model, f"train/{self.name}_mass", self.last_mass, size)
         log_extra(model, f"train/{self.name}_empty", float(empty), size)

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
-from lightning_xai.losses._common import log_extra, require_model, token_mask
+from lightning_xai.losses._common import FiniteGuard, check_weight, log_extra, require_model, token_mask
 
 __all__ = ["ErasureFaithfulnessLoss", "soft_top_k_mask"]
 
@@ -41,7 +41,7 @@ def soft_top_k_mask(attention: Tensor, mask: Tensor, fraction: float, temperatur
     return soft * mask.to(attention.dtype)
 
 
-class ErasureFaithfulnessLoss(nn.Module):
+class ErasureFaithfulnessLoss(FiniteGuard, nn.Module):
     """Differentiable comprehensiveness and sufficiency of the top-attention tokens (ERASER-style).
 
     With ŷ the predicted class (argmax, no gradient), p(·) its probability and m the soft top-k mask of
@@ -98,9 +98,10 @@ class ErasureFaithfulnessLoss(nn.Module):
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}.")
         self.fraction, self.temperature, self.mode = float(fraction), float(temperature), mode
-        self.weight = float(weight)
-        self.comprehensiveness_weight = float(comprehensiveness_weight)
-        self.sufficiency_weight = float(sufficiency_weight)
+        self.weight = check_weight(weight, "ErasureFaithfulnessLoss")
+        self.comprehensiveness_weight = check_weight(comprehensiveness_weight, "ErasureFaithfulnessLoss",
+                                                     "comprehensiveness_weight")
+        self.sufficiency_weight = check_weight(sufficiency_weight, "ErasureFaithfulnessLoss", "sufficiency_weight")
         self.detach_mask, self.detach_full = detach_mask, detach_full
         self.name = name
         self.last_terms: Dict[str, Tensor] = {}
@@ -142,7 +143,8 @@ class ErasureFaithfulnessLoss(nn.Module):
         self.last_terms = {"comprehensiveness": comp.detach(), "sufficiency": suff.detach()}
         for key, value in self.last_terms.items():
             log_extra(model, f"train/{self.name}_{key}", value, size)
-        return self.weight * (self.sufficiency_weight * suff - self.comprehensiveness_weight * comp)
+        value = self.weight * (self.sufficiency_weight * suff - self.comprehensiveness_weight * comp)
+        return self.finite_or_zero(value, model, attention=attention, logits=outputs.logits)
 
     def extra_repr(self) -> str:
         return f"fraction={self.fraction}, temperature={self.temperature}, mode={self.mode!r}, weight={self.weight}"

@@ -7,7 +7,8 @@ import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
-from lightning_xai.losses._common import as_float, bool_batch_mask, log_extra, token_mask
+from lightning_xai.losses._common import (FiniteGuard, as_float, bool_batch_mask, check_weight, log_extra,
+                                          require_finite, token_mask)
 from lightning_xai.metrics.functional.divergence import kl_divergence
 
 __all__ = ["RationaleSupervisionLoss", "rationale_supervision"]
@@ -28,12 +29,20 @@ def rationale_supervision(attention: Tensor, rationale: Tensor, mask: Tensor, ki
 
     Rows whose rationale has no real token give 0.
 
+    Raises:
+        ValueError: an unknown kind, mismatched shapes, or NaN or infinite attention.
+
     Example:
         >>> a = torch.tensor([[0.5, 0.5, 0.0]])
         >>> r, m = torch.tensor([[True, False, False]]), torch.tensor([[True, True, True]])
         >>> [round(rationale_supervision(a, r, m, k).item(), 4) for k in ("kl", "cross_entropy", "mass")]
         [0.6931, 0.6931, 0.6931]
     """
+    require_finite("rationale_supervision", attention=attention)
+    return _rationale_terms(attention, rationale, mask, kind)
+
+
+def _rationale_terms(attention: Tensor, rationale: Tensor, mask: Tensor, kind: str) -> Tensor:
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
     if rationale.shape != attention.shape:
@@ -53,7 +62,7 @@ def rationale_supervision(attention: Tensor, rationale: Tensor, mask: Tensor, ki
     return torch.where(has, values, torch.zeros_like(values))
 
 
-class RationaleSupervisionLoss(nn.Module):
+class RationaleSupervisionLoss(FiniteGuard, nn.Module):
     """weight · mean_b distance(α_b, rationale_b): attention pulled toward the human rationale ``batch[key]``.
 
     The rationale is a bool ``[B, T]`` mask aligned with the attention (ERASER movies' ``rationale`` from
@@ -80,8 +89,7 @@ class RationaleSupervisionLoss(nn.Module):
     def __init__(self, weight: float = 1.0, key: str = "rationale", kind: str = "kl",
                  name: str = "rationale") -> None:
         super().__init__()
-        if weight < 0:
-            raise ValueError(f"weight must be >= 0, got {weight}.")
+        weight = check_weight(weight, "RationaleSupervisionLoss")
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
         if not isinstance(key, str) or not key:
@@ -101,7 +109,7 @@ class RationaleSupervisionLoss(nn.Module):
         attention = outputs.attention
         mask = token_mask(outputs, batch, model).to(attention.device)
         rationale = rationale.to(attention.device)
-        values = rationale_supervision(attention, rationale, mask, self.kind)
+        values = _rationale_terms(attention, rationale, mask, self.kind)
         has = (rationale & mask).any(-1)
         size = int(has.shape[0])
         self.empty_examples += int((~has).sum())
@@ -109,7 +117,8 @@ class RationaleSupervisionLoss(nn.Module):
         self.last_mass = (attention.detach() * as_float(rationale & mask, attention)).sum(-1).mean()
         log_extra(model, f"train/{self.name}_mass", self.last_mass, size)
         log_extra(model, f"train/{self.name}_empty", float((~has).sum()), size)
-        return self.weight * values.sum() / has.sum().clamp_min(1)
+        value = self.weight * values.sum() / has.sum().clamp_min(1)
+        return self.finite_or_zero(value, model, attention=attention)
 
     def extra_repr(self) -> str:
         return f"weight={self.weight}, key={self.key!r}, kind={self.kind!r}"

@@ -23,14 +23,14 @@ import torch  # noqa: F401 - the docstring example uses it
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
-from lightning_xai.losses._common import as_float, require_model, token_mask
+from lightning_xai.losses._common import FiniteGuard, as_float, check_weight, require_model, token_mask
 
 __all__ = ["WordTyingLoss"]
 
 MODES = ("embedding", "word")
 
 
-class WordTyingLoss(nn.Module):
+class WordTyingLoss(FiniteGuard, nn.Module):
     """weight · a word-level tying objective on ``outputs.hidden_states`` (see the module docstring).
 
     The projection P (``Linear(hidden_dim, embedding_dim)``) is a parameter of this loss; passed as an objective of
@@ -59,8 +59,7 @@ class WordTyingLoss(nn.Module):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
-        if weight < 0:
-            raise ValueError(f"weight must be >= 0, got {weight}.")
+        weight = check_weight(weight, "WordTyingLoss")
         if hidden_dim < 1 or embedding_dim < 1:
             raise ValueError(f"hidden_dim and embedding_dim must be positive, got {hidden_dim} and {embedding_dim}.")
         self.projection = nn.Linear(hidden_dim, embedding_dim)
@@ -83,7 +82,7 @@ class WordTyingLoss(nn.Module):
             value = self._reconstruction(predicted, model.embed(batch).detach(), mask)
         else:
             value = self._word_prediction(predicted, batch, model, mask)
-        return self.weight * value
+        return self.finite_or_zero(self.weight * value, model, hidden_states=hidden)
 
     def _reconstruction(self, predicted: Tensor, embeddings: Tensor, mask: Tensor) -> Tensor:
         if embeddings.shape[-1] != predicted.shape[-1]:
