@@ -227,7 +227,8 @@ class TextClassificationDataModule(SplitLoaders, pl.LightningDataModule):
         return LoaderSettings(hp.batch_size, hp.seed, collate, hp.num_workers)
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"vocab": self.vocab.itos}
+        return {**super().state_dict(), "vocab": self.vocab.itos}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
         self._vocab = Vocabulary(state_dict["vocab"])

@@ -1,7 +1,7 @@
 """The loader hooks every data module of the package shares: one :class:`SplitLoaders` mixin, not three copies."""
 from __future__ import annotations
 
-from typing import Any, Callable, List, NamedTuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Union
 
 import torch
 from torch.utils.data import DataLoader
@@ -26,6 +26,14 @@ class SplitLoaders:
     gives ``[]`` (Lightning then skips that loop). Put the mixin before ``pl.LightningDataModule`` in the bases
     and define ``dataset(split)`` and ``loader_settings()``.
 
+    Resuming: the shuffle continues one generator over the epochs, so a resumed run, which builds a fresh
+    loader, would repeat epoch 0's order. :meth:`state_dict` (which Lightning puts in every checkpoint) holds
+    the state of the training loader's generators — the shuffle and a training dataset's own ``generator``
+    (e.g. :class:`~lightning_xai.data.masking.RandomMaskingDataset`'s masks) — and the first training loader
+    built after :meth:`load_state_dict` starts from it, so a run resumed from an epoch-end checkpoint sees the
+    batches of a run that never stopped. (Not restored: with ``reload_dataloaders_every_n_epochs`` each reload
+    starts from the seed, as without a resume; a mid-epoch checkpoint restarts the epoch with the next order.)
+
     Example:
         >>> import pytorch_lightning as pl
         >>> class Numbers(SplitLoaders, pl.LightningDataModule):
@@ -48,9 +56,46 @@ class SplitLoaders:
         if not self.has_split(split):
             return []
         settings = self.loader_settings()
+        dataset = self.dataset(split)
         generator = torch.Generator().manual_seed(settings.seed) if shuffle else None
-        return DataLoader(self.dataset(split), batch_size=settings.batch_size, shuffle=shuffle,
+        if shuffle:
+            self._training_generators = {"shuffle": generator}
+            if isinstance(getattr(dataset, "generator", None), torch.Generator):
+                self._training_generators["dataset"] = dataset.generator
+            restored: Optional[Dict[str, Any]] = getattr(self, "_restored_generators", None)
+            trainer = getattr(self, "trainer", None)
+            if restored and not getattr(trainer, "reload_dataloaders_every_n_epochs", 0):
+                for name, state in restored.items():
+                    if name in self._training_generators:
+                        self._training_generators[name].set_state(state)
+            self._restored_generators = None
+        return DataLoader(dataset, batch_size=settings.batch_size, shuffle=shuffle,
                           collate_fn=settings.collate_fn, generator=generator, num_workers=settings.num_workers)
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The states of the last training loader's generators (empty before one is built).
+
+        Example:
+            >>> import pytorch_lightning as pl
+            >>> class Numbers(SplitLoaders, pl.LightningDataModule):
+            ...     def dataset(self, split):
+            ...         return list(range(6))
+            ...     def loader_settings(self):
+            ...         return LoaderSettings(batch_size=6, seed=0, collate_fn=torch.tensor)
+            >>> run = Numbers()
+            >>> loader = run.train_dataloader()
+            >>> first = next(iter(loader)).tolist()
+            >>> resumed = Numbers()
+            >>> resumed.load_state_dict(run.state_dict())
+            >>> next(iter(resumed.train_dataloader())).tolist() == next(iter(loader)).tolist() != first
+            True
+        """
+        generators = getattr(self, "_training_generators", {})
+        return {"training_generators": {name: g.get_state() for name, g in generators.items()}} if generators else {}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Start the next training loader from the generator states of :meth:`state_dict`."""
+        self._restored_generators = dict(state_dict.get("training_generators", {}))
 
     def train_dataloader(self) -> Union[DataLoader, List[Any]]:
         """The training split, shuffled with the module's seed."""
