@@ -11,6 +11,7 @@ method                        source                                      famili
 ``"alti"``                    Ferrando et al. 2022 (EMNLP)                BERT family, DistilBERT, Llama
 ``"attention_flow"``          Abnar & Zuidema 2020 (ACL)                  any eager-attention family
 ``"grad_attention"``          Chefer et al. 2021 (ICCV)                   any eager-attention family
+``"attnlrp"``                 Achtibat et al. 2024 (ICML)                 BERT family, Llama family
 ============================  ==========================================  ==============================
 
 (BERT family: BERT, RoBERTa, MiniLM, ELECTRA and other ``BertLayer``-shaped encoders; Llama family: Llama, Qwen2,
@@ -19,8 +20,9 @@ Mistral and other ``LlamaDecoderLayer``-shaped decoders.) Importing this package
 """
 from lightning_xai.attribution.context_mixing.alti import alti
 from lightning_xai.attribution.context_mixing.attention_norm import attention_norm
+from lightning_xai.attribution.context_mixing.attnlrp import attnlrp
 from lightning_xai.attribution.context_mixing.flow import attention_flow, max_flow_value
 from lightning_xai.attribution.context_mixing.grad_attention import grad_attention
 from lightning_xai.attribution.context_mixing.value_zeroing import value_zeroing
 
-__all__ = ["alti", "attention_flow", "attention_norm", "grad_attention", "max_flow_value", "value_zeroing"]
+__all__ = ["alti", "attention_flow", "attnlrp", "attention_norm", "grad_attention", "max_flow_value", "value_zeroing"]
