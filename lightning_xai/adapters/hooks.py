@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 from torch import Tensor, nn
 
+from lightning_xai.adapters.checks import check_token_ids
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError, check_embeddings
 
 __all__ = ["HookAdapter"]
@@ -141,7 +142,10 @@ class HookAdapter(nn.Module):
         return mask
 
     def embed(self, batch: Batch) -> Tensor:
-        out = self._embedding(self.embedding_input(batch))
+        inputs = self.embedding_input(batch)
+        if isinstance(self._embedding, nn.Embedding) and isinstance(inputs, Tensor):
+            check_token_ids(inputs, self._embedding.num_embeddings, f"the ids fed to {self.embedding_name!r}")
+        out = self._embedding(inputs)
         if not isinstance(out, Tensor) or out.dim() != 3:
             raise ProtocolError(f"HookAdapter: the embedding module {self.embedding_name!r} returned "
                                 f"{getattr(out, 'shape', type(out))}; it must return [B, T, E] embeddings.")

@@ -60,6 +60,7 @@ from typing import Any, List, Optional
 import torch
 from torch import Tensor, nn
 
+from lightning_xai.adapters.checks import check_token_ids
 from lightning_xai.adapters.hf_attention import (ATTENTION_IMPLEMENTATION, OverrideState, active_override,
                                                  override_rows, register_attention_implementation,
                                                  use_registered_attention)
@@ -217,10 +218,7 @@ class HuggingFaceAdapter(nn.Module):
             raise KeyError("Batch has no 'input_ids'; HF batches need input_ids and attention_mask "
                            "(see lightning_xai.data.hf.WordPieceCollator).")
         ids = batch["input_ids"]
-        rows = self._embedding.num_embeddings
-        if ids.numel() and (int(ids.max()) >= rows or int(ids.min()) < 0):
-            raise ValueError(f"Tokenizer/model mismatch: input_ids contain id {int(ids.max())} but the model's "
-                             f"embedding table has {rows} rows; tokenize with this checkpoint's tokenizer.")
+        check_token_ids(ids, self._embedding.num_embeddings, "Tokenizer/model mismatch: input_ids")
         limit = self.max_length
         if limit is not None and ids.shape[1] > limit:
             raise ValueError(f"Sequences of {ids.shape[1]} word-pieces exceed the model's max length {limit}; "

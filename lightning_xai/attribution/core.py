@@ -122,6 +122,14 @@ def _normalize(scores: Tensor, mode: str) -> Tensor:
     return scores / denom.clamp_min(torch.finfo(scores.dtype).tiny)
 
 
+def _empty_result(mask: Tensor, name: str, options: Mapping[str, Any]) -> Tensor:
+    asked = sorted(key for key, value in options.items() if key.startswith("return_") and value)
+    if asked:
+        raise ValueError(f"The batch is empty (B = 0): {name!r} has nothing to attribute, and only the empty "
+                         f"[0, T] map is defined for it, not {asked}; skip empty batches.")
+    return torch.zeros(mask.shape, dtype=torch.get_default_dtype(), device=mask.device)
+
+
 def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = None, *,
               create_graph: bool = False, normalize: Optional[str] = None,
               **options: Any) -> Union[Tensor, Tuple[Tensor, ...]]:
@@ -170,7 +178,9 @@ def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = 
 
     Returns:
         ``[B, T]`` float map, exactly 0 where ``model.token_mask(batch)`` is False; with
-        ``return_convergence_delta``/``return_n_steps`` a tuple ``(map, delta[B][, n_steps[B]])``.
+        ``return_convergence_delta``/``return_n_steps`` a tuple ``(map, delta[B][, n_steps[B]])``. An empty batch
+        (B = 0) gives an empty ``[0, T]`` map without running the model (a ValueError with ``return_*`` options).
+        Non-finite logits give a RuntimeWarning naming the rows; their maps are NaN, never a finite wrong map.
 
     Example:
         >>> from lightning_xai.attribution import attribute
@@ -194,6 +204,8 @@ def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = 
         _check_options(fn, name, options)
     with explanation_context(model, batch, freeze_parameters=not create_graph) as batch:
         mask = check_token_mask(model, batch)
+        if mask.shape[0] == 0:  # B = 0: nothing to explain, an empty map (as torchmetrics' update is a no-op)
+            return _empty_result(mask, name, options)
         if not resolves_target:
             with torch.no_grad():
                 logits = model.forward_from_embeddings(model.embed(batch), batch).logits

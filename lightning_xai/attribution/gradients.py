@@ -18,6 +18,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from lightning_xai.adapters.checks import check_attention_distribution
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution.core import register_method
 from lightning_xai.attribution.targets import resolve_target, target_score
@@ -145,10 +146,11 @@ def _compute_input_gradients(model: ExplainableModel, batch: Batch, embeddings: 
 
 
 def _safe_l2(grad: Tensor) -> Tensor:
-    # the norm's derivative is undefined at 0 (pads): give it 0 there so double backward stays finite
+    # the norm's derivative is undefined at 0 (pads): give it 0 there so double backward stays finite; elsewhere
+    # keep ``squared`` itself (0 at 0, NaN at NaN: a NaN gradient must stay NaN, never become a finite 0)
     squared = grad.pow(2).sum(dim=-1)
     positive = squared > 0
-    return torch.where(positive, squared.where(positive, torch.ones_like(squared)).sqrt(), torch.zeros_like(squared))
+    return torch.where(positive, squared.where(positive, torch.ones_like(squared)).sqrt(), squared)
 
 
 # --- kernels: (model, batch, embeddings, target) -> [N, T]; reused by SmoothGrad on noisy embeddings ------------
@@ -181,6 +183,7 @@ def attention_map(model: ExplainableModel, batch: Batch, target: Any, *, create_
     with nullcontext() if create_graph else torch.no_grad():
         out = model.forward_from_embeddings(model.embed(batch), batch)
     resolve_target(out.logits, target)
+    check_attention_distribution(out.attention, model.token_mask(batch), source=f"{type(model).__name__}'s attention")
     return out.attention
 
 

@@ -93,6 +93,24 @@ def _unsupported(model: Any, why: str) -> ValueError:
     )
 
 
+_REDUCED = (torch.float16, torch.bfloat16)
+
+
+def _check_precision(model: Any, encoder: nn.Module, hidden: Tensor, logits: Tensor) -> None:
+    """LRP checks its re-run of the encoder against the model's own hidden states: in half precision those are
+    rounded by ~1e-3, so the check (and the relevances) would fail for precision, not for a missing rule."""
+    reduced = next((t.dtype for t in (hidden, logits) if t.dtype in _REDUCED), None)
+    if reduced is None:
+        return
+    raise ValueError(
+        f"LRP needs {type(model).__name__}'s forward in float32 or float64, but its hidden states are {reduced} "
+        "(a half-precision model, or autocast/mixed precision): the encoder's LRP rule "
+        f"({type(encoder).__name__}) is re-run in float64 and checked against the model's own hidden states, which "
+        f"{reduced} rounds by ~1e-3, so the relevances cannot be trusted. The cause is precision, not a missing "
+        "rule: cast the model to float32 for LRP (model.float(), outside torch.autocast; Trainer(precision='32') "
+        "for audits), or use a gradient-based method.")
+
+
 def lrp(
     model: Any,
     batch: Batch,
@@ -157,6 +175,7 @@ def lrp(
             logits, alpha, hidden = output.logits, output.attention, output.hidden_states
             if hidden is None:
                 raise _unsupported(model, "its forward does not return hidden_states")
+            _check_precision(model, encoder, hidden, logits)
             token_mask = model.token_mask(batch)
             input_mask = model.input_mask(batch)
             target_index = resolve_target(logits, target)

@@ -6,6 +6,7 @@ registry and :func:`~lightning_xai.attribution.attribute`) and
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Optional
 
 import torch
@@ -15,7 +16,7 @@ from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explaina
 from lightning_xai.attribution.context import explanation_context
 
 __all__ = ["OUTPUTS", "check_real_tokens", "check_token_mask", "predicted_class", "resolve_target",
-           "target_probabilities", "target_score"]
+           "target_probabilities", "target_score", "warn_nonfinite_logits"]
 
 #: the scores a gradient method can differentiate: ``output=`` of :func:`~lightning_xai.attribution.attribute`
 OUTPUTS = ("probability", "logit", "log_probability")
@@ -50,6 +51,34 @@ def check_token_mask(model: ExplainableModel, batch: Batch) -> Tensor:
     return check_real_tokens(model.token_mask(batch), f"{type(model).__name__}.token_mask(batch)")
 
 
+def warn_nonfinite_logits(logits: Tensor) -> bool:
+    """Warn (RuntimeWarning) when ``logits`` hold NaN or inf; return whether they are all finite.
+
+    Every explanation of such a row is NaN or meaningless (its predicted class is the argmax of NaN): the maps are
+    returned as computed (NaN propagates, so metrics count those rows as undefined), never as a finite wrong map.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warn_nonfinite_logits(torch.tensor([[0.0, float("nan")], [1.0, 2.0]]))
+        False
+        >>> str(caught[0].message).split(":")[0]
+        "the model's logits are not finite (NaN or inf in rows [0])"
+    """
+    if not logits.is_floating_point():
+        return True
+    finite = torch.isfinite(logits.detach()).all(dim=-1)
+    if bool(finite.all()):
+        return True
+    rows = (~finite).nonzero().flatten().tolist()
+    warnings.warn(f"the model's logits are not finite (NaN or inf in rows {rows[:10]}{' ...' if len(rows) > 10 else ''}"
+                  "): every explanation of those rows is NaN or meaningless. Check the model's weights (a diverged "
+                  "training run), the inputs, and overflow under float16 (use bf16 or float32).",
+                  RuntimeWarning, stacklevel=3)
+    return False
+
+
 def resolve_target(logits: Tensor, target: Any = None) -> Tensor:
     """The class each row is explained for, as a validated ``LongTensor[B]``.
 
@@ -72,6 +101,7 @@ def resolve_target(logits: Tensor, target: Any = None) -> Tensor:
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must be [B, C]; got shape {tuple(logits.shape)}.")
+    warn_nonfinite_logits(logits)
     B, C = logits.shape
     if target is None:
         return logits.detach().argmax(dim=-1)

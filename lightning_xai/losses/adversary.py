@@ -6,6 +6,7 @@ from typing import Any, Dict, Optional
 import torch
 from torch import Tensor, nn
 
+from lightning_xai.adapters.checks import vocabulary_size
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, ExplainOutput, as_explainable
 from lightning_xai.losses._common import (DeprecatedLam, FiniteGuard, check_weight, log_extra, renamed_lam,
                                           require_finite)
@@ -96,6 +97,7 @@ class ModelConsistentAdversary(FiniteGuard, DeprecatedLam, nn.Module):
         self.weight = float(weight)
         self.name = name
         self.last_terms: Dict[str, Tensor] = {}
+        self._vocabulary_checked = False
 
     @property
     def base_model(self) -> ExplainableModel:
@@ -114,7 +116,35 @@ class ModelConsistentAdversary(FiniteGuard, DeprecatedLam, nn.Module):
         with torch.no_grad():
             return base.forward_from_embeddings(base.embed(batch), batch)
 
+    def check_vocabulary(self, model: Any) -> None:
+        """Raise a ValueError unless ``model`` (the adversary) reads the base's token ids: same embedding-table
+        size and, when both carry one, the same vocabulary list. Run on the first call with a model.
+
+        Example:
+            >>> from lightning_xai.models import AttentionClassifier
+            >>> objective = ModelConsistentAdversary(AttentionClassifier(vocab_size=20, num_classes=2))
+            >>> objective.check_vocabulary(AttentionClassifier(vocab_size=30, num_classes=2))
+            Traceback (most recent call last):
+            ...
+            ValueError: ModelConsistentAdversary: the base model's embedding table has 20 rows but the adversary's has 30: they read different vocabularies, so the same input_ids mean different words. Build the adversary from the base (its checkpoint, or the data module the base was trained with) so both share one vocabulary.
+        """
+        base = self.base_model
+        sizes = vocabulary_size(base), vocabulary_size(model)
+        fix = ("Build the adversary from the base (its checkpoint, or the data module the base was trained with) so "
+               "both share one vocabulary.")
+        if None not in sizes and sizes[0] != sizes[1]:
+            raise ValueError(f"ModelConsistentAdversary: the base model's embedding table has {sizes[0]} rows but "
+                             f"the adversary's has {sizes[1]}: they read different vocabularies, so the same "
+                             f"input_ids mean different words. {fix}")
+        words = getattr(base, "vocab", None), getattr(model, "vocab", None)
+        if all(isinstance(w, (list, tuple)) for w in words) and list(words[0]) != list(words[1]):
+            raise ValueError("ModelConsistentAdversary: the base model and the adversary carry different vocabulary "
+                             f"lists (same size, other words): the same input_ids mean different words. {fix}")
+
     def forward(self, outputs: ExplainOutput, batch: Batch, model: Any = None) -> Tensor:
+        if model is not None and not self._vocabulary_checked:
+            self.check_vocabulary(model)
+            self._vocabulary_checked = True
         base = self.base_outputs(batch, outputs.logits.device)
         if base.attention.shape != outputs.attention.shape:
             raise ValueError(f"The base's attention has shape {tuple(base.attention.shape)} but the adversary's "

@@ -8,6 +8,7 @@ import torch
 import torchmetrics
 from torch import Tensor, nn
 
+from lightning_xai.adapters.checks import check_token_ids
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, check_embeddings
 from lightning_xai.attribution.targets import check_real_tokens
 from lightning_xai.models.attention import build_attention, masked_softmax
@@ -22,8 +23,15 @@ __all__ = ["AttentionClassifier", "check_batch"]
 _DELETION_CHUNK_ELEMENTS = 1 << 24
 
 
-def check_batch(batch: Batch) -> None:
-    """Raise a clear error for a batch the reference models cannot read."""
+def check_batch(batch: Batch, vocab_size: Optional[int] = None) -> None:
+    """Raise a clear error for a batch the reference models cannot read (with ``vocab_size``: ids past the table).
+
+    Example:
+        >>> check_batch({"input_ids": torch.tensor([[3, 4]])})
+        Traceback (most recent call last):
+        ...
+        KeyError: "Batch has no 'mask'; batches are dicts with 'input_ids', 'mask' and 'labels' (see TextClassificationDataModule)."
+    """
     for key in ("input_ids", "mask"):
         if key not in batch:
             raise KeyError(f"Batch has no {key!r}; batches are dicts with 'input_ids', 'mask' and 'labels' "
@@ -33,6 +41,8 @@ def check_batch(batch: Batch) -> None:
         raise ValueError(f"'mask' has shape {tuple(mask.shape)} but 'input_ids' has {tuple(ids.shape)}; "
                          "they must match [B, T].")
     check_real_tokens(mask, "batch['mask']")
+    if vocab_size is not None:
+        check_token_ids(ids, vocab_size, "batch['input_ids']")
 
 
 class AttentionClassifier(ClassifierSteps, pl.LightningModule):
@@ -129,10 +139,12 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
 
     # --- the ExplainableModel protocol -------------------------------------------------------------
     def embed(self, batch: Batch) -> Tensor:
-        check_batch(batch)
+        check_batch(batch, self.embedding.num_embeddings)
         return self.embedding(batch["input_ids"])
 
     def token_mask(self, batch: Batch) -> Tensor:
+        if "mask" not in batch:
+            check_batch(batch)  # the clear message, not a bare KeyError
         return batch["mask"]
 
     def input_mask(self, batch: Batch) -> Tensor:

@@ -146,6 +146,9 @@ def kendall_tau(preds: Tensor, target: Tensor, mask: Tensor, variant: str = "b")
     if variant not in ("b", "c"):
         raise ValueError(f"Unknown Kendall variant {variant!r}; use 'b' (tau-b) or 'c' (tau-c).")
     check_maps(preds, target, mask=mask)
+    if preds.shape[0] == 0:  # B = 0: no instance, an empty result (the metric classes' update is then a no-op)
+        empty = torch.zeros(0, dtype=torch.float64, device=preds.device)
+        return empty, empty.clone()
     n = mask.sum(1)
     nd = n.double()
     cmd, ties, sizes = _pair_stats(preds, target, mask, nd)
@@ -224,6 +227,8 @@ def topk_kendall_tau(preds: Tensor, target: Tensor, mask: Tensor, k: Optional[Un
         1.0
     """
     check_maps(preds, target, mask=mask)
+    if preds.shape[0] == 0:
+        return kendall_tau(preds, target, mask, variant=variant)
     k = jw_top_k(mask) if k is None else k
     sizes = resolve_k(k, mask.sum(1))
     union = topk_mask(preds, mask, sizes) | topk_mask(target, mask, sizes)

@@ -19,6 +19,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from lightning_xai.adapters.checks import check_attention_distribution
 from lightning_xai.metrics.functional._validation import check_mask, check_maps, resolve_k, topk_mask
 
 __all__ = ["auprc", "binarize", "impermissible_mass", "iou_f1", "span_match_counts", "token_f1"]
@@ -184,17 +185,27 @@ def auprc(scores: Tensor, rationale: Tensor, mask: Tensor) -> Tensor:
     return torch.where(positives.squeeze(1) > 0, ap, torch.full_like(ap, float("nan")))
 
 
-def impermissible_mass(attention: Tensor, impermissible: Tensor) -> Tensor:
+def impermissible_mass(attention: Tensor, impermissible: Tensor, token_mask: Optional[Tensor] = None) -> Tensor:
     """Σ_{i∈I} α_i over the last dimension: the attention mass on a marked token set ``I`` (Pruthi et al.'s
     impermissible tokens, or a rationale). ``attention`` ``[..., T]``, ``impermissible`` bool ``[B, T]``.
 
     ``attention`` may carry extra middle dimensions (e.g. ``[B, heads, T]``); the mask broadcasts over them. The one
     implementation behind the deception penalty, the impermissible-attention monitor and ``HFClassifier``'s log.
+    With ``token_mask`` (``[B, T]`` real tokens) a ``[B, T]`` attention is first checked to be a distribution over
+    the real tokens (:func:`~lightning_xai.adapters.checks.check_attention_distribution`), so that a model returning
+    unnormalised weights gets a clear error instead of a mass above 1.
 
     Example:
         >>> impermissible_mass(torch.tensor([[0.2, 0.3, 0.5]]), torch.tensor([[True, False, True]]))
         tensor([0.7000])
+        >>> impermissible_mass(torch.tensor([[1.0, 1.5, 2.5]]), torch.tensor([[True, False, True]]),
+        ...                    token_mask=torch.ones(1, 3, dtype=torch.bool))
+        Traceback (most recent call last):
+        ...
+        ValueError: ExplainOutput.attention is not a distribution over the real tokens: row 0 sums to 5 over its real tokens (expected 1 within 0.001). The protocol's attention is softmax(scores) over the real tokens (token_mask), 0 elsewhere: return the normalised weights the model pools with (unnormalised scores go in attention_scores), renormalised over the real tokens if the model also attends to special tokens.
     """
+    if token_mask is not None and attention.dim() == 2:
+        check_attention_distribution(attention, token_mask)
     mask = impermissible.to(device=attention.device, dtype=attention.dtype)
     while mask.dim() < attention.dim():
         mask = mask.unsqueeze(1)

@@ -1,0 +1,131 @@
+"""Cheap checks at the protocol boundary: token ids inside the vocabulary, attention a distribution over real tokens.
+
+A model that breaks the :class:`~lightning_xai.adapters.ExplainableModel` contract rarely crashes: an attention
+that sums to 5 gives an impermissible mass of 1.47, an id past the embedding table a bare ``IndexError``. These
+functions turn such inputs into one clear error naming the problem and the fix. They cost one reduction over the
+batch; callers run them where they cost nothing (once per call of :func:`~lightning_xai.attribution.attribute`'s
+``"attention"``, on the first audit batch, in the models' ``embed``).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+__all__ = ["ATTENTION_ATOL", "check_attention_distribution", "check_token_ids", "vocabulary_size"]
+
+#: how far (absolute) a row's attention may sum from 1 over its real tokens, and leak onto other positions
+ATTENTION_ATOL = 1e-3
+
+
+def check_token_ids(ids: Tensor, vocab_size: int, source: str = "input_ids") -> None:
+    """Raise a ValueError unless every id of ``ids`` indexes a row of a ``vocab_size``-row embedding table.
+
+    Args:
+        ids: integer tensor of token ids (any shape).
+        vocab_size: rows of the embedding table.
+        source: how the message names the model.
+
+    Example:
+        >>> check_token_ids(torch.tensor([[3, 4], [7, 0]]), 50)
+        >>> check_token_ids(torch.tensor([[3, 60]]), 50)
+        Traceback (most recent call last):
+        ...
+        ValueError: input_ids contain id 60 but the embedding table has 50 rows (valid ids 0..49): the batch was encoded with another vocabulary than the model's. Encode it with the model's vocabulary (the data module the model was built with: vocab_size=dm.vocab_size, or the checkpoint's tokenizer).
+    """
+    if ids.numel() == 0:
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low >= 0 and high < vocab_size:
+        return
+    bad = high if high >= vocab_size else low
+    raise ValueError(f"{source} contain id {bad} but the embedding table has {vocab_size} rows (valid ids "
+                     f"0..{vocab_size - 1}): the batch was encoded with another vocabulary than the model's. "
+                     "Encode it with the model's vocabulary (the data module the model was built with: "
+                     "vocab_size=dm.vocab_size, or the checkpoint's tokenizer).")
+
+
+def vocabulary_size(model: Any) -> Optional[int]:
+    """Rows of ``model``'s input embedding table, or ``None`` when the model does not say.
+
+    Asked in this order: ``embedding_table()`` (the EmbeddingShift capability), ``get_input_embeddings()``
+    (``transformers`` models and adapters), ``config.vocab_size``.
+
+    Example:
+        >>> from torch import nn
+        >>> class Lookup(nn.Module):
+        ...     def get_input_embeddings(self):
+        ...         return nn.Embedding(30, 4)
+        >>> vocabulary_size(Lookup()), vocabulary_size(nn.Linear(2, 2))
+        (30, None)
+    """
+    table = getattr(model, "embedding_table", None)
+    if callable(table):
+        weight = table()
+        if isinstance(weight, Tensor) and weight.dim() == 2:
+            return int(weight.shape[0])
+    embeddings = getattr(model, "get_input_embeddings", None)
+    if callable(embeddings):
+        module = embeddings()
+        if isinstance(getattr(module, "num_embeddings", None), int):
+            return int(module.num_embeddings)
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    return int(size) if isinstance(size, int) else None
+
+
+def check_attention_distribution(attention: Tensor, mask: Tensor, *, atol: float = ATTENTION_ATOL,
+                                 source: str = "ExplainOutput.attention") -> None:
+    """Raise a ValueError unless ``attention`` ``[B, T]`` is a distribution over the real tokens of ``mask``.
+
+    Every value finite and ``>= -tol``, each row summing to 1 within ``tol`` over the real tokens and to at most
+    ``tol`` elsewhere, where ``tol = max(atol, 2·eps(dtype))`` (bf16 rounds a softmax by up to 2⁻⁸ a value). This is
+    what the protocol promises and what every attention metric (impermissible mass, permutation and erasure
+    audits, divergences) assumes: a model returning, say, 5× its attention would otherwise get an impermissible
+    mass above 1 without a word.
+
+    Args:
+        attention: ``[B, T]`` the model's attention (``ExplainOutput.attention``).
+        mask: ``[B, T]`` bool, True at real tokens (``model.token_mask(batch)``).
+        atol: the tolerance for float32/float64 attention.
+        source: how the message names the attention.
+
+    Raises:
+        ValueError: naming the first offending row, what is wrong and the fix.
+
+    Example:
+        >>> mask = torch.tensor([[True, True, False]])
+        >>> check_attention_distribution(torch.tensor([[0.25, 0.75, 0.0]]), mask)
+        >>> check_attention_distribution(torch.tensor([[1.25, 3.75, 0.0]]), mask)
+        Traceback (most recent call last):
+        ...
+        ValueError: ExplainOutput.attention is not a distribution over the real tokens: row 0 sums to 5 over its real tokens (expected 1 within 0.001). The protocol's attention is softmax(scores) over the real tokens (token_mask), 0 elsewhere: return the normalised weights the model pools with (unnormalised scores go in attention_scores), renormalised over the real tokens if the model also attends to special tokens.
+    """
+    if not isinstance(attention, Tensor) or attention.dim() != 2 or tuple(attention.shape) != tuple(mask.shape):
+        raise ValueError(f"{source} has shape {tuple(getattr(attention, 'shape', ()))} but the token mask is "
+                         f"{tuple(mask.shape)}; the protocol's attention is [B, T], one weight per position.")
+    if attention.numel() == 0:
+        return
+    tol = max(float(atol), 2 * torch.finfo(attention.dtype).eps) if attention.is_floating_point() else float(atol)
+    values = attention.detach().double()
+    real = mask.to(device=values.device, dtype=torch.bool)
+    finite = torch.isfinite(values).all(1)
+    inside = values.masked_fill(~real, 0.0).sum(1)
+    outside = values.masked_fill(real, 0.0).abs().sum(1)
+    negative = values.amin(1) < -tol
+    bad = ~finite | negative | ((inside - 1).abs() > tol) | (outside > tol)
+    if not bool(bad.any()):
+        return
+    row = int(bad.nonzero()[0, 0])
+    if not bool(finite[row]):
+        problem = "has NaN or infinite values (the model's attention is not finite: check its weights and inputs)"
+    elif bool(negative[row]):
+        problem = f"has a negative weight {float(values[row].min()):.4g}"
+    elif float(outside[row]) > tol:
+        problem = f"puts mass {float(outside[row]):.4g} on positions outside the token mask (pads/special tokens)"
+    else:
+        problem = f"sums to {float(inside[row]):.4g} over its real tokens (expected 1 within {tol:.2g})"
+    raise ValueError(f"{source} is not a distribution over the real tokens: row {row} {problem}. The protocol's "
+                     "attention is softmax(scores) over the real tokens (token_mask), 0 elsewhere: return the "
+                     "normalised weights the model pools with (unnormalised scores go in attention_scores), "
+                     "renormalised over the real tokens if the model also attends to special tokens.")
