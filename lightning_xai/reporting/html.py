@@ -19,15 +19,24 @@ COLOUR_POSITIVE = (33, 102, 172)   # blue: the score pushes towards the explaine
 COLOUR_NEGATIVE = (178, 24, 43)    # red: the score pushes away from it
 
 _CSS = """
-body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:24px;color:#1b1b1b;max-width:1400px}
+*{box-sizing:border-box}
+body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:24px;color:#1b1b1b;max-width:1400px;
+overflow-wrap:anywhere}
 h1{font-size:1.5em}h2{font-size:1.25em;margin-top:2em;border-bottom:1px solid #ccc}h3{font-size:1.05em}
-table{border-collapse:collapse;margin:8px 0}td,th{padding:3px 8px;border:1px solid #ddd;font-size:.9em;text-align:left}
+table{border-collapse:collapse;margin:8px 0;max-width:100%}
+td,th{padding:3px 8px;border:1px solid #ddd;font-size:.9em;text-align:left}
 th{background:#f3f3f3}.num{text-align:right;font-variant-numeric:tabular-nums}
-.heatmap{margin:12px 0 20px 0}.heatmap td.map{font-weight:600;white-space:nowrap;background:#fafafa}
-.tok{display:inline-block;padding:2px 3px;margin:1px;border-radius:3px;font-family:ui-monospace,monospace;font-size:.9em}
-.legend{display:flex;align-items:center;gap:8px;margin:8px 0}
+.wide{overflow-x:auto;max-width:100%}
+.heatmap{margin:12px 0 20px 0}.heatmap table{width:100%;table-layout:fixed}
+.heatmap td.map{font-weight:600;width:12em;background:#fafafa;vertical-align:top}
+.heatmap td.doc{line-height:1.9}.heatmap tr.long td.doc div{max-height:15em;overflow-y:auto}
+.tok{display:inline-block;padding:1px 3px;margin:1px;border-radius:3px;font-family:ui-monospace,monospace;
+font-size:.9em;max-width:100%;overflow-wrap:anywhere}
+.legend{display:flex;flex-wrap:wrap;align-items:center;gap:8px;margin:8px 0}
 .scale{width:260px;height:14px;border:1px solid #999;border-radius:2px}
-.meta{color:#555;font-size:.9em}img{max-width:100%;border:1px solid #eee}
+.meta{color:#555;font-size:.9em}img{max-width:100%;height:auto;border:1px solid #eee}figure{margin:12px 0}
+.headline{background:#f6f8fb;border:1px solid #d5dde8;border-radius:6px;padding:4px 16px 8px 16px}
+.headline h2{margin-top:.6em}.headline .claim p{margin:.3em 0}
 """
 
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
@@ -67,14 +76,17 @@ def legend_html() -> str:
 
 
 def token_heatmap_html(tokens: Sequence[str], maps: Mapping[str, Sequence[float]], title: Optional[str] = None,
-                       caption: Optional[str] = None) -> str:
-    """One example as a table: a row per map (attention, gradient, IG, LOO, ...), a cell per token.
+                       caption: Optional[str] = None, long_document: int = 120) -> str:
+    """One example as a table: a row per map (attention, gradient, IG, LOO, ...), the tokens of the row wrapping
+    across the page width.
 
     Args:
         tokens: the words (escaped here).
         maps: map name -> one score per token.
         title: optional heading (escaped).
         caption: optional line under the heading (escaped).
+        long_document: above this many tokens (e.g. an ERASER movie review) each row scrolls inside a box of
+            about fifteen lines instead of filling pages.
 
     Example:
         >>> out = token_heatmap_html(["<script>x</script>", "good"], {"attention": [0.2, 0.8]})
@@ -88,17 +100,18 @@ def token_heatmap_html(tokens: Sequence[str], maps: Mapping[str, Sequence[float]
     if caption:
         parts.append(f'<div class="meta">{_esc(caption)}</div>')
     parts.append("<table>")
+    row_class = ' class="long"' if len(tokens) > long_document else ""
     for name, scores in maps.items():
         scores = [float(s) for s in scores]
         if len(scores) != len(tokens):
             raise ValueError(f"map {name!r} has {len(scores)} scores for {len(tokens)} tokens.")
         finite = [abs(s) for s in scores if math.isfinite(s)]
         scale = max(finite) if finite else 0.0
-        cells = "".join(
+        cells = " ".join(
             f'<span class="tok" title="{_esc(name)}: {s:.4g}" data-score="{s:.6g}" '
             f'style="background:{score_colour(s, scale)};color:{_text_colour(s, scale)}">{_esc(tok)}</span>'
             for tok, s in zip(tokens, scores))
-        parts.append(f'<tr><td class="map">{_esc(name)}</td><td>{cells}</td></tr>')
+        parts.append(f'<tr{row_class}><td class="map">{_esc(name)}</td><td class="doc"><div>{cells}</div></td></tr>')
     parts.append("</table></div>")
     return "".join(parts)
 
@@ -129,7 +142,7 @@ def history_table_html(history: Sequence[Mapping[str, Any]], keys: Optional[Sequ
         cells = [_esc(r.get("stage")), _esc(r.get("epoch")), _esc(r.get("global_step"))]
         cells += [_fmt(r["metrics"].get(k, float("nan"))) for k in keys]
         rows.append("<tr>" + "".join(f'<td class="num">{c}</td>' for c in cells) + "</tr>")
-    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+    return f"<div class=\"wide\"><table><tr>{head}</tr>{''.join(rows)}</table></div>"
 
 
 def png_data_uri(path: str) -> str:
@@ -139,33 +152,45 @@ def png_data_uri(path: str) -> str:
 
 
 class ReportSection:
-    """One part of the report: a heading, trusted HTML built by this module, and optional PNG files."""
+    """One part of the report: a heading, trusted HTML built by this module, and optional PNG files.
 
-    def __init__(self, title: str, body_html: str = "", images: Iterable[Tuple[str, str]] = ()) -> None:
+    ``images`` are ``(caption, path)`` or ``(caption, path, element id)``; ``anchor`` is the section's id.
+    """
+
+    def __init__(self, title: str, body_html: str = "", images: Iterable[Sequence[str]] = (),
+                 anchor: Optional[str] = None) -> None:
         self.title = title
         self.body_html = body_html
-        self.images = list(images)  # (caption, path to a PNG)
+        self.images = [tuple(image) for image in images]
+        self.anchor = anchor
 
     def render(self) -> str:
-        parts = [f"<h2>{_esc(self.title)}</h2>", self.body_html]
-        for caption, path in self.images:
+        anchor = f' id="{_esc(self.anchor)}"' if self.anchor else ""
+        parts = [f"<section{anchor}>", f"<h2>{_esc(self.title)}</h2>" if self.title else "", self.body_html]
+        for caption, path, *element in self.images:
             if os.path.exists(path):
-                parts.append(f'<figure><img alt="{_esc(caption)}" src="{png_data_uri(path)}">'
+                ident = f' id="{_esc(element[0])}"' if element else ""
+                parts.append(f'<figure{ident}><img alt="{_esc(caption)}" src="{png_data_uri(path)}">'
                              f"<figcaption class=\"meta\">{_esc(caption)}</figcaption></figure>")
+        parts.append("</section>")
         return "".join(parts)
 
 
-def render_report(title: str, sections: Sequence[ReportSection], subtitle: Optional[str] = None) -> str:
-    """The whole report page as one self-contained HTML string.
+def render_report(title: str, sections: Sequence[ReportSection], subtitle: Optional[str] = None,
+                  lead: Sequence[ReportSection] = ()) -> str:
+    """The whole report page as one self-contained HTML string: heading, the ``lead`` sections (headline,
+    curves), the colour legend, then ``sections``.
 
     Example:
         >>> page = render_report("run <1>", [ReportSection("A", token_heatmap_html(["a"], {"attention": [1.0]}))])
         >>> page.startswith("<!DOCTYPE html>"), "run &lt;1&gt;" in page, "http" in page.split("<body>")[1]
         (True, True, False)
     """
+    head = "".join(s.render() for s in lead)
     body = "".join(s.render() for s in sections)
     sub = f'<p class="meta">{_esc(subtitle)}</p>' if subtitle else ""
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_CSP}\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>"
-            f"<h1>{_esc(title)}</h1>{sub}{legend_html()}{body}</body></html>")
+            f"<h1>{_esc(title)}</h1>{sub}{head}{legend_html()}{body}</body></html>")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -14,7 +14,7 @@ from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-__all__ = ["plot_history", "plot_histograms", "plot_heatmap"]
+__all__ = ["Panel", "plot_history", "plot_histograms", "plot_heatmap", "plot_panels"]
 
 
 def _label(text: Any) -> str:
@@ -47,30 +47,81 @@ def plot_history(history: Sequence[Mapping[str, Any]], names: Sequence[str], pat
         return None
     fig = Figure(figsize=(7, 4), layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
-    plotted = 0
-    for name in names:
-        points = [(r["epoch"], r["metrics"].get(f"{name}/mean", r["metrics"].get(name)),
-                   r["metrics"].get(f"{name}/std")) for r in records]
-        points = [p for p in points if p[1] is not None and not math.isnan(p[1])]
-        if not points:
-            continue
-        x = np.array([p[0] for p in points], dtype=float)
-        y = np.array([p[1] for p in points], dtype=float)
-        ax.plot(x, y, marker="o", label=_label(name))
-        std = [p[2] for p in points]
-        if all(s is not None and not math.isnan(s) for s in std):
-            s = np.array(std, dtype=float)
-            ax.fill_between(x, y - s, y + s, alpha=0.15)
-        plotted += 1
+    plotted = sum(_draw_series(ax, records, name) for name in names)
     if not plotted:
         return None
+    _style_axes(ax, title, ylabel)
+    return _save(fig, path)
+
+
+def _draw_series(ax: Any, records: Sequence[Mapping[str, Any]], name: str, label: Optional[str] = None,
+                 band: bool = True) -> bool:
+    """``<name>/mean`` (or ``name``) against the epoch, with a ``<name>/std`` band; False when nothing to draw."""
+    points = [(r["epoch"], r["metrics"].get(f"{name}/mean", r["metrics"].get(name)),
+               r["metrics"].get(f"{name}/std")) for r in records]
+    points = [p for p in points if isinstance(p[1], (int, float)) and not math.isnan(p[1])]
+    if not points:
+        return False
+    x = np.array([p[0] for p in points], dtype=float)
+    y = np.array([p[1] for p in points], dtype=float)
+    ax.plot(x, y, marker="o", label=_label(label or name))
+    std = [p[2] for p in points]
+    if band and all(s is not None and not math.isnan(s) for s in std):
+        s = np.array(std, dtype=float)
+        ax.fill_between(x, y - s, y + s, alpha=0.15)
+    return True
+
+
+def _style_axes(ax: Any, title: str, ylabel: str, legend: bool = True) -> None:
     ax.set_xlabel("epoch")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_ylabel(_label(ylabel))
+    ax.set_title(_label(title), fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+    if legend:
+        ax.legend(fontsize=7, loc="best")
+
+
+#: one small multiple: (title, records with ``epoch`` and ``metrics``, series names, y label)
+Panel = Tuple[str, Sequence[Mapping[str, Any]], Sequence[str], str]
+
+
+def plot_panels(panels: Sequence[Panel], path: str, title: str = "", columns: int = 3) -> Optional[str]:
+    """Small multiples on one shared, integer epoch axis: one axes per panel, every series of a panel on it.
+
+    A panel with one series draws its ±std band; with several, the bands are left out so they do not pile up
+    (the per-series tables carry the std). Returns the path, or ``None`` when no panel has a point.
+
+    Example:
+        >>> import tempfile, os
+        >>> h = [{"epoch": e, "metrics": {"a/mean": 0.1 * e, "a/std": 0.05, "b": 1.0 - 0.1 * e}} for e in range(3)]
+        >>> out = plot_panels([("a", h, ["a"], "tau"), ("a vs b", h, ["a", "b"], "value")],
+        ...                   os.path.join(tempfile.mkdtemp(), "p.png"))
+        >>> os.path.getsize(out) > 1000
+        True
+    """
+    drawable = [p for p in panels if any(_has_points(p[1], name) for name in p[2])]
+    if not drawable:
+        return None
+    columns = max(1, min(columns, len(drawable)))
+    rows = math.ceil(len(drawable) / columns)
+    fig = Figure(figsize=(4.4 * columns, 3.0 * rows + (0.4 if title else 0.0)), layout="constrained")
+    axes = fig.subplots(rows, columns, sharex=True, squeeze=False).flatten()
+    for ax, (panel_title, records, names, ylabel) in zip(axes, drawable):
+        for name in names:
+            _draw_series(ax, records, name, band=len(names) == 1)
+        _style_axes(ax, panel_title, ylabel, legend=len(names) > 1)
+        ax.xaxis.set_tick_params(labelbottom=True)
+    for ax in axes[len(drawable):]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(_label(title), fontsize=11)
     return _save(fig, path)
+
+
+def _has_points(records: Sequence[Mapping[str, Any]], name: str) -> bool:
+    return any(isinstance(v, (int, float)) and not math.isnan(v)
+               for v in (r["metrics"].get(f"{name}/mean", r["metrics"].get(name)) for r in records))
 
 
 def plot_histograms(values: Mapping[str, Sequence[float]], path: str, title: str = "Per-example values",

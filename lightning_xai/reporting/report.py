@@ -3,10 +3,14 @@
 Add it next to the audit callbacks. After every audit it (on rank zero only)
 
 * writes ``report.html`` (self-contained: no CDN, no script; legend and colour scale; all text escaped) and
-  matplotlib PNGs — each metric over epochs, per-example histograms, token heatmaps — into ``dirpath``
-  (default ``<trainer.log_dir>/xai_report``), whatever the logger (or none);
+  matplotlib PNGs into ``dirpath`` (default: the run's own folder, see
+  :func:`~lightning_xai.reporting.run_directory.run_report_directory`), whatever the logger (or none). The page
+  opens with a headline in words, then the training's own logged metrics (kept by the callback from
+  ``trainer.callback_metrics``, no logger needed) beside the audit metrics on one epoch axis, then per audit:
+  the erasure comparison (every ranking on one axes), agreement as small multiples, histograms, token heatmaps;
 * with a ``WandbLogger``, logs a ``wandb.Table`` of the audited examples, HTML token-heatmap panels (one per
-  method and all maps side by side) and histograms of the per-example values.
+  method and all maps side by side), histograms of the per-example values and, when the run ends, the report
+  page itself (``wandb.Html`` under ``xai_report``).
 """
 from __future__ import annotations
 
@@ -16,16 +20,21 @@ import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
+from lightning_xai.lightning_compat import Callback
 from lightning_xai.reporting.html import (ReportSection, _esc, _fmt, history_table_html, render_report,
                                           token_heatmap_html)
-from lightning_xai.reporting.plots import plot_heatmap, plot_histograms, plot_history
+from lightning_xai.reporting.curves import (TrainingLog, agreement_panels, audit_panels, erasure_panels,
+                                            training_panels)
+from lightning_xai.reporting.headline import headline_html
+from lightning_xai.reporting.plots import plot_heatmap, plot_histograms, plot_panels
 from lightning_xai.reporting.protocol import ReportableAudit
 from lightning_xai.reporting.summary import final_results, format_summary
+from lightning_xai.reporting.run_directory import log_report_to_wandb, run_report_directory
 from lightning_xai.reporting.wandb_logging import is_wandb_logger, log_audit_to_wandb
+from lightning_xai.reporting.word_pieces import merge_word_pieces
 
 __all__ = ["AuditReport", "write_report"]
 
@@ -55,26 +64,46 @@ def _latest_table(metrics: Dict[str, float]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _plot_groups(history: Sequence[Dict[str, Any]]) -> Dict[str, List[str]]:
-    keys: List[str] = []
-    for record in history:
-        keys.extend(k for k in record["metrics"] if k not in keys)
-    means = [k[: -len("/mean")] for k in keys if k.endswith("/mean")]
-    if means:
+def _audit_figures(audit: ReportableAudit, directory: str, slug: str) -> List[Tuple[str, str, str]]:
+    """The audit's PNGs over epochs: the erasure comparison (every ranking on one axis per measure), agreement
+    metrics as small multiples (one axes per pair of maps), anything else one axes per group."""
+    history = audit.history
+    figures: List[Tuple[str, str, str]] = []
+    erasure = erasure_panels(history)
+    if erasure:
+        path = plot_panels(erasure, os.path.join(directory, f"{slug}_erasure_comparison.png"),
+                           title=f"{audit.log_prefix}: erasure, attention vs random vs saliency rankings")
+        if path:
+            figures.append(("Erasure over epochs: every ranking on the same axes, one axes per measure (means over "
+                            "the audit subset; the per-ranking std is in the tables)", path, "erasure-comparison"))
+    for metric, panels in agreement_panels(history, audit.log_prefix).items():
+        path = plot_panels(panels, os.path.join(directory, f"{slug}_{_slug(metric)}_over_epochs.png"),
+                           title=f"{audit.log_prefix}: {metric} over epochs, one pair of maps per axes")
+        if path:
+            figures.append((f"{metric} over epochs, one pair per axes (mean ± std over the audit subset)", path,
+                            f"{slug}-{_slug(metric)}"))
+    if not figures:
+        keys = list(dict.fromkeys(k for r in history for k in r["metrics"]))
+        plain = [k for k in keys if "count" not in k and "bin[" not in k and not k.endswith(("/std", "/p_value"))]
+        names = list(dict.fromkeys(k[: -len("/mean")] if k.endswith("/mean") else k for k in plain))
         groups: Dict[str, List[str]] = {}
-        for name in means:
+        for name in names:
             groups.setdefault(name.split("/")[0], []).append(name)
-        return groups
-    plain = [k for k in keys if "count" not in k and "bin[" not in k]
-    return {"results": plain} if plain else {}
+        fit = [r for r in history if r.get("stage") == "fit"]
+        panels = [(group, fit, members, group) for group, members in groups.items()]
+        path = plot_panels(panels, os.path.join(directory, f"{slug}_results_over_epochs.png"),
+                           title=f"{audit.log_prefix} over epochs")
+        if path:
+            figures.append(("Results over epochs", path, f"{slug}-over-epochs"))
+    return figures
 
 
 def _audit_section(audit: ReportableAudit, result: Optional[Any], directory: str,
-                   max_examples: int, png: bool, heatmap_pngs: int) -> ReportSection:
+                   max_examples: int, png: bool, heatmap_pngs: int, merge_pieces: bool = False) -> ReportSection:
     title = f"{type(audit).__name__} ({audit.log_prefix})"
     slug = _slug(audit.log_prefix)
     parts: List[str] = []
-    images: List[Tuple[str, str]] = []
+    images: List[Tuple[str, ...]] = []
     history = audit.history
     if history:
         last = history[-1]
@@ -88,11 +117,7 @@ def _audit_section(audit: ReportableAudit, result: Optional[Any], directory: str
     else:
         parts.append('<p class="meta">No audit has run yet.</p>')
     if png and history:
-        for group, names in _plot_groups(history).items():
-            path = plot_history(history, names, os.path.join(directory, f"{slug}_{_slug(group)}_over_epochs.png"),
-                                title=f"{audit.log_prefix}: {group} over epochs", ylabel=group)
-            if path:
-                images.append((f"{group} over epochs (mean ± std over the audit subset)", path))
+        images.extend(_audit_figures(audit, directory, slug))
     if result is not None and result.examples:
         keys = audit.histogram_keys(result.examples)
         values: Dict[str, List[float]] = {k: [e.values[k] for e in result.examples if k in e.values] for k in keys}
@@ -106,26 +131,66 @@ def _audit_section(audit: ReportableAudit, result: Optional[Any], directory: str
             parts.append("<h3>Token heatmaps (latest audit)</h3>")
         for number, example in enumerate(shown):
             tokens = example.tokens or [str(i) for i in example.token_ids]
+            maps = {k: [float(v) for v in scores] for k, scores in example.maps.items()}
+            if merge_pieces:
+                tokens, maps = merge_word_pieces(tokens, maps)
             caption = (f"split {example.split}, label {example.label}, prediction {example.prediction} "
-                       f"(p = {example.probability:.3f})")
-            parts.append(token_heatmap_html(tokens, example.maps, title=f"Example {example.index}", caption=caption))
+                       f"(p = {example.probability:.3f}), {len(tokens)} "
+                       + ("words (word pieces merged, scores summed)" if merge_pieces else "tokens"))
+            parts.append(token_heatmap_html(tokens, maps, title=f"Example {example.index}", caption=caption))
             if png and number < heatmap_pngs:
-                plot_heatmap(tokens, example.maps,
+                plot_heatmap(tokens, maps,
                              os.path.join(directory, f"{slug}_heatmap_{example.split}_{example.index}.png"),
                              title=f"{example.split} example {example.index}")
     return ReportSection(title, "".join(parts), images)
 
 
+def _lead_sections(audits: Sequence[ReportableAudit], training: Sequence[Dict[str, Any]], directory: str,
+                   png: bool) -> List[ReportSection]:
+    lead = [ReportSection("", headline_html(audits, training))]
+    panels = training_panels(training) + audit_panels(audits)
+    path = (plot_panels(panels, os.path.join(directory, "training_and_audits.png"), columns=4,
+                        title="Training metrics and audit metrics, epoch by epoch") if png and panels else None)
+    if path:
+        body = ('<p class="meta">The training\'s own logged metrics (first panels) beside the audits\' headline '
+                "metrics, on the same integer epoch axis.</p>")
+    else:
+        absent = [what for what, ok in (("training metrics", training_panels(training)),
+                                        ("audits over epochs", audit_panels(audits))) if not ok]
+        body = ('<p class="meta">No curve yet' + (f" (absent: {_esc(', '.join(absent))})" if absent else "")
+                + ("" if png else " — PNGs are turned off") + ".</p>")
+    lead.append(ReportSection("Training and audits over epochs", body,
+                              [("Training and audit metrics over epochs", path)] if path else [], anchor="curves"))
+    return lead
+
+
 def write_report(audits: Sequence[ReportableAudit], directory: str, filename: str = "report.html",
                  title: str = "lightning_xai audit report", subtitle: Optional[str] = None,
-                 max_examples: int = 8, png: bool = True, heatmap_pngs: int = 4) -> str:
+                 max_examples: int = 8, png: bool = True, heatmap_pngs: int = 4,
+                 training: Sequence[Dict[str, Any]] = (), merge_pieces: bool = False) -> str:
     """Write ``report.html`` (and the PNGs it embeds) for ``audits`` into ``directory``; return its path.
 
-    Tokens of the examples must already be filled in (:class:`AuditReport` does it).
+    The page opens with the headline (what the latest audits say, in words) and the curves of ``training``
+    (records of the training's logged metrics, see :class:`~lightning_xai.reporting.curves.TrainingLog`) beside
+    the audit metrics; then one section per audit. Tokens of the examples must already be filled in
+    (:class:`AuditReport` does it); ``merge_pieces`` shows HF word pieces as words (scores summed).
+
+    Example:
+        >>> import tempfile
+        >>> class Audit:
+        ...     log_prefix, version, latest = "agreement", 1, None
+        ...     history = [{"stage": "fit", "epoch": 0, "global_step": 5, "split": "val", "num_examples": 4,
+        ...                 "metrics": {"kendall_tau/attention_vs_gradient/mean": 0.3}}]
+        ...     def histogram_keys(self, examples): return []
+        ...     def example_tokens(self, trainer, module, example): return []
+        >>> page = open(write_report([Audit()], tempfile.mkdtemp(), png=False), encoding="utf-8").read()
+        >>> 'id="headline"' in page and "gradient 0.300" in page
+        True
     """
     os.makedirs(directory, exist_ok=True)
-    sections = [_audit_section(a, a.latest, directory, max_examples, png, heatmap_pngs) for a in audits]
-    page = render_report(title, sections, subtitle=subtitle)
+    lead = _lead_sections(audits, training, directory, png)
+    sections = [_audit_section(a, a.latest, directory, max_examples, png, heatmap_pngs, merge_pieces) for a in audits]
+    page = render_report(title, sections, subtitle=subtitle, lead=lead)
     path = os.path.join(directory, filename)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as handle:
@@ -138,13 +203,16 @@ class AuditReport(Callback):
     """Write the audit report (HTML + PNGs) and W&B tables/panels after every audit of the audit callbacks.
 
     Args:
-        dirpath: where ``report.html`` and the PNGs go (default ``<trainer.log_dir>/xai_report``).
+        dirpath: where ``report.html`` and the PNGs go (default: ``<log_dir>/xai_report`` of the first
+            versioned logger, else the W&B run's folder, else ``<default_root_dir>/xai_report/version_N``).
         filename: the report's file name.
         png: also write matplotlib PNGs (embedded in the report as ``data:`` URIs).
         wandb: log tables, HTML panels and histograms when the trainer has a ``WandbLogger``.
         max_examples: HTML heatmaps per audit callback.
         heatmap_pngs: PNG heatmaps per audit callback, drawn when fit/validate/test ends.
         title: the report's heading.
+        merge_word_pieces: show HF word pieces (``##`` continuations, ``Ġ``/``▁`` word starts) as whole words,
+            each word's score the sum of its pieces' scores.
 
     Example:
         >>> import pytorch_lightning as pl
@@ -156,7 +224,8 @@ class AuditReport(Callback):
     """
 
     def __init__(self, dirpath: Optional[str] = None, filename: str = "report.html", png: bool = True,
-                 wandb: bool = True, max_examples: int = 8, heatmap_pngs: int = 4, title: str = "lightning_xai audit report") -> None:
+                 wandb: bool = True, max_examples: int = 8, heatmap_pngs: int = 4,
+                 title: str = "lightning_xai audit report", merge_word_pieces: bool = False) -> None:
         super().__init__()
         if not filename.endswith(".html") or os.sep in filename:
             raise MisconfigurationException(f"AuditReport(filename) must be a file name ending in .html, got {filename!r}.")
@@ -169,6 +238,8 @@ class AuditReport(Callback):
         self.max_examples = max_examples
         self.heatmap_pngs = heatmap_pngs
         self.title = title
+        self.merge_word_pieces = merge_word_pieces
+        self.training_log = TrainingLog()
         self.report_path: Optional[str] = None
         self._directory: Optional[str] = None
         self._seen: Dict[int, int] = {}
@@ -181,9 +252,12 @@ class AuditReport(Callback):
 
     @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
-        # trainer.log_dir broadcasts from rank zero: every process must ask.
-        base = self.dirpath or os.path.join(trainer.log_dir or trainer.default_root_dir, "xai_report")
-        self._directory = base
+        # The folder is chosen on rank zero and broadcast: every process must ask. fit then test keep one folder.
+        same_run = self._trainer is not None and self._trainer() is trainer and self._directory is not None
+        if not same_run:
+            self._directory = self.dirpath or run_report_directory(trainer)
+            if trainer.is_global_zero:
+                os.makedirs(self._directory, exist_ok=True)  # claims version_N before another run asks
         self._trainer = weakref.ref(trainer)
         if not self.audits(trainer):
             pl.utilities.rank_zero.rank_zero_warn("AuditReport found no audit callback (AttentionAudit, ErasureAudit, "
@@ -218,7 +292,32 @@ class AuditReport(Callback):
         subtitle = f"{type(pl_module).__name__}, latest audit: epoch {epoch}, step {step}"
         # Heatmap PNGs are the slow part: draw them once, when the run (fit/validate/test) ends.
         self.report_path = write_report(audits, directory, self.filename, self.title, subtitle,
-                                        self.max_examples, self.png, self.heatmap_pngs if final else 0)
+                                        self.max_examples, self.png, self.heatmap_pngs if final else 0,
+                                        training=self.training_log.records, merge_pieces=self.merge_word_pieces)
+        if final and self.wandb:
+            wandb_loggers = [logger for logger in trainer.loggers if is_wandb_logger(logger)]
+            if wandb_loggers:
+                with open(self.report_path, encoding="utf-8") as handle:
+                    page = handle.read()
+                for logger in wandb_loggers:
+                    log_report_to_wandb(logger, page, trainer.global_step)
+
+    def _capture(self, trainer: "pl.Trainer", epoch: int) -> None:
+        exclude = [f"{a.log_prefix}/" for a in self.audits(trainer)]
+        self.training_log.capture(dict(trainer.callback_metrics), epoch, trainer.global_step, exclude)
+
+    @override
+    def state_dict(self) -> Dict[str, Any]:
+        return {"training_log": self.training_log.state_dict()}
+
+    @override
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self.training_log.load_state_dict(state_dict.get("training_log", {}))
+
+    @override
+    def on_train_epoch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if trainer.current_epoch > 0:  # the epoch means of train/* of the epoch just ended are in callback_metrics
+            self._capture(trainer, trainer.current_epoch - 1)
 
     def summary(self) -> str:
         """The final results table of every audit callback of the trainer (and its ``test/acc``), as text.
@@ -233,6 +332,8 @@ class AuditReport(Callback):
     @override
     def on_validation_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         if not trainer.sanity_checking:
+            if trainer.state.fn == "fit":
+                self._capture(trainer, trainer.current_epoch)
             self._refresh(trainer, pl_module, final=trainer.state.fn == "validate")
 
     @override
@@ -246,4 +347,5 @@ class AuditReport(Callback):
 
     @override
     def on_fit_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        self._capture(trainer, max(trainer.current_epoch - 1, 0))
         self._refresh(trainer, pl_module, force=True, final=True)

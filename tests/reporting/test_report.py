@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from html.parser import HTMLParser
 
 import pytest
@@ -181,25 +182,86 @@ def test_summary_table_from_histories():
     assert pick_record([]) is None
 
 
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+_CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                   "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
+# Appended to a copy of a page (with its CSP relaxed for this one script): measures the layout at 1400 px and writes
+# the result into the DOM, which --dump-dom prints. The report itself runs no script.
+_MEASURE = """<script>
+const over = [...document.querySelectorAll('body *')].filter(e => !e.closest('.wide')
+  && e.getBoundingClientRect().right > document.documentElement.clientWidth + 0.5)
+  .map(e => e.tagName + '.' + e.className).slice(0, 10);
+document.body.setAttribute('data-measure', JSON.stringify({scrollWidth: document.documentElement.scrollWidth,
+  clientWidth: document.documentElement.clientWidth, over: over,
+  headline: !!document.getElementById('headline'), curves: !!document.querySelector('#curves figure img'),
+  erasure: !!document.querySelector('#erasure-comparison img'),
+  broken: [...document.images].filter(i => !i.complete || i.naturalWidth === 0).length,
+  longRows: document.querySelectorAll('tr.long').length}));
+</script>"""
+
+
+def _chromium(tmp_path, *args):
+    run = subprocess.run([CHROMIUM, *_CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args],
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run
+
+
+def _measure_at_1400(tmp_path, report_path):
+    import json
+    import re
+
+    page = open(report_path, encoding="utf-8").read()
+    page = page.replace("default-src 'none';", "default-src 'none'; script-src 'unsafe-inline';", 1)
+    probe = tmp_path / ("probe_" + os.path.basename(os.path.dirname(report_path)) + ".html")
+    probe.write_text(page.replace("</body>", _MEASURE + "</body>"), encoding="utf-8")
+    dom = _chromium(tmp_path, "--window-size=1400,1000", "--virtual-time-budget=5000", "--dump-dom",
+                    f"file://{probe}").stdout
+    found = re.search(r'data-measure="([^"]*)"', dom)
+    assert found, dom[-2000:]
+    return json.loads(html_unescape(found.group(1)))
+
+
+def html_unescape(text):
+    import html
+
+    return html.unescape(text)
+
+
+def _eraser_report(tmp_path):
+    """A real audit of two bundled ERASER movie reviews (~700 words each) by an untrained tiny model."""
+    import pytorch_lightning as pl
+
+    from lightning_xai.data import TextClassificationDataModule
+    from lightning_xai.models import AttentionClassifier
+
+    class Reviews(TextClassificationDataModule):
+        def examples(self, split):
+            return super().examples(split)[:4]
+
+    dm = Reviews("eraser_movies", batch_size=2, seed=0)
+    dm.setup("validate")
+    pl.seed_everything(0, verbose=False)
+    model = AttentionClassifier(dm.vocab_size, 2, embedding_dim=8, hidden_dim=4, vocab=dm.vocab.itos)
+    report = AuditReport(dirpath=str(tmp_path / "eraser"), heatmap_pngs=0, max_examples=2)
+    audit = AttentionAudit(methods=("gradient", "grad_x_input"), metrics=("kendall_tau",), num_samples=2)
+    pl.Trainer(callbacks=[audit, report], logger=False, enable_progress_bar=False, enable_model_summary=False,
+               default_root_dir=str(tmp_path)).validate(model, dm)
+    assert min(len(e.tokens) for e in audit.latest.examples) > 300
+    return report.report_path
 
 
 @pytest.mark.browser
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="headless Chromium (Debian package 'chromium') not installed")
-def test_report_renders_in_headless_chromium_and_scripts_do_not_run(tmp_path):
+def test_report_renders_in_headless_chromium_and_scripts_do_not_run(tmp_path, audited_run):
     from matplotlib.image import imread
 
     path = write_report([_audit_with_result()], str(tmp_path / "report"), png=True)
-    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-              f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run(common + ["--dump-dom", f"file://{path}"], capture_output=True, text=True, timeout=120)
-    assert dom.returncode == 0, dom.stderr[-2000:]
+    dom = _chromium(tmp_path, "--dump-dom", f"file://{path}")
     assert "<body>" in dom.stdout and 'data-pwned="1"' not in dom.stdout  # the injected script never ran
     assert "&lt;script&gt;" in dom.stdout
     shot = tmp_path / "shot.png"
-    run = subprocess.run(common + [f"--screenshot={shot}", "--window-size=1200,900", f"file://{path}"],
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0 and shot.exists(), run.stderr[-2000:]
+    _chromium(tmp_path, f"--screenshot={shot}", "--window-size=1200,900", f"file://{path}")
     pixels = imread(str(shot))[..., :3]
     assert pixels.shape[0] == 900 and pixels.shape[1] == 1200
     # the page is not blank: the heatmap blue and the legend's red are painted
@@ -208,6 +270,26 @@ def test_report_renders_in_headless_chromium_and_scripts_do_not_run(tmp_path):
     red = ((abs(pixels[..., 0] - 178 / 255) < 0.1) & (abs(pixels[..., 1] - 24 / 255) < 0.1)
            & (abs(pixels[..., 2] - 43 / 255) < 0.1)).sum()
     assert blue > 50 and red > 20
+
+    # Issue 20: a real run's report at 1400 px — headline, curves and erasure comparison present, nothing wider
+    # than the window, no console error; an ERASER review (~700 words, one row per map) wraps inside the page.
+    real = audited_run.report.report_path
+    measured = _measure_at_1400(tmp_path, real)
+    assert measured["headline"] and measured["curves"] and measured["erasure"], measured
+    assert measured["scrollWidth"] <= 1400 and not measured["over"] and measured["broken"] == 0, measured
+    reviews = _measure_at_1400(tmp_path, _eraser_report(tmp_path))
+    assert reviews["longRows"] >= 2 and reviews["scrollWidth"] <= 1400 and not reviews["over"], reviews
+    logged = _chromium(tmp_path, "--enable-logging=stderr", "--v=0", "--window-size=1400,1000",
+                       f"--screenshot={tmp_path / 'report_1400.png'}", f"file://{real}")
+    errors = [line for line in logged.stderr.splitlines()
+              if "CONSOLE" in line or "Uncaught" in line or "Refused to" in line]
+    assert not errors, errors
+    pixels = imread(str(tmp_path / "report_1400.png"))[..., :3]
+    assert pixels.shape[:2] == (1000, 1400) and pixels.std() > 0.05  # a page was painted, not a blank window
+    keep = os.environ.get("LIGHTNING_XAI_ARTEFACTS", os.path.join(tempfile.gettempdir(), "lightning_xai_artefacts"))
+    os.makedirs(keep, exist_ok=True)
+    shutil.copy(tmp_path / "report_1400.png", os.path.join(keep, "report_1400.png"))
+    print(f"report screenshot (1400 px): {os.path.join(keep, 'report_1400.png')}")
     if os.environ.get("LIGHTNING_XAI_KEEP_SCREENSHOT"):
         shutil.copy(shot, os.environ["LIGHTNING_XAI_KEEP_SCREENSHOT"])
 
