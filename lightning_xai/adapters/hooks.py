@@ -101,6 +101,7 @@ class HookAdapter(nn.Module):
         True
         >>> torch.allclose(adapter(batch, attention_override=uniform).logits, out.logits)
         False
+        >>> adapter.probe(batch)   # what the audit callbacks run once before their first audit: passes
     """
 
     def __init__(self, module: nn.Module, embedding: str, attention: str, *,
@@ -153,6 +154,12 @@ class HookAdapter(nn.Module):
 
     def _weights(self, output: Any) -> Tensor:
         weights = output if self.attention_index is None else output[self.attention_index]
+        if weights is None and isinstance(self._attention, nn.MultiheadAttention):
+            raise ProtocolError(
+                f"HookAdapter: the attention module {self.attention_name!r} (nn.MultiheadAttention) returned no "
+                "weights: it was called with need_weights=False (nn.TransformerEncoderLayer calls its self_attn so). "
+                "Even with need_weights=True its weights are a copy of what it mixes inside its forward, which an "
+                "override cannot reach: compute the softmax in a module of its own and name that module.")
         if not isinstance(weights, Tensor):
             raise ProtocolError(f"HookAdapter: the attention module {self.attention_name!r} returned "
                                 f"{type(output).__name__}; set attention_index= to the element holding the weights.")
@@ -240,6 +247,27 @@ class HookAdapter(nn.Module):
             return torch.cat([weights[:, :, :q], row, weights[:, :, q + 1:]], dim=2)
         raise ProtocolError(f"HookAdapter: cannot override attention weights of shape {tuple(weights.shape)}; "
                             "expected [B, T] or [B, heads, T, T].")
+
+    def probe(self, batch: Batch) -> None:
+        """Check on one batch what the audits rely on: the attention module runs once and returns weights, and
+        those weights feed the logits (an override reaches the output, attention gradients exist).
+
+        Raises:
+            ProtocolError: naming the cause (e.g. ``nn.MultiheadAttention`` called with ``need_weights=False``, or a
+                module whose output the network does not consume).
+        """
+        mask = self.token_mask(batch)
+        with torch.enable_grad():
+            embeddings = self.embed(batch).detach()
+            override = (mask.float() / mask.sum(-1, keepdim=True).clamp_min(1)).requires_grad_()
+            logits = self.forward_from_embeddings(embeddings, batch, attention_override=override).logits
+            used = logits.requires_grad and torch.autograd.grad(logits.sum(), override, allow_unused=True)[0]
+        if used is None or used is False:
+            raise ProtocolError(
+                f"HookAdapter: the output of the attention module {self.attention_name!r} "
+                f"({type(self._attention).__name__}) does not feed the logits, so attention overrides and attention "
+                "gradients would silently change nothing. Name the module whose output the rest of the network "
+                "consumes (e.g. a softmax module of its own).")
 
     def forward(self, batch: Batch, attention_override: Optional[Tensor] = None) -> ExplainOutput:
         return self.forward_from_embeddings(self.embed(batch), batch, attention_override=attention_override)

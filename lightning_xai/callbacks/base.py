@@ -34,9 +34,11 @@ from typing_extensions import override
 
 from lightning_xai.adapters.protocol import ExplainableModel, ProtocolError, as_explainable
 from lightning_xai.callbacks.aggregation import ValueAggregator, aggregate_values, summarize_values, value_names
+from lightning_xai.callbacks.cost import AuditCost
 from lightning_xai.callbacks.distributed import gather_examples, merge_extras
 from lightning_xai.callbacks.guard import audit_guard, precision_context
-from lightning_xai.callbacks.output import add_record, log_scalars, progress_bar
+from lightning_xai.callbacks.isolation import AuditFailures
+from lightning_xai.callbacks.output import add_record, log_scalars, progress_bar, publish_scalars
 from lightning_xai.callbacks.results import (AuditExample, AuditPrediction, AuditResult, collect_examples,
                                             example_tokens)
 from lightning_xai.callbacks.schedule import AuditSchedule, check_cadence
@@ -72,6 +74,15 @@ class AuditCallback(AuditSchedule, abc.ABC):
         precision: ``"trainer"`` runs the audit's forward passes under the trainer's precision context
             (autocast for ``*-mixed``), ``"32"`` disables autocast so maps are computed in float32.
         num_report_examples: how many audited examples keep their full maps for reports.
+        strict: re-raise an exception raised inside a scheduled audit. By default (``False``) it is reported
+            once per exception type (``rank_zero_warn``: the cause and what to try), the audit is skipped and
+            training goes on, with every RNG, mode and gradient restored. Configuration errors found by the
+            one-batch probe before the first audit (:meth:`check_model`) always raise.
+
+    The logged scalars also land in ``trainer.callback_metrics`` (as 0-dim tensors), so ``ModelCheckpoint`` and
+    ``EarlyStopping`` can monitor a faithfulness key, e.g.
+    ``ModelCheckpoint(monitor="attention_audit/kendall_tau/attention_vs_gradient/mean", mode="max")``; audit at
+    the checkpoint's cadence (a key keeps its last audit's value in the epochs between audits).
 
     Example:
         >>> from lightning_xai.callbacks import AttentionAudit
@@ -96,6 +107,7 @@ class AuditCallback(AuditSchedule, abc.ABC):
         log_prefix: Optional[str] = None,
         precision: str = "trainer",
         num_report_examples: int = 16,
+        strict: bool = False,
     ) -> None:
         super().__init__()
         cls = type(self).__name__
@@ -119,6 +131,8 @@ class AuditCallback(AuditSchedule, abc.ABC):
         if not isinstance(num_report_examples, int) or num_report_examples < 0:
             raise MisconfigurationException(f"{cls}(num_report_examples) must be an int >= 0, "
                                             f"got {num_report_examples!r}.")
+        if not isinstance(strict, bool):
+            raise MisconfigurationException(f"{cls}(strict) must be True or False, got {strict!r}.")
         self.every_n_epochs = every_n_epochs or 0
         self.every_n_train_steps = every_n_train_steps
         self.num_samples = num_samples
@@ -130,6 +144,9 @@ class AuditCallback(AuditSchedule, abc.ABC):
         self.log_prefix = log_prefix or self.name
         self.precision = precision
         self.num_report_examples = num_report_examples
+        self.strict = strict
+        self._failures = AuditFailures(cls, strict)
+        self._cost = AuditCost()
         self.history: List[Dict[str, Any]] = []
         self.latest: Optional[AuditResult] = None
         self.version = 0  # bumps on every audit; reporters watch it
@@ -180,7 +197,10 @@ class AuditCallback(AuditSchedule, abc.ABC):
     def check_model(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", split: str) -> None:
         """Run the model on one audit example and check what the audit needs (called before the first audit).
 
-        The default checks that the protocol's forward pass returns ``[B, C]`` logits and a ``[B, T]`` attention.
+        The default checks that the protocol's forward pass runs and returns ``[B, C]`` logits and a ``[B, T]``
+        attention, then runs the model's own ``probe(batch)`` when it has one (:class:`~lightning_xai.adapters.
+        HookAdapter`: the attention module returns weights, and they feed the logits). Any failure is a
+        :class:`MisconfigurationException` that names the cause, raised before training goes on.
         """
         model = self.explainable(pl_module)
         batches = self._audit_batches(trainer, split)
@@ -188,8 +208,18 @@ class AuditCallback(AuditSchedule, abc.ABC):
             return
         _, _, batch = batches[0]
         batch = move_data_to_device(batch, pl_module.device)
-        with audit_guard(pl_module):
-            out = self.predict(model, batch).output
+        try:
+            with audit_guard(pl_module):
+                out = self.predict(model, batch).output
+                probe = getattr(model, "probe", None)
+                if callable(probe):
+                    probe(batch)
+        except MisconfigurationException:
+            raise
+        except Exception as err:
+            raise MisconfigurationException(
+                f"{type(self).__name__} cannot audit this model: its one-batch probe on the {split!r} split failed "
+                f"with {type(err).__name__}: {err}") from err
         mask = model.token_mask(batch)
         attention = getattr(out, "attention", None)
         if not isinstance(attention, Tensor) or attention.shape != mask.shape:
@@ -283,6 +313,7 @@ class AuditCallback(AuditSchedule, abc.ABC):
 
     def _log(self, trainer: "pl.Trainer", stage: str, metrics: Dict[str, float]) -> None:
         prefix = self.log_prefix if stage == "fit" else f"{stage}/{self.log_prefix}"
+        publish_scalars(trainer, prefix, metrics)
         if not log_scalars(trainer, prefix, metrics) and not self._warned_no_logger:
             rank_zero_warn(f"{type(self).__name__}: the trainer has no logger; audit results are kept in "
                            "callback.history (and written by lightning_xai.reporting.AuditReport if present).")

@@ -6,8 +6,9 @@ import sys
 from typing import Any, Dict, List, Mapping, Optional
 
 import pytorch_lightning as pl
+import torch
 
-__all__ = ["add_record", "log_scalars", "progress_bar"]
+__all__ = ["add_record", "log_scalars", "progress_bar", "publish_scalars"]
 
 
 def add_record(history: List[Dict[str, Any]], record: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -35,13 +36,40 @@ def log_scalars(trainer: "pl.Trainer", prefix: str, metrics: Mapping[str, Any]) 
         >>> log_scalars(NoLogger(), "audit", {"m/mean": 0.5})
         False
     """
-    flat = {f"{prefix}/{k}": float(v) for k, v in metrics.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    flat = _scalars(prefix, metrics)
     if not trainer.loggers:
         return False
     for logger in trainer.loggers:
         logger.log_metrics({k: v for k, v in flat.items() if not math.isnan(v)}, step=trainer.global_step)
     return True
+
+
+def _scalars(prefix: str, metrics: Mapping[str, Any]) -> Dict[str, float]:
+    return {f"{prefix}/{k}": float(v) for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def publish_scalars(trainer: "pl.Trainer", prefix: str, metrics: Mapping[str, Any]) -> None:
+    """Put the numeric ``metrics`` (as ``prefix/key``, 0-dim float tensors) into ``trainer.callback_metrics``.
+
+    That is where ``ModelCheckpoint`` and ``EarlyStopping`` read their ``monitor`` key. An audit runs in
+    ``on_validation_epoch_end`` (or ``on_train_epoch_end`` / ``on_train_batch_end``), before the monitoring
+    callbacks' ``on_validation_end`` / ``on_train_epoch_end``, so they see this audit's values. Lightning empties
+    ``callback_metrics`` only when a run (or its sanity check) starts. NaN values are published as NaN, which
+    ``ModelCheckpoint`` never counts as an improvement and ``EarlyStopping`` (``check_finite=True``, its default)
+    stops on.
+
+    Example:
+        >>> class Trainer:
+        ...     callback_metrics = {}
+        >>> trainer = Trainer()
+        >>> publish_scalars(trainer, "audit", {"m/mean": 0.5, "flag": True})
+        >>> trainer.callback_metrics
+        {'audit/m/mean': tensor(0.5000)}
+    """
+    board = trainer.callback_metrics
+    for key, value in _scalars(prefix, metrics).items():
+        board[key] = torch.tensor(value)
 
 
 def progress_bar(trainer: "pl.Trainer", total: int, description: str) -> Optional[Any]:

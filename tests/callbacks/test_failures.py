@@ -1,0 +1,179 @@
+"""Issue 19, items 5-7: a failing audit never ends training, faithfulness is monitorable, the cost is announced."""
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import re
+import warnings
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
+from pytorch_lightning.loggers import CSVLogger
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
+from torch import nn
+
+from lightning_xai.adapters import HookAdapter, ProtocolError
+from lightning_xai.attribution import ATTRIBUTION_METHODS, register_method
+from lightning_xai.callbacks import AttentionAudit, ErasureAudit
+
+KEY = "attention_audit/kendall_tau/attention_vs_gradient/mean"
+
+
+@pytest.fixture()
+def failing_method():
+    """An attribution method that draws from the global RNG, flips the model to train mode, then raises."""
+
+    @register_method("fails_after_side_effects")
+    def fails(model, batch, target, *, create_graph=False):
+        torch.rand(3)
+        model.train()
+        raise RuntimeError("deliberate failure inside the audit")
+
+    yield "fails_after_side_effects"
+    del ATTRIBUTION_METHODS["fails_after_side_effects"]
+
+
+def _fit(kit, tmp_path, callbacks, epochs=2):
+    dm = kit.make_dm()
+    model = kit.make_model(dm, dropout=0.3)  # dropout: a stray RNG draw would change the weights
+    trainer = kit.make_trainer(tmp_path, callbacks, max_epochs=epochs)
+    trainer.fit(model, dm)
+    return trainer, model.state_dict()
+
+
+def test_a_failing_audit_is_reported_once_and_training_runs_to_the_end(kit, tmp_path, failing_method):
+    plain_trainer, plain = _fit(kit, tmp_path / "plain", [])
+    audit = AttentionAudit(methods=("gradient", failing_method), metrics=("kendall_tau",), num_samples=16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer, audited = _fit(kit, tmp_path / "audited", [audit])
+    reports = [str(w.message) for w in caught if "deliberate failure" in str(w.message)]
+    assert len(reports) == 1  # two failed audits (epochs 0 and 1), one warning for the exception type
+    assert "AttentionAudit" in reports[0] and "RuntimeError" in reports[0] and "strict=True" in reports[0]
+    assert audit._failures.count == 2 and audit.history == []
+    assert trainer.current_epoch == plain_trainer.current_epoch == 2
+    assert trainer.global_step == plain_trainer.global_step
+    assert audited.keys() == plain.keys()
+    for name in plain:  # RNG, train mode and gradients restored although the audit raised half-way
+        assert torch.equal(plain[name], audited[name]), name
+
+
+def test_strict_re_raises_the_audit_exception(kit, tmp_path, failing_method):
+    audit = AttentionAudit(methods=(failing_method,), metrics=("kendall_tau",), num_samples=16, strict=True)
+    with pytest.raises(RuntimeError, match="deliberate failure inside the audit"):
+        _fit(kit, tmp_path, [audit], epochs=1)
+
+
+def test_strict_must_be_a_bool():
+    with pytest.raises(MisconfigurationException, match=r"strict\) must be True or False"):
+        ErasureAudit(strict="yes")
+
+
+class _SelfAttentionNet(nn.Module):
+    """A user's one-layer transformer classifier built on ``nn.MultiheadAttention``."""
+
+    def __init__(self, vocab_size: int, need_weights: bool) -> None:
+        super().__init__()
+        self.need_weights = need_weights
+        self.emb = nn.Embedding(vocab_size, 16)
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.out = nn.Linear(16, 2)
+
+    def forward(self, ids, mask):
+        x = self.emb(ids)
+        h, _ = self.attn(x, x, x, key_padding_mask=~mask, need_weights=self.need_weights,
+                         average_attn_weights=False)
+        return self.out((h * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True))
+
+
+class _UserModule(pl.LightningModule):
+    """A LightningModule that trains its network and shows it to the audits through a HookAdapter."""
+
+    def __init__(self, vocab_size: int, need_weights: bool) -> None:
+        super().__init__()
+        self.net = _SelfAttentionNet(vocab_size, need_weights)
+        object.__setattr__(self, "adapter", HookAdapter(self.net, embedding="emb", attention="attn",
+                                                        attention_index=1,
+                                                        forward_fn=lambda m, b: m(b["input_ids"], b["mask"])))
+
+    def token_mask(self, batch):
+        return self.adapter.token_mask(batch)
+
+    def embed(self, batch):
+        return self.adapter.embed(batch)
+
+    def forward_from_embeddings(self, embeddings, batch, attention_override=None):
+        return self.adapter.forward_from_embeddings(embeddings, batch, attention_override=attention_override)
+
+    def training_step(self, batch, batch_idx):
+        return nn.functional.cross_entropy(self.net(batch["input_ids"], batch["mask"]), batch["labels"])
+
+    def validation_step(self, batch, batch_idx):
+        pass
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+
+def test_multihead_attention_without_weights_is_named_at_setup(kit, tmp_path):
+    dm = kit.make_dm()
+    pl.seed_everything(0, verbose=False)
+    model = _UserModule(dm.vocab_size, need_weights=False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = kit.make_trainer(tmp_path, [AttentionAudit(methods=("gradient",), num_samples=16)], max_epochs=1)
+    named = r"MultiheadAttention\) returned no weights.*need_weights=False"
+    with pytest.raises(MisconfigurationException, match=named):
+        trainer.fit(model, dm)
+    assert trainer.global_step == 0  # caught before the first training step
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_probe_refuses_attention_weights_that_do_not_feed_the_logits(kit):
+    dm = kit.make_dm()
+    batch = next(iter(dm.val_dataloader()))
+    pl.seed_everything(0, verbose=False)
+    copied = _UserModule(dm.vocab_size, need_weights=True).adapter  # MHA's returned weights are a copy
+    with pytest.raises(ProtocolError, match="does not feed the logits"):
+        copied.probe(batch)
+
+
+def test_model_checkpoint_and_early_stopping_monitor_an_audit_key(kit, tmp_path):
+    dm = kit.make_dm()
+    audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), num_samples=16)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor=KEY, mode="max", save_top_k=1,
+                                 filename=f"{{epoch}}-tau={{{KEY}:.4f}}", auto_insert_metric_name=False)
+    stopping = EarlyStopping(monitor=KEY, mode="max", patience=10)
+    trainer = kit.make_trainer(tmp_path, [audit, checkpoint, stopping], max_epochs=3, enable_checkpointing=True)
+    trainer.fit(kit.make_model(dm), dm)
+    taus = [r["metrics"]["kendall_tau/attention_vs_gradient/mean"] for r in audit.history]
+    assert len(taus) == 3 and len(set(taus)) > 1  # the monitored value moves between epochs
+    best = max(range(3), key=lambda i: taus[i])
+    assert checkpoint.best_model_score.item() == pytest.approx(taus[best], abs=1e-6)
+    assert checkpoint.best_model_path.endswith(f"{best}-tau={taus[best]:.4f}.ckpt")
+    assert stopping.best_score.item() == pytest.approx(taus[best], abs=1e-6)
+    assert trainer.callback_metrics[KEY].item() == pytest.approx(taus[-1], abs=1e-6)
+
+
+def test_the_first_audit_announces_its_cost_against_the_training_epoch(kit, tmp_path, caplog):
+    dm = kit.make_dm()
+    audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), num_samples=16)
+    logger = CSVLogger(str(tmp_path), name="csv")
+    trainer = kit.make_trainer(tmp_path, [audit], max_epochs=2, logger=logger)
+    with caplog.at_level(logging.INFO):
+        trainer.fit(kit.make_model(dm), dm)
+    lines = [r.getMessage() for r in caplog.records if "first audit took" in r.getMessage()]
+    assert len(lines) == 1, lines
+    found = re.fullmatch(r"AttentionAudit: the first audit took ([\d.]+) s, ([\d.]+)% of the training epoch it ran "
+                         r"in \(([\d.]+) s without audits\)\.", lines[0])
+    assert found, lines[0]
+    seconds, percent, training = map(float, found.groups())
+    with open(f"{logger.log_dir}/metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    logged_seconds = [float(r["attention_audit/cost/seconds"]) for r in rows if r.get("attention_audit/cost/seconds")]
+    shares = [float(r["attention_audit/cost/share"]) for r in rows if r.get("attention_audit/cost/share")]
+    assert len(logged_seconds) == 2 and len(shares) == 2  # every audit's time, every audited epoch's share
+    assert logged_seconds[0] == pytest.approx(seconds, abs=0.05)
+    assert 0 < shares[0] and math.isclose(100 * shares[0], percent, abs_tol=0.05 + 100 * 0.05 / training)
