@@ -5,13 +5,13 @@ import time
 from typing import Any, Callable, Dict, Optional
 
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
 from lightning_xai.callbacks.cost import AuditCost
 from lightning_xai.callbacks.isolation import AuditFailures
+from lightning_xai.lightning_compat import Callback
 
 __all__ = ["AuditSchedule", "check_cadence"]
 
@@ -105,7 +105,6 @@ class AuditSchedule(Callback):
         if not self._cost.announced:
             self._cost.announced = True
             rank_zero_info(self._cost.announcement(type(self).__name__, audits, training))
-
 
     @override
     def on_validation_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:

@@ -6,10 +6,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
-from pytorch_lightning.utilities.model_helpers import is_overridden
 from torch import Tensor
 
 from lightning_xai.attribution.context import preserved_rng_state
+from lightning_xai.lightning_compat import MISCONFIGURATION_ERRORS, is_overridden
 
 __all__ = ["AUDIT_TOKEN_BUDGET", "AuditBatch", "SPLITS", "build_batches", "draw_subset", "find_loader",
            "merge_small_batches"]
@@ -60,7 +60,7 @@ def find_loader(trainer: "pl.Trainer", split: str, owner: str = "audit") -> Any:
     if datamodule is not None and hasattr(datamodule, f"{split}_dataloader"):
         try:
             loader = _first(getattr(datamodule, f"{split}_dataloader")())
-        except (MisconfigurationException, ValueError):
+        except (*MISCONFIGURATION_ERRORS, ValueError):
             loader = None
     if loader is None:
         loader = _trainer_loader(trainer, split)
