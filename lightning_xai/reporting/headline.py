@@ -34,21 +34,15 @@ def _strength(tau: float) -> str:
     return word + (" (negative)" if tau < 0 and size >= 0.1 else "")
 
 
-def _first_of_stage(history: Sequence[Mapping[str, Any]], key: str) -> Optional[Mapping[str, Any]]:
-    for record in history:
-        if _finite(record["metrics"].get(key)):
-            return record
-    return None
-
-
 def _trend(history: Sequence[Mapping[str, Any]], key: str, label: str) -> Optional[str]:
-    last = history[-1]
-    first = _first_of_stage(history, key)
-    if first is None or first is last or not _finite(last["metrics"].get(key)):
+    """First → last value of ``key`` over the training audits (``fit`` records: one split, comparable)."""
+    records = [r for r in history if r.get("stage") == "fit" and _finite(r["metrics"].get(key))]
+    if len(records) < 2:
         return None
+    first, last = records[0], records[-1]
     a, b = first["metrics"][key], last["metrics"][key]
-    return (f"{label}: {a:.3f} at the first audit ({first.get('stage')}, epoch {first.get('epoch')}) → {b:.3f} "
-            f"now ({b - a:+.3f}).")
+    return (f"{label}: {a:.3f} at the first audit (fit, epoch {first.get('epoch')}) → {b:.3f} at epoch "
+            f"{last.get('epoch')} ({b - a:+.3f}).")
 
 
 def _agreement(audit: Any) -> Optional[List[str]]:

@@ -63,7 +63,7 @@ def test_headline_states_the_latest_audit_in_words_with_its_numbers(audited_run)
         key = f"kendall_tau/attention_vs_{method}"
         assert f"{method} {latest[key + '/mean']:.3f} ± {latest[key + '/std']:.3f}" in words
         assert f"({latest[key + '/significant_fraction']:.0%} of examples significant at p ≤ 0.05)" in words
-        assert f"{first[key + '/mean']:.3f} at the first audit (fit, epoch 0) → {latest[key + '/mean']:.3f}" in words
+        assert f"{first[key + '/mean']:.3f} at the first audit (fit, epoch 0) → {latest[key + '/mean']:.3f} at epoch 1" in words
     erased = audited_run.erasure.history[-1]["metrics"]
     comp = {r: erased[f"{r}/comprehensiveness/mean"] for r in ("attention", "attention_gradient", "random")}
     assert (f"attention {comp['attention']:.3f}, random {comp['random']:.3f}, best saliency ranking "
