@@ -10,8 +10,9 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import ExplainableModel
-from lightning_xai.attribution import attribute, shared_input_gradients
+from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, shared_input_gradients
 from lightning_xai.callbacks.base import AuditCallback, AuditPrediction
+from lightning_xai.callbacks.names import check_names
 from lightning_xai.metrics.registry import AGREEMENT_ALIASES, AGREEMENT_METRICS, resolve_agreement_metric
 
 __all__ = ["AttentionAudit", "AGREEMENT_METRICS", "DEFAULT_METHODS"]
@@ -103,6 +104,8 @@ class AttentionAudit(AuditCallback):
                                             "methods.")
         if len(set(methods)) != len(methods):
             raise MisconfigurationException(f"AttentionAudit: duplicate methods in {methods}.")
+        check_names("AttentionAudit", "method", methods, ATTRIBUTION_METHODS,
+                    " (or register one with lightning_xai.attribution.register_method)")
         resolved = []
         for metric in metrics:
             try:
@@ -146,6 +149,14 @@ class AttentionAudit(AuditCallback):
 
     def _state_config(self) -> Dict[str, Any]:
         return dict(super()._state_config(), methods=tuple(self.methods), metrics=tuple(self.metrics))
+
+    def expected_values(self) -> List[str]:
+        """Every pair's metric (and p-value): NaN for undefined examples, so no metric silently disappears."""
+        names = []
+        for (first, second), metric in itertools.product(self.pairs, self.metrics):
+            key = f"{metric}/{pair_name(first, second)}"
+            names += [key, f"{key}/p_value"] if AGREEMENT_METRICS[metric][1] else [key]
+        return names
 
     def summary_rows(self, metrics: Mapping[str, float], full: bool = False) -> List[Tuple[str, str]]:
         """Rows of the final table (``lightning_xai.reporting.final_results``): the first metric (Kendall τ by

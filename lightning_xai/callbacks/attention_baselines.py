@@ -11,6 +11,7 @@ from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.audits.baselines import (DEFAULT_MAX_ATTENTION_BINS, bin_by_max_attention, permutation_test,
                                             uniform_attention_evaluation, uniform_attention_summary)
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, summarize_values
+from lightning_xai.callbacks.undefined import defined_examples
 
 __all__ = ["AttentionBaselines"]
 
@@ -112,6 +113,14 @@ class AttentionBaselines(AuditCallback):
     def aggregate(self, examples: List[AuditExample], extras: Dict[str, Any]) -> Dict[str, float]:
         out: Dict[str, float] = {}
         if not examples:
+            return out
+        examples = defined_examples(examples)  # rows with non-finite logits have no prediction to compare
+        if not examples:
+            nan = float("nan")
+            if self.permutation:
+                out.update({"permutation/median_delta": nan, "permutation/mean_max_attention": nan})
+            if self.uniform:
+                out.update({"uniform/flip_fraction": nan, "uniform/mean_delta": nan})
             return out
         if self.permutation:
             delta = torch.tensor([e.values["permutation/median_delta"] for e in examples], dtype=torch.float64)

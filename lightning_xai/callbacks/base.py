@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import abc
 import inspect
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import pytorch_lightning as pl
 import torch
@@ -44,6 +44,7 @@ from lightning_xai.callbacks.results import (AuditExample, AuditPrediction, Audi
 from lightning_xai.callbacks.schedule import AuditSchedule, check_cadence
 from lightning_xai.callbacks.subset import (AUDIT_TOKEN_BUDGET, SPLITS, AuditBatch, build_batches, draw_subset,
                                             find_loader)
+from lightning_xai.callbacks.undefined import audit_finite_rows, mark_undefined, warn_undefined
 
 __all__ = ["AUDIT_TOKEN_BUDGET", "AuditCallback", "AuditExample", "AuditPrediction", "AuditResult", "audit_guard",
            "summarize_values"]
@@ -153,6 +154,7 @@ class AuditCallback(AuditSchedule, abc.ABC):
         self._subsets: Dict[str, List[int]] = {}
         self._batches: Dict[str, List[AuditBatch]] = {}
         self._warned_no_logger = False
+        self._warned_undefined: Set[str] = set()
         self._checked = False
         self._last_step_audited: Optional[int] = None
         self._epoch_audited: Optional[int] = None
@@ -284,8 +286,10 @@ class AuditCallback(AuditSchedule, abc.ABC):
                     batch = move_data_to_device(cpu_batch, pl_module.device)
                     with precision_context(trainer, pl_module.device, self.precision):
                         prediction = self.predict(model, batch)
-                        found, extra = self._call_audit_batch(model, batch, generator, indices, prediction)
-                    found = {"prediction": prediction.prediction, "probability": prediction.probability, **found}
+                        found, extra = audit_finite_rows(lambda b, i, p: self._call_audit_batch(
+                            model, b, generator, i, p or self.predict(model, b)), batch, indices, prediction)
+                    found = mark_undefined({"prediction": prediction.prediction, "probability": prediction.probability,
+                                            **found}, prediction.finite, self.expected_values())
                     aggregator.update(found.get("values", {}))
                     examples.extend(collect_examples(model.token_mask(batch), batch, positions, indices, split,
                                                      found, self.num_report_examples))
@@ -303,6 +307,7 @@ class AuditCallback(AuditSchedule, abc.ABC):
             metrics = self.aggregate(examples, merged)
         finally:
             self._aggregated = None
+        warn_undefined(type(self).__name__, split, examples, metrics, self._warned_undefined)
         result = AuditResult(stage=stage, epoch=trainer.current_epoch, global_step=trainer.global_step, split=split,
                              metrics=metrics, examples=examples, extras=merged)
         self.history = add_record(self.history, result.record())
@@ -323,6 +328,11 @@ class AuditCallback(AuditSchedule, abc.ABC):
         """The prediction step every audit shares: the protocol's forward pass (no gradients), softmax, argmax."""
         with torch.no_grad():
             return AuditPrediction.from_output(model.forward_from_embeddings(model.embed(batch), batch))
+
+    def expected_values(self) -> List[str]:
+        """Per-example value names the audit always reports (NaN for undefined examples, so a metric no example
+        defines is still logged, as NaN); default none beyond those its batches return."""
+        return []
 
     def _call_audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
                           indices: List[int], prediction: AuditPrediction) -> Tuple[Dict[str, Any], Dict[str, Any]]:

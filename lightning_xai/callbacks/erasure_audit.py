@@ -12,6 +12,7 @@ from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute
 from lightning_xai.audits.erasure import decision_flip, ranking_scores
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction
+from lightning_xai.callbacks.names import check_names
 from lightning_xai.metrics.functional.faithfulness import AOPC_BINS, erasure_scores
 
 __all__ = ["ERASURE_RANKINGS", "ErasureAudit"]
@@ -69,11 +70,8 @@ class ErasureAudit(AuditCallback):
         rankings = [self._renamed(str(r)) for r in rankings]
         if not rankings or len(set(rankings)) != len(rankings):
             raise MisconfigurationException(f"ErasureAudit(rankings) must be non-empty and distinct, got {rankings}.")
-        methods = sorted(ATTRIBUTION_METHODS)
-        for r in rankings:
-            if r not in ERASURE_RANKINGS and r not in methods:
-                raise MisconfigurationException(f"ErasureAudit: unknown ranking {r!r}; use one of "
-                                                f"{list(ERASURE_RANKINGS)} or an attribution method ({methods}).")
+        check_names("ErasureAudit", "ranking", rankings, [*ERASURE_RANKINGS, *ATTRIBUTION_METHODS],
+                    f" (the erasure rankings {list(ERASURE_RANKINGS)} or an attribution method)")
         if isinstance(k, bool) or not isinstance(k, (int, float)) or k <= 0 or (isinstance(k, float) and k > 1):
             raise MisconfigurationException(f"ErasureAudit(k) must be an int >= 1 or a fraction in (0, 1], got {k!r}.")
         bins = list(aopc_bins)
@@ -100,6 +98,12 @@ class ErasureAudit(AuditCallback):
 
     def _state_config(self) -> Dict[str, Any]:
         return dict(super()._state_config(), rankings=tuple(self.rankings), k=self.k)
+
+    def expected_values(self) -> List[str]:
+        """Every ranking's flip and ERASER values: NaN for undefined examples, never silently missing."""
+        names = (("flipped", "fraction_removed", "attention_removed") if self.decision_flip else ()) + (
+            ("comprehensiveness", "sufficiency", "aopc_comprehensiveness", "aopc_sufficiency") if self.eraser else ())
+        return [f"{r}/{n}" for r in self.rankings for n in names]
 
     def _scores(self, model: ExplainableModel, batch: Dict[str, Any], ranking: str,
                 indices: List[int]) -> Tensor:

@@ -10,6 +10,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, summarize_values
+from lightning_xai.callbacks.undefined import defined_examples
 from lightning_xai.metrics.functional.plausibility import impermissible_mass
 
 __all__ = ["ImpermissibleAttentionMonitor"]
@@ -86,11 +87,14 @@ class ImpermissibleAttentionMonitor(AuditCallback):
     def aggregate(self, examples: List[AuditExample], extras: Dict[str, Any]) -> Dict[str, float]:
         if not examples:
             return {}
+        examples = defined_examples(examples)  # rows with non-finite logits: no prediction, their mass left out
+        if not examples:
+            return {"mass/mean": float("nan"), "accuracy": float("nan")}
+        labelled = [e for e in examples if e.label is not None]
         mass = np.array([e.values["mass"] for e in examples], dtype=np.float64)
         summary = summarize_values(mass.tolist())  # the torchmetrics ValueMean every audit averages with
         out = {"mass/mean": summary["mean"], "mass/std": summary["std"], "mass/max": float(mass.max()),
                f"mass/below_{self.threshold:g}": float((mass < self.threshold).mean())}
-        labelled = [e for e in examples if e.label is not None]
         if labelled:
             out["accuracy"] = float(np.mean([e.prediction == e.label for e in labelled]))
         return out

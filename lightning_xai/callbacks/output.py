@@ -1,7 +1,6 @@
 """Where audit results go: the checkpointed history, the trainer's loggers, a progress bar while it runs."""
 from __future__ import annotations
 
-import math
 import sys
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -25,7 +24,10 @@ def add_record(history: List[Dict[str, Any]], record: Dict[str, Any]) -> List[Di
 
 
 def log_scalars(trainer: "pl.Trainer", prefix: str, metrics: Mapping[str, Any]) -> bool:
-    """Send the numeric, non-NaN ``metrics`` (as ``prefix/key``) to every logger at ``trainer.global_step``.
+    """Send the numeric ``metrics`` (as ``prefix/key``) to every logger at ``trainer.global_step``.
+
+    NaN values are sent as NaN: a metric undefined for a whole audit is logged as undefined, never dropped (the
+    audit warns about it, :func:`~lightning_xai.callbacks.undefined.warn_undefined`).
 
     Returns:
         Whether the trainer has a logger (loggers are rank-zero only by construction).
@@ -40,7 +42,7 @@ def log_scalars(trainer: "pl.Trainer", prefix: str, metrics: Mapping[str, Any]) 
     if not trainer.loggers:
         return False
     for logger in trainer.loggers:
-        logger.log_metrics({k: v for k, v in flat.items() if not math.isnan(v)}, step=trainer.global_step)
+        logger.log_metrics(dict(flat), step=trainer.global_step)
     return True
 
 

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import pytorch_lightning as pl
+import torch
 from torch import Tensor
 
 __all__ = ["AuditExample", "AuditPrediction", "AuditResult", "collect_examples", "example_tokens"]
@@ -25,6 +26,9 @@ class AuditExample:
         maps: per-method token scores over the real tokens (same length as ``token_ids``).
         values: per-example scalar results, e.g. ``{"kendall_tau/attention~gradient": 0.31}``.
         tokens: the words (filled by :meth:`AuditCallback.example_tokens`; ``None`` until then).
+        undefined: why the example's results are undefined (e.g. ``"non-finite logits"``), ``None`` when they are
+            defined. Its values are NaN and every aggregate leaves it out (it counts neither as "not flipped" nor as
+            a wrong prediction).
 
     Example:
         >>> AuditExample(position=0, index=7, split="val", token_ids=[4, 5], label=1, prediction=1,
@@ -42,6 +46,7 @@ class AuditExample:
     maps: Dict[str, List[float]] = field(default_factory=dict)
     values: Dict[str, float] = field(default_factory=dict)
     tokens: Optional[List[str]] = None
+    undefined: Optional[str] = None
 
 
 @dataclass
@@ -73,6 +78,11 @@ class AuditPrediction:
         probabilities = output.logits.detach().float().softmax(-1)
         top = probabilities.max(-1)
         return cls(output=output, probabilities=probabilities, prediction=top.indices, probability=top.values)
+
+    @property
+    def finite(self) -> Tensor:
+        """``[B]`` bool: the rows whose logits are all finite (the others' results are undefined)."""
+        return torch.isfinite(self.output.logits.detach()).all(-1)
 
     @property
     def attention(self) -> Tensor:
@@ -112,8 +122,8 @@ def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence
         batch: the batch (``input_ids`` and ``labels`` are read when present).
         positions / indices: the rows' positions in the audit subset and their dataset indices.
         split: the audited split.
-        found: ``prediction`` ``[B]``, ``probability`` ``[B]``, optional ``maps`` ``{name: [B, T]}`` and
-            ``values`` ``{name: [B]}``.
+        found: ``prediction`` ``[B]``, ``probability`` ``[B]``, optional ``maps`` ``{name: [B, T]}``,
+            ``values`` ``{name: [B]}`` and ``undefined`` ``{row: cause}`` (rows whose results are undefined).
         num_report_examples: rows whose position is below it keep their maps.
 
     Example:
@@ -142,7 +152,8 @@ def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence
             token_ids=ids[row][real].tolist() if ids is not None else list(range(int(real.sum()))),
             label=labels[row], prediction=int(pred[row]), probability=float(prob[row]),
             maps={k: v[row][real].tolist() for k, v in maps.items()} if keep_maps else {},
-            values={k: float(v[row]) for k, v in values.items()}))
+            values={k: float(v[row]) for k, v in values.items()},
+            undefined=found.get("undefined", {}).get(row)))
     return out
 
 

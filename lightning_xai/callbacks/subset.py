@@ -1,18 +1,19 @@
 """Which examples an audit reads: the split's dataloader, a fixed subset drawn once, batched within a token budget."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch import Tensor
+from torch.utils.data import IterableDataset
 
 from lightning_xai.attribution.context import preserved_rng_state
 from lightning_xai.lightning_compat import MISCONFIGURATION_ERRORS, is_overridden
 
 __all__ = ["AUDIT_TOKEN_BUDGET", "AuditBatch", "SPLITS", "build_batches", "draw_subset", "find_loader",
-           "merge_small_batches"]
+           "merge_small_batches", "row_reader"]
 
 SPLITS = ("train", "val", "test")
 #: padded tokens (rows × width) up to which the audit joins loader-sized batches when ``batch_size=None``
@@ -85,15 +86,30 @@ def draw_subset(dataset: Any, num_samples: Optional[int], seed: int, owner: str 
                 split: str = "val") -> List[int]:
     """``num_samples`` dataset indices (all when ``None``) drawn with a generator seeded by ``seed``, sorted.
 
+    An ``IterableDataset`` is read by position in its iteration order (it must yield the same order every time):
+    with ``__len__`` the positions are drawn as for a map-style dataset; a stream without ``__len__`` gives its
+    first ``num_samples`` examples (``num_samples=None`` is refused: the stream may never end).
+
     Example:
         >>> draw_subset(list(range(10)), 4, seed=0)
         [1, 4, 5, 7]
     """
-    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+    if isinstance(dataset, IterableDataset):
+        try:
+            size = len(dataset)
+        except TypeError:
+            if num_samples is None:
+                raise MisconfigurationException(
+                    f"{owner}: the {split!r} dataloader's {type(dataset).__name__} is an IterableDataset without "
+                    "__len__, so the whole split cannot be drawn from; set num_samples=N to audit its first N "
+                    "examples, or define __len__.") from None
+            return list(range(num_samples))
+    elif not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
         raise MisconfigurationException(
             f"{owner} needs a map-style dataset (with __len__ and __getitem__) for its fixed "
             f"audit subset; the {split!r} dataloader has {type(dataset).__name__}.")
-    size = len(dataset)
+    else:
+        size = len(dataset)
     count = size if num_samples is None else min(num_samples, size)
     generator = torch.Generator().manual_seed(seed)
     return sorted(torch.randperm(size, generator=generator)[:count].tolist())
@@ -121,19 +137,52 @@ def build_batches(loader: Any, indices: Sequence[int], positions: Sequence[int],
     size = batch_size or getattr(loader, "batch_size", None) or 32
     positions = list(positions)
     with torch.inference_mode(False):  # tensors built in validate/test must not be inference tensors
+        rows = row_reader(loader.dataset, [indices[p] for p in positions], owner, split)
         groups = [positions[start:start + size] for start in range(0, len(positions), size)]
         if batch_size is None:
-            groups = merge_small_batches(groups, indices, loader, token_budget)
-        return [(pos, [indices[p] for p in pos], collate([loader.dataset[indices[p]] for p in pos]))
-                for pos in groups]
+            groups = merge_small_batches(groups, indices, loader, token_budget, rows=rows)
+        return [(pos, [indices[p] for p in pos], collate([rows(indices[p]) for p in pos])) for pos in groups]
+
+
+def row_reader(dataset: Any, wanted: Sequence[int], owner: str = "audit", split: str = "val") -> Callable[[int], Any]:
+    """``index -> example`` for the ``wanted`` indices: ``dataset[index]``, or for an ``IterableDataset`` the
+    examples at those positions of one pass over it (stopped after the last one, global RNG states restored).
+
+    Example:
+        >>> class Stream(torch.utils.data.IterableDataset):
+        ...     def __iter__(self):
+        ...         return iter("abcdef")
+        >>> read = row_reader(Stream(), [1, 3])
+        >>> read(1), read(3)
+        ('b', 'd')
+    """
+    if not isinstance(dataset, IterableDataset):
+        return dataset.__getitem__
+    needed, rows = set(wanted), {}
+    if needed:
+        last = max(needed)
+        with preserved_rng_state():
+            for position, row in enumerate(dataset):
+                if position in needed:
+                    rows[position] = row
+                if position >= last:
+                    break
+    if len(rows) < len(needed):
+        raise MisconfigurationException(
+            f"{owner}: the {split!r} IterableDataset {type(dataset).__name__} ended after {len(rows)} of the "
+            f"{len(needed)} audited examples (its __len__ promises more, or num_samples exceeds the stream); set "
+            "num_samples to at most the number of examples it yields.")
+    return rows.__getitem__
 
 
 def merge_small_batches(groups: List[List[int]], indices: Sequence[int], loader: Any,
-                        token_budget: int = AUDIT_TOKEN_BUDGET) -> List[List[int]]:
+                        token_budget: int = AUDIT_TOKEN_BUDGET, *,
+                        rows: Optional[Callable[[int], Any]] = None) -> List[List[int]]:
     """Join consecutive loader-sized groups while the padded batch stays within ``token_budget`` tokens.
 
     Fewer, larger passes make the audit faster (per-pass overhead dominates small batches of short texts)
-    while long documents keep the loader's batch size, so memory stays bounded.
+    while long documents keep the loader's batch size, so memory stays bounded. ``rows`` reads an example by
+    index (default ``loader.dataset[index]``; see :func:`row_reader`).
 
     Example:
         >>> from torch.utils.data import DataLoader
@@ -142,8 +191,10 @@ def merge_small_batches(groups: List[List[int]], indices: Sequence[int], loader:
         >>> merge_small_batches([[0, 1], [2, 3], [4, 5]], range(6), loader, token_budget=16)
         [[0, 1, 2, 3], [4, 5]]
     """
+    read = rows or loader.dataset.__getitem__
+
     def width(pos: List[int]) -> int:
-        batch = loader.collate_fn([loader.dataset[indices[p]] for p in pos])
+        batch = loader.collate_fn([read(indices[p]) for p in pos])
         widths = [v.shape[1] for v in batch.values() if isinstance(v, Tensor) and v.dim() >= 2]
         return max(widths, default=1)
 
