@@ -6,6 +6,7 @@
 * :class:`AdversarialSearchAudit` — Jain & Wallace's per-instance adversarial attention search (JSD distribution).
 * :class:`ImpermissibleAttentionMonitor` — attention mass on impermissible tokens (deception audits).
 * :class:`SanityCheck` — saliency sanity checks (input invariance, parameter randomisation, completeness).
+* :class:`RandomStateCheckpoint` — checkpoints the global random states so a resumed run continues them (opt-in).
 * :class:`AuditCallback` — the shared machinery (cadence, fixed audit subset, non-invasiveness, state, logging).
 """
 from lightning_xai.callbacks.adversarial_search import AdversarialSearchAudit
@@ -15,8 +16,9 @@ from lightning_xai.callbacks.erasure_audit import ErasureAudit
 from lightning_xai.callbacks.base import (AuditCallback, AuditExample, AuditPrediction, AuditResult, audit_guard,
                                           summarize_values)
 from lightning_xai.callbacks.impermissible import ImpermissibleAttentionMonitor
+from lightning_xai.callbacks.random_state import RandomStateCheckpoint
 from lightning_xai.callbacks.sanity import SanityCheck
 
 __all__ = ["AGREEMENT_METRICS", "DEFAULT_METHODS", "AdversarialSearchAudit", "AttentionAudit", "AttentionBaselines", "AuditCallback",
-           "AuditExample", "AuditPrediction", "AuditResult", "ErasureAudit", "ImpermissibleAttentionMonitor", "SanityCheck", "audit_guard",
+           "AuditExample", "AuditPrediction", "AuditResult", "ErasureAudit", "ImpermissibleAttentionMonitor", "RandomStateCheckpoint", "SanityCheck", "audit_guard",
            "summarize_values"]
