@@ -7,23 +7,26 @@ layers behave exactly as the modeling file says) and, only inside an override an
 replaces the probabilities of the *query positions the classifier reads* (one per row, or several for mean
 pooling) and recomputes ``weights @ values``. Outside an override it *is* eager attention.
 
-:func:`use_registered_attention` is the one place where a model's attention implementation is switched.
+:func:`use_registered_attention` is the one place where a model's attention implementation is switched;
+:func:`recording_attention` switches it for the duration of a ``with`` block only, so a model keeps training
+on the implementation it was loaded with (``sdpa``, flash) and only explanation passes run on this one.
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import importlib
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import ProtocolError
 
-__all__ = ["ATTENTION_IMPLEMENTATION", "OverrideState", "active_override", "override_rows",
+__all__ = ["ATTENTION_IMPLEMENTATION", "OverrideState", "active_override", "override_rows", "recording_attention",
            "register_attention_implementation", "use_registered_attention"]
 
 #: The name under which lightning_xai's attention function is registered with transformers.
@@ -171,13 +174,13 @@ def register_attention_implementation() -> str:
     return ATTENTION_IMPLEMENTATION
 
 
-def use_registered_attention(model: nn.Module) -> bool:
+def use_registered_attention(model: nn.Module, warn: bool = True) -> bool:
     """Switch ``model`` to lightning_xai's registered eager attention; the one place the implementation changes.
 
     Returns ``True`` when the model now dispatches through :data:`ATTENTION_IMPLEMENTATION` (overrides possible),
     ``False`` for the families of :data:`NATIVE_ATTENTION_FAMILIES` (DeBERTa), whose attention is computed by the
     modeling file itself: their maps are read from ``output_attentions`` and overrides are refused by name.
-    Warns when the model was on ``sdpa``/flash attention (no attention maps there).
+    With ``warn``, warns when the model was on ``sdpa``/flash attention (no attention maps there).
 
     Raises:
         ProtocolError: any other model that does not dispatch through transformers' ``AttentionInterface``.
@@ -207,8 +210,57 @@ def use_registered_attention(model: nn.Module) -> bool:
             f"{type(model).__name__} (attention implementation {current!r}) does not dispatch attention through "
             "transformers' AttentionInterface, so its attention maps cannot be read or overridden. Use a model "
             "class that supports attn_implementation switching, or HookAdapter on its attention modules.")
-    if current not in (None, "eager"):
+    if warn and current not in (None, "eager"):
         warnings.warn(f"{type(model).__name__} used attn_implementation={current!r}, which returns no attention "
                       f"maps; switched it to lightning_xai's eager attention ({ATTENTION_IMPLEMENTATION!r}). "
                       "Load it with attn_implementation='eager' to avoid this message.", stacklevel=4)
     return True
+
+
+def _attention_configs(model: nn.Module) -> List[Any]:
+    """Every config whose ``_attn_implementation`` the model's modules read (its own, its submodels', sub-configs)."""
+    configs: Dict[int, Any] = {}
+    pending = [getattr(m, "config", None) for m in model.modules() if hasattr(m, "_can_set_attn_implementation")]
+    pending.append(getattr(model, "config", None))
+    while pending:
+        config = pending.pop()
+        if config is None or id(config) in configs or not hasattr(config, "_attn_implementation_internal"):
+            continue
+        configs[id(config)] = config
+        pending.extend(getattr(config, key, None) for key in getattr(config, "sub_configs", {}) or {})
+    return list(configs.values())
+
+
+@contextlib.contextmanager
+def recording_attention(model: nn.Module) -> Iterator[bool]:
+    """Inside the block ``model`` runs on lightning_xai's recording attention; on exit it is back on its own.
+
+    Yields what :func:`use_registered_attention` returns (whether overrides are possible). A model already on
+    :data:`ATTENTION_IMPLEMENTATION` is left as it is (nested blocks cost nothing); otherwise every config's
+    implementation is saved and restored exactly, so a model loaded with ``sdpa`` trains on ``sdpa``.
+
+    Raises:
+        ProtocolError: as :func:`use_registered_attention`.
+
+    Example:
+        >>> from transformers import BertConfig, BertForSequenceClassification
+        >>> config = BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+        ...                     intermediate_size=8, attn_implementation="sdpa")
+        >>> model = BertForSequenceClassification(config)
+        >>> with recording_attention(model):
+        ...     model.config._attn_implementation
+        'lightning_xai_eager'
+        >>> model.config._attn_implementation
+        'sdpa'
+    """
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) == ATTENTION_IMPLEMENTATION:
+        register_attention_implementation()
+        yield True
+        return
+    saved = [(c, c._attn_implementation_internal) for c in _attention_configs(model)]
+    try:
+        yield use_registered_attention(model, warn=False)
+    finally:
+        for owner, implementation in saved:
+            owner._attn_implementation_internal = implementation

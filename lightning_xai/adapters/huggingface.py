@@ -50,8 +50,10 @@ default position of the summary token):
   (``AttentionInterface.register`` and ``AttentionMaskInterface.register`` under the name
   :data:`ATTENTION_IMPLEMENTATION`). It calls the model's own eager attention and, only inside an override call and
   only for the last attention module, swaps the row and recomputes ``weights @ values`` (the override row gets no
-  attention dropout in train mode). Outside an override it *is* eager attention, so the adapter switches the model
-  to it (a model on ``sdpa``/flash attention returns no attention maps: the adapter switches with a warning).
+  attention dropout in train mode). Outside an override it *is* eager attention. The adapter switches the model
+  to it **only for its own forward passes** (:func:`~lightning_xai.adapters.hf_attention.recording_attention`)
+  and restores the model's implementation afterwards: a model loaded with ``sdpa``/flash attention keeps
+  training on it, with its own numbers and speed.
 """
 from __future__ import annotations
 
@@ -62,11 +64,12 @@ from torch import Tensor, nn
 
 from lightning_xai.adapters.checks import check_token_ids
 from lightning_xai.adapters.hf_attention import (ATTENTION_IMPLEMENTATION, OverrideState, active_override,
-                                                 override_rows, register_attention_implementation,
-                                                 use_registered_attention)
+                                                 override_rows, recording_attention,
+                                                 register_attention_implementation)
 from lightning_xai.adapters.hf_pooling import detect_pooling, is_causal, pooled_logits, query_mask
 from lightning_xai.adapters.hf_reductions import (Reduction, attention_rollout, parse_reduction, pooled_rows,
                                                   renormalise)
+from lightning_xai.adapters.hf_tokens import real_token_mask
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError, check_embeddings
 
 __all__ = ["ATTENTION_IMPLEMENTATION", "HuggingFaceAdapter", "attention_rollout", "register_attention_implementation"]
@@ -76,13 +79,14 @@ class HuggingFaceAdapter(nn.Module):
     """A ``transformers`` sequence classifier seen through the :class:`ExplainableModel` protocol.
 
     Batches are dicts with ``input_ids`` and ``attention_mask`` ``[B, T]`` (plus ``token_type_ids`` if the model
-    uses them) and, ideally, ``mask``: True at real word-pieces (not ``[CLS]``/``[SEP]``/pad) — what
+    uses them) and optionally ``mask``: True at real word-pieces (not ``[CLS]``/``[SEP]``/pad) — what
     :class:`lightning_xai.data.hf.WordPieceCollator` produces. Without ``mask`` the token mask is
-    ``attention_mask`` minus the tokenizer's special tokens (a ``tokenizer`` is then required).
+    ``attention_mask`` minus the special tokens: the tokenizer's, else the config's special-token ids, else
+    none (with a warning; :mod:`lightning_xai.adapters.hf_tokens`). Other keys are ignored.
 
     The module is an ``nn.Module`` holding the model (``adapter.model``): ``.eval()``, ``.to()``, ``.parameters()``
-    act on the model. Constructing it switches the model to lightning_xai's registered eager attention (see the
-    module docstring; a warning is issued when the model was on ``sdpa``/flash attention).
+    act on the model. The model keeps its attention implementation; the adapter's forward passes run on
+    lightning_xai's registered eager attention and restore it (see the module docstring).
 
     Args:
         model: a ``PreTrainedModel`` for sequence classification (``AutoModelForSequenceClassification``).
@@ -147,7 +151,8 @@ class HuggingFaceAdapter(nn.Module):
         self.causal = is_causal(model, detected)
         self._checked = not check
         self._check_tokenizer(tokenizer)
-        self.overridable = self._use_registered_attention(model)
+        with recording_attention(model) as overridable:  # checks the model can switch; restores its own
+            self.overridable = overridable
         object.__setattr__(self, "_attention_modules", self._find_attention_modules(model))
 
     # --- construction checks ------------------------------------------------------------------------------
@@ -183,11 +188,6 @@ class HuggingFaceAdapter(nn.Module):
             if mine is not None and theirs is not None and mine != theirs:
                 raise ValueError(f"Tokenizer/model mismatch: tokenizer.{name}={mine} but model.config.{name}="
                                  f"{theirs}; load the tokenizer that belongs to this checkpoint.")
-
-    @staticmethod
-    def _use_registered_attention(model: nn.Module) -> bool:
-        """Switch the attention implementation, :func:`lightning_xai.adapters.hf_attention.use_registered_attention`."""
-        return use_registered_attention(model)
 
     @staticmethod
     def _find_attention_modules(model: nn.Module) -> List[nn.Module]:
@@ -233,11 +233,7 @@ class HuggingFaceAdapter(nn.Module):
             if mask.dtype != torch.bool:
                 raise TypeError(f"'mask' must be a bool tensor, got {mask.dtype}; use mask.bool().")
             return mask
-        if self.tokenizer is None:
-            raise KeyError("Batch has no 'mask' (real word-pieces) and the adapter has no tokenizer to find the "
-                           "special tokens; pass tokenizer= or collate with lightning_xai.data.hf.WordPieceCollator.")
-        special = torch.tensor(sorted(set(self.tokenizer.all_special_ids)), device=batch["input_ids"].device)
-        return self._attention_mask(batch).bool() & ~torch.isin(batch["input_ids"], special)
+        return real_token_mask(batch, self.tokenizer, getattr(self.model, "config", None), owner=self)
 
     @staticmethod
     def _attention_mask(batch: Batch) -> Tensor:
@@ -300,12 +296,13 @@ class HuggingFaceAdapter(nn.Module):
             state = OverrideState(self._attention_modules[-1], qmask, rows, calls=self._last_module_calls())
             token = active_override().set(state)
         try:
-            if self._head_pooling == "last":
-                head_rows = query_mask("last", batch, attention_mask, self.pad_token_id, None)
-                logits, output = pooled_logits(self.model, kwargs, head_rows.long().argmax(-1))
-            else:
-                output = self.model(**kwargs)
-                logits = output.logits
+            with recording_attention(self.model):
+                if self._head_pooling == "last":
+                    head_rows = query_mask("last", batch, attention_mask, self.pad_token_id, None)
+                    logits, output = pooled_logits(self.model, kwargs, head_rows.long().argmax(-1))
+                else:
+                    output = self.model(**kwargs)
+                    logits = output.logits
         finally:
             if token is not None:
                 active_override().reset(token)
@@ -338,7 +335,8 @@ class HuggingFaceAdapter(nn.Module):
         kwargs = {"input_ids": batch["input_ids"], "attention_mask": self._attention_mask(batch)}
         if "token_type_ids" in batch:
             kwargs["token_type_ids"] = batch["token_type_ids"]
-        own = self.model(**kwargs).logits
+        with recording_attention(self.model):  # eager with finite masks: a stacked -inf mask gives NaN on pads
+            own = self.model(**kwargs).logits
         mine = self.forward_from_embeddings(self.embed(batch), batch).logits
         gap = float((own - mine).abs().max()) if own.numel() else 0.0
         if not gap <= atol * max(1.0, float(own.abs().max())):  # NaN fails too

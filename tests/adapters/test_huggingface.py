@@ -1,13 +1,14 @@
 """HuggingFaceAdapter on tiny random BERTs (exact checks) and on the bundled MiniLM (real model, small slices)."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from lightning_xai.adapters import ExplainableModel, HuggingFaceAdapter, ProtocolError, attention_rollout
-from lightning_xai.adapters.huggingface import ATTENTION_IMPLEMENTATION
 
 
 def _sentences(dataset: str, n: int):
@@ -25,10 +26,13 @@ def _minilm_batch(tokenizer, dataset: str = "sst2", n: int = 6):
 
 # --- protocol, reductions, token mask ---------------------------------------------------------------------------
 def test_protocol_and_reduction_is_a_distribution_over_real_tokens(make_tiny_bert, batch):
-    adapter = HuggingFaceAdapter(make_tiny_bert())
+    model = make_tiny_bert()
+    own = model.config._attn_implementation
+    adapter = HuggingFaceAdapter(model)
     assert isinstance(adapter, ExplainableModel)
-    assert adapter.model.config._attn_implementation == ATTENTION_IMPLEMENTATION
+    assert adapter.model.config._attn_implementation == own  # switched only inside the adapter's passes
     out = adapter(batch)
+    assert adapter.model.config._attn_implementation == own
     mask = batch["mask"]
     assert out.logits.shape == (2, 2)
     assert len(out.raw_attentions) == 3 and out.raw_attentions[0].shape == (2, 4, 6, 6)
@@ -102,8 +106,10 @@ def test_token_mask_from_tokenizer_when_the_batch_has_none(tokenizer, minilm):
     ids = batch["input_ids"]
     assert not derived[ids == tokenizer.cls_token_id].any() and not derived[ids == tokenizer.sep_token_id].any()
     assert not derived[batch["attention_mask"] == 0].any()
-    with pytest.raises(KeyError, match="no 'mask'"):
-        HuggingFaceAdapter(minilm).token_mask({"input_ids": ids, "attention_mask": batch["attention_mask"]})
+    # no tokenizer, and a BERT config names no special token but pad: specials count as real, with a warning
+    with pytest.warns(UserWarning, match="specials|special tokens"):
+        bare = HuggingFaceAdapter(minilm).token_mask({"input_ids": ids, "attention_mask": batch["attention_mask"]})
+    assert torch.equal(bare, batch["attention_mask"].bool())
 
 
 # --- attention_override ------------------------------------------------------------------------------------------
@@ -240,12 +246,14 @@ def test_ig_agrees_with_captum_on_minilm(tokenizer, minilm):
 
 
 # --- clear errors --------------------------------------------------------------------------------------------------
-def test_sdpa_model_is_switched_with_a_warning(make_tiny_bert, batch):
+def test_sdpa_model_keeps_sdpa_outside_the_adapters_passes(make_tiny_bert, batch):
     model = make_tiny_bert(attn_implementation="sdpa")
-    with pytest.warns(UserWarning, match="attn_implementation='sdpa'.*switched"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to warn about: the model is not switched for good
         adapter = HuggingFaceAdapter(model)
+    assert model.config._attn_implementation == "sdpa"
     out = adapter(batch)
-    assert len(out.raw_attentions) == 3
+    assert len(out.raw_attentions) == 3 and model.config._attn_implementation == "sdpa"
     torch.testing.assert_close(out.logits, HuggingFaceAdapter(make_tiny_bert())(batch).logits, rtol=0, atol=1e-12)
 
 
