@@ -10,6 +10,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.audits.adversarial import adversarial_attention_search, summarize_search
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction
+from lightning_xai.callbacks.undefined import defined_examples
 
 __all__ = ["AdversarialSearchAudit"]
 
@@ -117,6 +118,10 @@ class AdversarialSearchAudit(AuditCallback):
     def aggregate(self, examples: List[AuditExample], extras: Dict[str, Any]) -> Dict[str, float]:
         if not examples:
             return {}
+        examples = defined_examples(examples)  # rows with non-finite logits: no prediction to keep, left out
+        if not examples:
+            keys = ("fraction_found", "fraction_jsd_at_least_threshold", "jsd/mean", "output_change/mean")
+            return {"count": 0.0, **{key: float("nan") for key in keys}}
         max_jsd = torch.tensor([e.values["max_jsd"] for e in examples], dtype=torch.float64)
         summary = summarize_search(max_jsd, threshold=self.jsd_threshold)
         out = {"fraction_found": summary["fraction_found"],

@@ -13,7 +13,8 @@ from pytorch_lightning.loggers import Logger
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch.utils.data import DataLoader, IterableDataset
 
-from lightning_xai.callbacks import AttentionAudit, AttentionBaselines, ErasureAudit, ImpermissibleAttentionMonitor
+from lightning_xai.callbacks import (AdversarialSearchAudit, AttentionAudit, AttentionBaselines, ErasureAudit,
+                                     ImpermissibleAttentionMonitor)
 from lightning_xai.callbacks.subset import draw_subset, row_reader
 from lightning_xai.data import collate
 
@@ -60,14 +61,15 @@ def test_nan_logits_are_undefined_and_logged_as_nan_with_a_warning(tmp_path):
     model = kit.make_model(dm)
     with torch.no_grad():
         model.classifier.weight.fill_(math.nan)  # the repro of issue 14: a model whose logits are NaN
-    audits = _audits()
+    audits = _audits() + [AdversarialSearchAudit(steps=5, num_samples=16, batch_size=8, every_n_epochs=None)]
     logged, messages = _validate(tmp_path, model, dm, audits)
-    erasure, baselines, monitor, agreement = (a.history[-1]["metrics"] for a in audits)
+    erasure, baselines, monitor, agreement, search = (a.history[-1]["metrics"] for a in audits)
     # before: flipped/mean 0.0, flip_fraction 0.0, accuracy 0.4375 (argmax of NaN), τ dropped from the logs
     assert math.isnan(erasure["attention/flipped/mean"])
     assert math.isnan(baselines["uniform/flip_fraction"]) and math.isnan(baselines["permutation/median_delta"])
     assert math.isnan(monitor["accuracy"]) and math.isnan(monitor["mass/mean"])
     assert math.isnan(agreement["kendall_tau/attention_vs_gradient/mean"])
+    assert math.isnan(search["fraction_found"]) and search["count"] == 0  # was 0.0: "no adversary found"
     for key in ("validate/erasure_audit/attention/flipped/mean", "validate/attention_baselines/uniform/flip_fraction",
                 "validate/impermissible_attention/accuracy",
                 "validate/attention_audit/kendall_tau/attention_vs_gradient/mean"):
