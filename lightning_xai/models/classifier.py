@@ -1,7 +1,7 @@
 """Jain & Wallace's reference model as a LightningModule: embedding -> encoder -> attention -> linear."""
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import pytorch_lightning as pl
 import torch
@@ -19,8 +19,14 @@ from lightning_xai.models.steps import ClassifierSteps
 
 __all__ = ["AttentionClassifier", "check_batch"]
 
-# leave-one-out variants per chunk of deletion_logits: about this many hidden-state elements (16M: 64 MiB)
-_DELETION_CHUNK_ELEMENTS = 1 << 24
+# leave-one-out variants per chunk of deletion_logits' assembly: about this many hidden-state elements (4M: 16 MiB).
+# Small on purpose: glibc raises its mmap threshold to the size of each freed mmapped block of up to 32 MiB, and
+# blocks of that size then come from the heap, whose fragments stay resident; with 64 MiB chunks the peak RSS of
+# one 2,000-token row grew chunk by chunk to 1.5 GiB, with 16 MiB chunks it stays at 0.36 GiB
+# (benchmarks/bench_loo_memory.py)
+_DELETION_CHUNK_ELEMENTS = 1 << 22
+#: default memory budget of deletion_logits' rerun buffers, in elements (64M float32: 256 MiB)
+DELETION_BUDGET_ELEMENTS = 1 << 26
 
 
 def check_batch(batch: Batch, vocab_size: Optional[int] = None) -> None:
@@ -43,6 +49,24 @@ def check_batch(batch: Batch, vocab_size: Optional[int] = None) -> None:
     check_real_tokens(mask, "batch['mask']")
     if vocab_size is not None:
         check_token_ids(ids, vocab_size, "batch['input_ids']")
+
+
+def _rerun_groups(order: Tensor, costs: Tensor, max_elements: Optional[int]) -> List[Tuple[Tensor, Tensor]]:
+    """Chunks of leave-one-out variants, as ``(variants, assembly order within them)``: consecutive variants of
+    ``order`` whose rerun ``costs`` (elements each, in ``order``) sum to at most ``max_elements`` (at least one
+    per chunk); for ``None`` one chunk of all variants in their given order."""
+    n = order.numel()
+    if max_elements is None:
+        return [(torch.arange(n, device=order.device), order)]
+    if max_elements < 1:
+        raise ValueError(f"max_elements must be a positive number of elements or None, got {max_elements}.")
+    total, chunks, start = torch.cumsum(costs, 0), [], 0
+    while start < n:
+        spent = int(total[start - 1]) if start else 0
+        end = max(start + 1, int(torch.searchsorted(total, spent + max_elements, right=True)))
+        chunks.append((order[start:end], torch.arange(end - start, device=order.device)))
+        start = end
+    return chunks
 
 
 class AttentionClassifier(ClassifierSteps, pl.LightningModule):
@@ -176,8 +200,8 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
         return ExplainOutput(logits=logits, attention=attention, hidden_states=hidden, attention_scores=scores,
                              extras={"context": context})
 
-    def deletion_logits(self, embeddings: Tensor, batch: Batch, rows: Tensor, positions: Tensor
-                        ) -> Optional[Tensor]:
+    def deletion_logits(self, embeddings: Tensor, batch: Batch, rows: Tensor, positions: Tensor,
+                        max_elements: Optional[int] = DELETION_BUDGET_ELEMENTS) -> Optional[Tensor]:
         """``[N, C]`` logits of row ``rows[k]`` with token ``positions[k]`` deleted (the optional fast path of
         the ExplainableModel protocol that :func:`~lightning_xai.attribution.leave_one_out` uses).
 
@@ -186,6 +210,12 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
         overall), the same logits up to float rounding. Returns ``None`` — run the model on the shortened rows
         instead — for other encoders, in training mode (dropout), when gradients are enabled and off the CPU
         (cuDNN runs the shortened rows well).
+
+        The reruns of a variant of a row of length L hold (L − 1) × hidden_dim floats, Σ_b L_b² × H in all (2 GiB
+        for one 2,000-token row of the reference BiLSTM): the variants run in chunks whose rerun buffers hold at
+        most ``max_elements`` elements (at least one variant per chunk; default 64M floats, 256 MiB; see
+        benchmarks/bench_loo_memory.py). ``None``: all variants in one buffer (the pre-budget path; the same
+        logits up to float rounding).
 
         Example:
             >>> model = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4).eval()
@@ -205,20 +235,25 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
         T = mask.shape[1]
         lengths = self.input_mask(batch).sum(1)
         states = lstm_states(rnn, embeddings, lengths)
-        reruns = deletion_reruns(rnn, states, rows, positions)
         # shortest variants first, so that each chunk is only as wide as its longest shortened row
         order = torch.argsort(lengths.index_select(0, rows), stable=True)
         chunk = max(1, _DELETION_CHUNK_ELEMENTS // max(1, T * self.encoder.output_dim))
         pieces = [embeddings.new_zeros(0, self.classifier.out_features)]
-        for start in range(0, rows.numel(), chunk):
-            k = order[start:start + chunk]
-            r, p = rows.index_select(0, k), positions.index_select(0, k)
-            width = max(1, int(lengths.index_select(0, r).max()) - 1)
-            hidden = deleted_hidden(states, reruns, rows, positions, variants=k, width=width)
-            # the token mask without the deleted position: new position j reads old j, or j + 1 from p on
-            keep = torch.arange(width, device=mask.device).unsqueeze(0)
-            short_mask = mask.index_select(0, r).gather(1, keep + (keep >= p.unsqueeze(1)))
-            pieces.append(self._pool_and_classify(hidden, short_mask).logits)
+        # a variant reruns L − 1 steps of hidden_size in all (i before the deleted token, L − 1 − i after it)
+        costs = (lengths.index_select(0, rows.index_select(0, order)) - 1) * rnn.hidden_size
+        for group, assembly in _rerun_groups(order, costs, max_elements):
+            g_rows, g_positions = rows.index_select(0, group), positions.index_select(0, group)
+            reruns = deletion_reruns(rnn, states, g_rows, g_positions)
+            for start in range(0, assembly.numel(), chunk):
+                k = assembly[start:start + chunk]
+                r, p = g_rows.index_select(0, k), g_positions.index_select(0, k)
+                width = max(1, int(lengths.index_select(0, r).max()) - 1)
+                hidden = deleted_hidden(states, reruns, g_rows, g_positions, variants=k, width=width)
+                # the token mask without the deleted position: new position j reads old j, or j + 1 from p on
+                keep = torch.arange(width, device=mask.device).unsqueeze(0)
+                short_mask = mask.index_select(0, r).gather(1, keep + (keep >= p.unsqueeze(1)))
+                pieces.append(self._pool_and_classify(hidden, short_mask).logits)
+            del reruns
         back = torch.empty_like(order)
         back[order] = torch.arange(order.numel(), device=order.device)
         return torch.cat(pieces).index_select(0, back)  # cat promotes under autocast (bf16 logits)
