@@ -32,15 +32,16 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_xai.adapters.protocol import ExplainableModel, ProtocolError, as_explainable
+from lightning_xai.adapters.protocol import ExplainableModel
+from lightning_xai.adapters.resolve import ModelSpec
 from lightning_xai.callbacks.aggregation import ValueAggregator, aggregate_values, summarize_values, value_names
 from lightning_xai.callbacks.cost import AuditCost
 from lightning_xai.callbacks.distributed import gather_examples, merge_extras
 from lightning_xai.callbacks.guard import audit_guard, precision_context
 from lightning_xai.callbacks.isolation import AuditFailures
 from lightning_xai.callbacks.output import add_record, log_scalars, progress_bar, publish_scalars
-from lightning_xai.callbacks.results import (AuditExample, AuditPrediction, AuditResult, collect_examples,
-                                            example_tokens)
+from lightning_xai.callbacks.resolve import ModelLookup
+from lightning_xai.callbacks.results import AuditExample, AuditPrediction, AuditResult, collect_examples
 from lightning_xai.callbacks.schedule import AuditSchedule, check_cadence
 from lightning_xai.callbacks.subset import (AUDIT_TOKEN_BUDGET, SPLITS, AuditBatch, build_batches, draw_subset,
                                             find_loader)
@@ -50,7 +51,7 @@ __all__ = ["AUDIT_TOKEN_BUDGET", "AuditCallback", "AuditExample", "AuditPredicti
            "summarize_values"]
 
 
-class AuditCallback(AuditSchedule, abc.ABC):
+class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
     """Base class of the audit callbacks: scheduling, audit subset, non-invasiveness, state, logging.
 
     Subclasses implement :meth:`audit_batch` (per-example results of one batch of the audit subset) and may
@@ -79,6 +80,10 @@ class AuditCallback(AuditSchedule, abc.ABC):
             once per exception type (``rank_zero_warn``: the cause and what to try), the audit is skipped and
             training goes on, with every RNG, mode and gradient restored. Configuration errors found by the
             one-batch probe before the first audit (:meth:`check_model`) always raise.
+        model: which model of the LightningModule to explain (:mod:`~lightning_xai.callbacks.resolve`): ``None``
+            finds it (the module itself, or the one ``transformers`` sequence classifier it holds), else an
+            attribute path (``"model"``) or a callable ``pl_module -> model``. tokenizer: gives the words of
+            reports and the special tokens (default: a ``tokenizer`` attribute of the module or DataModule).
 
     The logged scalars also land in ``trainer.callback_metrics`` (as 0-dim tensors), so ``ModelCheckpoint`` and
     ``EarlyStopping`` can monitor a faithfulness key, e.g.
@@ -109,9 +114,12 @@ class AuditCallback(AuditSchedule, abc.ABC):
         precision: str = "trainer",
         num_report_examples: int = 16,
         strict: bool = False,
+        model: ModelSpec = None,
+        tokenizer: Any = None,
     ) -> None:
         super().__init__()
         cls = type(self).__name__
+        self.init_lookup(model, tokenizer)
         check_cadence(f"{cls}(every_n_epochs)", every_n_epochs, allow_zero=True)
         check_cadence(f"{cls}(every_n_train_steps)", every_n_train_steps, allow_zero=False)
         if not every_n_epochs and not every_n_train_steps and not on_validate and not on_test:
@@ -188,13 +196,6 @@ class AuditCallback(AuditSchedule, abc.ABC):
         self.explainable(pl_module)
         self._checked = False
         self._batches = {}
-
-    def explainable(self, pl_module: "pl.LightningModule") -> ExplainableModel:
-        """The module seen through the protocol, or a :class:`MisconfigurationException` saying how to fix it."""
-        try:
-            return as_explainable(pl_module)
-        except ProtocolError as err:
-            raise MisconfigurationException(f"{type(self).__name__} cannot audit this model: {err}") from err
 
     def check_model(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", split: str) -> None:
         """Run the model on one audit example and check what the audit needs (called before the first audit).
@@ -379,9 +380,3 @@ class AuditCallback(AuditSchedule, abc.ABC):
         for example in examples:
             keys.extend(k for k in example.values if k not in keys and not k.endswith("/p_value"))
         return keys
-
-    # --- tokens for reports ----------------------------------------------------------------------------------
-    @staticmethod
-    def example_tokens(trainer: Optional["pl.Trainer"], pl_module: Any, example: AuditExample) -> List[str]:
-        """The words of an audited example (see :func:`~lightning_xai.callbacks.results.example_tokens`)."""
-        return example_tokens(trainer, pl_module, example)

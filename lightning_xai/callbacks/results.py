@@ -157,9 +157,22 @@ def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence
     return out
 
 
-def example_tokens(trainer: Optional["pl.Trainer"], pl_module: Any, example: AuditExample) -> List[str]:
-    """The words of an audited example: from ``trainer.datamodule.tokens(split, index)``, else from the
-    model's ``vocab`` list, else the ids as strings.
+def _vocabulary(owner: Any) -> Optional[Sequence[str]]:
+    vocab = getattr(owner, "vocab", None)
+    vocab = getattr(vocab, "itos", vocab)  # a lightning_xai.data.Vocabulary or a list of words
+    return vocab if isinstance(vocab, (list, tuple)) else None
+
+
+def example_tokens(trainer: Optional["pl.Trainer"], pl_module: Any, example: AuditExample,
+                   tokenizer: Any = None) -> List[str]:
+    """The words of an audited example, from the first source that knows them:
+
+    1. ``trainer.datamodule.tokens(split, index)`` (one word per real token);
+    2. ``tokenizer.convert_ids_to_tokens`` (word pieces), the tokenizer given here — an audit callback passes
+       its ``tokenizer=``, else the LightningModule's or DataModule's ``tokenizer`` attribute;
+    3. a vocabulary: a ``vocab`` attribute (a list of words, or a :class:`~lightning_xai.data.Vocabulary`) of
+       the LightningModule or the DataModule;
+    4. the ids, as strings.
 
     Example:
         >>> class Module:
@@ -175,7 +188,12 @@ def example_tokens(trainer: Optional["pl.Trainer"], pl_module: Any, example: Aud
                 return [str(w) for w in words]
         except (IndexError, KeyError, ValueError):
             pass
-    vocab = getattr(pl_module, "vocab", None)
-    if isinstance(vocab, (list, tuple)) and all(0 <= i < len(vocab) for i in example.token_ids):
-        return [str(vocab[i]) for i in example.token_ids]
+    if callable(getattr(tokenizer, "convert_ids_to_tokens", None)):
+        pieces = tokenizer.convert_ids_to_tokens([int(i) for i in example.token_ids])
+        if len(pieces) == len(example.token_ids) and all(p is not None for p in pieces):
+            return [str(p) for p in pieces]
+    for owner in (pl_module, datamodule):
+        vocab = _vocabulary(owner)
+        if vocab is not None and all(0 <= i < len(vocab) for i in example.token_ids):
+            return [str(vocab[i]) for i in example.token_ids]
     return [str(i) for i in example.token_ids]

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 from typing import Any, List, Optional
 
 import torch
 from torch import Tensor, nn
 
-from lightning_xai.adapters.protocol import Batch, ExplainOutput
+from lightning_xai.adapters.protocol import Batch, ExplainableModel, ExplainOutput, ProtocolError
+from lightning_xai.adapters.resolve import ModelResolver
 
 
 def log_extra(model: Any, key: str, value: Any, batch_size: Optional[int] = None) -> None:
@@ -23,7 +25,13 @@ def log_extra(model: Any, key: str, value: Any, batch_size: Optional[int] = None
 
 
 def token_mask(outputs: ExplainOutput, batch: Batch, model: Any = None) -> Tensor:
-    """The ``[B, T]`` real-token mask: from the model if given, else ``batch['mask']``, else attention > 0."""
+    """The ``[B, T]`` real-token mask: from the model (or the one it holds) if given, else ``batch['mask']``, else
+    attention > 0."""
+    if model is not None and not callable(getattr(model, "token_mask", None)):
+        try:
+            model = require_model(model, "token_mask")
+        except ProtocolError:
+            model = None
     if model is not None and callable(getattr(model, "token_mask", None)):
         return model.token_mask(batch).bool()
     if "mask" in batch:
@@ -31,11 +39,35 @@ def token_mask(outputs: ExplainOutput, batch: Batch, model: Any = None) -> Tenso
     return outputs.attention > 0
 
 
-def require_model(model: Any, loss_name: str) -> Any:
+#: one resolver per holder (a LightningModule that merely holds its model), kept outside the module so the adapter
+#: it builds never joins the module's state_dict; an entry goes when its holder does
+_RESOLVERS: "weakref.WeakKeyDictionary[Any, ModelResolver]" = weakref.WeakKeyDictionary()
+
+
+def require_model(model: Any, loss_name: str) -> ExplainableModel:
+    """The explainable model of ``model``: itself, or what it holds (:class:`~lightning_xai.adapters.resolve.
+    ModelResolver`: e.g. the one ``transformers`` sequence classifier of a user's LightningModule).
+
+    Example:
+        >>> import torch
+        >>> from transformers import BertConfig, BertForSequenceClassification
+        >>> config = BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+        ...                     intermediate_size=8)
+        >>> holder = torch.nn.ModuleDict({"net": BertForSequenceClassification(config)})
+        >>> model = require_model(holder, "MyLoss")
+        >>> type(model).__name__, model is require_model(holder, "MyLoss"), list(holder.state_dict()) == list(
+        ...     torch.nn.ModuleDict({"net": BertForSequenceClassification(config)}).state_dict())
+        ('HuggingFaceAdapter', True, True)
+    """
     if model is None:
         raise ValueError(f"{loss_name} needs the model: call it as loss(outputs, batch, model=self) "
                          "(AttentionClassifier passes model=self to its objectives).")
-    return model
+    if isinstance(model, ExplainableModel) or not isinstance(model, nn.Module):
+        return model  # anything else duck-typed is used as it is
+    resolver = _RESOLVERS.get(model)
+    if resolver is None:
+        resolver = _RESOLVERS[model] = ModelResolver(owner=loss_name)
+    return resolver(model)
 
 
 def batch_size_of(outputs: ExplainOutput) -> int:

@@ -122,9 +122,9 @@ class AttentionAlignmentLoss(FiniteGuard, nn.Module):
         return scores if self.create_graph else scores.detach()
 
     def forward(self, outputs: ExplainOutput, batch: Batch, model: Any = None) -> Tensor:
-        model = require_model(model, "AttentionAlignmentLoss")
-        mask = token_mask(outputs, batch, model)
-        scores = self.saliency(model, batch).to(outputs.attention.dtype)
+        explained = require_model(model, "AttentionAlignmentLoss")  # model: the holder, which logs
+        mask = token_mask(outputs, batch, explained)
+        scores = self.saliency(explained, batch).to(outputs.attention.dtype)
         if scores.shape != outputs.attention.shape:
             raise ValueError(f"saliency has shape {tuple(scores.shape)} but attention has "
                              f"{tuple(outputs.attention.shape)}.")

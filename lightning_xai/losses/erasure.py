@@ -107,8 +107,8 @@ class ErasureFaithfulnessLoss(FiniteGuard, nn.Module):
         self.last_terms: Dict[str, Tensor] = {}
 
     def forward(self, outputs: ExplainOutput, batch: Batch, model: Any = None) -> Tensor:
-        model = require_model(model, "ErasureFaithfulnessLoss")
-        mask = token_mask(outputs, batch, model)
+        explained = require_model(model, "ErasureFaithfulnessLoss")  # model: the holder, which logs
+        mask = token_mask(outputs, batch, explained)
         attention = outputs.attention
         soft = soft_top_k_mask(attention, mask, self.fraction, self.temperature)
         if self.detach_mask:
@@ -121,19 +121,19 @@ class ErasureFaithfulnessLoss(FiniteGuard, nn.Module):
         size = attention.shape[0]
         doubled = {k: torch.cat([v, v]) if isinstance(v, Tensor) and v.dim() and v.shape[0] == size else v
                    for k, v in batch.items()}
-        embeddings = model.embed(batch)
+        embeddings = explained.embed(batch)
         if self.mode == "attention":
             fmask = mask.to(attention.dtype)
             rest = attention * (1.0 - soft) * fmask
             top = attention * soft * fmask
             rest = rest / rest.sum(-1, keepdim=True).clamp_min(1e-12)
             top = top / top.sum(-1, keepdim=True).clamp_min(1e-12)
-            erased = model.forward_from_embeddings(torch.cat([embeddings, embeddings]), doubled,
-                                                   attention_override=torch.cat([rest, top]))
+            erased = explained.forward_from_embeddings(torch.cat([embeddings, embeddings]), doubled,
+                                                       attention_override=torch.cat([rest, top]))
         else:
             keep = soft.unsqueeze(-1).to(embeddings.dtype)
-            erased = model.forward_from_embeddings(torch.cat([embeddings * (1.0 - keep), embeddings * keep]),
-                                                   doubled)
+            erased = explained.forward_from_embeddings(torch.cat([embeddings * (1.0 - keep), embeddings * keep]),
+                                                       doubled)
         erased_probs = erased.logits.softmax(-1).gather(-1, torch.cat([target, target])).squeeze(-1)
         p_comp, p_suff = erased_probs[:size], erased_probs[size:]
         valid = (mask.sum(-1) >= 2).to(attention.dtype)

@@ -68,7 +68,7 @@ class WordTyingLoss(FiniteGuard, nn.Module):
         self.name = name
 
     def forward(self, outputs: ExplainOutput, batch: Batch, model: Any = None) -> Tensor:
-        model = require_model(model, "WordTyingLoss")
+        explained = require_model(model, "WordTyingLoss")  # model: the holder, which logs
         hidden = outputs.hidden_states
         if hidden is None:
             raise ValueError("WordTyingLoss needs outputs.hidden_states [B, T, H]; this model output has none.")
@@ -76,12 +76,12 @@ class WordTyingLoss(FiniteGuard, nn.Module):
             raise ValueError(f"hidden states have size {hidden.shape[-1]} but WordTyingLoss(hidden_dim="
                              f"{self.projection.in_features}); pass the encoder's output size (2·hidden_dim for a "
                              "BiLSTM).")
-        mask = token_mask(outputs, batch, model).to(hidden.device)
+        mask = token_mask(outputs, batch, explained).to(hidden.device)
         predicted = self.projection(hidden)
         if self.mode == "embedding":
-            value = self._reconstruction(predicted, model.embed(batch).detach(), mask)
+            value = self._reconstruction(predicted, explained.embed(batch).detach(), mask)
         else:
-            value = self._word_prediction(predicted, batch, model, mask)
+            value = self._word_prediction(predicted, batch, explained, mask)
         return self.finite_or_zero(self.weight * value, model, hidden_states=hidden)
 
     def _reconstruction(self, predicted: Tensor, embeddings: Tensor, mask: Tensor) -> Tensor:
