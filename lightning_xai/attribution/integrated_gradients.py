@@ -282,12 +282,32 @@ def integrated_gradients_map(model: ExplainableModel, batch: Batch, embeddings: 
     floor = math.sqrt(torch.finfo(embeddings.dtype).eps)
     bad = (delta.abs() > warn_threshold * gap.abs()) & (delta.abs() > floor)
     if bool(bad.any()):
-        ratio = (delta.abs() / gap.abs().clamp_min(torch.finfo(gap.dtype).tiny))[bad].max().item()
         warnings.warn(f"Integrated gradients: convergence delta exceeds {warn_threshold:.0%} of |F(x) - F(x')| "
-                      f"for {int(bad.sum())} of {N} rows (worst {ratio:.1%}); raise n_steps or use "
-                      "n_steps='auto'.", RuntimeWarning, stacklevel=4)
+                      f"for {int(bad.sum())} of {N} rows ({_worst_delta(delta, gap, bad, floor)}); raise n_steps "
+                      "or use n_steps='auto'" + _precision_hint(embeddings, scores) + ".", RuntimeWarning,
+                      stacklevel=4)
     return scores, delta, steps
 
+
+
+def _worst_delta(delta: Tensor, gap: Tensor, bad: Tensor, floor: float) -> str:
+    """The warned row with the largest |delta|, absolute and relative to |F(x) − F(x′)| — the relative
+    error only where that gap exceeds ``floor`` (a gap of ~0 makes any ratio meaningless)."""
+    worst = int(torch.where(bad, delta.abs(), torch.full_like(delta, -1.0)).argmax())
+    d, g = abs(float(delta[worst])), abs(float(gap[worst]))
+    relative = f"{d / g:.1%} of |F(x) - F(x')| = {g:.3g}" if g > floor else \
+        f"|F(x) - F(x')| = {g:.3g} is below {floor:.2g}, so no relative error"
+    return f"worst |delta| = {d:.3g}, {relative}"
+
+
+def _precision_hint(embeddings: Tensor, scores: Tensor) -> str:
+    reduced = {t.dtype for t in (embeddings, scores)} & {torch.float16, torch.bfloat16} or (
+        {torch.get_autocast_dtype(embeddings.device.type)} if torch.is_autocast_enabled(embeddings.device.type)
+        else set())
+    if not reduced:
+        return ""
+    return (f", and compute it in float32: the model runs in {', '.join(sorted(map(str, reduced)))} (the audit "
+            "callbacks do this by default, precision='auto')")
 
 
 @register_method("integrated_gradients", resolves_target=True)

@@ -187,7 +187,8 @@ class AttentionAudit(AuditCallback):
         maps: Dict[str, Tensor] = {"attention": prediction.attention}
         with shared_input_gradients():  # gradient and grad×input: one backward pass between them
             for method in self.methods:
-                scores = attribute(model, batch, method, target=None, **self.method_options.get(method, {}))
+                with self.map_precision(method):  # float32 for leave-one-out, IG under autocast ("auto")
+                    scores = attribute(model, batch, method, target=None, **self.method_options.get(method, {}))
                 if isinstance(scores, tuple):  # (map [B, T], extra): IG's convergence delta, Int. Hessians' [B, T, T]
                     scores = scores[0]
                 maps[method] = scores.detach().float()

@@ -37,7 +37,7 @@ from lightning_xai.adapters.resolve import ModelSpec
 from lightning_xai.callbacks.aggregation import ValueAggregator, aggregate_values, summarize_values, value_names
 from lightning_xai.callbacks.cost import AuditCost
 from lightning_xai.callbacks.distributed import gather_examples, merge_extras
-from lightning_xai.callbacks.guard import audit_guard, precision_context
+from lightning_xai.callbacks.guard import PRECISION_OPTIONS, AuditPrecision, audit_guard, precision_context
 from lightning_xai.callbacks.isolation import AuditFailures
 from lightning_xai.callbacks.output import add_record, log_scalars, progress_bar, publish_scalars
 from lightning_xai.callbacks.resolve import ModelLookup
@@ -73,8 +73,11 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
         seed: seeds the audit subset and the audit's own randomness.
         on_validate / on_test: audit in ``trainer.validate`` / ``trainer.test``.
         log_prefix: prefix of the logged keys (default: the callback's ``name``).
-        precision: ``"trainer"`` runs the audit's forward passes under the trainer's precision context
-            (autocast for ``*-mixed``), ``"32"`` disables autocast so maps are computed in float32.
+        precision: ``"auto"`` (default): under reduced precision (``Trainer(precision="bf16-mixed")``, ``"16-*"``,
+            or float16/bfloat16 weights) the precision-sensitive maps (leave-one-out, erasure, integrated
+            gradients) are computed in float32, with a warning that says so (once); weights cast for this are put
+            back bit for bit. ``"trainer"``: every map under the trainer's precision context (autocast for
+            ``*-mixed``); ``"32"``: every map in float32. See :class:`~lightning_xai.callbacks.guard.AuditPrecision`.
         num_report_examples: how many audited examples keep their full maps for reports.
         strict: re-raise an exception raised inside a scheduled audit. By default (``False``) it is reported
             once per exception type (``rank_zero_warn``: the cause and what to try), the audit is skipped and
@@ -98,6 +101,8 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
     """
 
     name: str = "audit"
+    #: a name in ``guard.PRECISION_SENSITIVE`` makes the whole :meth:`audit_batch` precision-sensitive
+    precision_map: str = ""
 
     def __init__(
         self,
@@ -111,7 +116,7 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
         on_validate: bool = True,
         on_test: bool = True,
         log_prefix: Optional[str] = None,
-        precision: str = "trainer",
+        precision: str = "auto",
         num_report_examples: int = 16,
         strict: bool = False,
         model: ModelSpec = None,
@@ -135,8 +140,8 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
             raise MisconfigurationException(f"{cls}(batch_size) must be a positive int or None, got {batch_size!r}.")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise MisconfigurationException(f"{cls}(seed) must be an int, got {seed!r}.")
-        if precision not in ("trainer", "32"):
-            raise MisconfigurationException(f"{cls}(precision) must be 'trainer' or '32', got {precision!r}.")
+        if precision not in PRECISION_OPTIONS:
+            raise MisconfigurationException(f"{cls}(precision) must be one of {PRECISION_OPTIONS}, got {precision!r}.")
         if not isinstance(num_report_examples, int) or num_report_examples < 0:
             raise MisconfigurationException(f"{cls}(num_report_examples) must be an int >= 0, "
                                             f"got {num_report_examples!r}.")
@@ -152,6 +157,7 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
         self.on_test = on_test
         self.log_prefix = log_prefix or self.name
         self.precision = precision
+        self._precision = AuditPrecision(cls, precision)
         self.num_report_examples = num_report_examples
         self.strict = strict
         self._failures = AuditFailures(cls, strict)
@@ -282,13 +288,15 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
         bar = progress_bar(trainer, len(batches), f"{type(self).__name__} ({split})")
         aggregator = ValueAggregator(pl_module.device)
         try:
-            with audit_guard(pl_module, seed=self.seed) as generator:
+            with audit_guard(pl_module, seed=self.seed) as generator, \
+                    self._precision.audit(trainer, pl_module) as context:
                 for positions, indices, cpu_batch in batches:
                     batch = move_data_to_device(cpu_batch, pl_module.device)
-                    with precision_context(trainer, pl_module.device, self.precision):
+                    with precision_context(trainer, pl_module.device, context):
                         prediction = self.predict(model, batch)
-                        found, extra = audit_finite_rows(lambda b, i, p: self._call_audit_batch(
-                            model, b, generator, i, p or self.predict(model, b)), batch, indices, prediction)
+                        with self.map_precision(self.precision_map):
+                            found, extra = audit_finite_rows(lambda b, i, p: self._call_audit_batch(
+                                model, b, generator, i, p or self.predict(model, b)), batch, indices, prediction)
                     found = mark_undefined({"prediction": prediction.prediction, "probability": prediction.probability,
                                             **found}, prediction.finite, self.expected_values())
                     aggregator.update(found.get("values", {}))
@@ -324,6 +332,11 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
             rank_zero_warn(f"{type(self).__name__}: the trainer has no logger; audit results are kept in "
                            "callback.history (and written by lightning_xai.reporting.AuditReport if present).")
             self._warned_no_logger = True
+
+    def map_precision(self, name: str) -> Any:
+        """Context for computing map ``name`` in :meth:`audit_batch`: float32 for a precision-sensitive map
+        (``guard.PRECISION_SENSITIVE``) under autocast with ``precision="auto"``, else nothing."""
+        return self._precision.maps(name)
 
     def predict(self, model: ExplainableModel, batch: Dict[str, Any]) -> AuditPrediction:
         """The prediction step every audit shares: the protocol's forward pass (no gradients), softmax, argmax."""
