@@ -74,7 +74,16 @@ def audit_finite_rows(audit: Callable[[Dict[str, Any], List[int], Optional[Any]]
                       batch: Dict[str, Any], indices: List[int], prediction: Any) -> Tuple[Dict[str, Any], Any]:
     """``audit(batch, indices, prediction)`` on the rows whose logits are finite (normally all of them: one cheap
     check), as a result on the whole batch; the other rows' results are NaN (and the audit never sees them). On a
-    part of the batch ``audit`` gets ``prediction=None`` and predicts that part itself."""
+    part of the batch ``audit`` gets ``prediction=None`` and predicts that part itself.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> audit = lambda batch, indices, prediction: ({"values": {"n": batch["x"].double()}}, {})
+        >>> found, _ = audit_finite_rows(audit, {"x": torch.tensor([1, 2])}, [7, 8],
+        ...                              SimpleNamespace(finite=torch.tensor([True, False])))
+        >>> found["values"]["n"].tolist()
+        [1.0, nan]
+    """
     finite = prediction.finite.cpu()
     if bool(finite.all()):
         return audit(batch, indices, prediction)

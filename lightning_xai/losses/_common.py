@@ -183,7 +183,14 @@ def require_finite(owner: str, **tensors: Optional[Tensor]) -> None:
 
 def zero_loss(model: Any, like: Tensor) -> Tensor:
     """A scalar 0 that stays in the graph through ``model``'s trainable parameters only (their gradient is an exact 0,
-    whatever NaN the batch's outputs hold), or a zero leaf that requires grad when there is no model."""
+    whatever NaN the batch's outputs hold), or a zero leaf that requires grad when there is no model.
+
+    Example:
+        >>> layer = nn.Linear(2, 1)
+        >>> zero_loss(layer, torch.zeros(())).backward()
+        >>> layer.weight.grad
+        tensor([[0., 0.]])
+    """
     params = [p for p in model.parameters() if p.requires_grad] if isinstance(model, nn.Module) else []
     if params:
         return torch.stack([p.sum() for p in params]).sum().to(like.dtype) * 0.0
@@ -197,6 +204,17 @@ class FiniteGuard:
     and the named inputs (one device sync), and on a NaN or an infinity warns once per loss (naming the loss and
     the tensors), counts the batch in :attr:`nonfinite_batches` and returns :func:`zero_loss` — a 0 whose gradient
     reaches only the model's parameters, as exact zeros. The functional forms raise a ``ValueError`` instead.
+
+    Example:
+        >>> import warnings
+        >>> class Total(FiniteGuard, nn.Module):
+        ...     def forward(self, attention):
+        ...         return self.finite_or_zero(attention.sum(), attention=attention)
+        >>> with warnings.catch_warnings(record=True):
+        ...     warnings.simplefilter("always")
+        ...     value = Total()(torch.tensor([0.5, float("nan")]))
+        >>> value
+        tensor(0., requires_grad=True)
     """
 
     nonfinite_batches: int = 0
