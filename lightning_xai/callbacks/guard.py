@@ -143,6 +143,7 @@ class AuditPrecision:
     def __init__(self, owner: str, precision: str) -> None:
         self.owner, self.precision = owner, precision
         self._float32_maps: Optional[torch.device] = None
+        self._reduced: Optional[str] = None
         self._warned = False
 
     @contextlib.contextmanager
@@ -153,9 +154,10 @@ class AuditPrecision:
             yield self.precision if self.precision == "32" else "trainer"
             return
         with float32_weights(module) as cast:
-            if self.precision == "auto":
+            if self.precision == "auto" and cast:
                 self._say(reduced, cast)
             self._float32_maps = None if cast or self.precision == "32" else _device(module)
+            self._reduced = reduced
             try:
                 yield "32" if cast or self.precision == "32" else "trainer"
             finally:
@@ -165,6 +167,7 @@ class AuditPrecision:
         """The context of computing map ``name``: float32 for a precision-sensitive map under ``"auto"`` autocast."""
         if self._float32_maps is None or name not in PRECISION_SENSITIVE:
             return contextlib.nullcontext()
+        self._say(str(self._reduced), False)  # said when a map is first switched, not for audits without one
         return _float32_context(self._float32_maps)
 
     def _say(self, reduced: str, cast: bool) -> None:

@@ -144,3 +144,10 @@ def test_ig_warning_under_bf16_autocast_is_readable(dm, trained):
     percents = [float(p) for p in re.findall(r"([0-9.]+)% of \|F", texts[0])]
     assert all(p < 1e4 for p in percents)
     assert "worst |delta| = " in texts[0] and "compute it in float32" in texts[0]
+
+
+def test_no_word_when_no_map_is_switched(dm, trained, tmp_path):
+    """An audit of gradients only computes nothing in float32 under autocast, so it says nothing."""
+    audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), num_samples=N)
+    _, _, said = _validate(dm, trained, "bf16-mixed", tmp_path, callback=audit)
+    assert said == []
