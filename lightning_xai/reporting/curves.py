@@ -71,7 +71,12 @@ class TrainingLog:
         return {"records": [dict(r, metrics=dict(r["metrics"])) for r in self.records]}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.records = [dict(r, metrics=dict(r["metrics"])) for r in state.get("records", [])]
+        """Restore the records of a checkpoint; epochs this log already holds are kept (testing from the best
+        checkpoint right after fitting must not drop the epochs after it)."""
+        held = {r["epoch"] for r in self.records}
+        self.records.extend(dict(r, metrics=dict(r["metrics"])) for r in state.get("records", [])
+                            if r["epoch"] not in held)
+        self.records.sort(key=lambda r: r["epoch"])
 
 
 def _base(key: str) -> str:

@@ -152,8 +152,9 @@ def _lead_sections(audits: Sequence[ReportableAudit], training: Sequence[Dict[st
     path = (plot_panels(panels, os.path.join(directory, "training_and_audits.png"), columns=4,
                         title="Training metrics and audit metrics, epoch by epoch") if png and panels else None)
     if path:
-        body = ('<p class="meta">The training\'s own logged metrics (first panels) beside the audits\' headline '
-                "metrics, on the same integer epoch axis.</p>")
+        body = ('<p class="meta">The training\'s own logged metrics (first panels: the value in '
+                "trainer.callback_metrics at each epoch's end — a metric logged per step shows its last step) "
+                "beside the audits' headline metrics, on the same integer epoch axis.</p>")
     else:
         absent = [what for what, ok in (("training metrics", training_panels(training)),
                                         ("audits over epochs", audit_panels(audits))) if not ok]

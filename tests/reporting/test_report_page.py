@@ -187,3 +187,19 @@ def test_word_pieces_of_a_real_tokenizer_merge_into_words_with_summed_scores(tmp
     plain = open(write_report([audit], str(tmp_path / "p"), png=False), encoding="utf-8").read()
     assert ">unbelievably</span>" in merged and ">##bel</span>" not in merged and ">##bel</span>" in plain
     assert f'title="attention: {maps["attention"][2]:.4g}" data-score="{maps["attention"][2]:.6g}"' in merged
+
+
+def test_training_log_keeps_later_epochs_when_an_earlier_checkpoint_is_restored():
+    """trainer.test(ckpt_path="best") after fitting restores the best epoch's callback state: no epoch is lost."""
+    from lightning_xai.reporting import TrainingLog
+
+    log, best = TrainingLog(), TrainingLog()
+    for epoch in range(3):
+        log.capture({"val/acc": 0.5 + epoch / 10}, epoch, 10 * (epoch + 1))
+        if epoch <= 1:
+            best.capture({"val/acc": 0.5 + epoch / 10}, epoch, 10 * (epoch + 1))
+    log.load_state_dict(best.state_dict())
+    assert [(r["epoch"], r["metrics"]["val/acc"]) for r in log.records] == [(0, 0.5), (1, 0.6), (2, 0.7)]
+    resumed = TrainingLog()
+    resumed.load_state_dict(best.state_dict())  # a new process resuming: the checkpoint's records come back
+    assert resumed.records == best.records and resumed.records is not best.records
