@@ -18,6 +18,7 @@ import contextvars
 import importlib
 import sys
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -217,6 +218,11 @@ def use_registered_attention(model: nn.Module, warn: bool = True) -> bool:
     return True
 
 
+#: per model, what :func:`use_registered_attention` set on each config the first time (the checks and the walk
+#: over every module of ``set_attn_implementation`` cost milliseconds per call; later switches assign these)
+_SWITCHED: "weakref.WeakKeyDictionary[nn.Module, Tuple[Any, List[Tuple[Any, Any]], bool]]" = weakref.WeakKeyDictionary()
+
+
 def _attention_configs(model: nn.Module) -> List[Any]:
     """Every config whose ``_attn_implementation`` the model's modules read (its own, its submodels', sub-configs)."""
     configs: Dict[int, Any] = {}
@@ -258,9 +264,19 @@ def recording_attention(model: nn.Module) -> Iterator[bool]:
         register_attention_implementation()
         yield True
         return
-    saved = [(c, c._attn_implementation_internal) for c in _attention_configs(model)]
+    switched = _SWITCHED.get(model)
+    if switched is not None and switched[0] is config:  # the second time: assign what the setter chose then
+        saved = [(c, c._attn_implementation_internal) for c, _ in switched[1]]
+        for owner, implementation in switched[1]:
+            owner._attn_implementation_internal = implementation
+        overridable = switched[2]
+    else:
+        saved = [(c, c._attn_implementation_internal) for c in _attention_configs(model)]
     try:
-        yield use_registered_attention(model, warn=False)
+        if switched is None or switched[0] is not config:
+            overridable = use_registered_attention(model, warn=False)
+            _SWITCHED[model] = (config, [(c, c._attn_implementation_internal) for c, _ in saved], overridable)
+        yield overridable
     finally:
         for owner, implementation in saved:
             owner._attn_implementation_internal = implementation

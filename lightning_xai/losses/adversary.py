@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from lightning_xai.adapters.checks import vocabulary_size
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, ExplainOutput, as_explainable
 from lightning_xai.losses._common import (DeprecatedLam, FiniteGuard, check_weight, log_extra, renamed_lam,
-                                          require_finite)
+                                          require_finite, require_model)
 from lightning_xai.metrics.functional.divergence import jensen_shannon_divergence, kl_divergence, total_variation
 
 __all__ = ["ModelConsistentAdversary", "model_consistent_adversary_loss"]
@@ -65,7 +65,8 @@ class ModelConsistentAdversary(FiniteGuard, DeprecatedLam, nn.Module):
     and keeps them in :attr:`last_terms`.
 
     Args:
-        base_model: the audited model (an ExplainableModel).
+        base_model: the audited model (an ExplainableModel, or a module holding one, e.g. a LightningModule with a
+            ``transformers`` sequence classifier: see :func:`~lightning_xai.losses._common.require_model`).
         weight: λ, weight of the attention divergence.
         name: the logged name.
         lam: deprecated name of ``weight`` (accepted with a ``DeprecationWarning``).
@@ -87,7 +88,7 @@ class ModelConsistentAdversary(FiniteGuard, DeprecatedLam, nn.Module):
                  lam: Optional[float] = None) -> None:
         super().__init__()
         weight = renamed_lam(weight, lam, "ModelConsistentAdversary")
-        base = as_explainable(base_model)
+        base = as_explainable(require_model(base_model, "ModelConsistentAdversary"))  # or the model it holds
         weight = check_weight(weight, "ModelConsistentAdversary")
         self._base = (base,)  # a tuple keeps it out of this module's children and parameters
         if isinstance(base, nn.Module):

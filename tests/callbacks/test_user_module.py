@@ -252,3 +252,15 @@ def test_losses_take_the_module_that_holds_the_model(tmp_path):
     assert list(module.state_dict()) == keys
     special = torch.isin(batch["input_ids"], torch.tensor(tokenizer.all_special_ids))
     assert not adapter.token_mask(batch)[special].any()
+
+
+def test_the_adversary_takes_the_module_that_holds_its_base(tmp_path):
+    from lightning_xai.losses import ModelConsistentAdversary
+
+    _, Classifier = user_classes(pytorch_lightning)
+    torch.manual_seed(0)
+    base = Classifier(40)
+    keys = list(base.state_dict())
+    objective = ModelConsistentAdversary(base, weight=0.1)
+    assert objective._base[0].model is base.model and list(base.state_dict()) == keys
+    assert not any(p.requires_grad for p in base.model.parameters())  # frozen, as an explainable base is
