@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import operator
 import sys
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from torch import nn
@@ -25,7 +26,7 @@ from torch import nn
 from lightning_xai.adapters.huggingface import HuggingFaceAdapter
 from lightning_xai.adapters.protocol import ExplainableModel, ProtocolError, as_explainable
 
-__all__ = ["ModelResolver", "ModelSpec", "find_tokenizer", "is_sequence_classifier"]
+__all__ = ["ModelResolver", "ModelSpec", "explainable_model", "find_tokenizer", "is_sequence_classifier"]
 
 #: how a model is named explicitly: an attribute path, the module itself, or ``pl_module -> model``
 ModelSpec = Union[None, str, nn.Module, Callable[[Any], Any]]
@@ -168,3 +169,32 @@ class ModelResolver:
             return as_explainable(target)
         except ProtocolError as err:
             raise ProtocolError(f"{self.owner}: {err} Or {_RECIPE}.") from err
+
+
+#: one resolver per holder, kept outside it (the adapter it builds never joins the holder's state_dict); an entry
+#: goes when its holder does
+_RESOLVERS: "weakref.WeakKeyDictionary[nn.Module, ModelResolver]" = weakref.WeakKeyDictionary()
+
+
+def explainable_model(holder: Any, owner: str = "lightning_xai") -> ExplainableModel:
+    """The explainable model of ``holder`` (found as :class:`ModelResolver` does), the same object on every call.
+
+    What a LightningModule that merely holds its model uses to get explainable outputs for a loss, e.g.
+    ``outputs = explainable_model(self)(batch)`` then ``loss(outputs, batch, model=self)``. Anything that is
+    not an ``nn.Module`` is returned as it is.
+
+    Example:
+        >>> import torch
+        >>> from transformers import BertConfig, BertForSequenceClassification
+        >>> holder = torch.nn.ModuleDict({"net": BertForSequenceClassification(BertConfig(
+        ...     vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8))})
+        >>> model = explainable_model(holder)
+        >>> model.model is holder["net"], model is explainable_model(holder), sorted(holder.state_dict())[0]
+        (True, True, 'net.bert.embeddings.LayerNorm.bias')
+    """
+    if isinstance(holder, ExplainableModel) or not isinstance(holder, nn.Module):
+        return holder
+    resolver = _RESOLVERS.get(holder)
+    if resolver is None:
+        resolver = _RESOLVERS[holder] = ModelResolver(owner=owner)
+    return resolver(holder)

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import math
 import warnings
-import weakref
 from typing import Any, List, Optional
 
 import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, ExplainOutput, ProtocolError
-from lightning_xai.adapters.resolve import ModelResolver
+from lightning_xai.adapters.resolve import explainable_model
 
 
 def log_extra(model: Any, key: str, value: Any, batch_size: Optional[int] = None) -> None:
@@ -39,35 +38,25 @@ def token_mask(outputs: ExplainOutput, batch: Batch, model: Any = None) -> Tenso
     return outputs.attention > 0
 
 
-#: one resolver per holder (a LightningModule that merely holds its model), kept outside the module so the adapter
-#: it builds never joins the module's state_dict; an entry goes when its holder does
-_RESOLVERS: "weakref.WeakKeyDictionary[Any, ModelResolver]" = weakref.WeakKeyDictionary()
-
-
 def require_model(model: Any, loss_name: str) -> ExplainableModel:
-    """The explainable model of ``model``: itself, or what it holds (:class:`~lightning_xai.adapters.resolve.
-    ModelResolver`: e.g. the one ``transformers`` sequence classifier of a user's LightningModule).
+    """The explainable model of ``model``: itself, or what it holds (:func:`~lightning_xai.adapters.resolve.
+    explainable_model`: e.g. the one ``transformers`` sequence classifier of a user's LightningModule).
 
     Example:
-        >>> import torch
-        >>> from transformers import BertConfig, BertForSequenceClassification
-        >>> config = BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-        ...                     intermediate_size=8)
-        >>> holder = torch.nn.ModuleDict({"net": BertForSequenceClassification(config)})
-        >>> model = require_model(holder, "MyLoss")
-        >>> type(model).__name__, model is require_model(holder, "MyLoss"), list(holder.state_dict()) == list(
-        ...     torch.nn.ModuleDict({"net": BertForSequenceClassification(config)}).state_dict())
-        ('HuggingFaceAdapter', True, True)
+        >>> from lightning_xai.models import AttentionClassifier
+        >>> model = AttentionClassifier(vocab_size=10, num_classes=2)
+        >>> require_model(model, "MyLoss") is model
+        True
+        >>> try:
+        ...     require_model(None, "MyLoss")
+        ... except ValueError as error:
+        ...     print(str(error).split(":")[0])
+        MyLoss needs the model
     """
     if model is None:
         raise ValueError(f"{loss_name} needs the model: call it as loss(outputs, batch, model=self) "
                          "(AttentionClassifier passes model=self to its objectives).")
-    if isinstance(model, ExplainableModel) or not isinstance(model, nn.Module):
-        return model  # anything else duck-typed is used as it is
-    resolver = _RESOLVERS.get(model)
-    if resolver is None:
-        resolver = _RESOLVERS[model] = ModelResolver(owner=loss_name)
-    return resolver(model)
+    return explainable_model(model, owner=loss_name)
 
 
 def batch_size_of(outputs: ExplainOutput) -> int:

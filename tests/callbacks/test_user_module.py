@@ -234,7 +234,7 @@ def test_which_model_is_found_and_how_to_name_it(tmp_path):
 
 def test_losses_take_the_module_that_holds_the_model(tmp_path):
     from lightning_xai.losses import AttentionAlignmentLoss, ErasureFaithfulnessLoss
-    from lightning_xai.losses._common import require_model
+    from lightning_xai.adapters import explainable_model
 
     tokenizer = sst2_tokenizer(tmp_path)
     _, Classifier = user_classes(pytorch_lightning)
@@ -244,8 +244,8 @@ def test_losses_take_the_module_that_holds_the_model(tmp_path):
     keys = list(module.state_dict())
     texts = [" ".join(e.tokens) for e in read_split("sst2", "val")[:4]]
     batch = dict(tokenizer(texts, padding=True, return_tensors="pt"))  # no 'mask': derived from the tokenizer
-    adapter = require_model(module, "test")
-    assert adapter.tokenizer is tokenizer and adapter is require_model(module, "test")
+    adapter = explainable_model(module)  # what the module's own training_step would call
+    assert adapter.tokenizer is tokenizer and adapter is explainable_model(module)
     outputs = adapter(batch)
     for loss in (ErasureFaithfulnessLoss(), AttentionAlignmentLoss("gradient")):
         torch.testing.assert_close(loss(outputs, batch, model=module), loss(outputs, batch, model=adapter))
