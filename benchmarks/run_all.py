@@ -27,7 +27,7 @@ from benchmarks import _common as C  # noqa: E402
 
 
 def jobs(quick: bool):
-    from benchmarks import bench_deception, bench_gradients, bench_ig, bench_kendall, bench_loo
+    from benchmarks import bench_deception, bench_gradients, bench_ig, bench_kendall, bench_loo, bench_loo_memory
 
     common = ["--quick"] if quick else []
     out = {}
@@ -39,6 +39,7 @@ def jobs(quick: bool):
     out["ig_minilm"] = (bench_ig.main, ["--model", "minilm", "--batch-size", "32"] + common)
     out["kendall"] = (bench_kendall.main, common)
     out["deception"] = (bench_deception.main, common)
+    out["loo_memory"] = (bench_loo_memory.main, common)
     return out
 
 
@@ -109,11 +110,18 @@ def summary(results_dir: Path = C.RESULTS) -> str:
             if "speedup_cold" in s:
                 add(f"Kendall τ vectorised vs scipy loop ({setting}, cold single call)", s["speedup_cold"], "(none)",
                     None, r)
+    r = _load("loo_memory", results_dir)
+    if r:
+        add("leave-one-out, one 2,000-token row: time chunked / one buffer", r["ratios"]["time_chunked_vs_one_buffer"],
+            "≤ 1.2×", r["met"]["time_chunked_vs_one_buffer"], r)
+        if "chunked" in r["peak_rss_delta_mib"]:
+            add("leave-one-out, one 2,000-token row: peak RSS growth (MiB)", r["peak_rss_delta_mib"]["chunked"],
+                "≤ 512", r["met"]["peak_memory_chunked"], r)
     r = _load("deception", results_dir)
     if r:
         add("DeceptionPenalty per-step overhead", r["overhead"], "≤ 0.05", r["met"], r)
     expected = ["ig_reference", "ig_unpacked", "ig_minilm", "loo_reference", "loo_unpacked", "gradients_reference",
-                "gradients_unpacked", "kendall", "deception"]
+                "gradients_unpacked", "kendall", "deception", "loo_memory"]
     missing = [name for name in expected if _load(name, results_dir) is None]
     text = C.table(rows, ("ratio", "value", "target", "met?", "measured (UTC, 1-min load, threads)"))
     if missing:

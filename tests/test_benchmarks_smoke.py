@@ -60,3 +60,10 @@ def test_deception_benchmark(tmp_path):
 
     r = _run(bench_deception, ["--quick"], tmp_path)
     assert r["steps_counted"]["plain"] == r["steps_counted"]["deception"] > 0
+
+
+def test_loo_memory_benchmark(tmp_path):
+    from benchmarks import bench_loo_memory
+
+    r = _run(bench_loo_memory, ["--quick", "--repeats", "2"], tmp_path)
+    assert r["max_abs_logit_diff"] < 1e-6 and r["batch"]["max_len"] == 64
