@@ -12,6 +12,7 @@ import collections
 import csv
 import glob
 import os
+import re
 
 import lightning.pytorch
 import pytest
@@ -264,3 +265,25 @@ def test_the_adversary_takes_the_module_that_holds_its_base(tmp_path):
     objective = ModelConsistentAdversary(base, weight=0.1)
     assert objective._base[0].model is base.model and list(base.state_dict()) == keys
     assert not any(p.requires_grad for p in base.model.parameters())  # frozen, as an explainable base is
+
+
+def test_report_html_shows_the_word_pieces_in_a_lightning_pytorch_trainer(tmp_path):
+    import html
+
+    from lightning_xai.reporting import AuditReport
+
+    tokenizer = sst2_tokenizer(tmp_path)
+    audit, report = AttentionAudit(num_samples=8), AuditReport(dirpath=str(tmp_path / "report"), png=False,
+                                                              heatmap_pngs=0, max_examples=2)
+    SST2, Classifier = user_classes(lightning.pytorch)
+    lightning.pytorch.seed_everything(0, verbose=False)
+    trainer = lightning.pytorch.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
+                                        enable_progress_bar=False, enable_model_summary=False,
+                                        num_sanity_val_steps=0, default_root_dir=str(tmp_path),
+                                        callbacks=[audit, report])
+    trainer.fit(Classifier(len(tokenizer)), datamodule=SST2(tokenizer))
+    page = open(report.report_path, encoding="utf-8").read()
+    shown = " ".join(html.unescape(t) for t in re.findall(r'<span class="tok"[^>]*>([^<]*)</span>', page))
+    first = audit.latest.examples[0]
+    assert first.tokens == tokenizer.convert_ids_to_tokens(first.token_ids)
+    assert " ".join(first.tokens) in shown and not any(t.isdigit() for t in first.tokens)  # pieces, not ids
