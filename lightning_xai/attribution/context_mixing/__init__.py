@@ -11,7 +11,7 @@ method                        source                                      famili
 ``"alti"``                    Ferrando et al. 2022 (EMNLP)                BERT family, DistilBERT, Llama
 ``"attention_flow"``          Abnar & Zuidema 2020 (ACL)                  any eager-attention family
 ``"grad_attention"``          Chefer et al. 2021 (ICCV)                   any eager-attention family
-``"attnlrp"``                 Achtibat et al. 2024 (ICML)                 BERT family, Llama family
+``"attnlrp"``                 Achtibat et al. 2024 (ICML)                 BERT family, DistilBERT, Llama
 ============================  ==========================================  ==============================
 
 (BERT family: BERT, RoBERTa, MiniLM, ELECTRA and other ``BertLayer``-shaped encoders; Llama family: Llama, Qwen2,
