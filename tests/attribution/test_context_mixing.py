@@ -290,3 +290,30 @@ def test_errors_name_the_problem():
     small = {"input_ids": torch.tensor([[3, 4, 5]]), "mask": torch.ones(1, 3, dtype=torch.bool)}
     with pytest.raises(ProtocolError, match="HuggingFaceAdapter"):
         attribute(model, small, "value_zeroing")
+
+
+def test_mean_pooling_heads_get_the_mean_of_their_rows():
+    """ModernBERT ``classifier_pooling="mean"``: grad_attention and attention_flow average the pooled rows
+    (each row's result is the one the adapter gives when told to read that row); it was a TypeError."""
+    from transformers import ModernBertConfig, ModernBertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = ModernBertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                              intermediate_size=64, max_position_embeddings=64, classifier_pooling="mean",
+                              global_attn_every_n_layers=2, local_attention=4, pad_token_id=1,
+                              attn_implementation="eager")
+    model = ModernBertForSequenceClassification(config).double().eval()
+    ids = torch.tensor([[2, 7, 8, 9, 3], [2, 10, 3, 1, 1]])
+    attention_mask = (ids != 1).long()
+    batch = {"input_ids": ids, "attention_mask": attention_mask, "mask": (ids > 3)}
+    adapter = HuggingFaceAdapter(model)
+    assert adapter.query_index is None
+    for method in ("grad_attention", "attention_flow"):
+        got = attribute(adapter, batch, method).detach()
+        for b, length in enumerate(attention_mask.sum(1).tolist()):
+            rows = []
+            for q in range(length):
+                single = HuggingFaceAdapter(model, query_index=q)
+                rows.append(attribute(single, {k: v[b:b + 1] for k, v in batch.items()}, method, got.new_tensor(
+                    [int(adapter(batch).logits[b].argmax())]).long()).detach()[0])
+            assert torch.allclose(got[b], torch.stack(rows).mean(0), atol=1e-8), method

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError
 from lightning_xai.attribution.targets import resolve_target
 
-__all__ = ["LayerParts", "Trace", "head_outputs", "layer_index", "layer_parts", "mix_vectors", "query_positions",
+__all__ = ["LayerParts", "Trace", "head_outputs", "layer_index", "layer_parts", "mix_vectors", "query_positions", "query_weights",
            "normalise_rows", "pad_mask", "rerun_layer", "rollout_rows", "trace", "traced_layers", "adapter_model"]
 
 
@@ -161,8 +161,22 @@ def query_positions(adapter: Any, output: ExplainOutput, batch_size: int, length
     given = (output.extras or {}).get("query_positions")
     if given is not None:
         return torch.as_tensor(given, device=device).long().view(batch_size)
-    q = int(getattr(adapter, "query_index", 0))
-    return torch.full((batch_size,), q % length, dtype=torch.long, device=device)
+    q = getattr(adapter, "query_index", 0)
+    if q is None:
+        raise ValueError(f"{type(adapter).__name__} pools several rows (extras['query_mask'], e.g. mean pooling) "
+                         "and this method reads one row; use query_weights, or set the adapter's query_index.")
+    return torch.full((batch_size,), int(q) % length, dtype=torch.long, device=device)
+
+
+def query_weights(adapter: Any, output: ExplainOutput, batch_size: int, length: int, device: Any) -> Tensor:
+    """``[B, T]``: the weight of each row in what the classifier reads — one-hot at the pooled row, or uniform
+    over the pooled rows of a mean-pooling head (``extras["query_mask"]`` without ``extras["query_positions"]``)."""
+    extras = output.extras or {}
+    if extras.get("query_positions") is None and extras.get("query_mask") is not None:
+        pooled = torch.as_tensor(extras["query_mask"], device=device).view(batch_size, length).float()
+        return pooled / pooled.sum(-1, keepdim=True).clamp_min(1.0)
+    rows = query_positions(adapter, output, batch_size, length, device)
+    return torch.nn.functional.one_hot(rows, length).float()
 
 
 def head_outputs(parts: LayerParts, values: Tensor) -> Tensor:

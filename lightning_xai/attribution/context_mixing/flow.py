@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch
-from lightning_xai.attribution.context_mixing._hf_internals import pad_mask, query_positions
+from lightning_xai.attribution.context_mixing._hf_internals import pad_mask, query_weights
 from lightning_xai.attribution.core import register_method, resolve_target
 
 __all__ = ["attention_flow", "flow_capacities", "max_flow_value"]
@@ -133,13 +133,15 @@ def attention_flow(model: Any, batch: Batch, target: Any = None, *, create_graph
         caps = flow_capacities(out.raw_attentions).double().cpu().numpy()
         present = pad_mask(batch, out.raw_attentions[0][:, 0]).cpu()
         B, T = present.shape
-        rows = query_positions(model, out, B, T, "cpu")
+        weights = query_weights(model, out, B, T, "cpu").double().numpy()
         flows = np.zeros((B, T))
         for b in range(B):
             keep = np.flatnonzero(present[b].numpy())
-            query = int(np.searchsorted(keep, int(rows[b])))
-            if query >= keep.size or keep[query] != int(rows[b]):
-                raise ValueError(f"row {b}'s summary position {int(rows[b])} is a pad position.")
-            row = _row_flows(caps[:, b][:, keep][:, :, keep], query)
-            flows[b, keep] = row / max(row.sum(), np.finfo(float).tiny) if normalize_flows else row
+            for position in np.flatnonzero(weights[b]):  # one pooled row, or each row of a mean-pooling head
+                query = int(np.searchsorted(keep, position))
+                if query >= keep.size or keep[query] != position:
+                    raise ValueError(f"row {b}'s summary position {int(position)} is a pad position.")
+                row = _row_flows(caps[:, b][:, keep][:, :, keep], query)
+                row = row / max(row.sum(), np.finfo(float).tiny) if normalize_flows else row
+                flows[b, keep] += weights[b, position] * row
     return torch.as_tensor(flows, dtype=out.logits.dtype, device=out.logits.device)

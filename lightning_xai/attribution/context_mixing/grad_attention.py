@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch
-from lightning_xai.attribution.context_mixing._hf_internals import adapter_model, query_positions
+from lightning_xai.attribution.context_mixing._hf_internals import adapter_model, query_weights
 from lightning_xai.attribution.core import register_method, resolve_target, target_score
 
 __all__ = ["grad_attention"]
@@ -65,5 +65,5 @@ def grad_attention(model: Any, batch: Batch, target: Any = None, *, create_graph
     for attention, grad in zip(raw, grads):
         cam = (grad * attention).clamp_min(0.0).mean(dim=1)
         relevance = relevance + cam @ relevance
-    rows = query_positions(model, out, B, T, relevance.device)
-    return relevance[torch.arange(B, device=relevance.device), rows]
+    weights = query_weights(model, out, B, T, relevance.device).to(relevance.dtype)
+    return torch.einsum("bq,bqk->bk", weights, relevance)
