@@ -36,19 +36,16 @@ def decoder_collate(items: List[Dict[str, Any]]) -> Dict[str, torch.Tensor]:
 class DecoderSST2(TextClassificationDataModule):
     """Bundled SST-2, right-padded with id 0, with ``attention_mask`` in every batch."""
 
-    def _loader(self, split: str, shuffle: bool):
-        loader = super()._loader(split, shuffle)
-        if loader != []:
-            loader.collate_fn = decoder_collate
-        return loader
+    def loader_settings(self):
+        return super().loader_settings()._replace(collate_fn=decoder_collate)
 
 
-def tiny_llama(vocab_size: int, hidden: int, layers: int, seed: int):
+def tiny_llama(vocab_size: int, hidden: int, layers: int, seed: int, max_positions: int = 128):
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=2 * hidden, max_position_embeddings=128,
+                         num_key_value_heads=2, intermediate_size=2 * hidden, max_position_embeddings=max_positions,
                          pad_token_id=0, bos_token_id=None, eos_token_id=None, num_labels=2,
                          attn_implementation="eager")
     return LlamaForSequenceClassification(config)
