@@ -69,7 +69,9 @@ def pronoun_finding(model, datamodule, num_samples, seed, batch_size=16):
 
 
 def dev_attention_mass(model, datamodule, dev_limit=None, batch_size=64, split="val"):
-    """Accuracy and impermissible attention mass (raw CLS rows and the renormalised adapter attention) on a split."""
+    """Accuracy and impermissible attention mass on a split: the last layer's pooled query row (the adapter's
+    ``extras["query_positions"]``: [CLS] for MiniLM, each row's last real token for a decoder; row 0 when not
+    reported), per head, and the renormalised adapter attention."""
     correct = total = 0
     raw_sum = raw_max_sum = renorm_sum = 0.0
     model.eval()
@@ -80,7 +82,8 @@ def dev_attention_mass(model, datamodule, dev_limit=None, batch_size=64, split="
             batch = datamodule.collator([dataset[i] for i in indices[start:start + batch_size]])
             out = model(batch)
             imp = batch["impermissible"]
-            rows = out.raw_attentions[-1][:, :, 0, :]
+            last, positions = out.raw_attentions[-1], (out.extras or {}).get("query_positions")
+            rows = last[:, :, 0, :] if positions is None else last[torch.arange(len(last)), :, positions]
             per_head = (rows * imp.unsqueeze(1)).sum(-1)
             raw_sum += float(per_head.mean(1).sum())
             raw_max_sum += float(per_head.amax(1).sum())
