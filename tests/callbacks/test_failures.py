@@ -46,7 +46,8 @@ def _fit(kit, tmp_path, callbacks, epochs=2):
 
 def test_a_failing_audit_is_reported_once_and_training_runs_to_the_end(kit, tmp_path, failing_method):
     plain_trainer, plain = _fit(kit, tmp_path / "plain", [])
-    audit = AttentionAudit(methods=("gradient", failing_method), metrics=("kendall_tau",), num_samples=16)
+    audit = AttentionAudit(methods=("gradient", failing_method), metrics=("kendall_tau",), num_samples=16,
+                           every_n_epochs=1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer, audited = _fit(kit, tmp_path / "audited", [audit])
@@ -62,7 +63,8 @@ def test_a_failing_audit_is_reported_once_and_training_runs_to_the_end(kit, tmp_
 
 
 def test_strict_re_raises_the_audit_exception(kit, tmp_path, failing_method):
-    audit = AttentionAudit(methods=(failing_method,), metrics=("kendall_tau",), num_samples=16, strict=True)
+    audit = AttentionAudit(methods=(failing_method,), metrics=("kendall_tau",), num_samples=16, strict=True,
+                           every_n_epochs=1)
     with pytest.raises(RuntimeError, match="deliberate failure inside the audit"):
         _fit(kit, tmp_path, [audit], epochs=1)
 
@@ -142,7 +144,9 @@ def test_probe_refuses_attention_weights_that_do_not_feed_the_logits(kit):
 
 def test_model_checkpoint_and_early_stopping_monitor_an_audit_key(kit, tmp_path):
     dm = kit.make_dm()
-    audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), num_samples=16)
+    # every_n_epochs given explicitly: the test needs an audit every epoch, whatever the default cadence
+    audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), num_samples=16,
+                           every_n_epochs=1)
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor=KEY, mode="max", save_top_k=1,
                                  filename=f"{{epoch}}-tau={{{KEY}:.4f}}", auto_insert_metric_name=False)
     stopping = EarlyStopping(monitor=KEY, mode="max", patience=10)
@@ -159,12 +163,13 @@ def test_model_checkpoint_and_early_stopping_monitor_an_audit_key(kit, tmp_path)
 
 def test_the_first_audit_announces_its_cost_against_the_training_epoch(kit, tmp_path, caplog):
     dm = kit.make_dm()
-    audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), num_samples=16)
+    audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), num_samples=16,
+                           every_n_epochs=1)
     logger = CSVLogger(str(tmp_path), name="csv")
     trainer = kit.make_trainer(tmp_path, [audit], max_epochs=2, logger=logger)
     with caplog.at_level(logging.INFO):
         trainer.fit(kit.make_model(dm), dm)
-    lines = [r.getMessage() for r in caplog.records if "first audit took" in r.getMessage()]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("AttentionAudit: the first audit")]
     assert len(lines) == 1, lines
     found = re.fullmatch(r"AttentionAudit: the first audit took ([\d.]+) s, ([\d.]+)% of the training epoch it ran "
                          r"in \(([\d.]+) s without audits\)\.", lines[0])
