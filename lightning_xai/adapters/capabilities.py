@@ -15,6 +15,10 @@ input-invariance check and LRP report that the model is not supported.
 * :class:`TokenEncoder` — the hidden states are ``encoder(embeddings, input_mask)``, one module whose type has an
   LRP rule registered with :func:`~lightning_xai.attribution.lrp.register_lrp_encoder` (the models package
   registers the rules of its encoders when it is imported).
+
+And one flag, read by :func:`supports_attention_override`: a model that cannot take ``attention_override`` says so
+with ``overridable = False`` (:class:`~lightning_xai.adapters.HuggingFaceAdapter` over a family that computes
+attention in its own modeling file, e.g. DeBERTa-v2), so the audits that replace attention refuse it at setup.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch
 
-__all__ = ["DeletionLogits", "EmbeddingShift", "LinearHead", "TokenEncoder"]
+__all__ = ["DeletionLogits", "EmbeddingShift", "LinearHead", "TokenEncoder", "supports_attention_override"]
 
 
 @runtime_checkable
@@ -112,3 +116,19 @@ class TokenEncoder(Protocol):
     def input_mask(self, batch: Batch) -> Tensor:
         """``[B, T]`` bool: the positions the encoder reads (real tokens and special ones like ``<sos>``)."""
         ...
+
+
+def supports_attention_override(model: object) -> bool:
+    """Whether ``forward_from_embeddings(..., attention_override=...)`` is expected to work: False only when the
+    model declares ``overridable = False``.
+
+    Example:
+        >>> from torch import nn
+        >>> supports_attention_override(nn.Linear(2, 2))
+        True
+        >>> class Fixed(nn.Module):
+        ...     overridable = False
+        >>> supports_attention_override(Fixed())
+        False
+    """
+    return bool(getattr(model, "overridable", True))

@@ -43,6 +43,7 @@ class AttentionBaselines(AuditCallback):
     """
 
     name = "attention_baselines"
+    needs_attention_override = True  # the permuted and uniform attentions are fed back as overrides
 
     def __init__(self, num_permutations: int = 100,
                  max_attention_bins: Sequence[float] = DEFAULT_MAX_ATTENTION_BINS,

@@ -240,6 +240,7 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
         logits = getattr(out, "logits", None)
         if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[0] != mask.shape[0]:
             raise MisconfigurationException(f"{type(self).__name__} needs [B, C] logits from forward_from_embeddings.")
+        self.check_attention_override(model)
 
     def _ensure_checked(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", split: str) -> None:
         if not self._checked:

@@ -85,6 +85,8 @@ class ErasureAudit(AuditCallback):
         self.aopc_bins = bins
         self.decision_flip = decision_flip
         self.eraser = eraser
+        # decision flips renormalise the attention and feed it back; ∂logit/∂α needs the override too
+        self.needs_attention_override = decision_flip or "attention_gradient" in rankings
         self.method_options = dict(method_options or {})
 
     @staticmethod

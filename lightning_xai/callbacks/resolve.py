@@ -14,6 +14,7 @@ from typing import Any, List, Optional
 
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
+from lightning_xai.adapters.capabilities import supports_attention_override
 from lightning_xai.adapters.protocol import ExplainableModel, ProtocolError
 from lightning_xai.adapters.resolve import ModelResolver, ModelSpec, find_tokenizer
 from lightning_xai.callbacks.results import AuditExample, example_tokens
@@ -42,6 +43,8 @@ class ModelLookup:
 
     tokenizer: Any = None
     _resolver: Optional[ModelResolver] = None
+    #: True for audits that replace the model's attention (``attention_override``): checked before the first audit.
+    needs_attention_override: bool = False
 
     def init_lookup(self, model: ModelSpec, tokenizer: Any) -> None:
         """Set the model spec and tokenizer (called by ``__init__``; raises :class:`MisconfigurationException`)."""
@@ -59,6 +62,16 @@ class ModelLookup:
             return self._resolver(pl_module)
         except ProtocolError as err:
             raise MisconfigurationException(f"{type(self).__name__} cannot audit this model: {err}") from err
+
+    def check_attention_override(self, model: ExplainableModel) -> None:
+        """Refuse, naming the model, a model that declares it cannot take ``attention_override`` when this audit
+        replaces attention (:func:`~lightning_xai.adapters.capabilities.supports_attention_override`)."""
+        if self.needs_attention_override and not supports_attention_override(model):
+            raise MisconfigurationException(
+                f"{type(self).__name__} replaces the model's attention (attention_override), which "
+                f"{type(getattr(model, 'model', model)).__name__} does not support (it declares overridable=False: "
+                "its attention is computed inside its own modeling file). Attention maps and every saliency method "
+                "still work: use AttentionAudit, or ErasureAudit(decision_flip=False).")
 
     def example_tokens(self, trainer: Any, pl_module: Any, example: AuditExample) -> List[str]:
         """The words of an audited example (see :func:`~lightning_xai.callbacks.results.example_tokens`)."""

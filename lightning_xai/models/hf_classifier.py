@@ -123,6 +123,11 @@ class HFClassifier(ClassifierSteps, pl.LightningModule):
         """The pad id used by the "pad" baselines of attribution methods."""
         return self.adapter.pad_token_id
 
+    @property
+    def overridable(self) -> bool:
+        """Whether ``attention_override`` works on this family (see ``HuggingFaceAdapter.overridable``)."""
+        return self.adapter.overridable
+
     # --- the ExplainableModel protocol ---------------------------------------------------------------------------
     def embed(self, batch: Batch) -> Tensor:
         return self.adapter.embed(batch)

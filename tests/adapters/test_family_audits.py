@@ -125,3 +125,38 @@ def test_deception_penalty_reads_the_decoder_row_the_head_pools():
     masses = DeceptionPenalty(lam=1.0, reduction="mean").masses(out, batch)
     torch.testing.assert_close(masses.reshape(3, -1), expected)
     assert float(expected.min()) > 0  # row 0 (the old default) would give token 1 nothing in a causal model
+
+
+def test_deberta_audits_that_replace_attention_refuse_it_by_name_before_auditing(tokenizer, tmp_path):
+    """DeBERTa-v2 takes no attention_override: AttentionBaselines / ErasureAudit's decision flips refuse it before
+    the first audit, naming the model and what still works; AttentionAudit and ErasureAudit's ERASER part run."""
+    from pytorch_lightning.utilities.exceptions import MisconfigurationException
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from lightning_xai.callbacks import AttentionAudit, AttentionBaselines, ErasureAudit
+    from lightning_xai.data.hf import HFTextClassificationDataModule, WordDataset, WordPieceCollator
+    from lightning_xai.models import HFClassifier
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("deberta-v2", vocab_size=30522, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=64, max_position_embeddings=128,
+                                  num_labels=2, attn_implementation="eager")
+    module = HFClassifier(model=AutoModelForSequenceClassification.from_config(config), tokenizer=tokenizer)
+    dm = HFTextClassificationDataModule(tokenizer, "pronoun", batch_size=8, train_limit=16, max_length=48)
+    val = DataLoader(WordDataset(dm.examples("val")[:8]), batch_size=8,
+                     collate_fn=WordPieceCollator(tokenizer, max_length=48, warn=False))
+    common = dict(num_samples=8, every_n_epochs=0, on_validate=True, on_test=False, batch_size=8, strict=True)
+
+    def validate(callback):
+        pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                   default_root_dir=tmp_path, callbacks=[callback]).validate(module, val, verbose=False)
+        return callback
+
+    for refused in (AttentionBaselines(num_permutations=2, **common), ErasureAudit(rankings=("attention",), **common)):
+        with pytest.raises(MisconfigurationException, match=r"replaces the model's attention.*DebertaV2"):
+            validate(refused)
+        assert not refused.history
+    erasure = validate(ErasureAudit(rankings=("attention", "random"), decision_flip=False, **common))
+    assert "attention/comprehensiveness/mean" in erasure.history[-1]["metrics"]
+    audit = validate(AttentionAudit(methods=["gradient"], metrics=["kendall_tau"], **common))
+    assert any(k.startswith("kendall_tau/attention_vs_gradient") for k in audit.history[-1]["metrics"])
