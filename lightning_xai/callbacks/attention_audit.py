@@ -12,6 +12,7 @@ from torch import Tensor
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, shared_input_gradients
 from lightning_xai.callbacks.base import AuditCallback, AuditPrediction
+from lightning_xai.callbacks.interactions import DEFAULT_TOP_PAIRS
 from lightning_xai.callbacks.names import check_names
 from lightning_xai.metrics.registry import AGREEMENT_ALIASES, AGREEMENT_METRICS, resolve_agreement_metric
 
@@ -56,7 +57,8 @@ class AttentionAudit(AuditCallback):
             ``method_options={"integrated_gradients": {"n_steps": "auto"}}`` for its adaptive quadrature) when
             the cost — roughly 256 × 26 extra forward+backward passes per audit — is worth it. A method whose
             ``attribute`` returns a tuple (``integrated_hessians``: row sums and Γ; ``integrated_gradients`` with
-            ``return_convergence_delta=True``) is compared through its first element, the ``[B, T]`` map.
+            ``return_convergence_delta=True``) is compared through its first element, the ``[B, T]`` map;
+            Integrated Hessians' Γ also gives the report its strongest token pairs (``top_pairs``).
         metrics: agreement metrics of :mod:`lightning_xai.metrics.registry`: ``kendall_tau`` (τ-b, J&W),
             ``topk_kendall_tau``, ``spearman``, ``pearson``, ``jsd`` (maps as distributions of ``|score|``),
             ``topk_overlap``, or any name registered with ``register_agreement_metric``.
@@ -66,6 +68,11 @@ class AttentionAudit(AuditCallback):
         metric_options: per-metric keyword options, e.g. ``{"topk_overlap": {"k": 0.2}}``.
         impermissible_key: batch key of the impermissible-token mask; the shares are computed for batches that
             have it (``None``: never).
+        top_pairs: with ``"integrated_hessians"`` in ``methods``, each example the report shows (see
+            ``num_report_examples``) keeps its ``top_pairs`` strongest token pairs i ≠ j by ``|Γ_ij|`` and Γ over
+            their tokens (:class:`~lightning_xai.callbacks.interactions.TokenPairs`), drawn by
+            :class:`~lightning_xai.reporting.AuditReport` as a heatmap; ``0``: none kept. Nothing is computed
+            for it beyond Integrated Hessians itself.
         **kwargs: scheduling and subset options of :class:`~lightning_xai.callbacks.AuditCallback`
             (``every_n_epochs=1``, ``every_n_train_steps=None``, ``num_samples=256``, ``dataloader="val"``,
             ``seed=0``, ...).
@@ -90,6 +97,7 @@ class AttentionAudit(AuditCallback):
         method_options: Optional[Mapping[str, Mapping[str, Any]]] = None,
         metric_options: Optional[Mapping[str, Mapping[str, Any]]] = None,
         impermissible_key: Optional[str] = "impermissible",
+        top_pairs: int = DEFAULT_TOP_PAIRS,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -119,6 +127,8 @@ class AttentionAudit(AuditCallback):
         if impermissible_key is not None and (not isinstance(impermissible_key, str) or not impermissible_key):
             raise MisconfigurationException(f"AttentionAudit(impermissible_key) must be a batch key or None, got "
                                             f"{impermissible_key!r}.")
+        if isinstance(top_pairs, bool) or not isinstance(top_pairs, int) or top_pairs < 0:
+            raise MisconfigurationException(f"AttentionAudit(top_pairs) must be an int >= 0, got {top_pairs!r}.")
         maps = ["attention", *methods]
         if pairs is None:
             chosen = list(itertools.combinations(maps, 2))
@@ -146,6 +156,7 @@ class AttentionAudit(AuditCallback):
         self.method_options = method_options
         self.metric_options = metric_options
         self.impermissible_key = impermissible_key
+        self.top_pairs = top_pairs
 
     def _state_config(self) -> Dict[str, Any]:
         return dict(super()._state_config(), methods=tuple(self.methods), metrics=tuple(self.metrics))
@@ -185,11 +196,14 @@ class AttentionAudit(AuditCallback):
         prediction = prediction or self.predict(model, batch)
         mask = model.token_mask(batch)
         maps: Dict[str, Tensor] = {"attention": prediction.attention}
+        found: Dict[str, Any] = {}
         with shared_input_gradients():  # gradient and grad×input: one backward pass between them
             for method in self.methods:
                 with self.map_precision(method):  # float32 for leave-one-out, IG under autocast ("auto")
                     scores = attribute(model, batch, method, target=None, **self.method_options.get(method, {}))
                 if isinstance(scores, tuple):  # (map [B, T], extra): IG's convergence delta, Int. Hessians' [B, T, T]
+                    if method == "integrated_hessians" and self.top_pairs:  # Γ: the report's strongest pairs
+                        found.update(interactions=scores[1].detach().float(), interaction_pairs=self.top_pairs)
                     scores = scores[0]
                 maps[method] = scores.detach().float()
         values: Dict[str, Tensor] = {}
@@ -218,4 +232,4 @@ class AttentionAudit(AuditCallback):
                 total = magnitude.sum(-1)
                 share = (magnitude * inside).sum(-1) / total
                 values[f"impermissible_share/{name}"] = torch.where(total > 0, share, torch.full_like(share, math.nan))
-        return {"maps": maps, "values": values}, {}
+        return {"maps": maps, "values": values, **found}, {}

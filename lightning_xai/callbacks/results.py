@@ -8,6 +8,8 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
+from lightning_xai.callbacks.interactions import DEFAULT_TOP_PAIRS, TokenPairs, strongest_pairs
+
 __all__ = ["AuditExample", "AuditPrediction", "AuditResult", "collect_examples", "example_tokens"]
 
 
@@ -29,6 +31,8 @@ class AuditExample:
         undefined: why the example's results are undefined (e.g. ``"non-finite logits"``), ``None`` when they are
             defined. Its values are NaN and every aggregate leaves it out (it counts neither as "not flipped" nor as
             a wrong prediction).
+        interactions: the strongest token pairs of an interaction method (Integrated Hessians' Γ), kept for
+            the report's examples only; ``None`` otherwise.
 
     Example:
         >>> AuditExample(position=0, index=7, split="val", token_ids=[4, 5], label=1, prediction=1,
@@ -47,6 +51,7 @@ class AuditExample:
     values: Dict[str, float] = field(default_factory=dict)
     tokens: Optional[List[str]] = None
     undefined: Optional[str] = None
+    interactions: Optional[TokenPairs] = None
 
 
 @dataclass
@@ -123,8 +128,9 @@ def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence
         positions / indices: the rows' positions in the audit subset and their dataset indices.
         split: the audited split.
         found: ``prediction`` ``[B]``, ``probability`` ``[B]``, optional ``maps`` ``{name: [B, T]}``,
-            ``values`` ``{name: [B]}`` and ``undefined`` ``{row: cause}`` (rows whose results are undefined).
-        num_report_examples: rows whose position is below it keep their maps.
+            ``values`` ``{name: [B]}``, ``undefined`` ``{row: cause}`` (rows whose results are undefined) and
+            ``interactions`` ``[B, T, T]`` (Γ; the ``interaction_pairs`` strongest pairs are kept, default 10).
+        num_report_examples: rows whose position is below it keep their maps (and strongest pairs).
 
     Example:
         >>> import torch
@@ -143,17 +149,23 @@ def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence
     prob = found["probability"].detach().float().cpu().tolist()
     maps = {k: v.detach().float().cpu() for k, v in found.get("maps", {}).items()}
     values = {k: v.detach().double().cpu().tolist() for k, v in found.get("values", {}).items()}
+    gamma = found.get("interactions")
+    gamma = gamma.detach().double().cpu() if isinstance(gamma, Tensor) else None
+    top = int(found.get("interaction_pairs", DEFAULT_TOP_PAIRS))
     out = []
     for row, (pos, index) in enumerate(zip(positions, indices)):
         real = mask[row]
         keep_maps = pos < num_report_examples
+        undefined = found.get("undefined", {}).get(row)
+        pairs = (strongest_pairs(gamma[row][real][:, real], top)
+                 if keep_maps and gamma is not None and undefined is None else None)
         out.append(AuditExample(
             position=pos, index=index, split=split,
             token_ids=ids[row][real].tolist() if ids is not None else list(range(int(real.sum()))),
             label=labels[row], prediction=int(pred[row]), probability=float(prob[row]),
             maps={k: v[row][real].tolist() for k, v in maps.items()} if keep_maps else {},
             values={k: float(v[row]) for k, v in values.items()},
-            undefined=found.get("undefined", {}).get(row)))
+            undefined=undefined, interactions=pairs))
     return out
 
 

@@ -7,7 +7,8 @@ Add it next to the audit callbacks. After every audit it (on rank zero only)
   :func:`~lightning_xai.reporting.run_directory.run_report_directory`), whatever the logger (or none). The page
   opens with a headline in words, then the training's own logged metrics (kept by the callback from
   ``trainer.callback_metrics``, no logger needed) beside the audit metrics on one epoch axis, then per audit:
-  the erasure comparison (every ranking on one axes), agreement as small multiples, histograms, token heatmaps;
+  the erasure comparison (every ranking on one axes), agreement as small multiples, histograms, token heatmaps
+  (with ``"integrated_hessians"`` among an AttentionAudit's methods, also each example's strongest token pairs);
 * with a ``WandbLogger``, logs a ``wandb.Table`` of the audited examples, HTML token-heatmap panels (one per
   method and all maps side by side), histograms of the per-example values and, when the run ends, the report
   page itself (``wandb.Html`` under ``xai_report``).
@@ -29,6 +30,7 @@ from lightning_xai.reporting.html import (ReportSection, _esc, _fmt, history_tab
 from lightning_xai.reporting.curves import (TrainingLog, agreement_panels, audit_panels, erasure_panels,
                                             training_panels)
 from lightning_xai.reporting.headline import headline_html
+from lightning_xai.reporting.interactions import pair_heatmap_html
 from lightning_xai.reporting.plots import plot_heatmap, plot_histograms, plot_panels
 from lightning_xai.reporting.protocol import ReportableAudit
 from lightning_xai.reporting.summary import final_results, format_summary
@@ -130,7 +132,7 @@ def _audit_section(audit: ReportableAudit, result: Optional[Any], directory: str
         if shown:
             parts.append("<h3>Token heatmaps (latest audit)</h3>")
         for number, example in enumerate(shown):
-            tokens = example.tokens or [str(i) for i in example.token_ids]
+            tokens = pieces = example.tokens or [str(i) for i in example.token_ids]
             maps = {k: [float(v) for v in scores] for k, scores in example.maps.items()}
             if merge_pieces:
                 tokens, maps = merge_word_pieces(tokens, maps)
@@ -138,6 +140,10 @@ def _audit_section(audit: ReportableAudit, result: Optional[Any], directory: str
                        f"(p = {example.probability:.3f}), {len(tokens)} "
                        + ("words (word pieces merged, scores summed)" if merge_pieces else "tokens"))
             parts.append(token_heatmap_html(tokens, maps, title=f"Example {example.index}", caption=caption))
+            if getattr(example, "interactions", None) is not None:  # Integrated Hessians' strongest pairs
+                parts.append(pair_heatmap_html(pieces, example.interactions, anchor=f"pairs-{slug}-{example.split}-"
+                                               f"{example.index}", title=f"Example {example.index}: strongest "
+                                               "token pairs (Integrated Hessians)"))
             if png and number < heatmap_pngs:
                 plot_heatmap(tokens, maps,
                              os.path.join(directory, f"{slug}_heatmap_{example.split}_{example.index}.png"),
