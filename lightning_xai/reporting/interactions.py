@@ -9,10 +9,9 @@ from lightning_xai.reporting.html import _esc, _text_colour, score_colour
 __all__ = ["PAIRS_CAPTION", "pair_heatmap_html"]
 
 #: what a cell of the pair heatmap is
-PAIRS_CAPTION = ("Γ_ij (Integrated Hessians, Janizek et al. 2021) is the interaction of tokens i and j: the part of "
-                 "token i's Integrated Gradients attribution due to token j (Σ_j Γ_ij = IG_i; the diagonal, token "
-                 "i's own effect, is not shown). Rows and columns: the tokens of the {k} strongest pairs by |Γ_ij| "
-                 "(in bold); blue positive, red negative, scaled to the largest |Γ_ij| shown.")
+PAIRS_CAPTION = ("Γ_ij (Integrated Hessians, Janizek et al. 2021): the interaction of tokens i and j, the part of "
+                 "token i's Integrated Gradients attribution due to token j (Σ_j Γ_ij = IG_i; diagonal not shown), "
+                 "over the tokens of the {k} strongest pairs by |Γ_ij| (bold); blue positive, red negative.")
 
 
 def pair_heatmap_html(tokens: Sequence[str], interactions: Any, title: Optional[str] = None,
@@ -59,7 +58,7 @@ def pair_heatmap_html(tokens: Sequence[str], interactions: Any, title: Optional[
             value = gamma[a][b]
             weight = "font-weight:700;" if (p, q) in strong else ""
             cells.append(f'<td class="num" data-gamma="{value:.6g}" title="{_esc(word)} × {_esc(labels[b])}: '
-                         f'Γ = {value:.4g}" style="{weight}background:{score_colour(value, scale)};'
+                         f'Γ = {value:.4g}" style="white-space:nowrap;{weight}background:{score_colour(value, scale)};'
                          f'color:{_text_colour(value, scale)}">{value:.3g}</td>')
         rows.append(f'<tr><th title="token {p}">{_esc(word)}</th>{"".join(cells)}</tr>')
     parts.append(f'<div class="wide"><table><tr><th>Γ_ij</th>{head}</tr>{"".join(rows)}</table></div>')
