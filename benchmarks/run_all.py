@@ -27,7 +27,8 @@ from benchmarks import _common as C  # noqa: E402
 
 
 def jobs(quick: bool):
-    from benchmarks import bench_deception, bench_gradients, bench_ig, bench_kendall, bench_loo, bench_loo_memory
+    from benchmarks import (bench_deception, bench_gradients, bench_ig, bench_kendall, bench_loo, bench_loo_memory,
+                            bench_step_overhead)
 
     common = ["--quick"] if quick else []
     out = {}
@@ -40,6 +41,7 @@ def jobs(quick: bool):
     out["kendall"] = (bench_kendall.main, common)
     out["deception"] = (bench_deception.main, common)
     out["loo_memory"] = (bench_loo_memory.main, common)
+    out["step_overhead"] = (bench_step_overhead.main, common)
     return out
 
 
@@ -120,8 +122,13 @@ def summary(results_dir: Path = C.RESULTS) -> str:
     r = _load("deception", results_dir)
     if r:
         add("DeceptionPenalty per-step overhead", r["overhead"], "≤ 0.05", r["met"], r)
+    r = _load("step_overhead", results_dir)
+    if r:
+        for setting, s in r["settings"].items():
+            add(f"MiniLM (sdpa) training step with the audit callbacks attached, between audits ({setting}, "
+                f"batch {s['batch_size']})", s["step"]["median"], f"≤ {r['target']:g}×", s["met"], r)
     expected = ["ig_reference", "ig_unpacked", "ig_minilm", "loo_reference", "loo_unpacked", "gradients_reference",
-                "gradients_unpacked", "kendall", "deception", "loo_memory"]
+                "gradients_unpacked", "kendall", "deception", "loo_memory", "step_overhead"]
     missing = [name for name in expected if _load(name, results_dir) is None]
     text = C.table(rows, ("ratio", "value", "target", "met?", "measured (UTC, 1-min load, threads)"))
     if missing:
