@@ -28,8 +28,10 @@ def audited_run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("audited_run")
     dm = _kit_module.make_dm(train=96, val=32)
-    audit = AttentionAudit(methods=("gradient", "leave_one_out"), metrics=("kendall_tau",), num_samples=12)
-    erasure = ErasureAudit(rankings=("attention", "attention_gradient", "random"), num_samples=12)
+    audit = AttentionAudit(methods=("gradient", "leave_one_out"), metrics=("kendall_tau",), num_samples=12,
+                           every_n_epochs=1)
+    erasure = ErasureAudit(rankings=("attention", "attention_gradient", "random"), num_samples=12,
+                           every_n_epochs=1)
     report = AuditReport(max_examples=3, heatmap_pngs=1)
     logger = CSVLogger(str(root), name="run")
     trainer = _kit_module.make_trainer(root, [audit, erasure, report], max_epochs=2, logger=logger,

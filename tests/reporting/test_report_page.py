@@ -130,7 +130,7 @@ def test_one_axes_per_comparison_with_integer_epoch_ticks(audited_run, tmp_path)
 def _short_fit(kit, root, epochs, **trainer_options):
     dm = kit.make_dm(train=32, val=16)
     report = AuditReport(png=False)
-    audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), num_samples=4)
+    audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), num_samples=4, every_n_epochs=1)
     kit.make_trainer(root, [audit, report], max_epochs=epochs, **trainer_options).fit(kit.make_model(dm), dm)
     return report
 
