@@ -57,6 +57,7 @@ def _parse(argv: Optional[List[str]]):
     parser.add_argument("--long-batch-size", type=int, default=4, help="batch of the 384-512-token setting")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps at the start of every fit")
     parser.add_argument("--settings", nargs="*", default=["short", "long"], choices=["short", "long"])
+    parser.add_argument("--control", action="store_true", help="also a second plain fit a round (A/A noise check)")
     parser.add_argument("--no-update-readme", dest="update", action="store_false")
     return parser.parse_args(argv)
 
@@ -201,11 +202,11 @@ def _fit(config: str, pristine, data, steps: int, warmup: int, root: Path) -> Di
             "gc_s_per_step": sum(pauses) / steps, "rss_mb_after": C._status_kb("VmRSS") / 1024.0}
 
 
-def _ratios(rounds: List[Dict[str, Dict[str, List[float]]]], key: str) -> Dict[str, Any]:
-    per_round = [C.median(r["attached"][key]) / C.median(r["plain"][key]) for r in rounds]
-    pooled = {c: C.median([t for r in rounds for t in r[c][key]]) for c in CONFIGS}
+def _ratios(rounds: List[Dict[str, Dict[str, List[float]]]], key: str, of: str = "attached") -> Dict[str, Any]:
+    per_round = [C.median(r[of][key]) / C.median(r["plain"][key]) for r in rounds]
+    pooled = {c: C.median([t for r in rounds for t in r[c][key]]) for c in rounds[0]}
     return {"per_round": per_round, "median": C.median(per_round), "min": min(per_round), "max": max(per_round),
-            "pooled_median_s": pooled, "pooled_ratio": pooled["attached"] / pooled["plain"]}
+            "pooled_median_s": pooled, "pooled_ratio": pooled[of] / pooled["plain"]}
 
 
 def run_setting(setting: str, args, pristine, tokenizer) -> Dict[str, Any]:
@@ -225,17 +226,19 @@ def run_setting(setting: str, args, pristine, tokenizer) -> Dict[str, Any]:
     lengths = [int(b["attention_mask"].sum(1).max()) for b in data.train_dataloader()]
     rounds: List[Dict[str, Dict[str, List[float]]]] = []
     root = C.CACHE / "step_overhead"
+    configs = CONFIGS + (("control",) if args.control else ())  # control: a second plain fit (A/A)
     for r in range(1 if args.quick else args.rounds):
-        order = list(CONFIGS[r % 2:] + CONFIGS[: r % 2])
+        order = list(configs[r % len(configs):] + configs[: r % len(configs)])
         rounds.append({c: _fit(c, pristine, data, steps, warmup, root) for c in order})
         print(f"{setting} round {r}: " + ", ".join(
             f"{c} step {C.median(rounds[-1][c]['step_s']):.3f} s (gc {rounds[-1][c]['gc_s_per_step']:.4f} s, "
-            f"RSS {rounds[-1][c]['rss_mb_after']:.0f} MB)" for c in CONFIGS), flush=True)
-    return {"batch_size": batch, "timed_steps_per_fit": steps, "warmup_steps": warmup,
+            f"RSS {rounds[-1][c]['rss_mb_after']:.0f} MB)" for c in configs), flush=True)
+    control = {"control_step": _ratios(rounds, "step_s", of="control")} if args.control else {}
+    return {**control, "batch_size": batch, "timed_steps_per_fit": steps, "warmup_steps": warmup,
             "max_pieces_per_batch": lengths, "rounds": rounds, "step": _ratios(rounds, "step_s"),
             "loop": _ratios(rounds, "loop_s"),
             "attached_hooks_s_per_step": C.median([r["attached"]["hooks_s_per_step"] for r in rounds]),
-            "gc_s_per_step": {c: C.median([r[c]["gc_s_per_step"] for r in rounds]) for c in CONFIGS}}
+            "gc_s_per_step": {c: C.median([r[c]["gc_s_per_step"] for r in rounds]) for c in configs}}
 
 
 def _markdown(result: Dict[str, Any]) -> str:
@@ -254,6 +257,11 @@ def _markdown(result: Dict[str, Any]) -> str:
                      f"{st['median']:.3f} [{st['min']:.3f}–{st['max']:.3f}] "
                      f"| {lo['median']:.3f} | {s['attached_hooks_s_per_step']:.1e} | "
                      f"{'yes' if s['met'] else '**no**'} |")
+    for setting, s in result["settings"].items():
+        if "control_step" in s:
+            c = s["control_step"]
+            lines.append(f"\nA/A control ({setting}): a second plain fit each round, step ratio to plain "
+                         f"{c['median']:.3f} [{c['min']:.3f}–{c['max']:.3f}].")
     lines += ["", f"{result['rounds']} rounds × (plain, attached) fits, order rotated each round; per fit "
               f"{result['warmup']} untimed then the timed steps; every training step checked to run on sdpa, "
               "in train mode."]
