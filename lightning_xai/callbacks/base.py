@@ -35,6 +35,7 @@ from typing_extensions import override
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.adapters.resolve import ModelSpec
 from lightning_xai.callbacks.aggregation import ValueAggregator, aggregate_values, summarize_values, value_names
+from lightning_xai.callbacks.budget import DEFAULT_EVERY_N_EPOCHS, DEFAULT_NUM_SAMPLES
 from lightning_xai.callbacks.cost import AuditCost
 from lightning_xai.callbacks.distributed import gather_examples, merge_extras
 from lightning_xai.callbacks.guard import PRECISION_OPTIONS, AuditPrecision, audit_guard, precision_context
@@ -87,6 +88,7 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
             finds it (the module itself, or the one ``transformers`` sequence classifier it holds), else an
             attribute path (``"model"``) or a callable ``pl_module -> model``. tokenizer: gives the words of
             reports and the special tokens (default: a ``tokenizer`` attribute of the module or DataModule).
+        budget: share of training time the audits may take (0.05; ``None``: off): see :class:`AuditSchedule`.
 
     The logged scalars also land in ``trainer.callback_metrics`` (as 0-dim tensors), so ``ModelCheckpoint`` and
     ``EarlyStopping`` can monitor a faithfulness key, e.g.
@@ -107,9 +109,9 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
     def __init__(
         self,
         *,
-        every_n_epochs: Optional[int] = 1,
+        every_n_epochs: Optional[int] = DEFAULT_EVERY_N_EPOCHS,
         every_n_train_steps: Optional[int] = None,
-        num_samples: Optional[int] = 256,
+        num_samples: Optional[int] = DEFAULT_NUM_SAMPLES,
         dataloader: str = "val",
         batch_size: Optional[int] = None,
         seed: int = 0,
@@ -121,6 +123,7 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
         strict: bool = False,
         model: ModelSpec = None,
         tokenizer: Any = None,
+        budget: Optional[float] = 0.05,
     ) -> None:
         super().__init__()
         cls = type(self).__name__
@@ -149,7 +152,7 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
             raise MisconfigurationException(f"{cls}(strict) must be True or False, got {strict!r}.")
         self.every_n_epochs = every_n_epochs or 0
         self.every_n_train_steps = every_n_train_steps
-        self.num_samples = num_samples
+        self.init_budget(budget, num_samples)
         self.dataloader = dataloader
         self.batch_size = batch_size
         self.seed = seed
@@ -188,13 +191,14 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
     @override
     def state_dict(self) -> Dict[str, Any]:
         return {"history": [dict(r, metrics=dict(r["metrics"])) for r in self.history],
-                "subsets": {k: list(v) for k, v in self._subsets.items()}}
+                "subsets": {k: list(v) for k, v in self._subsets.items()}, "budget": self.budget_state()}
 
     @override
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self.history = [dict(r, metrics=dict(r["metrics"])) for r in state_dict.get("history", [])]
         saved = state_dict.get("subsets", {})
         self._restored_subsets = {k: list(v) for k, v in saved.items()}
+        self.load_budget_state(state_dict.get("budget"))
 
     # --- setup: fail early on a model the audit cannot read -----------------------------------------------
     @override
@@ -260,7 +264,8 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
         """The fixed audit subset of ``split``: ``num_samples`` dataset indices drawn once from ``seed`` (sorted)."""
         if split not in self._subsets:
             dataset = self._loader(trainer, split).dataset
-            chosen = draw_subset(dataset, self.num_samples, self.seed, type(self).__name__, split)
+            chosen = draw_subset(dataset, self.audit_size(trainer, split, self._loader(trainer, split)), self.seed,
+                                 type(self).__name__, split)
             restored = getattr(self, "_restored_subsets", {}).get(split)
             if restored is not None and restored != chosen:
                 rank_zero_warn(f"{type(self).__name__}: the {split!r} audit subset differs from the checkpoint's "

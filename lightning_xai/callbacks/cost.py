@@ -29,6 +29,7 @@ class AuditCost:
         self.first: Optional[float] = None
         self.announced = False
         self.epoch_audits: List[float] = []
+        self.total = 0.0  # seconds of every audit so far (the budget subtracts other callbacks' audits)
         self._epoch_start: Optional[float] = None
 
     def epoch_started(self, now: Optional[float] = None) -> None:
@@ -41,6 +42,7 @@ class AuditCost:
         if self.first is None:
             self.first = seconds
         self.epoch_audits.append(seconds)
+        self.total += seconds
 
     def epoch_ended(self, others: Iterable["AuditCost"] = (), now: Optional[float] = None
                     ) -> Optional[Tuple[float, float]]:
