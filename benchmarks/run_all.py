@@ -40,6 +40,12 @@ def jobs(quick: bool):
     out["ig_minilm"] = (bench_ig.main, ["--model", "minilm", "--batch-size", "32"] + common)
     out["kendall"] = (bench_kendall.main, common)
     out["deception"] = (bench_deception.main, common)
+    # issue 18: audit share of a training epoch (MiniLM audits 48 sentences, scaled to 256: see the README)
+    from benchmarks import bench_audit_share
+
+    out["audit_share_reference"] = (bench_audit_share.main, ["--model", "reference", "--train-batches", "20"] + common)
+    out["audit_share_minilm"] = (bench_audit_share.main, ["--model", "minilm", "--train-batches", "4", "--rounds", "1",
+                                                          "--num-samples", "48"] + common)
     out["loo_memory"] = (bench_loo_memory.main, common)
     out["step_overhead"] = (bench_step_overhead.main, common)
     return out
