@@ -8,15 +8,12 @@ restores the global RNGs (python, numpy, torch, CUDA), every module's train/eval
 ``validate``/``test``. Under DDP each process audits its shard of the subset; per-example results are gathered
 so every process holds (and logs) the numbers one process would compute. Results go to every logger, to
 ``callback.history`` (checkpointed, so a resumed run continues it), and to ``callback.latest`` (per-example detail
-for :mod:`lightning_xai.reporting`).
-
-Each job lives in its own module: :mod:`~lightning_xai.callbacks.schedule` (when),
+for :mod:`lightning_xai.reporting`). Each job lives in its own module: :mod:`~lightning_xai.callbacks.schedule` (when),
 :mod:`~lightning_xai.callbacks.subset` (which examples, batched within a token budget),
 :mod:`~lightning_xai.callbacks.guard` (non-invasiveness, precision), :mod:`~lightning_xai.callbacks.results`
 (the typed per-example result), :mod:`~lightning_xai.callbacks.distributed` (DDP gather),
 :mod:`~lightning_xai.callbacks.aggregation` (the logged scalars) and :mod:`~lightning_xai.callbacks.output`
-(history, loggers, progress bar). This module composes them into :class:`AuditCallback` and re-exports their
-public names, so every existing import path keeps working.
+(history, loggers, progress bar). This module composes them into :class:`AuditCallback` and re-exports them.
 """
 from __future__ import annotations
 
@@ -40,7 +37,7 @@ from lightning_xai.callbacks.cost import AuditCost
 from lightning_xai.callbacks.distributed import gather_examples, merge_extras
 from lightning_xai.callbacks.guard import PRECISION_OPTIONS, AuditPrecision, audit_guard, precision_context
 from lightning_xai.callbacks.isolation import AuditFailures
-from lightning_xai.callbacks.output import add_record, log_scalars, progress_bar, publish_scalars
+from lightning_xai.callbacks.output import add_record, log_scalars, progress_bar, publish_scalars, restored_history
 from lightning_xai.callbacks.resolve import ModelLookup
 from lightning_xai.callbacks.results import AuditExample, AuditPrediction, AuditResult, collect_examples
 from lightning_xai.callbacks.schedule import AuditSchedule, check_cadence
@@ -195,7 +192,7 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
 
     @override
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        self.history = [dict(r, metrics=dict(r["metrics"])) for r in state_dict.get("history", [])]
+        self.history = restored_history(self.history, state_dict.get("history", []))
         saved = state_dict.get("subsets", {})
         self._restored_subsets = {k: list(v) for k, v in saved.items()}
         self.load_budget_state(state_dict.get("budget"))

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Mapping, Optional
 import pytorch_lightning as pl
 import torch
 
-__all__ = ["add_record", "log_scalars", "progress_bar", "publish_scalars"]
+__all__ = ["add_record", "log_scalars", "progress_bar", "publish_scalars", "restored_history"]
 
 
 def add_record(history: List[Dict[str, Any]], record: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -18,9 +18,30 @@ def add_record(history: List[Dict[str, Any]], record: Dict[str, Any]) -> List[Di
         >>> [r["metrics"] for r in add_record(h, dict(h[0], metrics={"m": 2}))]
         [{'m': 2}]
     """
-    key = (record["stage"], record["epoch"], record["global_step"], record["split"])
-    kept = [r for r in history if (r["stage"], r["epoch"], r["global_step"], r["split"]) != key]
+    kept = [r for r in history if _key(r) != _key(record)]
     return [*kept, record]
+
+
+def _key(record: Mapping[str, Any]) -> tuple:
+    return record["stage"], record["epoch"], record["global_step"], record["split"]
+
+
+def restored_history(current: List[Dict[str, Any]], saved: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The history after loading a checkpoint's ``saved`` one into a callback that holds ``current``.
+
+    A fresh callback (resume) takes ``saved``. One that already holds ``saved`` followed by later audits (the same
+    run restoring an earlier checkpoint, e.g. ``trainer.test(ckpt_path="best")``) keeps those later audits too:
+    restoring weights does not undo audits that ran.
+
+    Example:
+        >>> a, b = ({"stage": "fit", "epoch": e, "global_step": e, "split": "val", "metrics": {}} for e in (0, 1))
+        >>> [r["epoch"] for r in restored_history([a, b], [a])], [r["epoch"] for r in restored_history([], [a])]
+        ([0, 1], [0])
+    """
+    saved = [dict(r, metrics=dict(r["metrics"])) for r in saved]
+    if len(current) > len(saved) and [_key(r) for r in current[:len(saved)]] == [_key(r) for r in saved]:
+        return saved + [dict(r, metrics=dict(r["metrics"])) for r in current[len(saved):]]
+    return saved
 
 
 def log_scalars(trainer: "pl.Trainer", prefix: str, metrics: Mapping[str, Any]) -> bool:
