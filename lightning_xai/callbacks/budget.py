@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 __all__ = ["DEFAULT_EVERY_N_EPOCHS", "DEFAULT_NUM_SAMPLES", "Default", "MAX_CADENCE", "MIN_AUDIT_SECONDS",
            "MIN_SAMPLES", "Plan",
@@ -32,6 +32,18 @@ class Default(int):
         (True, True, False)
     """
 
+
+def _represent_default(dumper: Any, value: Default) -> Any:
+    return dumper.represent_int(int(value))
+
+
+try:  # configuration files (LightningCLI's saved config.yaml) write a Default as the int it is
+    import yaml
+
+    for _dumper in (yaml.Dumper, yaml.SafeDumper):
+        _dumper.add_representer(Default, _represent_default)
+except ImportError:  # pragma: no cover - PyYAML comes with Lightning
+    pass
 
 #: ``num_samples`` of the audit callbacks when not given (the budget may shrink it, never below ``MIN_SAMPLES``)
 DEFAULT_NUM_SAMPLES = Default(256)
