@@ -2,14 +2,51 @@
 from __future__ import annotations
 
 import random
+import warnings
 from contextlib import ExitStack, contextmanager
-from typing import Any, Iterator, List, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-__all__ = ["explanation_context", "clone_inference_tensors", "preserved_rng_state"]
+__all__ = ["explanation_context", "clone_inference_tensors", "get_random_states", "preserved_rng_state",
+           "set_random_states"]
+
+
+def get_random_states() -> Dict[str, Any]:
+    """The python, numpy, torch and (initialised) CUDA random states, as types ``torch.load(weights_only=True)``
+    reads (Lightning loads checkpoints that way): tuples, ints, floats, strings and tensors.
+
+    Example:
+        >>> states = get_random_states()
+        >>> first = torch.rand(2), np.random.rand(), random.random()
+        >>> set_random_states(states)
+        >>> again = torch.rand(2), np.random.rand(), random.random()
+        >>> torch.equal(again[0], first[0]), again[1:] == first[1:]
+        (True, True)
+    """
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": random.getstate(), "torch": torch.get_rng_state(),
+            "numpy": (str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
+            "cuda": torch.cuda.get_rng_state_all() if cuda else None}
+
+
+def set_random_states(states: Dict[str, Any]) -> None:
+    """Restore states from :func:`get_random_states` (CUDA's only when as many devices are visible, else a warning)."""
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(states["torch"])
+    cuda = states.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+    elif cuda is not None:
+        warnings.warn(f"{len(cuda)} CUDA random states were saved but "
+                      f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} devices are visible; the CUDA "
+                      "random stream is not restored.", RuntimeWarning, stacklevel=2)
 
 
 @contextmanager
@@ -26,18 +63,11 @@ def preserved_rng_state() -> Iterator[None]:
         >>> torch.equal(torch.get_rng_state(), state)
         True
     """
-    py_state = random.getstate()
-    np_state = np.random.get_state()
-    torch_state = torch.get_rng_state()
-    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    states = get_random_states()
     try:
         yield
     finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-        torch.set_rng_state(torch_state)
-        if cuda_states is not None:
-            torch.cuda.set_rng_state_all(cuda_states)
+        set_random_states(states)
 
 
 def clone_inference_tensors(value: Any) -> Any:

@@ -1,53 +1,16 @@
 """Resume training's random stream: checkpoint the global random states, restore them when a run resumes."""
 from __future__ import annotations
 
-import random
 from typing import Any, Dict, Optional
 
-import numpy as np
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
+from lightning_xai.attribution.context import get_random_states, set_random_states
 from lightning_xai.lightning_compat import Callback
 
 __all__ = ["RandomStateCheckpoint", "get_random_states", "set_random_states"]
-
-
-def get_random_states() -> Dict[str, Any]:
-    """The python, numpy, torch and (initialised) CUDA random states, as types ``torch.load(weights_only=True)``
-    reads (Lightning loads checkpoints that way): tuples, ints, floats, strings and tensors.
-
-    Example:
-        >>> states = get_random_states()
-        >>> first = torch.rand(2), np.random.rand(), random.random()
-        >>> set_random_states(states)
-        >>> again = torch.rand(2), np.random.rand(), random.random()
-        >>> torch.equal(again[0], first[0]), again[1:] == first[1:]
-        (True, True)
-    """
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"python": random.getstate(), "torch": torch.get_rng_state(),
-            "numpy": (str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
-            "cuda": torch.cuda.get_rng_state_all() if cuda else None}
-
-
-def set_random_states(states: Dict[str, Any]) -> None:
-    """Restore states from :func:`get_random_states` (CUDA's only when as many devices are visible)."""
-    version, internal, gauss = states["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, keys, pos, has_gauss, cached = states["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(states["torch"])
-    cuda = states.get("cuda")
-    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(cuda)
-    elif cuda is not None:
-        rank_zero_warn(f"RandomStateCheckpoint: the checkpoint holds {len(cuda)} CUDA random states but "
-                       f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} devices are visible; "
-                       "the CUDA random stream is not restored.")
 
 
 class RandomStateCheckpoint(Callback):
