@@ -26,8 +26,9 @@ from torch import Tensor, nn
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError
 from lightning_xai.attribution.targets import resolve_target
 
-__all__ = ["LayerParts", "Trace", "head_outputs", "layer_index", "layer_parts", "mix_vectors", "query_positions", "query_weights",
-           "normalise_rows", "pad_mask", "rerun_layer", "rollout_rows", "trace", "traced_layers", "adapter_model"]
+__all__ = ["LayerParts", "Trace", "adapter_model", "block_tail", "head_outputs", "layer_index", "layer_parts",
+           "mix_vectors", "normalise_rows", "pad_mask", "query_positions", "query_weights", "rerun_layer",
+           "rollout_rows", "tail_reproduces", "trace", "traced_layers"]
 
 
 @dataclass
@@ -227,6 +228,45 @@ def rerun_layer(tr: Trace, layer: int, hidden: Tensor, repeats: int,
         lambda: parts.value.register_forward_hook(lambda m, a, o: value_edit(o))]
     with _hooks(registrations):
         return _first(parts.block(*new_args, **new_kwargs))
+
+
+def block_tail(parts: LayerParts) -> Optional[Callable[[Tensor, Tensor], Tensor]]:
+    """What a block computes after its attention output projection, as ``tail(x, o) -> block output``.
+
+    ``x`` is the block's input (the residual stream), ``o`` the output projection's output (``b_O`` included); both
+    ``[..., D]``. Every step is position-wise (residual sums, layer norms, the feed-forward network), so any rows
+    can be stacked. From the block's own modules: BERT family ``feed_forward_chunk(LayerNorm(o + x))``, DistilBERT
+    ``output_layer_norm(ffn(h) + h)`` with ``h = sa_layer_norm(o + x)``, Llama family ``h + mlp(
+    post_attention_layernorm(h))`` with ``h = x + o``. ``None`` for a block without those modules. A family whose
+    block adds more (Gemma's norms around the attention and the MLP) has the modules but not this computation: the
+    caller must check the tail against the block's recorded output (:func:`tail_reproduces`).
+    """
+    b = parts.block
+    if parts.family == "bert" and callable(getattr(b, "feed_forward_chunk", None)):
+        norm = parts.norm_after
+        return lambda x, o: b.feed_forward_chunk(norm(o + x))
+    if parts.family == "distilbert" and all(hasattr(b, n) for n in ("sa_layer_norm", "ffn", "output_layer_norm")):
+        def distil_tail(x: Tensor, o: Tensor) -> Tensor:
+            h = b.sa_layer_norm(o + x)
+            return b.output_layer_norm(b.ffn(h) + h)
+        return distil_tail
+    if parts.family == "llama" and all(hasattr(b, n) for n in ("mlp", "post_attention_layernorm")):
+        def llama_tail(x: Tensor, o: Tensor) -> Tensor:
+            h = x + o
+            return h + b.mlp(b.post_attention_layernorm(h))
+        return llama_tail
+    return None
+
+
+def tail_reproduces(tr: Trace, layer: int, tail: Callable[[Tensor, Tensor], Tensor]) -> bool:
+    """Whether ``tail(block_in, out_proj)`` gives the block's recorded output (relative 1e-4 of its largest value):
+    False for a block that computes more than :func:`block_tail` knows, or dropout in training mode."""
+    expected = tr.block_out[layer]
+    got = tail(tr.block_in[layer], tr.out_proj[layer])
+    if got.shape != expected.shape:
+        return False
+    scale = float(expected.detach().abs().max())
+    return float((got.detach() - expected.detach()).abs().max()) <= 1e-4 * scale + 1e-6
 
 
 def traced_layers(model: Any, batch: Batch, target: Any, layer: Optional[int]
