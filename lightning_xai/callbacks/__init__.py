@@ -10,7 +10,8 @@
 * :class:`AuditCallback` — the shared machinery (cadence, fixed audit subset, non-invasiveness, state, logging).
 """
 from lightning_xai.callbacks.adversarial_search import AdversarialSearchAudit
-from lightning_xai.callbacks.attention_audit import AGREEMENT_METRICS, DEFAULT_METHODS, AttentionAudit
+from lightning_xai.callbacks.attention_audit import (AGREEMENT_METRICS, DEFAULT_GRADIENT_METHODS, DEFAULT_METHODS,
+                                                     AttentionAudit)
 from lightning_xai.callbacks.attention_baselines import AttentionBaselines
 from lightning_xai.callbacks.erasure_audit import ErasureAudit
 from lightning_xai.callbacks.base import (AuditCallback, AuditExample, AuditPrediction, AuditResult, audit_guard,
@@ -19,6 +20,6 @@ from lightning_xai.callbacks.impermissible import ImpermissibleAttentionMonitor
 from lightning_xai.callbacks.random_state import RandomStateCheckpoint
 from lightning_xai.callbacks.sanity import SanityCheck
 
-__all__ = ["AGREEMENT_METRICS", "DEFAULT_METHODS", "AdversarialSearchAudit", "AttentionAudit", "AttentionBaselines", "AuditCallback",
+__all__ = ["AGREEMENT_METRICS", "DEFAULT_GRADIENT_METHODS", "DEFAULT_METHODS", "AdversarialSearchAudit", "AttentionAudit", "AttentionBaselines", "AuditCallback",
            "AuditExample", "AuditPrediction", "AuditResult", "ErasureAudit", "ImpermissibleAttentionMonitor", "RandomStateCheckpoint", "SanityCheck", "audit_guard",
            "summarize_values"]

@@ -5,10 +5,14 @@ import itertools
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
+from pytorch_lightning.utilities.rank_zero import rank_zero_info
 from torch import Tensor
+from typing_extensions import override
 
+from lightning_xai.adapters.capabilities import DeletionLogits
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, shared_input_gradients
 from lightning_xai.callbacks.base import AuditCallback, AuditPrediction
@@ -16,7 +20,7 @@ from lightning_xai.callbacks.interactions import DEFAULT_TOP_PAIRS
 from lightning_xai.callbacks.names import check_names
 from lightning_xai.metrics.registry import AGREEMENT_ALIASES, AGREEMENT_METRICS, resolve_agreement_metric
 
-__all__ = ["AttentionAudit", "AGREEMENT_METRICS", "DEFAULT_METHODS"]
+__all__ = ["AttentionAudit", "AGREEMENT_METRICS", "DEFAULT_GRADIENT_METHODS", "DEFAULT_METHODS"]
 
 
 #: Jain & Wallace's maps. Integrated Gradients is one argument away (``methods=(*DEFAULT_METHODS,
@@ -24,6 +28,11 @@ __all__ = ["AttentionAudit", "AGREEMENT_METRICS", "DEFAULT_METHODS"]
 #: about a fifth (``n_steps="auto"``) of a reference-model training epoch on 2 CPU cores (benchmarks/README.md),
 #: against ~4% for these three.
 DEFAULT_METHODS: Tuple[str, ...] = ("gradient", "grad_x_input", "leave_one_out")
+#: The default for a model that cannot score token deletions itself (no
+#: :class:`~lightning_xai.adapters.capabilities.DeletionLogits`: every transformer): leave-one-out would re-run
+#: Σ L_i shortened sentences per audit — on MiniLM fine-tuning that floor alone is ~5% of an SST-2 epoch at 256
+#: sentences, against ~2% for these two (benchmarks/README.md, "Audit share"). Name it in ``methods`` to include it.
+DEFAULT_GRADIENT_METHODS: Tuple[str, ...] = ("gradient", "grad_x_input")
 _SUMMARY_LABELS = {"kendall_tau": "Kendall τ", "jsd": "JSD", "topk_overlap": "top-k overlap"}
 
 
@@ -52,8 +61,13 @@ class AttentionAudit(AuditCallback):
 
     Args:
         methods: attribution methods compared with attention (any name :func:`~lightning_xai.attribution.attribute`
-            accepts). The default, gradient, grad×input and leave-one-out, keeps an audit of 256 sentences at
-            about 8% of an SST-2 epoch of the reference model; add ``"integrated_gradients"`` (with
+            accepts). ``None`` (default) picks them at setup from the model: Jain & Wallace's gradient,
+            grad×input and leave-one-out (:data:`DEFAULT_METHODS`) when the model scores token deletions itself
+            (the :class:`~lightning_xai.adapters.capabilities.DeletionLogits` capability, e.g. the reference
+            BiLSTM: ~4% of its SST-2 epoch for 256 sentences), gradient and grad×input
+            (:data:`DEFAULT_GRADIENT_METHODS`) otherwise — transformers, where leave-one-out's Σ L_i forward
+            passes alone cost ~5% of a MiniLM epoch — unless ``pairs`` or ``method_options`` name leave-one-out;
+            the choice is logged once. Add ``"integrated_gradients"`` (with
             ``method_options={"integrated_gradients": {"n_steps": "auto"}}`` for its adaptive quadrature) when
             the cost — roughly 256 × 26 extra forward+backward passes per audit — is worth it. A method whose
             ``attribute`` returns a tuple (``integrated_hessians``: row sums and Γ; ``integrated_gradients`` with
@@ -91,7 +105,7 @@ class AttentionAudit(AuditCallback):
 
     def __init__(
         self,
-        methods: Sequence[str] = DEFAULT_METHODS,
+        methods: Optional[Sequence[str]] = None,
         metrics: Sequence[str] = ("kendall_tau", "jsd", "topk_overlap"),
         pairs: Optional[Sequence[Sequence[str]]] = None,
         method_options: Optional[Mapping[str, Mapping[str, Any]]] = None,
@@ -101,6 +115,8 @@ class AttentionAudit(AuditCallback):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self._auto_methods = methods is None
+        methods = DEFAULT_METHODS if methods is None else methods
         if isinstance(methods, str) or isinstance(metrics, str):
             raise MisconfigurationException("AttentionAudit: methods and metrics are lists of names, not a string.")
         methods = [str(m) for m in methods]
@@ -130,16 +146,11 @@ class AttentionAudit(AuditCallback):
         if isinstance(top_pairs, bool) or not isinstance(top_pairs, int) or top_pairs < 0:
             raise MisconfigurationException(f"AttentionAudit(top_pairs) must be an int >= 0, got {top_pairs!r}.")
         maps = ["attention", *methods]
-        if pairs is None:
-            chosen = list(itertools.combinations(maps, 2))
-        else:
-            chosen = []
-            for pair in pairs:
-                pair = tuple(pair)
-                if len(pair) != 2 or pair[0] == pair[1] or any(p not in maps for p in pair):
-                    raise MisconfigurationException(
-                        f"AttentionAudit: pair {pair!r} must name two different maps among {maps}.")
-                chosen.append(pair)
+        self._requested_pairs = None if pairs is None else [tuple(pair) for pair in pairs]
+        for pair in self._requested_pairs or ():
+            if len(pair) != 2 or pair[0] == pair[1] or any(p not in maps for p in pair):
+                raise MisconfigurationException(
+                    f"AttentionAudit: pair {pair!r} must name two different maps among {maps}.")
         method_options = {k: dict(v) for k, v in (method_options or {}).items()}
         metric_options = {AGREEMENT_ALIASES.get(k, k): dict(v) for k, v in (metric_options or {}).items()}
         for key in method_options:
@@ -150,16 +161,36 @@ class AttentionAudit(AuditCallback):
             if key not in resolved:
                 raise MisconfigurationException(f"AttentionAudit: metric_options for {key!r}, which is not in "
                                                 f"metrics {resolved}.")
-        self.methods = methods
         self.metrics = resolved
-        self.pairs = chosen
+        self._use_methods(methods)
         self.method_options = method_options
         self.metric_options = metric_options
         self.impermissible_key = impermissible_key
         self.top_pairs = top_pairs
 
+    def _use_methods(self, methods: Sequence[str]) -> None:
+        self.methods = list(methods)
+        self.pairs = list(itertools.combinations(["attention", *self.methods], 2)) \
+            if self._requested_pairs is None else list(self._requested_pairs)
+
+    @override
+    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if not self._auto_methods:
+            return
+        named = {m for pair in self._requested_pairs or () for m in pair} | set(self.method_options)
+        if isinstance(self.explainable(pl_module), DeletionLogits) or "leave_one_out" in named:
+            chosen = DEFAULT_METHODS
+        else:
+            chosen = DEFAULT_GRADIENT_METHODS
+            rank_zero_info(f"AttentionAudit: methods={list(chosen)} (the default for a model without a deletion fast "
+                           "path: leave-one-out would re-run every audited sentence once per token). Pass "
+                           "methods=('gradient', 'grad_x_input', 'leave_one_out') to include it.")
+        self._use_methods(chosen)
+
     def _state_config(self) -> Dict[str, Any]:
-        return dict(super()._state_config(), methods=tuple(self.methods), metrics=tuple(self.metrics))
+        methods = "auto" if self._auto_methods else tuple(self.methods)  # the same key before and after setup
+        return dict(super()._state_config(), methods=methods, metrics=tuple(self.metrics))
 
     def expected_values(self) -> List[str]:
         """Every pair's metric (and p-value): NaN for undefined examples, so no metric silently disappears."""

@@ -5,6 +5,7 @@ import random
 
 import numpy as np
 import pytest
+import pytorch_lightning as pl
 import scipy.stats
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
@@ -44,11 +45,50 @@ def test_bad_config_fails_at_init_with_a_named_error(make, message):
 
 def test_defaults_and_pairs():
     audit = AttentionAudit()
-    assert audit.methods == ["gradient", "grad_x_input", "leave_one_out"]  # IG is opt-in: see DEFAULT_METHODS
+    # until setup sees the model: J&W's three (IG is opt-in: see DEFAULT_METHODS); test_default_methods_follow_the_model
+    assert audit.methods == ["gradient", "grad_x_input", "leave_one_out"]
     assert audit.metrics == ["kendall_tau", "jsd", "topk_overlap"]
     assert len(audit.pairs) == 6 and ("gradient", "leave_one_out") in audit.pairs
     assert (audit.every_n_epochs, audit.every_n_train_steps, audit.num_samples, audit.dataloader) == (1, None, 256, "val")
     assert AttentionAudit(metrics=("jensen_shannon",)).metrics == ["jsd"]
+
+
+class _HoldsABert(pl.LightningModule):
+    """A user's module holding a transformers classifier (found by the callbacks, no protocol of its own)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import transformers
+        config = transformers.BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                         intermediate_size=16)
+        self.model = transformers.BertForSequenceClassification(config)
+
+
+def test_default_methods_follow_the_model():
+    """Leave-one-out is a default only where the model scores deletions itself (DeletionLogits: the BiLSTM)."""
+    from lightning_xai.adapters.capabilities import DeletionLogits
+    from lightning_xai.callbacks import DEFAULT_GRADIENT_METHODS, DEFAULT_METHODS
+    from lightning_xai.models import AttentionClassifier
+
+    bilstm = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4)
+    assert isinstance(bilstm, DeletionLogits)
+    audit = AttentionAudit()
+    key = audit.state_key
+    audit.setup(None, bilstm, "fit")
+    assert tuple(audit.methods) == DEFAULT_METHODS and len(audit.pairs) == 6 and audit.state_key == key
+
+    bert = _HoldsABert()
+    audit.setup(None, bert, "fit")
+    assert tuple(audit.methods) == DEFAULT_GRADIENT_METHODS == ("gradient", "grad_x_input")
+    assert audit.pairs == [("attention", "gradient"), ("attention", "grad_x_input"), ("gradient", "grad_x_input")]
+    assert audit.state_key == key  # a checkpoint written before or after setup restores into the same callback
+
+    named = AttentionAudit(pairs=[("attention", "leave_one_out")])
+    named.setup(None, bert, "fit")
+    assert tuple(named.methods) == DEFAULT_METHODS and named.pairs == [("attention", "leave_one_out")]
+    explicit = AttentionAudit(methods=("leave_one_out",))
+    explicit.setup(None, bert, "fit")
+    assert explicit.methods == ["leave_one_out"]
 
 
 def test_state_keys_tell_instances_apart():
