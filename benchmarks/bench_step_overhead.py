@@ -9,7 +9,7 @@ other processes on a shared machine hits both alike:
 * ``plain``: no callback;
 * ``attached``: ``AttentionAudit()`` (default methods) + ``ErasureAudit()`` + ``AttentionBaselines()``, scheduled
   (``every_n_epochs=1000``) so that no audit fires during the timed steps — their setup (model lookup, the
-  one-batch probe at ``on_fit_start``) and every per-step hook they have do run.
+  two-example probe at ``on_fit_start``) and every per-step hook they have do run.
 
 Per step, a clock callback placed first records ``on_train_batch_start`` and one placed last records
 ``on_train_batch_end``: *step* = forward, backward, optimizer step and every callback hook in between; *loop* =
@@ -219,7 +219,7 @@ def run_setting(setting: str, args, pristine, tokenizer) -> Dict[str, Any]:
         batch, steps = min(batch, 4), 2
     warmup = 1 if args.quick else args.warmup
     train = _items(tokenizer, setting, batch * (warmup + steps))
-    # the audits' split (read here only by their one-batch probe at on_fit_start): the first 64 dev sentences
+    # the audits' split (read here only by their two-example probe at on_fit_start): the first 64 dev sentences
     val = [{"tokens": list(e.tokens), "labels": e.label, "index": i}
            for i, e in enumerate(C.datamodule("sst2").examples("val")[:64])]
     data = Data(tokenizer, train, val, batch)

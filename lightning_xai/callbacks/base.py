@@ -31,6 +31,7 @@ from typing_extensions import override
 
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.adapters.resolve import ModelSpec
+from lightning_xai.attribution.batching import take_rows
 from lightning_xai.callbacks.aggregation import ValueAggregator, aggregate_values, summarize_values, value_names
 from lightning_xai.callbacks.budget import DEFAULT_EVERY_N_EPOCHS, DEFAULT_NUM_SAMPLES
 from lightning_xai.callbacks.cost import AuditCost
@@ -80,7 +81,7 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
         strict: re-raise an exception raised inside a scheduled audit. By default (``False``) it is reported
             once per exception type (``rank_zero_warn``: the cause and what to try), the audit is skipped and
             training goes on, with every RNG, mode and gradient restored. Configuration errors found by the
-            one-batch probe before the first audit (:meth:`check_model`) always raise.
+            two-example probe before the first audit (:meth:`check_model`) always raise.
         model: which model of the LightningModule to explain (:mod:`~lightning_xai.callbacks.resolve`): ``None``
             finds it (the module itself, or the one ``transformers`` sequence classifier it holds), else an
             attribute path (``"model"``) or a callable ``pl_module -> model``. tokenizer: gives the words of
@@ -205,7 +206,7 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
         self._batches = {}
 
     def check_model(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", split: str) -> None:
-        """Run the model on one audit example and check what the audit needs (called before the first audit).
+        """Run the model on two audit examples and check what the audit needs (called before the first audit).
 
         The default checks that the protocol's forward pass runs and returns ``[B, C]`` logits and a ``[B, T]``
         attention, then runs the model's own ``probe(batch)`` when it has one (:class:`~lightning_xai.adapters.
@@ -220,6 +221,8 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
         batch = move_data_to_device(batch, pl_module.device)
         try:
             with audit_guard(pl_module):
+                rows = model.token_mask(batch).shape[0]  # two examples show the shapes, without GBs of attention
+                batch = take_rows(batch, torch.arange(min(2, rows)), rows)
                 out = self.predict(model, batch).output
                 probe = getattr(model, "probe", None)
                 if callable(probe):
@@ -228,7 +231,7 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
             raise
         except Exception as err:
             raise MisconfigurationException(
-                f"{type(self).__name__} cannot audit this model: its one-batch probe on the {split!r} split failed "
+                f"{type(self).__name__} cannot audit this model: its probe on the {split!r} split failed "
                 f"with {type(err).__name__}: {err}") from err
         mask = model.token_mask(batch)
         attention = getattr(out, "attention", None)
