@@ -11,7 +11,10 @@ input-invariance check and LRP report that the model is not supported.
 * :class:`EmbeddingShift` — shift every input embedding by a constant vector and compensate it inside, so
   the model computes the same function (Kindermans et al.'s input-invariance check).
 * :class:`LinearHead` — the logits are an affine map of the attention-pooled hidden states, ``head(Σ_t α_t h_t)``
-  (the adversarial search's fixed-hidden-state path; LRP's classifier rule).
+  (the adversarial search's fixed-hidden-state path; LRP's classifier rule; decision flip's replay).
+* :class:`OverrideReplay` — score many ``attention_override`` variants of a batch's rows reusing everything
+  computed before the point where the override acts (decision flip's fast path;
+  :class:`~lightning_xai.adapters.HuggingFaceAdapter` runs only the last layer and the head).
 * :class:`TokenEncoder` — the hidden states are ``encoder(embeddings, input_mask)``, one module whose type has an
   LRP rule registered with :func:`~lightning_xai.attribution.lrp.register_lrp_encoder` (the models package
   registers the rules of its encoders when it is imported).
@@ -22,13 +25,18 @@ attention in its own modeling file, e.g. DeBERTa-v2), so the audits that replace
 """
 from __future__ import annotations
 
-from typing import Optional, Protocol, runtime_checkable
+from typing import Callable, Optional, Protocol, Tuple, runtime_checkable
 
 from torch import Tensor, nn
 
-from lightning_xai.adapters.protocol import Batch
+from lightning_xai.adapters.protocol import Batch, ExplainOutput
 
-__all__ = ["DeletionLogits", "EmbeddingShift", "LinearHead", "TokenEncoder", "supports_attention_override"]
+__all__ = ["DeletionLogits", "EmbeddingShift", "LinearHead", "OverrideReplay", "OverrideScorer", "TokenEncoder",
+           "supports_attention_override"]
+
+#: ``scorer(rows, attention_override) -> [N, C]`` logits of rows ``rows`` (``LongTensor[N]``) of a batch under an
+#: override (``None``: the model's own attention); see :class:`OverrideReplay`.
+OverrideScorer = Callable[[Tensor, Optional[Tensor]], Tensor]
 
 
 @runtime_checkable
@@ -96,6 +104,40 @@ class LinearHead(Protocol):
 
     def linear_head(self) -> nn.Linear:
         """The ``nn.Linear`` from the pooled context ``[..., H]`` to the logits ``[..., C]``."""
+        ...
+
+
+@runtime_checkable
+class OverrideReplay(Protocol):
+    """Score many attention overrides of one batch without re-running what an override cannot change.
+
+    Example:
+        >>> import torch
+        >>> from transformers import BertConfig, BertForSequenceClassification
+        >>> from lightning_xai.adapters import HuggingFaceAdapter
+        >>> _ = torch.manual_seed(0)
+        >>> config = BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+        ...                     intermediate_size=16, max_position_embeddings=16, attn_implementation="eager")
+        >>> adapter = HuggingFaceAdapter(BertForSequenceClassification(config).eval())
+        >>> batch = {"input_ids": torch.tensor([[2, 7, 8, 3]]), "attention_mask": torch.ones(1, 4, dtype=torch.long),
+        ...          "mask": torch.tensor([[False, True, True, False]])}
+        >>> with torch.no_grad():
+        ...     out, scorer = adapter.override_replay(adapter.embed(batch), batch)
+        ...     override = torch.tensor([[0.0, 1.0, 0.0, 0.0]])
+        ...     full = adapter(batch, attention_override=override).logits
+        ...     bool(torch.allclose(scorer(torch.tensor([0]), override), full, atol=1e-6))
+        True
+    """
+
+    def override_replay(self, embeddings: Tensor, batch: Batch) -> Tuple[ExplainOutput, Optional[OverrideScorer]]:
+        """``(forward_from_embeddings(embeddings, batch), scorer)``, the pass run once with what the scorer reuses
+        recorded.
+
+        ``scorer(rows, override)`` must equal ``forward_from_embeddings(embeddings[rows], <rows of batch>,
+        attention_override=override).logits`` up to float rounding (``override=None``: no override). A ``None``
+        scorer declines (then the caller re-runs the model for every override). Callers check a scorer against
+        full passes before they trust it (:func:`~lightning_xai.attribution.override_replay.override_scorer`).
+        """
         ...
 
 

@@ -46,6 +46,9 @@ default position of the summary token):
     eval mode). A ``[B, T]`` override reproduces the logits only when all heads share one distribution over real
     tokens (e.g. a one-head model), up to float rounding.
 
+  Many overrides of a batch's rows are scored by :meth:`HuggingFaceAdapter.override_replay`
+  (:mod:`lightning_xai.adapters.hf_replay`): every layer before the last is replayed from one recorded pass.
+
   The override goes through a custom attention function registered in transformers' attention-interface registry
   (``AttentionInterface.register`` and ``AttentionMaskInterface.register`` under the name
   :data:`ATTENTION_IMPLEMENTATION`). It calls the model's own eager attention and, only inside an override call and
@@ -57,16 +60,18 @@ default position of the summary token):
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
+from lightning_xai.adapters.capabilities import OverrideScorer
 from lightning_xai.adapters.checks import check_token_ids
 from lightning_xai.adapters.hf_attention import (ATTENTION_IMPLEMENTATION, OverrideState, active_override,
                                                  override_rows, recording_attention,
                                                  register_attention_implementation)
 from lightning_xai.adapters.hf_pooling import detect_pooling, is_causal, pooled_logits, query_mask
+from lightning_xai.adapters.hf_replay import override_replay
 from lightning_xai.adapters.hf_reductions import (Reduction, attention_rollout, parse_reduction, pooled_rows,
                                                   renormalise)
 from lightning_xai.adapters.hf_tokens import real_token_mask
@@ -269,16 +274,17 @@ class HuggingFaceAdapter(nn.Module):
                              " that have two or more, so its attention says nothing about them. Leave query_index="
                              "None (the adapter then reads each row's last non-pad token, the one the head pools).")
 
-    def forward_from_embeddings(self, embeddings: Tensor, batch: Batch, *,
-                                attention_override: Optional[Tensor] = None) -> ExplainOutput:
-        """Run the classifier from word embeddings (see the module docstring for the override semantics)."""
+    def _run(self, embeddings: Tensor, batch: Batch, attention_override: Optional[Tensor], *,
+             maps: bool = True) -> Tuple[Tensor, Any, Tensor, Tensor]:
+        """``(logits, the model's output, token mask, query mask)`` of one pass; ``maps=False`` asks the model for
+        no attention maps and hidden states (the logits-only passes of :mod:`~lightning_xai.adapters.hf_replay`)."""
         mask = self.token_mask(batch)
         check_embeddings(embeddings, mask)
         attention_mask = self._attention_mask(batch)
         qmask = self.query_mask(batch)
         self._check_sight(qmask, mask)
         kwargs = {"inputs_embeds": embeddings, "attention_mask": attention_mask,
-                  "output_attentions": True, "output_hidden_states": True, "return_dict": True}
+                  "output_attentions": maps, "output_hidden_states": maps, "return_dict": True}
         if "token_type_ids" in batch:
             kwargs["token_type_ids"] = batch["token_type_ids"]
         token = None
@@ -306,6 +312,12 @@ class HuggingFaceAdapter(nn.Module):
         finally:
             if token is not None:
                 active_override().reset(token)
+        return logits, output, mask, qmask
+
+    def forward_from_embeddings(self, embeddings: Tensor, batch: Batch, *,
+                                attention_override: Optional[Tensor] = None) -> ExplainOutput:
+        """Run the classifier from word embeddings (see the module docstring for the override semantics)."""
+        logits, output, mask, qmask = self._run(embeddings, batch, attention_override)
         raw = tuple(output.attentions) if getattr(output, "attentions", None) is not None else ()
         if not raw:
             raise ProtocolError(
@@ -324,6 +336,12 @@ class HuggingFaceAdapter(nn.Module):
             extras["query_positions"] = qmask.long().argmax(-1)
         return ExplainOutput(logits=logits, attention=attention, hidden_states=hidden, raw_attentions=raw,
                              extras=extras)
+
+    def override_replay(self, embeddings: Tensor, batch: Batch) -> Tuple[ExplainOutput, Optional[OverrideScorer]]:
+        """:class:`~lightning_xai.adapters.capabilities.OverrideReplay`: a scorer of overrides that runs only the
+        embeddings, the last layer and the head, the earlier layers' outputs replayed
+        (:func:`~lightning_xai.adapters.hf_replay.override_replay`)."""
+        return override_replay(self, embeddings, batch)
 
     @torch.no_grad()
     def check_logits(self, batch: Batch, atol: float = 1e-4) -> float:

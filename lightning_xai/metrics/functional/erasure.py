@@ -19,7 +19,8 @@ from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
 from lightning_xai.attribution import explanation_context, resolve_target, take_rows
-from lightning_xai.attribution.batching import _check_remove, erase_tokens, repeat_rows
+from lightning_xai.attribution.batching import _check_remove, _trim_padding, erase_tokens, repeat_rows
+from lightning_xai.attribution.override_replay import override_scorer
 
 __all__ = ["RANKINGS", "DecisionFlipResult", "attention_gradient", "decision_flip", "erasure_probabilities",
            "ranking_scores"]
@@ -164,7 +165,12 @@ def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Ten
 
     All steps of all instances are built as one stack of ``Σ (n_b − 1)`` overridden attention rows and run in
     forward passes of at most ``max_rows`` rows, lowest steps first; instances that already flipped are dropped
-    from later passes.
+    from later passes. Where the model offers a checked replay of its overrides
+    (:func:`~lightning_xai.attribution.override_replay.override_scorer`: a
+    :class:`~lightning_xai.adapters.capabilities.OverrideReplay` or
+    :class:`~lightning_xai.adapters.capabilities.LinearHead` model) a pass runs only what the override changes
+    (the last layer and the head of a transformer, the pooling and the head of the reference BiLSTM); otherwise the
+    model is re-run from the embeddings, each pass as wide as its longest row.
 
     Args:
         model: the explainable model (put in eval mode while this runs; modes are restored).
@@ -196,7 +202,7 @@ def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Ten
         B, T = mask.shape
         device = mask.device
         emb = model.embed(safe)
-        out = model.forward_from_embeddings(emb, safe)
+        out, scorer = override_scorer(model, emb, safe)
         alpha = out.attention.detach().masked_fill(~mask, 0.0)
         decision = out.logits.argmax(-1)
         lengths = mask.sum(1)
@@ -230,9 +236,13 @@ def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Ten
             uniform = left.to(weights.dtype) / left.sum(1, keepdim=True).to(weights.dtype)
             override = torch.where(total > 0, weights / torch.where(total > 0, total, torch.ones_like(total)),
                                    uniform)
-            part = take_rows(safe, inst, B)
-            logits = model.forward_from_embeddings(emb.index_select(0, inst), part,
-                                                   attention_override=override).logits
+            if scorer is not None:
+                logits = scorer(inst, override)
+            else:  # full passes, as wide as the chunk's longest row
+                part = _trim_padding(take_rows(safe, inst, B), (inst.numel(), T))
+                width = model.token_mask(part).shape[1]
+                logits = model.forward_from_embeddings(emb.index_select(0, inst)[:, :width], part,
+                                                       attention_override=override[:, :width]).logits
             flips = logits.argmax(-1) != decision[inst]
             if bool(flips.any()):
                 first_flip.scatter_reduce_(0, inst[flips], step[flips], reduce="amin")

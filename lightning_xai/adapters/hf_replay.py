@@ -1,0 +1,144 @@
+"""Score many attention overrides of a ``transformers`` classifier running only its last layer and its head.
+
+:class:`~lightning_xai.adapters.HuggingFaceAdapter`'s ``attention_override`` replaces the pooled query row(s) of
+the **last** layer's attention probabilities, so every earlier layer computes the same outputs for every override
+of a row. :func:`override_replay` runs the batch once with the outputs of layers ``0 … L−2`` recorded (forward hooks
+on the model's layer stack, found by :func:`layer_stack`); the scorer it returns runs the model on the selected rows
+with each of those layers' ``forward`` replaced, on the instance and only for that call (restored in ``finally``),
+by one that returns the layer's recorded output (the same object type, its rows selected). So only the input
+embedding stage, the last layer — with the override applied by the adapter's own mechanism — and the head compute:
+about ``1/L`` of a full pass per override.
+
+The scorer declines (``None``) where replaying would not be the same function: a module shared by several layers
+(ALBERT), a model in training mode (dropout), a single-layer model (nothing to replay), no layer stack that holds the
+overridden attention module in its last layer only, or a layer that returned something other than tensors. Callers
+still check it against full passes before trusting it
+(:func:`~lightning_xai.attribution.override_replay.override_scorer`).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from lightning_xai.adapters.protocol import Batch, ExplainOutput
+
+__all__ = ["layer_stack", "override_replay"]
+
+#: the batch entries the adapter reads (everything else a batch carries is irrelevant to the logits)
+_READ = ("input_ids", "attention_mask", "token_type_ids", "mask")
+
+
+def layer_stack(model: nn.Module, last_attention: nn.Module) -> Optional[List[nn.Module]]:
+    """The model's layers in order: the ``nn.ModuleList`` of ``config.num_hidden_layers`` modules whose last one
+    holds ``last_attention`` and no other one does; ``None`` when the model has no such list.
+
+    Example:
+        >>> from transformers import BertConfig, BertForSequenceClassification
+        >>> model = BertForSequenceClassification(BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=2,
+        ...                                                  num_attention_heads=2, intermediate_size=8))
+        >>> [type(m).__name__ for m in layer_stack(model, model.bert.encoder.layer[1].attention.self)]
+        ['BertLayer', 'BertLayer']
+    """
+    count = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    if not isinstance(count, int) or count < 1:
+        return None
+    for candidate in model.modules():
+        if not isinstance(candidate, nn.ModuleList) or len(candidate) != count:
+            continue
+        holders = [i for i, layer in enumerate(candidate) if any(m is last_attention for m in layer.modules())]
+        if holders == [count - 1]:
+            return list(candidate)
+    return None
+
+
+def _rows_of(value: Any, rows: Tensor, size: int) -> Any:
+    """``value`` with the rows ``rows`` of every tensor whose leading size is ``size`` (tuples/lists element-wise)."""
+    if isinstance(value, Tensor):
+        return value.index_select(0, rows.to(value.device)) if value.dim() >= 1 and value.shape[0] == size else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_rows_of(v, rows, size) for v in value)
+    return value
+
+
+def _replayable(value: Any) -> bool:
+    """Whether a layer's output is made of tensors (and ``None``) only, so selecting rows of it is well defined."""
+    if isinstance(value, Tensor) or value is None:
+        return True
+    return type(value) in (tuple, list) and all(_replayable(v) for v in value)
+
+
+def _declines(adapter: Any) -> bool:
+    return (adapter.model.training or not adapter.overridable or not adapter._attention_modules
+            or adapter._last_module_calls() != 1)
+
+
+def override_replay(adapter: Any, embeddings: Tensor, batch: Batch
+                    ) -> Tuple[ExplainOutput, Optional[Callable[[Tensor, Optional[Tensor]], Tensor]]]:
+    """``(adapter.forward_from_embeddings(embeddings, batch), scorer)``; ``scorer(rows, override)`` gives the
+    ``[N, C]`` logits of rows ``rows`` of the batch under ``attention_override=override`` (``[N, T]`` or
+    ``[N, heads, T]``; ``None``: none), running only the embeddings, the last layer and the head. ``scorer`` is
+    ``None`` where replaying is refused (module docstring).
+
+    Args:
+        adapter: a :class:`~lightning_xai.adapters.HuggingFaceAdapter`.
+        embeddings: ``embed(batch)``, ``[B, T, E]``.
+        batch: the batch.
+
+    Example:
+        >>> import torch
+        >>> from transformers import BertConfig, BertForSequenceClassification
+        >>> from lightning_xai.adapters import HuggingFaceAdapter
+        >>> config = BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=3, num_attention_heads=2,
+        ...                     intermediate_size=16, max_position_embeddings=16, attn_implementation="eager")
+        >>> adapter = HuggingFaceAdapter(BertForSequenceClassification(config).eval())
+        >>> batch = {"input_ids": torch.tensor([[2, 7, 8, 3], [2, 9, 3, 0]]),
+        ...          "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]),
+        ...          "mask": torch.tensor([[False, True, True, False], [False, True, False, False]])}
+        >>> with torch.no_grad():
+        ...     out, scorer = override_replay(adapter, adapter.embed(batch), batch)
+        ...     bool(torch.allclose(scorer(torch.tensor([1, 0]), None), out.logits[[1, 0]], atol=1e-6))
+        True
+    """
+    layers = None if _declines(adapter) else layer_stack(adapter.model, adapter._attention_modules[-1])
+    if layers is None or len(layers) < 2:
+        return adapter.forward_from_embeddings(embeddings, batch), None
+    replayed = layers[:-1]
+    recorded: List[List[Any]] = [[] for _ in replayed]
+
+    def recorder(i: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            recorded[i].append(output)
+        return hook
+
+    handles = [layer.register_forward_hook(recorder(i)) for i, layer in enumerate(replayed)]
+    try:
+        out = adapter.forward_from_embeddings(embeddings, batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if any(len(r) != 1 or not _replayable(r[0]) for r in recorded):
+        return out, None
+    outputs = [r[0] for r in recorded]
+    size = embeddings.shape[0]
+    keys = [k for k in _READ if k in batch]
+
+    def scorer(rows: Tensor, override: Optional[Tensor]) -> Tensor:
+        rows = rows.to(embeddings.device)
+        part = {k: _rows_of(batch[k], rows, size) for k in keys}
+        saved = [layer.__dict__.get("forward") for layer in replayed]
+        for layer, output in zip(replayed, outputs):
+            selected = _rows_of(output, rows, size)
+            layer.forward = (lambda value: lambda *args, **kwargs: value)(selected)
+        try:
+            logits, _, _, _ = adapter._run(embeddings.index_select(0, rows), part, override, maps=False)
+        finally:
+            for layer, forward in zip(replayed, saved):
+                if forward is None:
+                    del layer.forward
+                else:
+                    layer.forward = forward
+        return logits
+
+    return out, scorer

@@ -1,0 +1,155 @@
+"""decision_flip's replay fast path gives the results of full passes; a replay that fails its check is not used."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_xai.adapters import HuggingFaceAdapter
+from lightning_xai.attribution.override_replay import override_scorer
+from lightning_xai.metrics.functional.erasure import decision_flip, ranking_scores
+
+pytest.importorskip("transformers")
+from transformers import AutoConfig, AutoModelForSequenceClassification  # noqa: E402
+
+from tests.adapters.test_families import DECODERS, ENCODERS, PAD, SIZE, family_batch, family_model  # noqa: E402
+
+FIELDS = ("items_removed", "attention_removed", "fraction_removed", "flipped", "lengths")
+
+
+class Plain(nn.Module):
+    """The model seen through the bare protocol only: no OverrideReplay, no LinearHead (the fallback path)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def embed(self, batch):
+        return self.inner.embed(batch)
+
+    def token_mask(self, batch):
+        return self.inner.token_mask(batch)
+
+    def forward_from_embeddings(self, embeddings, batch, *, attention_override=None):
+        return self.inner.forward_from_embeddings(embeddings, batch, attention_override=attention_override)
+
+
+def _same(fast, slow):
+    for field in FIELDS:
+        assert torch.equal(getattr(fast, field), getattr(slow, field)), field
+
+
+def _hf(name: str) -> HuggingFaceAdapter:
+    """A tiny random classifier of the family (fp64, eval), initialised large enough that decisions flip."""
+    config = AutoConfig.for_model(name, **{**SIZE, **ENCODERS.get(name, DECODERS.get(name, {}))}, num_labels=2,
+                                  pad_token_id=PAD, attn_implementation="eager", initializer_range=0.5)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return HuggingFaceAdapter(AutoModelForSequenceClassification.from_config(config).double().eval())
+
+
+def _batch(encoder: bool, left: bool, lengths=(12, 9, 7, 5, 11, 4, 8, 10)):
+    """Rows of these lengths ([CLS] ... [SEP] ids 2 and 3 for encoders), padded with PAD on one side."""
+    T, g = max(lengths), torch.Generator().manual_seed(1)
+    ids = torch.full((len(lengths), T), PAD)
+    attention = torch.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        span = slice(T - n, T) if left else slice(0, n)
+        ids[row, span] = torch.randint(4, 64, (n,), generator=g)
+        attention[row, span] = 1
+    mask = attention.bool().clone()
+    if encoder:
+        for row, n in enumerate(lengths):
+            ids[row, 0], ids[row, n - 1] = 2, 3
+            mask[row, 0] = mask[row, n - 1] = False
+    return {"input_ids": ids, "attention_mask": attention, "mask": mask}
+
+
+def _uses_replay(model, batch) -> bool:
+    with torch.no_grad():
+        return override_scorer(model, model.embed(batch), batch)[1] is not None
+
+
+CASES = [("bert", False), ("distilbert", False), ("llama", True)]
+
+
+@pytest.mark.parametrize("name,left", CASES, ids=[f"{n}-{'left' if l else 'right'}" for n, l in CASES])
+def test_transformer_replay_gives_the_full_passes_results(name, left):
+    adapter = _hf(name)
+    batch = _batch(name in ENCODERS, left)
+    assert _uses_replay(adapter, batch) and not _uses_replay(Plain(adapter), batch)
+    flips = 0
+    for ranking in ("attention", "random", "grad_x_attention"):
+        scores = ranking_scores(adapter, batch, ranking, generator=torch.Generator().manual_seed(0))
+        fast = decision_flip(adapter, batch, scores)
+        _same(fast, decision_flip(Plain(adapter), batch, scores))
+        _same(fast, decision_flip(Plain(adapter), batch, scores, max_rows=2))
+        flips += int(fast.flipped.sum())
+    assert flips > 0  # the equality is exercised on flipping instances too
+
+
+def test_reference_model_linear_head_replay_gives_the_full_passes_results(trained_model, sst2_batch):
+    assert _uses_replay(trained_model, sst2_batch)
+    flips = 0
+    for ranking in ("attention", "random", "gradient"):
+        scores = ranking_scores(trained_model, sst2_batch, ranking, generator=torch.Generator().manual_seed(1))
+        fast = decision_flip(trained_model, sst2_batch, scores)
+        _same(fast, decision_flip(Plain(trained_model), sst2_batch, scores, max_rows=7))
+        flips += int(fast.flipped.sum())
+    assert flips > 0
+
+
+class Skewed(HuggingFaceAdapter):
+    """A replay that is wrong: with an override (``always``: also without), row 0's logits are shifted."""
+
+    always = False
+
+    def override_replay(self, embeddings, batch):
+        out, scorer = super().override_replay(embeddings, batch)
+        self.calls = 0
+
+        def wrong(rows, override):
+            self.calls += 1
+            logits = scorer(rows, override).clone()
+            if override is not None or self.always:
+                logits[rows == 0] += 1e-3
+            return logits
+
+        return out, wrong
+
+
+@pytest.mark.parametrize("always", [False, True])
+def test_a_replay_that_fails_its_check_is_not_used(always):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        skewed = Skewed(family_model("bert"))
+    skewed.always = always
+    batch = family_batch("bert", False)
+    with torch.no_grad():
+        out, scorer = override_scorer(skewed, skewed.embed(batch), batch)
+    assert scorer is None and out.logits.shape == (3, 2)
+    scores = ranking_scores(skewed, batch, "random", generator=torch.Generator().manual_seed(0))
+    result = decision_flip(skewed, batch, scores)
+    assert skewed.calls == (1 if always else 2)  # the check only, no step scored by the wrong replay
+    _same(result, decision_flip(Plain(skewed), batch, scores))
+
+
+def test_fallback_passes_are_as_wide_as_their_longest_row(trained_model, sst2_batch):
+    widths = []
+
+    class Recording(Plain):
+        def forward_from_embeddings(self, embeddings, batch, *, attention_override=None):
+            widths.append(embeddings.shape[1])
+            return super().forward_from_embeddings(embeddings, batch, attention_override=attention_override)
+
+    T = sst2_batch["mask"].shape[1]
+    wide = {k: torch.cat([v, torch.zeros_like(v[:, :5])], 1) if k in ("input_ids", "mask") else v
+            for k, v in sst2_batch.items()}  # five more pad columns
+    scores = ranking_scores(trained_model, sst2_batch, "random", generator=torch.Generator().manual_seed(2))
+    padded = torch.cat([scores, torch.zeros(scores.shape[0], 5)], 1)
+    _same(decision_flip(Recording(trained_model), wide, padded, max_rows=4), decision_flip(trained_model, sst2_batch,
+                                                                                           scores))
+    assert widths[0] == T + 5 and max(widths[1:]) <= T and min(widths[1:]) < T
