@@ -1,7 +1,11 @@
 """Which examples an audit reads: the split's dataloader, a fixed subset drawn once, batched within a token budget."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+import random
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 import pytorch_lightning as pl
 import torch
@@ -13,7 +17,7 @@ from lightning_xai.attribution.context import preserved_rng_state
 from lightning_xai.lightning_compat import MISCONFIGURATION_ERRORS, is_overridden
 
 __all__ = ["AUDIT_TOKEN_BUDGET", "AuditBatch", "SPLITS", "build_batches", "draw_subset", "find_loader",
-           "merge_small_batches", "row_reader"]
+           "merge_small_batches", "preserved_dataset_generators", "row_reader"]
 
 SPLITS = ("train", "val", "test")
 #: padded tokens (rows × width) up to which the audit joins loader-sized batches when ``batch_size=None``
@@ -136,12 +140,74 @@ def build_batches(loader: Any, indices: Sequence[int], positions: Sequence[int],
         raise MisconfigurationException(f"{owner}: the {split!r} dataloader has no collate_fn.")
     size = batch_size or getattr(loader, "batch_size", None) or 32
     positions = list(positions)
-    with torch.inference_mode(False):  # tensors built in validate/test must not be inference tensors
+    # tensors built in validate/test must not be inference tensors; a dataset that draws at every read (random
+    # masks, augmentation) must serve training the draws it would have served without the audit
+    with torch.inference_mode(False), preserved_dataset_generators(loader.dataset), preserved_rng_state():
         rows = row_reader(loader.dataset, [indices[p] for p in positions], owner, split)
         groups = [positions[start:start + size] for start in range(0, len(positions), size)]
         if batch_size is None:
             groups = merge_small_batches(groups, indices, loader, token_budget, rows=rows)
         return [(pos, [indices[p] for p in pos], collate([rows(indices[p]) for p in pos])) for pos in groups]
+
+
+_STATE = {torch.Generator: ("get_state", "set_state"), random.Random: ("getstate", "setstate"),
+          np.random.RandomState: ("get_state", "set_state")}
+
+
+def _generators(dataset: Any, depth: int = 4) -> Iterator[Any]:
+    """The random generators a dataset holds as attributes — its own and those of the datasets it wraps
+    (``.dataset``/``.datasets``, as ``Subset``, ``ConcatDataset`` and the package's wrappers name them)."""
+    seen = set()
+    stack = [(dataset, 0)]
+    while stack:
+        obj, level = stack.pop()
+        if id(obj) in seen or level > depth:
+            continue
+        seen.add(id(obj))
+        for value in list(getattr(obj, "__dict__", {}).values()):
+            if isinstance(value, (torch.Generator, random.Random, np.random.RandomState, np.random.Generator)):
+                yield value
+        inner = getattr(obj, "dataset", None)
+        stack += [(inner, level + 1)] if inner is not None else []
+        stack += [(d, level + 1) for d in getattr(obj, "datasets", None) or ()]
+
+
+@contextmanager
+def preserved_dataset_generators(dataset: Any) -> Iterator[None]:
+    """Restore, on exit, the state of every random generator the dataset holds (see :func:`_generators`).
+
+    The audit reads its subset through ``dataset[index]``; a dataset that draws at every read — e.g.
+    :class:`~lightning_xai.data.masking.RandomMaskingDataset`'s fresh masks — would otherwise serve training other
+    draws than a run without the audit (weights no longer bit-identical).
+
+    Example:
+        >>> class Noisy(torch.utils.data.Dataset):
+        ...     generator = None
+        ...     def __init__(self):
+        ...         self.generator = torch.Generator().manual_seed(0)
+        ...     def __getitem__(self, i):
+        ...         return float(torch.rand((), generator=self.generator))
+        >>> data = Noisy()
+        >>> with preserved_dataset_generators(data):
+        ...     audited = data[0]
+        >>> data[0] == audited
+        True
+    """
+    saved = []
+    for gen in _generators(dataset):
+        if isinstance(gen, np.random.Generator):
+            saved.append((gen.bit_generator, "state", gen.bit_generator.state))
+        else:
+            get, put = next(v for k, v in _STATE.items() if isinstance(gen, k))
+            saved.append((gen, put, getattr(gen, get)()))
+    try:
+        yield
+    finally:
+        for gen, put, state in saved:
+            if put == "state":
+                gen.state = state
+            else:
+                getattr(gen, put)(state)
 
 
 def row_reader(dataset: Any, wanted: Sequence[int], owner: str = "audit", split: str = "val") -> Callable[[int], Any]:
