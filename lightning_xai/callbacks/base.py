@@ -35,14 +35,15 @@ from lightning_xai.attribution.batching import take_rows
 from lightning_xai.callbacks.aggregation import ValueAggregator, aggregate_values, summarize_values, value_names
 from lightning_xai.callbacks.budget import DEFAULT_EVERY_N_EPOCHS, DEFAULT_NUM_SAMPLES
 from lightning_xai.callbacks.cost import AuditCost
-from lightning_xai.callbacks.distributed import gather_examples, merge_extras
-from lightning_xai.callbacks.guard import PRECISION_OPTIONS, AuditPrecision, audit_guard, precision_context
+from lightning_xai.callbacks.distributed import gather_examples, merge_extras, shared_failure
+from lightning_xai.callbacks.guard import AuditPrecision, audit_guard, precision_context
 from lightning_xai.callbacks.isolation import AuditFailures
+from lightning_xai.callbacks.options import check_audit_options
 from lightning_xai.callbacks.output import add_record, log_scalars, progress_bar, publish_scalars, restored_history
 from lightning_xai.callbacks.resolve import ModelLookup
 from lightning_xai.callbacks.results import AuditExample, AuditPrediction, AuditResult, collect_examples
 from lightning_xai.callbacks.schedule import AuditSchedule, check_cadence
-from lightning_xai.callbacks.subset import (AUDIT_TOKEN_BUDGET, SPLITS, AuditBatch, build_batches, draw_subset,
+from lightning_xai.callbacks.subset import (AUDIT_TOKEN_BUDGET, AuditBatch, build_batches, draw_subset,
                                             find_loader)
 from lightning_xai.callbacks.undefined import audit_finite_rows, mark_undefined, warn_undefined
 
@@ -131,23 +132,8 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
         if not every_n_epochs and not every_n_train_steps and not on_validate and not on_test:
             raise MisconfigurationException(
                 f"{cls} would never run: set every_n_epochs >= 1, every_n_train_steps >= 1, on_validate or on_test.")
-        if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int)
-                                        or num_samples < 1):
-            raise MisconfigurationException(f"{cls}(num_samples) must be a positive int or None (whole split), "
-                                            f"got {num_samples!r}.")
-        if dataloader not in SPLITS:
-            raise MisconfigurationException(f"{cls}(dataloader) must be one of {SPLITS}, got {dataloader!r}.")
-        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-            raise MisconfigurationException(f"{cls}(batch_size) must be a positive int or None, got {batch_size!r}.")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise MisconfigurationException(f"{cls}(seed) must be an int, got {seed!r}.")
-        if precision not in PRECISION_OPTIONS:
-            raise MisconfigurationException(f"{cls}(precision) must be one of {PRECISION_OPTIONS}, got {precision!r}.")
-        if not isinstance(num_report_examples, int) or num_report_examples < 0:
-            raise MisconfigurationException(f"{cls}(num_report_examples) must be an int >= 0, "
-                                            f"got {num_report_examples!r}.")
-        if not isinstance(strict, bool):
-            raise MisconfigurationException(f"{cls}(strict) must be True or False, got {strict!r}.")
+        check_audit_options(cls, num_samples=num_samples, dataloader=dataloader, batch_size=batch_size, seed=seed,
+                            precision=precision, num_report_examples=num_report_examples, strict=strict)
         self.every_n_epochs = every_n_epochs or 0
         self.every_n_train_steps = every_n_train_steps
         self.init_budget(budget, num_samples)
@@ -286,34 +272,29 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
     # --- running ------------------------------------------------------------------------------------------
     def run_audit(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str, split: str) -> AuditResult:
         """Audit the fixed subset of ``split`` now, log the scalars and append them to :attr:`history`."""
-        self._ensure_checked(trainer, pl_module, split)
-        model = self.explainable(pl_module)
-        examples: List[AuditExample] = []
-        extras: List[Dict[str, Any]] = []
-        batches = self._audit_batches(trainer, split)
-        bar = progress_bar(trainer, len(batches), f"{type(self).__name__} ({split})")
-        aggregator = ValueAggregator(pl_module.device)
-        try:
-            with audit_guard(pl_module, seed=self.seed) as generator, \
-                    self._precision.audit(trainer, pl_module) as context:
-                for positions, indices, cpu_batch in batches:
-                    batch = move_data_to_device(cpu_batch, pl_module.device)
-                    with precision_context(trainer, pl_module.device, context):
-                        prediction = self.predict(model, batch)
-                        with self.map_precision(self.precision_map):
-                            found, extra = audit_finite_rows(lambda b, i, p: self._call_audit_batch(
-                                model, b, generator, i, p or self.predict(model, b)), batch, indices, prediction)
-                    found = mark_undefined({"prediction": prediction.prediction, "probability": prediction.probability,
-                                            **found}, prediction.finite, self.expected_values())
-                    aggregator.update(found.get("values", {}))
-                    examples.extend(collect_examples(model.token_mask(batch), batch, positions, indices, split,
-                                                     found, self.num_report_examples))
-                    extras.append(extra)
-                    if bar is not None:
-                        bar.update(1)
-        finally:
-            if bar is not None:
-                bar.close()
+        with shared_failure(trainer):  # a failure on one process skips the audit on all (no gather left waiting)
+            self._ensure_checked(trainer, pl_module, split)
+            model = self.explainable(pl_module)
+            examples: List[AuditExample] = []
+            extras: List[Dict[str, Any]] = []
+            batches = self._audit_batches(trainer, split)
+            bar = progress_bar(trainer, len(batches), f"{type(self).__name__} ({split})")
+            aggregator = ValueAggregator(pl_module.device)
+            try:
+                with audit_guard(pl_module, seed=self.seed) as generator, \
+                        self._precision.audit(trainer, pl_module) as context:
+                    for positions, indices, cpu_batch in batches:
+                        batch = move_data_to_device(cpu_batch, pl_module.device)
+                        found, extra = self._measure(trainer, pl_module, model, batch, indices, generator, context)
+                        aggregator.update(found.get("values", {}))
+                        examples.extend(collect_examples(model.token_mask(batch), batch, positions, indices, split,
+                                                         found, self.num_report_examples))
+                        extras.append(extra)
+                        if bar is not None:
+                            bar.update(1)
+            finally:
+                if bar is not None:
+                    bar.close()
         examples = gather_examples(trainer, examples)
         merged = merge_extras(trainer, extras)
         if type(self).aggregate is AuditCallback.aggregate:  # the same class on every process: same collectives
@@ -330,6 +311,17 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
         self.latest = result
         self.version += 1
         return result
+
+    def _measure(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", model: ExplainableModel,
+                 batch: Dict[str, Any], indices: List[int], generator: torch.Generator, context: Any
+                 ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        with precision_context(trainer, pl_module.device, context):
+            prediction = self.predict(model, batch)
+            with self.map_precision(self.precision_map):
+                found, extra = audit_finite_rows(lambda b, i, p: self._call_audit_batch(
+                    model, b, generator, i, p or self.predict(model, b)), batch, indices, prediction)
+        return mark_undefined({"prediction": prediction.prediction, "probability": prediction.probability, **found},
+                              prediction.finite, self.expected_values()), extra
 
     def _log(self, trainer: "pl.Trainer", stage: str, metrics: Dict[str, float]) -> None:
         prefix = self.log_prefix if stage == "fit" else f"{stage}/{self.log_prefix}"

@@ -1,18 +1,27 @@
 """Under DDP each process audits its shard of the subset; these gather the shards so every process holds all."""
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Optional
 
 import pytorch_lightning as pl
 import torch
 
 from lightning_xai.callbacks.results import AuditExample
 
-__all__ = ["gather_examples", "merge_extras"]
+__all__ = ["AuditFailedOnAnotherProcess", "gather_examples", "merge_extras", "shared_failure"]
+
+
+class AuditFailedOnAnotherProcess(RuntimeError):
+    """Raised on the processes whose part of an audit succeeded when another process's part failed."""
+
+
+def _distributed(trainer: "pl.Trainer") -> bool:
+    return trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 def _all_gather(trainer: "pl.Trainer", items: List[Any]) -> List[Any]:
-    if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+    if _distributed(trainer):
         gathered: List[Any] = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(gathered, items)
         return [item for part in gathered for item in part]
@@ -46,3 +55,41 @@ def merge_extras(trainer: "pl.Trainer", extras: List[Dict[str, Any]]) -> Dict[st
         for key, value in extra.items():
             merged.setdefault(key, []).extend(value if isinstance(value, list) else [value])
     return merged
+
+
+@contextmanager
+def shared_failure(trainer: "pl.Trainer") -> Iterator[None]:
+    """Agree between processes on whether the block inside failed: if it raised on any process, it raises on all.
+
+    Under DDP each process audits its shard; one that fails alone (e.g. out of memory on its GPU) would leave the
+    others waiting in the audit's gather. On exit every process shares ``None`` or its exception's
+    ``"Type: message"`` (one ``all_gather_object``); a failed process re-raises its own exception, the others
+    raise :class:`AuditFailedOnAnotherProcess` naming the process and its error — so the audit is skipped (or,
+    ``strict``, raised) on every process alike. One process: the block's exception, unchanged.
+
+    Example:
+        >>> class Single:
+        ...     world_size = 1
+        >>> with shared_failure(Single()):
+        ...     pass
+        >>> with shared_failure(Single()):
+        ...     raise ValueError("bad")
+        Traceback (most recent call last):
+        ...
+        ValueError: bad
+    """
+    error: Optional[BaseException] = None
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001 - shared below, then re-raised
+        error = err
+    if _distributed(trainer):
+        shared: List[Any] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(shared, None if error is None else f"{type(error).__name__}: {error}")
+        failed = [(rank, text) for rank, text in enumerate(shared) if text is not None]
+        if error is None and failed:
+            rank, text = failed[0]
+            raise AuditFailedOnAnotherProcess(f"the audit failed on process {rank} ({text}); skipped on every "
+                                              "process so that none waits for the others")
+    if error is not None:
+        raise error

@@ -1,8 +1,7 @@
 """A failing audit is reported and skipped, never the end of training (unless the callback is ``strict``).
 
-Limitation: under DDP an exception raised on *some* processes only (e.g. out of memory on one GPU) is not agreed
-between processes; the others go on to the audit's gather and wait for it. Failures that every process hits alike
-(a method that raises, a misconfiguration) are skipped on all of them.
+Under DDP a failure on some processes only (e.g. out of memory on one GPU) is shared before the audit's gather
+(:func:`~lightning_xai.callbacks.distributed.shared_failure`), so every process skips the audit (or raises).
 """
 from __future__ import annotations
 

@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import math
+import os
 import re
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import pytest
@@ -182,3 +187,61 @@ def test_the_first_audit_announces_its_cost_against_the_training_epoch(kit, tmp_
     assert len(logged_seconds) == 2 and len(shares) == 2  # every audit's time, every audited epoch's share
     assert logged_seconds[0] == pytest.approx(seconds, abs=0.05)
     assert 0 < shares[0] and math.isclose(100 * shares[0], percent, abs_tol=0.05 + 100 * 0.05 / training)
+
+
+_ONE_RANK_FAILS = textwrap.dedent("""
+    import json, sys, warnings, torch
+    sys.path.insert(0, {conftest_dir!r})
+    from conftest import make_dm, make_model, make_trainer
+    from lightning_xai.attribution import attribute, register_method
+    from lightning_xai.callbacks import AttentionAudit
+    torch.set_num_threads(1)
+
+    @register_method("fails_on_process_1")
+    def fails(model, batch, target, *, create_graph=False):
+        if torch.distributed.get_rank() == 1:
+            raise RuntimeError("out of memory on this process only")
+        return attribute(model, batch, "gradient", target)
+
+    dm = make_dm()
+    model = make_model(dm)
+    audit = AttentionAudit(methods=("fails_on_process_1",), num_samples=20, batch_size=4, budget=None,
+                           strict={strict})
+    trainer = make_trainer({root!r}, [audit], accelerator="cpu", devices=2, strategy="ddp", max_epochs=2)
+    outcome = "finished"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            trainer.fit(model, dm)
+        except Exception as err:
+            outcome = type(err).__name__ + ": " + str(err)
+    json.dump({{"epochs": trainer.current_epoch, "history": len(audit.history), "outcome": outcome,
+               "failures": audit._failures.count, "warnings": [str(w.message) for w in caught]}},
+              open({root!r} + f"/rank{{torch.distributed.get_rank()}}.json", "w"))
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.parametrize("strict", [False, True])
+def test_an_audit_failing_on_one_ddp_process_is_skipped_on_both(tmp_path, strict):
+    """Out of memory on one GPU, say: the other process must not wait forever in the audit's gather."""
+    script = tmp_path / "one_rank_fails.py"
+    script.write_text(_ONE_RANK_FAILS.format(conftest_dir=os.path.dirname(__file__), root=str(tmp_path), strict=strict))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PL_DISABLE_FORK="1")
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    if strict:  # raised on both: the failing process its own error, the other one naming it
+        assert "out of memory on this process only" in ranks[1]["outcome"]
+        assert ranks[0]["outcome"].startswith("AuditFailedOnAnotherProcess") and "process 1" in ranks[0]["outcome"]
+        return
+    assert [r["outcome"] for r in ranks] == ["finished", "finished"]
+    assert [r["epochs"] for r in ranks] == [2, 2] and [r["history"] for r in ranks] == [0, 0]
+    assert [r["failures"] for r in ranks] == [2, 2]  # skipped on both processes at both epochs
+    reported = [w for w in ranks[0]["warnings"] if "AttentionAudit" in w and "failed" in w]
+    assert reported and "process 1" in reported[0] and "out of memory" in reported[0]
