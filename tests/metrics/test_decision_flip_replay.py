@@ -153,3 +153,27 @@ def test_fallback_passes_are_as_wide_as_their_longest_row(trained_model, sst2_ba
     _same(decision_flip(Recording(trained_model), wide, padded, max_rows=4), decision_flip(trained_model, sst2_batch,
                                                                                            scores))
     assert widths[0] == T + 5 and max(widths[1:]) <= T and min(widths[1:]) < T
+
+
+def test_an_instance_that_flips_at_step_f_costs_fewer_than_2f_rows():
+    seen = []
+
+    class Recording(Plain):
+        def forward_from_embeddings(self, embeddings, batch, *, attention_override=None):
+            if attention_override is not None:
+                seen.append(batch["row_id"])
+            return super().forward_from_embeddings(embeddings, batch, attention_override=attention_override)
+
+    adapter = _hf("bert")
+    batch = _batch(True, False, lengths=(12, 9, 7, 5, 11, 4, 8, 10, 14, 13, 12, 11))
+    B = batch["mask"].shape[0]
+    scores = ranking_scores(adapter, batch, "grad_x_attention")
+    result = decision_flip(Recording(adapter), {**batch, "row_id": torch.arange(B)}, scores)
+    _same(result, decision_flip(adapter, batch, scores))
+    rows = torch.bincount(torch.cat(seen), minlength=B)
+    steps = result.lengths - 1
+    flipped = result.flipped
+    assert bool((result.items_removed[flipped] < steps[flipped] / 2).any())  # some instances flip early
+    assert torch.all(rows[flipped] <= 2 * result.items_removed[flipped] - 1)  # passes reach steps 1, 2-3, 4-7, ...
+    assert torch.equal(rows[~flipped], steps[~flipped])  # every step of an instance that never flips
+    assert int(rows.sum()) < int(steps.sum())

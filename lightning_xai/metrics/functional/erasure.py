@@ -164,9 +164,11 @@ def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Ten
     position (earlier first).
 
     All steps of all instances are built as one stack of ``Σ (n_b − 1)`` overridden attention rows and run in
-    forward passes of at most ``max_rows`` rows, lowest steps first; instances that already flipped are dropped
-    from later passes. Where the model offers a checked replay of its overrides
-    (:func:`~lightning_xai.attribution.override_replay.override_scorer`: a
+    forward passes of at most ``max_rows`` rows, lowest steps first, each pass reaching twice as many steps as the
+    one before (step 1, then 2–3, 4–7, …); instances that already flipped are dropped from later passes, so an
+    instance that flips early costs few rows and the passes stay few (about log₂ of the longest instance).
+    Where the model offers a checked replay of its overrides
+    (:func:`~lightning_xai.attribution.override_replay.override_scorer`: an
     :class:`~lightning_xai.adapters.capabilities.OverrideReplay` or
     :class:`~lightning_xai.adapters.capabilities.LinearHead` model) a pass runs only what the override changes
     (the last layer and the head of a transformer, the pooling and the head of the reference BiLSTM); otherwise the
@@ -220,13 +222,17 @@ def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Ten
         row_inst, row_step = inst_grid[valid], step_grid[valid]
 
         first_flip = torch.full((B,), T + 1, dtype=torch.long, device=device)
-        pointer = 0
+        pointer, horizon = 0, 1  # a pass scores steps up to the horizon: 1, then 2-3, 4-7, 8-15, ...
         while pointer < row_inst.numel():
             pending_inst, pending_step = row_inst[pointer:], row_step[pointer:]
             alive = first_flip[pending_inst] > pending_step
             if not bool(alive.any()):
                 break
-            take = alive.nonzero().flatten()[:max_rows]
+            within = alive & (pending_step <= horizon)
+            if not bool(within.any()):
+                horizon = 2 * horizon + 1
+                continue
+            take = within.nonzero().flatten()[:max_rows]
             inst, step = pending_inst[take], pending_step[take]
             pointer += int(take[-1]) + 1
             removed = rank[inst] < step.view(-1, 1)
