@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 from tests.adapters.test_families import family_batch, family_model  # noqa: E402
 
 CASES = [("bert", False), ("distilbert", False), ("llama", True), ("llama", False), ("qwen2", True),
-         ("modernbert", False)]
+         ("modernbert", False), ("modernbert-mean", False), ("gpt2", True), ("mistral", False)]
 
 
 def _adapter(name: str) -> HuggingFaceAdapter:

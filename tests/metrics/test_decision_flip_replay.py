@@ -91,6 +91,17 @@ def test_transformer_replay_gives_the_full_passes_results(name, left):
     assert flips > 0  # the equality is exercised on flipping instances too
 
 
+def test_replay_inside_inference_mode():
+    adapter = _hf("bert")
+    batch = _batch(True, False)
+    expected = decision_flip(adapter, batch, "attention")
+    adapter.train()
+    with torch.inference_mode():  # as inside trainer.validate
+        inside = decision_flip(adapter, {k: v.clone() for k, v in batch.items()}, "attention")
+    assert adapter.training  # modes restored
+    _same(inside, expected)
+
+
 def test_reference_model_linear_head_replay_gives_the_full_passes_results(trained_model, sst2_batch):
     assert _uses_replay(trained_model, sst2_batch)
     flips = 0
