@@ -10,7 +10,9 @@ from torch import Tensor
 
 from lightning_xai.adapters.capabilities import DeletionLogits
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
-from lightning_xai.attribution.batching import pad_embeddings, remove_tokens, take_rows
+from lightning_xai.attribution import batching
+from lightning_xai.attribution.batching import (_trim_padding, length_chunks, pad_embeddings, remove_tokens,
+                                                row_extents, take_rows)
 from lightning_xai.attribution.core import register_method
 from lightning_xai.attribution.gradients import _rows_per_pass
 from lightning_xai.attribution.targets import resolve_target, target_score
@@ -49,12 +51,21 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
 
     ``mode="delete"`` removes the token (the sequence gets one shorter, as in Jain & Wallace);
     ``mode="pad"`` replaces its input embedding by the pad token's (a Captum ``FeatureAblation`` with the pad
-    embedding as baseline). Only real tokens get a variant — Σ_b L_b forward rows, not B × T — and the variants
-    run ``internal_batch_size`` rows per pass. In delete mode a model with the
-    :class:`~lightning_xai.adapters.capabilities.DeletionLogits` capability scores the variants itself (the
-    reference BiLSTM reuses its recurrent states); ``None`` from it means: re-run the shortened rows. A row with a single real
-    token cannot be deleted into an empty sequence: in delete mode its token is scored in pad mode instead,
-    with a warning.
+    embedding as baseline). Only real tokens get a variant — Σ_b L_b forward rows, not B × T.
+
+    The variants are sorted by length and batched (:func:`~lightning_xai.attribution.batching.length_chunks`),
+    each pass trimmed to its longest variant, so a short sentence's variants do not run at the batch's width.
+    ``internal_batch_size="auto"`` gives a pass the token budget of
+    :func:`~lightning_xai.attribution.gradients.auto_internal_batch_size` rows at the batch's full width
+    (more rows when they are shorter); an int ``n`` means at most ``n`` variants a pass, each pass as wide as
+    its longest variant. Only trailing padding is trimmed: a left-padded batch keeps its width (see
+    :func:`~lightning_xai.attribution.batching.row_extents`). The scores do not depend on the batching (up to
+    float rounding).
+
+    In delete mode a model with the :class:`~lightning_xai.adapters.capabilities.DeletionLogits` capability
+    scores the variants itself (the reference BiLSTM reuses its recurrent states); ``None`` from it means:
+    re-run the shortened rows. A row with a single real token cannot be deleted into an empty sequence: in
+    delete mode its token is scored in pad mode instead, with a warning.
     """
     if mode not in LOO_MODES:
         raise ValueError(f"Unknown leave_one_out mode {mode!r}; choose one of {list(LOO_MODES)}.")
@@ -68,6 +79,14 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
         rows, positions = mask.nonzero(as_tuple=True)
         E = embeddings.shape[-1]
         per_pass = _rows_per_pass(internal_batch_size, T, E, embeddings.device, forward_only=True)
+        # "auto": the token budget of per_pass full-width rows (at most CPU_PASS_TOKENS on CPU); an int: at most
+        # that many rows a pass
+        auto = internal_batch_size is None or internal_batch_size == "auto"
+        max_rows = None if auto else per_pass
+        max_tokens = per_pass * max(T, 1)
+        if auto and embeddings.device.type == "cpu":
+            max_tokens = min(max_tokens, batching.CPU_PASS_TOKENS)
+        extents = row_extents(batch, B).to(rows.device).index_select(0, rows)
         occluded = torch.empty(rows.numel(), dtype=full.dtype, device=full.device)
         by_pad = torch.ones_like(rows, dtype=torch.bool) if mode == "pad" else (mask.sum(1) == 1)[rows]
         parts = []
@@ -83,22 +102,26 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
             if out is not None:
                 parts.append((chosen, target_score(out, target.index_select(0, rows[chosen]), output)))
                 chosen = chosen[:0]
-            for start in range(0, chosen.numel(), per_pass):
-                k = chosen[start:start + per_pass]
-                variants = occlusion_batch(batch, rows[k], positions[k], B)
+            # a deleted token shortens its row by one (the rest shifts left)
+            for c in length_chunks(extents[chosen] - 1, max_tokens, max_rows=max_rows):
+                k = chosen[c.to(chosen.device)]
+                variants = _trim_padding(occlusion_batch(batch, rows[k], positions[k], B), (k.numel(), T - 1))
                 out = model.forward_from_embeddings(model.embed(variants), variants).logits
                 parts.append((k, target_score(out, target.index_select(0, rows[k]), output)))
         if bool(by_pad.any()):
             pads = pad_embeddings(model, batch, embeddings, pad_token_id=pad_token_id)
             chosen = by_pad.nonzero().flatten()
-            for start in range(0, chosen.numel(), per_pass):
-                k = chosen[start:start + per_pass]
+            for c in length_chunks(extents[chosen], max_tokens, max_rows=max_rows):
+                k = chosen[c.to(chosen.device)]
                 r, p = rows[k], positions[k]
-                # one copy of the rows, then overwrite the single occluded vector of each variant
-                x = embeddings.index_select(0, r)
+                sub = _trim_padding(take_rows(batch, r, B), (k.numel(), T))
+                width = next(v.shape[1] for v in sub.values() if isinstance(v, Tensor) and v.dim() >= 2
+                             and v.shape[0] == k.numel())
+                # one copy of the rows (cut to the pass's width), then overwrite the single occluded vector each
+                x = embeddings.index_select(0, r)[:, :width]
                 where = (torch.arange(k.numel(), device=x.device), p)
-                x = x.index_put(where, pads[r, p]) if create_graph else x.index_put_(where, pads[r, p])
-                out = model.forward_from_embeddings(x, take_rows(batch, r, B)).logits
+                x = x.index_put(where, pads[r, p]) if create_graph else x.contiguous().index_put_(where, pads[r, p])
+                out = model.forward_from_embeddings(x, sub).logits
                 parts.append((k, target_score(out, target.index_select(0, r), output)))
         for k, values in parts:
             occluded = occluded.index_copy(0, k, values)

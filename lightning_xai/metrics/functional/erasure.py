@@ -19,7 +19,9 @@ from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
 from lightning_xai.attribution import explanation_context, resolve_target, take_rows
-from lightning_xai.attribution.batching import _check_remove, _trim_padding, erase_tokens, repeat_rows
+from lightning_xai.attribution import batching
+from lightning_xai.attribution.batching import (_check_remove, _trim_padding, batch_shape, erase_tokens,
+                                                length_chunks, repeat_rows, row_extents)
 from lightning_xai.attribution.override_replay import override_scorer
 
 __all__ = ["RANKINGS", "DecisionFlipResult", "attention_gradient", "decision_flip", "erasure_probabilities",
@@ -30,13 +32,21 @@ RANKINGS = ("attention", "random", "gradient", "grad_x_attention")
 
 
 def erasure_probabilities(model: ExplainableModel, batch: Batch, removals: Sequence[Tensor], target: Tensor, *,
-                          max_rows: int = 1024) -> Tensor:
+                          max_rows: int = 1024, max_tokens: Optional[int] = None) -> Tensor:
     """``[K, B]``: probability of ``target`` after each of the ``K`` erasures in ``removals`` (``[B, T]`` bools).
 
-    All ``K·B`` erased rows are built in one batch (rows repeated, then tokens deleted) and scored in forward
-    passes of at most ``max_rows`` rows. Runs without gradients; call it inside
-    :func:`~lightning_xai.attribution.explanation_context` (as the metrics do) for eval mode.
+    All ``K·B`` erased rows are built in one batch (rows repeated, then tokens deleted), sorted by length and
+    scored in forward passes of at most ``max_rows`` rows and ``max_tokens`` padded tokens (default: ``max_rows``
+    rows at the erased batch's width, and on CPU at most
+    :data:`~lightning_xai.attribution.batching.CPU_PASS_TOKENS`), each pass trimmed to its longest row
+    (:func:`~lightning_xai.attribution.batching.length_chunks`): a sufficiency row that keeps 10% of its tokens
+    runs at its own width, not the batch's. The probabilities do not depend on the batching (up to float
+    rounding). Runs without gradients; call it inside :func:`~lightning_xai.attribution.explanation_context`
+    (as the metrics do) for eval mode.
     """
+    for name, value in (("max_rows", max_rows), ("max_tokens", max_tokens)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive int, got {value!r}.")
     model = as_explainable(model)
     mask = model.token_mask(batch)
     B = mask.shape[0]
@@ -47,15 +57,22 @@ def erasure_probabilities(model: ExplainableModel, batch: Batch, removals: Seque
     K = len(removals)
     stacked = repeat_rows(batch, K, B)
     erased = erase_tokens(model, stacked, torch.cat([r.to(mask.device) for r in removals], 0))
+    width = batch_shape(model, erased)[1]
     targets = target.to(mask.device).repeat(K)
-    probs = []
+    budget = max_tokens
+    if budget is None:
+        budget = max_rows * max(width, 1)
+        budget = min(budget, batching.CPU_PASS_TOKENS) if mask.device.type == "cpu" else budget
+    parts = []
     with torch.no_grad():
-        for start in range(0, K * B, max_rows):
-            idx = torch.arange(start, min(start + max_rows, K * B), device=mask.device)
-            part = take_rows(erased, idx, K * B)
+        for idx in length_chunks(row_extents(erased, K * B), budget, max_rows=max_rows):
+            idx = idx.to(mask.device)
+            part = _trim_padding(take_rows(erased, idx, K * B), (idx.numel(), width))
             logits = model.forward_from_embeddings(model.embed(part), part).logits
-            probs.append(logits.softmax(-1).gather(1, targets[idx].view(-1, 1)).squeeze(1))
-    return torch.cat(probs).view(K, B)
+            parts.append((idx, logits.softmax(-1).gather(1, targets[idx].view(-1, 1)).squeeze(1)))
+    order = torch.cat([idx for idx, _ in parts])
+    probs = torch.cat([values for _, values in parts])
+    return torch.empty_like(probs).index_copy(0, order, probs).view(K, B)
 
 
 def attention_gradient(model: ExplainableModel, batch: Batch, target: Any = None) -> Tensor:
