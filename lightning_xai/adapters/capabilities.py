@@ -111,22 +111,17 @@ class LinearHead(Protocol):
 class OverrideReplay(Protocol):
     """Score many attention overrides of one batch without re-running what an override cannot change.
 
+    :class:`~lightning_xai.adapters.HuggingFaceAdapter` has it (every layer before the last is replayed from one
+    recorded pass, :mod:`lightning_xai.adapters.hf_replay`); a model with a :class:`LinearHead` needs none (the
+    pooling and the head are the whole of what an override changes).
+
     Example:
-        >>> import torch
-        >>> from transformers import BertConfig, BertForSequenceClassification
-        >>> from lightning_xai.adapters import HuggingFaceAdapter
-        >>> _ = torch.manual_seed(0)
-        >>> config = BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
-        ...                     intermediate_size=16, max_position_embeddings=16, attn_implementation="eager")
-        >>> adapter = HuggingFaceAdapter(BertForSequenceClassification(config).eval())
-        >>> batch = {"input_ids": torch.tensor([[2, 7, 8, 3]]), "attention_mask": torch.ones(1, 4, dtype=torch.long),
-        ...          "mask": torch.tensor([[False, True, True, False]])}
-        >>> with torch.no_grad():
-        ...     out, scorer = adapter.override_replay(adapter.embed(batch), batch)
-        ...     override = torch.tensor([[0.0, 1.0, 0.0, 0.0]])
-        ...     full = adapter(batch, attention_override=override).logits
-        ...     bool(torch.allclose(scorer(torch.tensor([0]), override), full, atol=1e-6))
-        True
+        >>> from torch import nn
+        >>> class Replaying(nn.Module):
+        ...     def override_replay(self, embeddings, batch):
+        ...         return self.forward_from_embeddings(embeddings, batch), None  # None: declines
+        >>> isinstance(Replaying(), OverrideReplay), isinstance(nn.Linear(2, 2), OverrideReplay)
+        (True, False)
     """
 
     def override_replay(self, embeddings: Tensor, batch: Batch) -> Tuple[ExplainOutput, Optional[OverrideScorer]]:
