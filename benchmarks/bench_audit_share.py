@@ -5,7 +5,8 @@ One ``Trainer.fit`` per model trains ``--train-batches`` batches of 32 SST-2 tra
 (``num_samples=256``, ``every_n_epochs=1``, ``budget=None``: the cost budget switched off), in an order rotated
 each epoch, so that load from other processes hits every configuration alike. Configurations:
 
-* ``attention_default``: ``AttentionAudit()`` (gradient, grad×input, leave-one-out; Kendall τ, JSD, top-k);
+* ``attention_default``: ``AttentionAudit()`` (its default methods follow the model: gradient and grad×input on
+  MiniLM, plus leave-one-out on the BiLSTM, which scores deletions itself; Kendall τ, JSD, top-k);
 * ``attention_no_loo``: ``AttentionAudit(methods=("gradient", "grad_x_input"))``;
 * ``attention_loo``: ``AttentionAudit(methods=("leave_one_out",))`` — compared with the floor below;
 * ``erasure_default``: ``ErasureAudit()`` (attention, attention×gradient and random rankings, decision flip,
