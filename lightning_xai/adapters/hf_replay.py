@@ -7,7 +7,9 @@ on the model's layer stack, found by :func:`layer_stack`); the scorer it returns
 with each of those layers' ``forward`` replaced, on the instance and only for that call (restored in ``finally``),
 by one that returns the layer's recorded output (the same object type, its rows selected). So only the input
 embedding stage, the last layer — with the override applied by the adapter's own mechanism — and the head compute:
-about ``1/L`` of a full pass per override.
+about ``1/L`` of a full pass per override. Rows whose trailing padding reaches further back run apart, each group
+cut to its longest row (reach in ``(W/2, W]``, ``(W/4, W/2]``, … of the widest row's ``W``; a left-padded batch is one
+group, since only trailing columns are ever cut).
 
 The scorer declines (``None``) where replaying would not be the same function: a module shared by several layers
 (ALBERT), a model in training mode (dropout), a single-layer model (nothing to replay), no layer stack that holds the
@@ -121,24 +123,49 @@ def override_replay(adapter: Any, embeddings: Tensor, batch: Batch
     if any(len(r) != 1 or not _replayable(r[0]) for r in recorded):
         return out, None
     outputs = [r[0] for r in recorded]
-    size = embeddings.shape[0]
+    size, T = embeddings.shape[0], embeddings.shape[1]
     keys = [k for k in _READ if k in batch]
+    present = adapter._attention_mask(batch).bool()
+    extents = (torch.arange(1, T + 1, device=present.device) * present.long()).amax(1)  # last non-pad column + 1
 
-    def scorer(rows: Tensor, override: Optional[Tensor]) -> Tensor:
-        rows = rows.to(embeddings.device)
-        part = {k: _rows_of(batch[k], rows, size) for k in keys}
+    def run(rows: Tensor, override: Optional[Tensor], width: int) -> Tensor:
+        """One pass over ``rows``, every ``[N, T, ...]`` value cut to its first ``width`` columns."""
+        def cut(value: Any) -> Any:
+            if isinstance(value, Tensor):
+                return value[:, :width] if width < T and value.dim() >= 2 and value.shape[1] == T else value
+            return type(value)(cut(v) for v in value) if isinstance(value, (tuple, list)) else value
+
+        part = {k: cut(_rows_of(batch[k], rows, size)) for k in keys}
+        if override is not None and width < T:
+            override = override[..., :width]
         saved = [layer.__dict__.get("forward") for layer in replayed]
         for layer, output in zip(replayed, outputs):
-            selected = _rows_of(output, rows, size)
-            layer.forward = (lambda value: lambda *args, **kwargs: value)(selected)
+            layer.forward = (lambda value: lambda *args, **kwargs: value)(cut(_rows_of(output, rows, size)))
         try:
-            logits, _, _, _ = adapter._run(embeddings.index_select(0, rows), part, override, maps=False)
+            logits, _, _, _ = adapter._run(cut(embeddings.index_select(0, rows)), part, override, maps=False)
         finally:
             for layer, forward in zip(replayed, saved):
                 if forward is None:
                     del layer.forward
                 else:
                     layer.forward = forward
+        return logits
+
+    def scorer(rows: Tensor, override: Optional[Tensor]) -> Tensor:
+        rows = rows.to(embeddings.device)
+        reach = extents.index_select(0, rows.to(extents.device)).clamp(min=1)
+        # rows whose trailing padding can be cut run apart, in passes as wide as their longest row: reach in
+        # (W/2, W], (W/4, W/2], ... of the widest row's W (left padding: every row reaches the last column)
+        group = torch.floor(torch.log2(int(reach.max()) / reach.double())).long()
+        if bool((group == group[0]).all()):
+            return run(rows, override, int(reach.max()))
+        logits: Optional[Tensor] = None
+        for g in torch.unique(group).tolist():
+            idx = (group == g).nonzero().flatten()
+            scored = run(rows.index_select(0, idx.to(rows.device)), None if override is None
+                         else override.index_select(0, idx.to(override.device)), int(reach[idx].max()))
+            logits = scored.new_empty(rows.numel(), scored.shape[1]) if logits is None else logits
+            logits[idx.to(logits.device)] = scored
         return logits
 
     return out, scorer

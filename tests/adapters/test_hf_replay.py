@@ -85,3 +85,31 @@ def test_layer_stack_and_refusals():
     albert = _adapter("albert")  # one layer module shared by every layer: nothing to replay
     with torch.no_grad():
         assert albert.override_replay(albert.embed(batch), batch)[1] is None
+
+
+def test_scorer_runs_short_rows_in_narrow_passes():
+    adapter = _adapter("bert")
+    lengths, T = (14, 6, 3, 13), 14
+    ids = torch.full((4, T), 1)
+    attention_mask = torch.zeros(4, T, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, :n] = torch.randint(4, 64, (n,), generator=torch.Generator().manual_seed(row))
+        ids[row, 0], ids[row, n - 1] = 2, 3
+        attention_mask[row, :n] = 1
+    mask = attention_mask.bool() & (ids != 2) & (ids != 3)
+    batch = {"input_ids": ids, "attention_mask": attention_mask, "mask": mask}
+    last = layer_stack(adapter.model, adapter._attention_modules[-1])[-1]
+    widths = []
+    last.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append((args[0] if args else kwargs["hidden_states"]).shape[1]),
+        with_kwargs=True)
+    rows = torch.tensor([3, 2, 1, 0, 2])
+    with torch.no_grad():
+        emb = adapter.embed(batch)
+        _, scorer = adapter.override_replay(emb, batch)
+        tokens, _ = _overrides(mask, rows, heads=4)
+        widths.clear()
+        fast = scorer(rows, tokens)
+        assert sorted(widths) == [3, 6, 14]  # reach (W/2, W], (W/4, W/2], (W/8, W/4] of the widest row run apart
+        full = adapter.forward_from_embeddings(emb[rows], take_rows(batch, rows, 4), attention_override=tokens).logits
+    assert torch.allclose(fast, full, rtol=0, atol=1e-10)
