@@ -205,46 +205,72 @@ def row_extents(batch: Batch, batch_size: int) -> Tensor:
     return where.amax(1) if T else torch.zeros(batch_size, dtype=torch.long, device=present.device)
 
 
-def length_chunks(lengths: Union[Tensor, Sequence[int]], max_tokens: int, *,
-                  max_rows: Optional[int] = None) -> List[Tensor]:
+def length_chunks(lengths: Union[Tensor, Sequence[int]], max_tokens: int, *, max_rows: Optional[int] = None,
+                  pass_cost: Optional[int] = None) -> List[Tensor]:
     """Variant indices grouped into forward passes, shortest first, each within a token budget.
 
-    The variants are sorted by length (stably: equal lengths keep their order) and cut greedily into chunks
-    whose ``rows × longest length`` is at most ``max_tokens`` (and, with ``max_rows``, of at most ``max_rows``
-    rows); a variant longer than the budget gets a chunk of its own. Run each chunk trimmed to its own longest
-    width (:func:`take_rows`, then the trailing-padding trim of :func:`erase_tokens`): with ``lengths`` from
-    :func:`row_extents` that width is the chunk's last length, so short variants stop paying for long ones.
+    The variants are sorted by length (stably: equal lengths keep their order) and cut into consecutive
+    passes of at most ``max_tokens`` padded tokens (``rows × longest length``; with ``max_rows``, at most that
+    many rows; a variant longer than the budget gets a pass of its own). Where to cut is chosen to minimise
+    the padded tokens plus ``pass_cost`` per pass (a dynamic programme over the distinct lengths): a pass that
+    mixes short and long variants pays padding, one more pass pays its fixed cost. Run each pass trimmed to its
+    own longest width (:func:`take_rows`, then the trailing-padding trim of :func:`erase_tokens`): with
+    ``lengths`` from :func:`row_extents` that width is the pass's last length, so short variants stop paying
+    for long ones.
 
     Args:
         lengths: ``[N]`` widths of the variants (for a trimmed pass: their :func:`row_extents`).
         max_tokens: padded tokens (rows × width) a pass may hold.
         max_rows: optional cap on the rows of a pass.
+        pass_cost: the fixed cost of a pass, in padded tokens (default ``max_tokens // 32``).
 
     Returns:
         LongTensors of indices into ``lengths`` (on ``lengths``' device), covering each index exactly once.
 
     Example:
         >>> [c.tolist() for c in length_chunks(torch.tensor([5, 2, 9, 2, 4]), max_tokens=12)]
-        [[1, 3, 4], [0], [2]]
-        >>> [c.tolist() for c in length_chunks([5, 2, 9, 2, 4], max_tokens=100, max_rows=2)]
+        [[1, 3], [4], [0], [2]]
+        >>> [c.tolist() for c in length_chunks([5, 2, 9, 2, 4], max_tokens=100, max_rows=2, pass_cost=4)]
         [[1, 3], [4, 0], [2]]
     """
     lengths = torch.as_tensor(lengths, dtype=torch.long)
     if lengths.dim() != 1:
         raise ValueError(f"lengths must be one-dimensional; got shape {tuple(lengths.shape)}.")
-    for name, value in (("max_tokens", max_tokens), ("max_rows", max_rows)):
+    for name, value in (("max_tokens", max_tokens), ("max_rows", max_rows), ("pass_cost", pass_cost)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be a positive int; got {value!r}.")
     order = torch.sort(lengths, stable=True).indices
-    sizes, rows = [], 0
-    for length in lengths[order].tolist():
-        if rows and ((rows + 1) * max(length, 1) > max_tokens or (max_rows is not None and rows >= max_rows)):
-            sizes.append(rows)
-            rows = 0
-        rows += 1
-    if rows:
-        sizes.append(rows)
-    return list(torch.split(order, sizes))
+    if not order.numel():
+        return []
+    values, counts = torch.unique_consecutive(lengths[order], return_counts=True)
+    widths = values.clamp(min=1).tolist()
+    starts = [0, *torch.cumsum(counts, 0).tolist()]
+    fixed = max(1, max_tokens // 32) if pass_cost is None else pass_cost
+
+    def per_pass(width: int) -> int:
+        rows = max(1, max_tokens // width)
+        return rows if max_rows is None else min(rows, max_rows)
+
+    # best[j]: least cost of the variants of the j shortest lengths; cut[j]: where its last segment starts
+    best, cut = [0] + [float("inf")] * len(widths), [0] * (len(widths) + 1)
+    for j in range(1, len(widths) + 1):
+        width, per = widths[j - 1], per_pass(widths[j - 1])
+        for i in range(j - 1, -1, -1):
+            rows = starts[j] - starts[i]
+            if rows * width >= best[j]:  # longer segments only cost more
+                break
+            cost = best[i] + rows * width + -(-rows // per) * fixed
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    segments, j = [], len(widths)
+    while j:
+        segments.append((cut[j], j))
+        j = cut[j]
+    chunks: List[Tensor] = []
+    for i, j in reversed(segments):
+        rows = starts[j] - starts[i]
+        chunks += torch.tensor_split(order[starts[i]:starts[j]], -(-rows // per_pass(widths[j - 1])))
+    return chunks
 
 
 def replace_input_ids(batch: Batch, where: Tensor, token_id: int) -> Dict[str, Any]:
