@@ -9,7 +9,7 @@ treated as per-example values too.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -17,7 +17,7 @@ from torch import Tensor
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
 
 __all__ = ["batch_shape", "take_rows", "repeat_rows", "remove_tokens", "erase_tokens", "replace_input_ids",
-           "pad_embeddings", "row_extents", "length_chunks", "CPU_PASS_TOKENS"]
+           "pad_embeddings", "row_extents", "length_chunks", "padding_trimmer", "CPU_PASS_TOKENS"]
 
 #: Padded tokens (rows × width) per forward pass of length-sorted variants on CPU. MiniLM (1 thread) costs about
 #: 270 µs a token in passes of 1-4k tokens, 305 at 8k and 345 at 15k (activations leave the cache), so larger
@@ -178,6 +178,38 @@ def _trim_padding(batch: dict, shape: tuple) -> dict:
         return batch
     return {key: value[:, :width] if isinstance(value, Tensor) and value.dim() >= 2
             and tuple(value.shape[:2]) == (B, width_now) else value for key, value in batch.items()}
+
+
+def padding_trimmer(model: Any, batch: Batch, batch_size: int) -> Callable[[dict, tuple], dict]:
+    """:func:`_trim_padding` if cutting trailing padding leaves the model's logits unchanged, else the identity.
+
+    Checked on (up to 4 of) the rows that lose the most columns: their logits at the batch's width and trimmed must
+    agree (relative 1e-4). A model that reads its padding (an LSTM run over the pads) keeps the full width, so
+    trimmed passes never change its numbers.
+
+    Example:
+        >>> from lightning_xai.models import AttentionClassifier
+        >>> model = AttentionClassifier(vocab_size=10, num_classes=2, embedding_dim=4, hidden_dim=2).eval()
+        >>> batch = {"input_ids": torch.tensor([[3, 4, 5], [6, 0, 0]]),
+        ...          "mask": torch.tensor([[True, True, True], [True, False, False]])}
+        >>> padding_trimmer(model, batch, 2) is _trim_padding  # packed LSTM: the pads are never read
+        True
+    """
+    extents = row_extents(batch, batch_size)
+    present = _present(batch, batch_size)
+    if present is None or not extents.numel():
+        return _trim_padding
+    width = present.shape[1]
+    rows = (extents == extents.min()).nonzero().flatten()[:4]  # the rows a pass cuts most
+    whole = take_rows(batch, rows, batch_size)
+    cut = _trim_padding(whole, (rows.numel(), width))
+    if _present(cut, rows.numel()).shape[1] == width:
+        return _trim_padding
+    with torch.no_grad():
+        a = model.forward_from_embeddings(model.embed(whole), whole).logits
+        b = model.forward_from_embeddings(model.embed(cut), cut).logits
+    same = bool(torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-5 * float(a.abs().max().clamp_min(1))))
+    return _trim_padding if same else (lambda part, shape: part)
 
 
 def row_extents(batch: Batch, batch_size: int) -> Tensor:

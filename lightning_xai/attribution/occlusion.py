@@ -11,8 +11,8 @@ from torch import Tensor
 from lightning_xai.adapters.capabilities import DeletionLogits
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution import batching
-from lightning_xai.attribution.batching import (_trim_padding, length_chunks, pad_embeddings, remove_tokens,
-                                                row_extents, take_rows)
+from lightning_xai.attribution.batching import (_trim_padding, length_chunks, pad_embeddings, padding_trimmer,
+                                                remove_tokens, row_extents, take_rows)
 from lightning_xai.attribution.core import register_method
 from lightning_xai.attribution.gradients import _rows_per_pass
 from lightning_xai.attribution.targets import resolve_target, target_score
@@ -86,7 +86,9 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
         max_tokens = per_pass * max(T, 1)
         if auto and embeddings.device.type == "cpu":
             max_tokens = min(max_tokens, batching.CPU_PASS_TOKENS)
-        extents = row_extents(batch, B).to(rows.device).index_select(0, rows)
+        trim = padding_trimmer(model, batch, B)  # the identity for a model that reads its padding
+        extents = row_extents(batch, B) if trim is _trim_padding else torch.full((B,), T, dtype=torch.long)
+        extents = extents.to(rows.device).index_select(0, rows)
         occluded = torch.empty(rows.numel(), dtype=full.dtype, device=full.device)
         by_pad = torch.ones_like(rows, dtype=torch.bool) if mode == "pad" else (mask.sum(1) == 1)[rows]
         parts = []
@@ -105,7 +107,7 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
             # a deleted token shortens its row by one (the rest shifts left)
             for c in length_chunks(extents[chosen] - 1, max_tokens, max_rows=max_rows):
                 k = chosen[c.to(chosen.device)]
-                variants = _trim_padding(occlusion_batch(batch, rows[k], positions[k], B), (k.numel(), T - 1))
+                variants = trim(occlusion_batch(batch, rows[k], positions[k], B), (k.numel(), T - 1))
                 out = model.forward_from_embeddings(model.embed(variants), variants).logits
                 parts.append((k, target_score(out, target.index_select(0, rows[k]), output)))
         if bool(by_pad.any()):
@@ -114,7 +116,7 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
             for c in length_chunks(extents[chosen], max_tokens, max_rows=max_rows):
                 k = chosen[c.to(chosen.device)]
                 r, p = rows[k], positions[k]
-                sub = _trim_padding(take_rows(batch, r, B), (k.numel(), T))
+                sub = trim(take_rows(batch, r, B), (k.numel(), T))
                 width = next(v.shape[1] for v in sub.values() if isinstance(v, Tensor) and v.dim() >= 2
                              and v.shape[0] == k.numel())
                 # one copy of the rows (cut to the pass's width), then overwrite the single occluded vector each

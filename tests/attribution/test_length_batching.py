@@ -7,6 +7,7 @@ The batched results must match to float rounding whatever the pass sizes, and th
 than the batch (right padding) or exactly as wide (left padding: leading pads are never dropped)."""
 from __future__ import annotations
 
+import importlib
 import os
 import warnings
 
@@ -14,7 +15,8 @@ import pytest
 import torch
 
 from lightning_xai.attribution import attribute
-from lightning_xai.attribution.batching import erase_tokens, length_chunks, row_extents
+from lightning_xai.attribution import batching
+from lightning_xai.attribution.batching import erase_tokens, length_chunks, padding_trimmer, row_extents
 from lightning_xai.metrics.functional import erasure_probabilities
 from lightning_xai.models import AttentionClassifier
 
@@ -152,6 +154,9 @@ def _record_passes(model, monkeypatch) -> list:
         return original(embeddings, batch, **kwargs)
 
     monkeypatch.setattr(model, "forward_from_embeddings", recording)
+    # the padding check's two small passes (tested in test_a_model_that_reads_its_padding_is_never_trimmed) aside
+    for module in ("lightning_xai.attribution.occlusion", "lightning_xai.metrics.functional.erasure"):
+        monkeypatch.setattr(importlib.import_module(module), "padding_trimmer", lambda *a: batching._trim_padding)
     return passes
 
 
@@ -312,3 +317,25 @@ def test_row_extents_follow_the_pad_indicator():
     T = max(LENGTHS) + 1
     assert row_extents(_batch("llama"), 7).tolist() == [T] * 7
     assert row_extents({"input_ids": torch.ones(2, 5, dtype=torch.long)}, 2).tolist() == [5, 5]
+
+
+def test_a_model_that_reads_its_padding_is_never_trimmed():
+    """An LSTM run over the pads (no packing) gives other logits on a trimmed pass: the passes keep the width."""
+    from benchmarks.models import UnpackedBiLSTMClassifier
+
+    reference, batch = _reference(), _batch("reference")
+    assert padding_trimmer(reference, batch, len(LENGTHS)) is batching._trim_padding  # packed: pads never read
+    unpacked = UnpackedBiLSTMClassifier.from_reference(reference.float()).double().eval()
+    assert padding_trimmer(unpacked, batch, len(LENGTHS)) is not batching._trim_padding
+    target = unpacked.forward_from_embeddings(unpacked.embed(batch), batch).logits.argmax(-1)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="leave_one_out", category=RuntimeWarning)
+        got = attribute(unpacked, batch, "leave_one_out", target, mode="pad", signed=True)
+    # by hand at the batch's width: each real token replaced by the pad embedding (0) in a full-width copy
+    emb = unpacked.embed(batch)
+    full = unpacked.forward_from_embeddings(emb, batch).logits.softmax(-1).gather(1, target.view(-1, 1))[:, 0]
+    for b, t in batch["mask"].nonzero().tolist():
+        x = emb.clone()
+        x[b, t] = 0.0
+        p = unpacked.forward_from_embeddings(x, batch).logits.softmax(-1)[b, target[b]]
+        assert float(got[b, t]) == pytest.approx(float(full[b] - p), abs=1e-9)

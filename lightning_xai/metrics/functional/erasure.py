@@ -21,7 +21,7 @@ from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explaina
 from lightning_xai.attribution import explanation_context, resolve_target, take_rows
 from lightning_xai.attribution import batching
 from lightning_xai.attribution.batching import (_check_remove, _trim_padding, batch_shape, erase_tokens,
-                                                length_chunks, repeat_rows, row_extents)
+                                                length_chunks, padding_trimmer, repeat_rows, row_extents)
 from lightning_xai.attribution.override_replay import override_scorer
 
 __all__ = ["RANKINGS", "DecisionFlipResult", "attention_gradient", "decision_flip", "erasure_probabilities",
@@ -65,9 +65,11 @@ def erasure_probabilities(model: ExplainableModel, batch: Batch, removals: Seque
         budget = min(budget, batching.CPU_PASS_TOKENS) if mask.device.type == "cpu" else budget
     parts = []
     with torch.no_grad():
-        for idx in length_chunks(row_extents(erased, K * B), budget, max_rows=max_rows):
+        trim = padding_trimmer(model, batch, B)  # the identity for a model that reads its padding
+        lengths = row_extents(erased, K * B) if trim is _trim_padding else torch.full((K * B,), width)
+        for idx in length_chunks(lengths, budget, max_rows=max_rows):
             idx = idx.to(mask.device)
-            part = _trim_padding(take_rows(erased, idx, K * B), (idx.numel(), width))
+            part = trim(take_rows(erased, idx, K * B), (idx.numel(), width))
             logits = model.forward_from_embeddings(model.embed(part), part).logits
             parts.append((idx, logits.softmax(-1).gather(1, targets[idx].view(-1, 1)).squeeze(1)))
     order = torch.cat([idx for idx, _ in parts])
@@ -239,6 +241,7 @@ def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Ten
         row_inst, row_step = inst_grid[valid], step_grid[valid]
 
         first_flip = torch.full((B,), T + 1, dtype=torch.long, device=device)
+        trim = padding_trimmer(model, safe, B) if scorer is None else _trim_padding
         pointer, horizon = 0, 1  # a pass scores steps up to the horizon: 1, then 2-3, 4-7, 8-15, ...
         while pointer < row_inst.numel():
             pending_inst, pending_step = row_inst[pointer:], row_step[pointer:]
@@ -262,7 +265,7 @@ def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Ten
             if scorer is not None:
                 logits = scorer(inst, override)
             else:  # full passes, as wide as the chunk's longest row
-                part = _trim_padding(take_rows(safe, inst, B), (inst.numel(), T))
+                part = trim(take_rows(safe, inst, B), (inst.numel(), T))
                 width = model.token_mask(part).shape[1]
                 logits = model.forward_from_embeddings(emb.index_select(0, inst)[:, :width], part,
                                                        attention_override=override[:, :width]).logits
