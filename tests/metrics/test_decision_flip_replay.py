@@ -163,7 +163,8 @@ def test_fallback_passes_are_as_wide_as_their_longest_row(trained_model, sst2_ba
     padded = torch.cat([scores, torch.zeros(scores.shape[0], 5)], 1)
     _same(decision_flip(Recording(trained_model), wide, padded, max_rows=4), decision_flip(trained_model, sst2_batch,
                                                                                            scores))
-    assert widths[0] == T + 5 and max(widths[1:]) <= T and min(widths[1:]) < T
+    # the full pass, then padding_trimmer's check (the same rows at full width and trimmed), then the steps
+    assert widths[0] == widths[1] == T + 5 and max(widths[3:]) <= T and min(widths[3:]) < T
 
 
 def test_an_instance_that_flips_at_step_f_costs_fewer_than_2f_rows():
