@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -232,12 +233,13 @@ def test_max_flow_matches_networkx():
                                                                          abs=1e-12)
 
 
-def test_attention_flow_matches_networkx_on_the_layer_graph():
+@pytest.mark.parametrize("solver, atol", [("edmonds_karp", 1e-9), ("dinic", 1e-7)])
+def test_attention_flow_matches_networkx_on_the_layer_graph(solver, atol):
     nx = pytest.importorskip("networkx")
     adapter, batch = make_bert(layers=3), bert_batch()
     with torch.no_grad():
         out = adapter(batch)
-        got = attention_flow(adapter, batch, normalize_flows=False)
+        got = attention_flow(adapter, batch, normalize_flows=False, solver=solver)
     caps = flow_capacities(out.raw_attentions)
     present = batch["attention_mask"].bool()
     for b in range(2):
@@ -248,9 +250,28 @@ def test_attention_flow_matches_networkx_on_the_layer_graph():
                 for j in keys:
                     graph.add_edge((layer, j), (layer + 1, i), capacity=float(caps[layer, b, i, j]))
         expected = [nx.maximum_flow_value(graph, (0, j), (caps.shape[0], 0)) for j in keys]
-        assert torch.allclose(got[b, keys], torch.tensor(expected, dtype=torch.float64), atol=1e-9)
-    normalised = attention_flow(adapter, batch)
+        expected = torch.tensor(expected, dtype=torch.float64)
+        assert torch.allclose(got[b, keys], expected, atol=atol)
+        assert (got[b, keys] <= expected + 1e-12).all()  # the floored capacities never raise a flow
+    normalised = attention_flow(adapter, batch, solver=solver)
     assert torch.allclose(normalised.sum(-1), torch.ones(2, dtype=torch.float64))
+
+
+def test_attention_flow_solvers_agree_on_a_longer_input_and_bad_solvers_are_named(monkeypatch):
+    pytest.importorskip("scipy")
+    gen = torch.Generator().manual_seed(1)
+    adapter = make_bert(layers=3)
+    ids = torch.randint(5, 30, (1, 14), generator=gen)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    exact = attention_flow(adapter, batch, solver="edmonds_karp", normalize_flows=False)
+    fast = attention_flow(adapter, batch, solver="dinic", normalize_flows=False)
+    assert torch.allclose(fast, exact, atol=1e-7) and not torch.equal(fast, torch.zeros_like(fast))
+    with pytest.raises(ValueError, match="solver must be one of"):
+        attention_flow(adapter, batch, solver="push_relabel")
+    monkeypatch.setitem(sys.modules, "scipy.sparse.csgraph", None)  # SciPy missing
+    with pytest.raises(ImportError, match="pip install scipy"):
+        attention_flow(adapter, batch, solver="dinic")
+    assert torch.equal(attention_flow(adapter, batch, normalize_flows=False), exact)  # auto falls back
 
 
 def test_grad_attention_matches_hand_rollout_and_finite_differences():

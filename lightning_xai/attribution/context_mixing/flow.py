@@ -6,8 +6,14 @@ embeddings. Layer ``l``'s attention, averaged over heads with the residual added
 ``Â_l[i, j]``. Token ``j``'s flow is the maximum-flow value from ``(0, j)`` to the summary node ``(L, q)``; as in the
 authors' code the flows of a row are divided by their sum over the non-pad positions.
 
-The maximum flow is Edmonds–Karp (shortest augmenting paths, float capacities) on the non-pad positions; one flow per
-token, so the cost grows like ``T · (L·T)²`` per augmenting path: meant for sentences, not documents.
+One maximum flow per non-pad token, on the non-pad positions, by one of two solvers (``solver=``):
+
+* ``"dinic"`` (the default when SciPy is installed): :func:`scipy.sparse.csgraph.maximum_flow`'s Dinic algorithm in
+  compiled code. It needs integer capacities, so each capacity is floored to a multiple of ``2**-30``
+  (:data:`FLOW_SCALE`); a flow is then low by at most (number of edges in a minimum cut) · 2⁻³⁰ — in practice
+  ~1e-8 — and never high. ~130× the Edmonds–Karp loop at 64 tokens; ~4 s per 256-token review for MiniLM's 6 layers.
+* ``"edmonds_karp"`` (the fallback without SciPy): :func:`max_flow_value`, shortest augmenting paths in NumPy on float
+  capacities, exact to rounding; its cost grows like ``T · (L·T)²`` per augmenting path: for sentences, not documents.
 """
 from __future__ import annotations
 
@@ -21,7 +27,12 @@ from lightning_xai.adapters.protocol import Batch
 from lightning_xai.attribution.context_mixing._hf_internals import pad_mask, query_weights
 from lightning_xai.attribution.core import register_method, resolve_target
 
-__all__ = ["attention_flow", "flow_capacities", "max_flow_value"]
+__all__ = ["FLOW_SCALE", "SOLVERS", "attention_flow", "flow_capacities", "max_flow_value"]
+
+#: Capacities are floored to integer multiples of ``1 / FLOW_SCALE`` for the Dinic solver (int32 capacities: a
+#: capacity is at most 1, and the flow into the summary node is at most 1).
+FLOW_SCALE = 2 ** 30
+SOLVERS = ("auto", "dinic", "edmonds_karp")
 
 
 def max_flow_value(capacity: np.ndarray, source: int, sink: int, tol: float = 1e-12) -> float:
@@ -85,19 +96,38 @@ def flow_capacities(raw_attentions: Sequence[Tensor]) -> Tensor:
     return torch.stack(mats)
 
 
-def _row_flows(caps: np.ndarray, query: int) -> np.ndarray:
+def _resolve_solver(solver: str) -> str:
+    if solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {SOLVERS}; got {solver!r}.")
+    try:
+        import scipy.sparse.csgraph  # noqa: F401
+    except ImportError:
+        if solver == "dinic":
+            raise ImportError("attention_flow(solver='dinic') needs SciPy: pip install scipy, or pass "
+                              "solver='edmonds_karp' (exact, in NumPy, much slower on long inputs).") from None
+        return "edmonds_karp"
+    return "dinic" if solver == "auto" else solver
+
+
+def _row_flows(caps: np.ndarray, query: int, solver: str) -> np.ndarray:
     """Flows from every input position to node ``(L, query)`` of one example; ``caps`` ``[L, n, n]``."""
     L, n, _ = caps.shape
     graph = np.zeros(((L + 1) * n, (L + 1) * n))
     for layer in range(L):  # edge (layer, j) -> (layer + 1, i) with capacity caps[layer][i, j]
         graph[layer * n:(layer + 1) * n, (layer + 1) * n:(layer + 2) * n] = caps[layer].T
     sink = L * n + query
-    return np.array([max_flow_value(graph, j, sink) for j in range(n)])
+    if solver == "edmonds_karp":
+        return np.array([max_flow_value(graph, j, sink) for j in range(n)])
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import maximum_flow
+
+    integer = csr_matrix(np.floor(graph * FLOW_SCALE).astype(np.int32))
+    return np.array([maximum_flow(integer, j, sink, method="dinic").flow_value for j in range(n)]) / FLOW_SCALE
 
 
 @register_method("attention_flow", resolves_target=True)
 def attention_flow(model: Any, batch: Batch, target: Any = None, *, create_graph: bool = False,
-                   normalize_flows: bool = True) -> Tensor:
+                   normalize_flows: bool = True, solver: str = "auto") -> Tensor:
     """``[B, T]`` attention flow from each position to the classifier's summary node (Abnar & Zuidema 2020).
 
     Needs only the raw attention maps: every family the adapter runs with eager attention. Not differentiable
@@ -109,6 +139,8 @@ def attention_flow(model: Any, batch: Batch, target: Any = None, *, create_graph
         target: only validated.
         create_graph: ignored (see above).
         normalize_flows: divide each row's flows by their sum over non-pad positions (default, as the authors do).
+        solver: ``"dinic"`` (SciPy, capacities floored to multiples of 2⁻³⁰), ``"edmonds_karp"`` (NumPy, exact) or
+            ``"auto"`` (Dinic when SciPy is installed); see the module docstring.
 
     Example:
         >>> import torch
@@ -125,6 +157,7 @@ def attention_flow(model: Any, batch: Batch, target: Any = None, *, create_graph
         >>> scores.shape, bool((scores > 0).all(dim=0)[1:3].all())
         (torch.Size([1, 4]), True)
     """
+    solver = _resolve_solver(solver)
     with torch.no_grad():
         out = model.forward_from_embeddings(model.embed(batch), batch)
         resolve_target(out.logits, target)
@@ -141,7 +174,7 @@ def attention_flow(model: Any, batch: Batch, target: Any = None, *, create_graph
                 query = int(np.searchsorted(keep, position))
                 if query >= keep.size or keep[query] != position:
                     raise ValueError(f"row {b}'s summary position {int(position)} is a pad position.")
-                row = _row_flows(caps[:, b][:, keep][:, :, keep], query)
+                row = _row_flows(caps[:, b][:, keep][:, :, keep], query, solver)
                 row = row / max(row.sum(), np.finfo(float).tiny) if normalize_flows else row
                 flows[b, keep] += weights[b, position] * row
     return torch.as_tensor(flows, dtype=out.logits.dtype, device=out.logits.device)
