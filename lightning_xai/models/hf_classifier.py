@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Tuple
 
 import pytorch_lightning as pl
 import torch
 import torchmetrics
 from torch import Tensor, nn
 
+from lightning_xai.adapters.capabilities import OverrideScorer
 from lightning_xai.adapters.huggingface import HuggingFaceAdapter, Reduction
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
 from lightning_xai.data.pretrained import local_model_dir
@@ -141,6 +142,12 @@ class HFClassifier(ClassifierSteps, pl.LightningModule):
 
     def forward(self, batch: Batch, attention_override: Optional[Tensor] = None) -> ExplainOutput:
         return self.adapter(batch, attention_override=attention_override)
+
+    # --- capabilities -----------------------------------------------------------------------------------------
+    def override_replay(self, embeddings: Tensor, batch: Batch) -> Tuple[ExplainOutput, Optional[OverrideScorer]]:
+        """The adapter's :class:`~lightning_xai.adapters.capabilities.OverrideReplay`: decision flip re-runs only the
+        last layer and the head for each attention override (without it, every override re-ran all layers)."""
+        return self.adapter.override_replay(embeddings, batch)
 
     # --- training ---------------------------------------------------------------------------------------------
     def log_evaluation_extras(self, outputs: ExplainOutput, batch: Batch, stage: str, batch_size: int) -> None:
