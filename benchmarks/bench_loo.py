@@ -5,8 +5,9 @@ target probability. Configurations:
 
 * ``ours_delete`` ``attribute(model, batch, "leave_one_out")`` — the default: the token is deleted (J&W);
   one variant per real token (Σ L_b rows).
-* ``ours_pad``    ``mode="pad"``: the token's embedding is replaced by the pad vector (0) — exactly what
-  Captum's FeatureAblation with baseline 0 computes, so the two maps are compared number for number.
+* ``ours_pad``    ``mode="pad"``: the token's embedding is replaced by the pad token's — on the reference
+  models the zero vector, exactly what Captum's FeatureAblation with baseline 0 computes, so the two maps are
+  compared number for number (on MiniLM the [PAD] row is not 0, so the maps differ by design).
 * ``captum_ppe<k>`` ``FeatureAblation`` on the embeddings, ``feature_mask`` = token position,
   ``baselines=0``, ``perturbations_per_eval=k``: T_max perturbed copies of the whole batch (B × T_max rows).
 
@@ -26,7 +27,7 @@ from benchmarks import captum_baselines as CB  # noqa: E402
 from benchmarks.bench_ig import load  # noqa: E402
 
 SWEEP = (1, 4, 16, 64)
-TARGETS = {"reference": 3.0, "unpacked": 2.0}
+TARGETS = {"reference": 3.0, "unpacked": 2.0, "minilm": 2.0}  # minilm: issue 18
 
 
 def main(argv=None) -> dict:

