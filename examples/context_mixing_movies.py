@@ -30,8 +30,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from context_mixing_sst2 import (MAPS, RESULTS, accuracy, balanced, chunks, environment, evaluate,  # noqa: E402
-                                 fine_tune_minilm, markdown)
+from context_mixing_sst2 import (MAPS, RESULTS, accuracy, balanced, chunks, evaluate, fine_tune_minilm,  # noqa: E402
+                                 run_part)
 
 from lightning_xai.adapters import HuggingFaceAdapter  # noqa: E402
 from lightning_xai.attribution import attribute  # noqa: E402
@@ -105,17 +105,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     unknown: List[str] = [m for m in args.skip if m not in MAPS]
     if unknown:
         parser.error(f"--skip: unknown maps {unknown}; choose from {sorted(MAPS)}")
-    torch.set_num_threads(args.threads)
-    warnings.filterwarnings("ignore", ".*does not have many workers.*")
-    started = time.perf_counter()
-    result = {"part": "minilm_movies", **run(args)}
-    result["environment"] = environment(args, started)
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(result, indent=1, default=float), encoding="utf-8")
-    print(markdown(result))
-    print(f"\nsaved {output}")
-    return result
+    return run_part(args, "minilm_movies", run, Path(args.output))
 
 
 if __name__ == "__main__":

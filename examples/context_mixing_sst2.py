@@ -344,12 +344,19 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         return {}
     if args.part is None:
         parser.error("give --part or --markdown")
+    output = Path(args.output) if args.output else RESULTS / f"context_mixing_{args.part}.json"
+    return run_part(args, args.part, PARTS[args.part], output)
+
+
+def run_part(args: argparse.Namespace, part: str, run: Callable[[argparse.Namespace], Dict[str, Any]],
+             output: Path) -> Dict[str, Any]:
+    """Run one experiment at ``args.threads`` torch threads, save its JSON (with the environment) to ``output``
+    and print its table."""
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     started = time.perf_counter()
-    result = {"part": args.part, **PARTS[args.part](args)}
+    result = {"part": part, **run(args)}
     result["environment"] = environment(args, started)
-    output = Path(args.output) if args.output else RESULTS / f"context_mixing_{args.part}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=1, default=float), encoding="utf-8")
     print(markdown(result))
