@@ -86,25 +86,26 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
         max_tokens = per_pass * max(T, 1)
         if auto and embeddings.device.type == "cpu":
             max_tokens = min(max_tokens, batching.CPU_PASS_TOKENS)
-        trim = padding_trimmer(model, batch, B)  # the identity for a model that reads its padding
-        extents = row_extents(batch, B) if trim is _trim_padding else torch.full((B,), T, dtype=torch.long)
-        extents = extents.to(rows.device).index_select(0, rows)
         occluded = torch.empty(rows.numel(), dtype=full.dtype, device=full.device)
         by_pad = torch.ones_like(rows, dtype=torch.bool) if mode == "pad" else (mask.sum(1) == 1)[rows]
         parts = []
+        chosen = (~by_pad).nonzero().flatten()  # the variants scored by deleting the token
         if mode == "delete":
             if bool(by_pad.any()):
                 warnings.warn(f"leave_one_out(mode='delete'): rows {rows[by_pad].tolist()[:10]} have a single real "
                               "token; deleting it leaves nothing to classify, so it is scored by replacing it with "
                               "the pad token (mode='pad').", RuntimeWarning, stacklevel=3)
-            chosen = (~by_pad).nonzero().flatten()
             # a model that can score deletions faster than re-running them (e.g. the BiLSTM reusing its states)
             out = model.deletion_logits(embeddings, batch, rows[chosen], positions[chosen]) \
                 if isinstance(model, DeletionLogits) else None
             if out is not None:
                 parts.append((chosen, target_score(out, target.index_select(0, rows[chosen]), output)))
                 chosen = chosen[:0]
-            # a deleted token shortens its row by one (the rest shifts left)
+        if chosen.numel() or bool(by_pad.any()):  # full passes remain: trim them only where the logits allow
+            trim = padding_trimmer(model, batch, B)  # the identity for a model that reads its padding
+            extents = row_extents(batch, B) if trim is _trim_padding else torch.full((B,), T, dtype=torch.long)
+            extents = extents.to(rows.device).index_select(0, rows)
+        if chosen.numel():  # deletions re-run in full: a deleted token shortens its row by one (the rest shifts left)
             for c in length_chunks(extents[chosen] - 1, max_tokens, max_rows=max_rows):
                 k = chosen[c.to(chosen.device)]
                 variants = trim(occlusion_batch(batch, rows[k], positions[k], B), (k.numel(), T - 1))

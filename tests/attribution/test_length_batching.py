@@ -339,3 +339,19 @@ def test_a_model_that_reads_its_padding_is_never_trimmed():
         x[b, t] = 0.0
         p = unpacked.forward_from_embeddings(x, batch).logits.softmax(-1)[b, target[b]]
         assert float(got[b, t]) == pytest.approx(float(full[b] - p), abs=1e-9)
+
+
+def test_a_model_that_scores_its_own_deletions_runs_no_trimming_check(monkeypatch):
+    """The BiLSTM's DeletionLogits scores every deletion: leave-one-out runs one full pass, no padding check."""
+    import lightning_xai.attribution.occlusion as occlusion
+
+    reference = _reference()
+    several = torch.tensor([i for i, n in enumerate(LENGTHS) if n > 1])  # a one-token row is scored by a pad pass
+    batch = batching.take_rows(_batch("reference"), several, len(LENGTHS))
+    expected = attribute(reference, batch, "leave_one_out")
+    monkeypatch.setattr(occlusion, "padding_trimmer", lambda *args: pytest.fail("padding check, no full pass left"))
+    calls = []
+    run = reference.forward_from_embeddings
+    monkeypatch.setattr(reference, "forward_from_embeddings", lambda *a, **k: calls.append(1) or run(*a, **k))
+    assert torch.equal(attribute(reference, batch, "leave_one_out"), expected)
+    assert len(calls) == 1  # the full pass the scores start from
