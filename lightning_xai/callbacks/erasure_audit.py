@@ -108,8 +108,7 @@ class ErasureAudit(AuditCallback):
             ("comprehensiveness", "sufficiency", "aopc_comprehensiveness", "aopc_sufficiency") if self.eraser else ())
         return [f"{r}/{n}" for r in self.rankings for n in names]
 
-    def _scores(self, model: ExplainableModel, batch: Dict[str, Any], ranking: str,
-                indices: List[int]) -> Tensor:
+    def _scores(self, model: ExplainableModel, batch: Dict[str, Any], ranking: str, indices: List[int]) -> Tensor:
         if ranking == "random":
             # per-example draws over the real tokens: the same ranking however the subset is batched or sharded
             mask = model.token_mask(batch)
@@ -129,23 +128,26 @@ class ErasureAudit(AuditCallback):
         maps: Dict[str, Tensor] = {"attention": prediction.attention}
         values: Dict[str, Tensor] = {}
         ks = [self.k, *self.aopc_bins]
-        for ranking in self.rankings:
-            scores = self._scores(model, batch, ranking, indices).float()
-            if ranking != "random":
-                maps[ranking] = scores
-            if self.decision_flip:
-                result = decision_flip(model, batch, scores)
-                nan = torch.full_like(result.fraction_removed, float("nan"), dtype=torch.float64)
-                values[f"{ranking}/flipped"] = result.flipped.double()
-                values[f"{ranking}/fraction_removed"] = torch.where(result.flipped, result.fraction_removed.double(), nan)
-                values[f"{ranking}/attention_removed"] = torch.where(result.flipped, result.attention_removed.double(),
+        # every ranking's map first: the flips and the erasures of all rankings then share their passes
+        ranked = [self._scores(model, batch, ranking, indices).float() for ranking in self.rankings]
+        maps.update((r, scores) for r, scores in zip(self.rankings, ranked) if r != "random")
+        stack = torch.stack(ranked)
+        if self.decision_flip:
+            result = decision_flip(model, batch, stack)
+            for i, ranking in enumerate(self.rankings):
+                flipped = result.flipped[i]
+                nan = torch.full_like(result.fraction_removed[i], float("nan"), dtype=torch.float64)
+                values[f"{ranking}/flipped"] = flipped.double()
+                values[f"{ranking}/fraction_removed"] = torch.where(flipped, result.fraction_removed[i].double(), nan)
+                values[f"{ranking}/attention_removed"] = torch.where(flipped, result.attention_removed[i].double(),
                                                                      nan)
-            if self.eraser:
-                comp, suff = erasure_scores(model, batch, scores, ks)
-                values[f"{ranking}/comprehensiveness"] = comp[0].double()
-                values[f"{ranking}/sufficiency"] = suff[0].double()
-                values[f"{ranking}/aopc_comprehensiveness"] = comp[1:].double().mean(0)
-                values[f"{ranking}/aopc_sufficiency"] = suff[1:].double().mean(0)
+        if self.eraser:
+            comp, suff = erasure_scores(model, batch, stack, ks)
+            for i, ranking in enumerate(self.rankings):
+                values[f"{ranking}/comprehensiveness"] = comp[i, 0].double()
+                values[f"{ranking}/sufficiency"] = suff[i, 0].double()
+                values[f"{ranking}/aopc_comprehensiveness"] = comp[i, 1:].double().mean(0)
+                values[f"{ranking}/aopc_sufficiency"] = suff[i, 1:].double().mean(0)
         return {"maps": maps, "values": values}, {}
 
     def summary_rows(self, metrics: Mapping[str, float], full: bool = False) -> List[Tuple[str, str]]:

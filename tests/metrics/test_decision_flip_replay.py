@@ -91,6 +91,26 @@ def test_transformer_replay_gives_the_full_passes_results(name, left):
     assert flips > 0  # the equality is exercised on flipping instances too
 
 
+@pytest.mark.parametrize("name", ["bert", "llama", "reference"])
+def test_a_stack_of_rankings_gives_each_rankings_own_flips(name, request):
+    if name == "reference":
+        model, batch = request.getfixturevalue("trained_model"), request.getfixturevalue("sst2_batch")
+    else:
+        model, batch = _hf(name), _batch(name in ENCODERS, name == "llama")
+    maps = torch.stack([ranking_scores(model, batch, r, generator=torch.Generator().manual_seed(2)).float()
+                        for r in ("attention", "random", "grad_x_attention")]).to(model.embed(batch).dtype)
+    stacked = decision_flip(model, batch, maps)
+    assert stacked.flipped.shape == (3, batch["input_ids"].shape[0])
+    for r, one in enumerate(maps):
+        alone = decision_flip(model, batch, one)
+        for field in FIELDS:
+            assert torch.equal(getattr(stacked, field)[r], getattr(alone, field)), (r, field)
+    _same(decision_flip(Plain(model), batch, maps, max_rows=3), stacked)  # the fallback passes agree too
+    assert bool(stacked.flipped.any())
+    with pytest.raises(ValueError, match="empty stack"):
+        decision_flip(model, batch, maps[:0])
+
+
 def test_replay_inside_inference_mode():
     adapter = _hf("bert")
     batch = _batch(True, False)

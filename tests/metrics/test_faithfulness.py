@@ -10,6 +10,7 @@ import torch
 from lightning_xai.audits.erasure import decision_flip
 from lightning_xai.metrics import AOPC, Comprehensiveness, DecisionFlip, Sufficiency
 from lightning_xai.metrics.functional import AOPC_BINS, aopc, comprehensiveness, rationale_mask, sufficiency
+from lightning_xai.metrics.functional.faithfulness import erasure_scores
 
 
 def _prob(model, ids, cls=None):
@@ -138,3 +139,34 @@ def test_metric_classes_accumulate_over_batches(trained_model, sst2_batch, salie
     for metric in (metric_c, metric_s, metric_a, flip):
         assert metric.is_differentiable is False and metric.full_state_update is False
     assert Comprehensiveness.higher_is_better is True and Sufficiency.higher_is_better is False
+
+
+def test_a_stack_of_maps_gives_each_maps_own_scores_and_scores_a_shared_erasure_once(trained_model, sst2_batch,
+                                                                                      saliency, monkeypatch):
+    import lightning_xai.metrics.functional.erasure as erasure
+
+    with torch.no_grad():
+        attention = trained_model(sst2_batch).attention
+    maps = torch.stack([saliency, attention, saliency])  # the third map repeats the first: nothing new to score
+    ks = [0.2, *AOPC_BINS]  # 0.2 twice, as ErasureAudit asks (its k and its AOPC bin)
+    scored = []
+    real_take = erasure.take_rows
+
+    def counting(batch, rows, size):
+        scored.append(int(rows.numel()))
+        return real_take(batch, rows, size)
+
+    monkeypatch.setattr(erasure, "take_rows", counting)
+    comp, suff = erasure_scores(trained_model, sst2_batch, maps, ks)
+    built = scored[0]  # the first take_rows builds the erased rows to score
+    monkeypatch.setattr(erasure, "take_rows", real_take)
+    assert comp.shape == suff.shape == (3, len(ks), sst2_batch["mask"].shape[0])
+    for r, one in enumerate(maps):
+        alone_comp, alone_suff = erasure_scores(trained_model, sst2_batch, one, ks)
+        assert torch.allclose(comp[r], alone_comp, atol=1e-6) and torch.allclose(suff[r], alone_suff, atol=1e-6)
+    B = sst2_batch["mask"].shape[0]
+    assert built <= 2 * 2 * (len(ks) - 1) * B  # map 3 = map 1 and k = 0.2 twice: at most 2 maps x 5 sizes x 2
+    i = 0  # and against deleting tokens by hand
+    assert float(comp[1, 0, i]) == pytest.approx(_hand(trained_model, sst2_batch, attention, 0.2, i)[0], abs=1e-5)
+    with pytest.raises(ValueError, match="empty stack"):
+        erasure_scores(trained_model, sst2_batch, maps[:0], ks)

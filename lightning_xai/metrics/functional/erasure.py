@@ -21,7 +21,7 @@ from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explaina
 from lightning_xai.attribution import explanation_context, resolve_target, take_rows
 from lightning_xai.attribution import batching
 from lightning_xai.attribution.batching import (_check_remove, _trim_padding, batch_shape, erase_tokens,
-                                                length_chunks, padding_trimmer, repeat_rows, row_extents)
+                                                length_chunks, padding_trimmer, row_extents)
 from lightning_xai.attribution.override_replay import override_scorer
 
 __all__ = ["RANKINGS", "DecisionFlipResult", "attention_gradient", "decision_flip", "erasure_probabilities",
@@ -35,7 +35,9 @@ def erasure_probabilities(model: ExplainableModel, batch: Batch, removals: Seque
                           max_rows: int = 1024, max_tokens: Optional[int] = None) -> Tensor:
     """``[K, B]``: probability of ``target`` after each of the ``K`` erasures in ``removals`` (``[B, T]`` bools).
 
-    All ``K·B`` erased rows are built in one batch (rows repeated, then tokens deleted), sorted by length and
+    The ``K·B`` erased rows are built in one batch (rows repeated, then tokens deleted; an erasure that repeats
+    another of the same row — two sizes that round to one rationale, two rankings that agree — is built and scored
+    once), sorted by length and
     scored in forward passes of at most ``max_rows`` rows and ``max_tokens`` padded tokens (default: ``max_rows``
     rows at the erased batch's width, and on CPU at most
     :data:`~lightning_xai.attribution.batching.CPU_PASS_TOKENS`), each pass trimmed to its longest row
@@ -55,10 +57,17 @@ def erasure_probabilities(model: ExplainableModel, batch: Batch, removals: Seque
     for i, remove in enumerate(removals):
         _check_remove(remove, mask, name=f"removals[{i}]")
     K = len(removals)
-    stacked = repeat_rows(batch, K, B)
-    erased = erase_tokens(model, stacked, torch.cat([r.to(mask.device) for r in removals], 0))
+    flat = torch.cat([r.to(mask.device) for r in removals], 0)  # variant k of row b is row k·B + b
+    # the same deletion of the same row (two k that round to one rationale size, two rankings that agree on it)
+    # is scored once
+    source = torch.arange(B, device=mask.device).repeat(K)
+    keys = torch.cat([source.view(-1, 1), flat.long()], 1)
+    unique, inverse = torch.unique(keys, dim=0, return_inverse=True)
+    K_unique = unique.shape[0]
+    rows_of = unique[:, 0]
+    erased = erase_tokens(model, take_rows(batch, rows_of, B), unique[:, 1:].bool())
     width = batch_shape(model, erased)[1]
-    targets = target.to(mask.device).repeat(K)
+    targets = target.to(mask.device).index_select(0, rows_of)
     budget = max_tokens
     if budget is None:
         budget = max_rows * max(width, 1)
@@ -66,15 +75,15 @@ def erasure_probabilities(model: ExplainableModel, batch: Batch, removals: Seque
     parts = []
     with torch.no_grad():
         trim = padding_trimmer(model, batch, B)  # the identity for a model that reads its padding
-        lengths = row_extents(erased, K * B) if trim is _trim_padding else torch.full((K * B,), width)
+        lengths = row_extents(erased, K_unique) if trim is _trim_padding else torch.full((K_unique,), width)
         for idx in length_chunks(lengths, budget, max_rows=max_rows):
             idx = idx.to(mask.device)
-            part = trim(take_rows(erased, idx, K * B), (idx.numel(), width))
+            part = trim(take_rows(erased, idx, K_unique), (idx.numel(), width))
             logits = model.forward_from_embeddings(model.embed(part), part).logits
             parts.append((idx, logits.softmax(-1).gather(1, targets[idx].view(-1, 1)).squeeze(1)))
     order = torch.cat([idx for idx, _ in parts])
     probs = torch.cat([values for _, values in parts])
-    return torch.empty_like(probs).index_copy(0, order, probs).view(K, B)
+    return torch.empty_like(probs).index_copy(0, order, probs).index_select(0, inverse).view(K, B)
 
 
 def attention_gradient(model: ExplainableModel, batch: Batch, target: Any = None) -> Tensor:
@@ -155,7 +164,8 @@ def ranking_scores(model: ExplainableModel, batch: Batch, ranking: Union[str, Te
 
 @dataclass
 class DecisionFlipResult:
-    """Per-instance outcome of :func:`decision_flip` (all ``[B]``; −1 where the decision never flips).
+    """Per-instance outcome of :func:`decision_flip` (all ``[B]``, ``[R, B]`` for a stack of ``R`` rankings; −1
+    where the decision never flips).
 
     Attributes:
         items_removed: attention items zeroed when the argmax first changed (LongTensor), or −1.
@@ -197,7 +207,9 @@ def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Ten
         model: the explainable model (put in eval mode while this runs; modes are restored).
         batch: the batch.
         ranking: ``"attention"``, ``"random"``, ``"gradient"``, ``"grad_x_attention"`` or a ``[B, T]`` score map
-            (see :func:`ranking_scores`); the highest score is erased first.
+            (see :func:`ranking_scores`); the highest score is erased first. A stack of ``R`` maps ``[R, B, T]``
+            ranks every row once per map, sharing the model's full pass, its replay and the batched passes
+            (every field of the result is then ``[R, B]``).
         generator: random source for ``ranking="random"``.
         max_rows: rows per forward pass.
 
@@ -214,8 +226,14 @@ def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Ten
     if not isinstance(max_rows, int) or max_rows < 1:
         raise ValueError(f"max_rows must be a positive int, got {max_rows!r}.")
     model = as_explainable(model)
+    stacked = isinstance(ranking, Tensor) and ranking.dim() == 3
     own_attention = isinstance(ranking, str) and ranking == "attention"  # taken from the full pass below
-    scores = None if own_attention else ranking_scores(model, batch, ranking, generator=generator)
+    if stacked:
+        if not len(ranking):
+            raise ValueError("ranking is an empty stack of score maps; give at least one [B, T] map.")
+        scores = torch.stack([ranking_scores(model, batch, one) for one in ranking.unbind(0)])
+    else:
+        scores = None if own_attention else ranking_scores(model, batch, ranking, generator=generator).unsqueeze(0)
     with explanation_context(model, batch) as safe, torch.no_grad():
         mask = model.token_mask(safe)
         if bool((~mask.any(1)).any()):
@@ -224,23 +242,29 @@ def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Ten
         device = mask.device
         emb = model.embed(safe)
         out, scorer = override_scorer(model, emb, safe)
+        R = 1 if scores is None else scores.shape[0]
+        # R·B instances, ranking-major: instance r·B + b is row b of the batch ranked by map r
+        source = torch.arange(B, device=device).repeat(R)
         alpha = out.attention.detach().masked_fill(~mask, 0.0)
-        decision = out.logits.argmax(-1)
+        ranked = (alpha.unsqueeze(0) if scores is None else scores.to(device)).reshape(R * B, T)
+        alpha, mask = alpha.repeat(R, 1), mask.repeat(R, 1)
+        decision = out.logits.argmax(-1).repeat(R)
         lengths = mask.sum(1)
-        ranked = (alpha if scores is None else scores.to(device)).masked_fill(~mask, float("-inf"))
+        ranked = ranked.masked_fill(~mask, float("-inf"))
         order = torch.sort(ranked, dim=1, descending=True, stable=True).indices
-        rank = torch.empty_like(order).scatter_(1, order, torch.arange(T, device=device).expand(B, T).contiguous())
+        N = R * B
+        rank = torch.empty_like(order).scatter_(1, order, torch.arange(T, device=device).expand(N, T).contiguous())
         mass_in_order = torch.cumsum(alpha.gather(1, order), dim=1)  # mass of the first s items at index s − 1
 
         steps = (lengths - 1).clamp(min=0)
-        max_step = int(steps.max()) if B else 0
-        # rows ordered by step, then instance: (b, s) for s = 1..n_b − 1
-        step_grid = torch.arange(1, max_step + 1, device=device).view(-1, 1).expand(max_step, B)
-        inst_grid = torch.arange(B, device=device).view(1, -1).expand(max_step, B)
+        max_step = int(steps.max()) if N else 0
+        # rows ordered by step, then instance: (i, s) for s = 1..n_i − 1
+        step_grid = torch.arange(1, max_step + 1, device=device).view(-1, 1).expand(max_step, N)
+        inst_grid = torch.arange(N, device=device).view(1, -1).expand(max_step, N)
         valid = step_grid <= steps.view(1, -1)
         row_inst, row_step = inst_grid[valid], step_grid[valid]
 
-        first_flip = torch.full((B,), T + 1, dtype=torch.long, device=device)
+        first_flip = torch.full((N,), T + 1, dtype=torch.long, device=device)
         trim = padding_trimmer(model, safe, B) if scorer is None else _trim_padding
         pointer, horizon = 0, 1  # a pass scores steps up to the horizon: 1, then 2-3, 4-7, 8-15, ...
         while pointer < row_inst.numel():
@@ -262,12 +286,13 @@ def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Ten
             uniform = left.to(weights.dtype) / left.sum(1, keepdim=True).to(weights.dtype)
             override = torch.where(total > 0, weights / torch.where(total > 0, total, torch.ones_like(total)),
                                    uniform)
+            rows = source[inst]
             if scorer is not None:
-                logits = scorer(inst, override)
+                logits = scorer(rows, override)
             else:  # full passes, as wide as the chunk's longest row
-                part = trim(take_rows(safe, inst, B), (inst.numel(), T))
+                part = trim(take_rows(safe, rows, B), (rows.numel(), T))
                 width = model.token_mask(part).shape[1]
-                logits = model.forward_from_embeddings(emb.index_select(0, inst)[:, :width], part,
+                logits = model.forward_from_embeddings(emb.index_select(0, rows)[:, :width], part,
                                                        attention_override=override[:, :width]).logits
             flips = logits.argmax(-1) != decision[inst]
             if bool(flips.any()):
@@ -279,5 +304,7 @@ def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Ten
         mass = torch.where(flipped, mass_in_order.gather(1, index).squeeze(1), torch.full_like(alpha[:, 0], -1.0))
         fraction = torch.where(flipped, first_flip.double() / lengths.double(),
                                torch.full_like(first_flip, -1, dtype=torch.float64))
-    return DecisionFlipResult(items_removed=items, attention_removed=mass, fraction_removed=fraction,
-                              flipped=flipped, lengths=lengths)
+    shape = (R, B) if stacked else (B,)
+    return DecisionFlipResult(items_removed=items.view(shape), attention_removed=mass.view(shape),
+                              fraction_removed=fraction.view(shape), flipped=flipped.view(shape),
+                              lengths=lengths.view(shape))

@@ -59,29 +59,49 @@ def erasure_scores(model: ExplainableModel, batch: Batch, scores: Tensor, ks: Se
                    target: Any = None, *, max_rows: int = 1024) -> Tuple[Tensor, Tensor]:
     """Comprehensiveness and sufficiency for each k of ``ks``: two ``[len(ks), B]`` tensors.
 
-    One full forward pass plus ``2·len(ks)·B`` erased rows scored in batched passes of ``max_rows`` rows.
-    The model is put in eval mode while this runs (modes restored); no gradients are built.
+    ``scores`` is one ``[B, T]`` map or a stack of ``R`` maps ``[R, B, T]`` (then both results are
+    ``[R, len(ks), B]``): the maps of a stack share the full pass and the batched passes over their erasures, and an
+    erasure two maps (or two sizes) agree on is scored once. One full forward pass plus at most ``2·len(ks)·B``
+    erased rows per map, scored in batched passes of ``max_rows`` rows. The model is put in eval mode while this
+    runs (modes restored); no gradients are built.
+
+    Example:
+        >>> import torch
+        >>> from lightning_xai.models import AttentionClassifier
+        >>> model = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4)
+        >>> batch = {"input_ids": torch.tensor([[3, 4, 5, 6]]), "mask": torch.ones(1, 4, dtype=torch.bool)}
+        >>> maps = torch.tensor([[[0.1, 0.9, 0.2, 0.3]], [[0.4, 0.3, 0.2, 0.1]]])  # two maps of the one row
+        >>> comp, suff = erasure_scores(model, batch, maps, [1, 0.5])
+        >>> comp.shape, suff.shape
+        (torch.Size([2, 2, 1]), torch.Size([2, 2, 1]))
     """
     model = as_explainable(model)
     if len(ks) == 0:
         raise ValueError("ks is empty; give at least one top-k size (int) or fraction in (0, 1].")
+    stacked = isinstance(scores, Tensor) and scores.dim() == 3
+    maps = list(scores.unbind(0)) if stacked else [scores]
+    if not maps:
+        raise ValueError("scores is an empty stack of maps; give at least one [B, T] map.")
     with explanation_context(model, batch) as safe, torch.no_grad():
         mask = model.token_mask(safe)
-        check_maps(scores, mask=mask.to(scores.device), names=("scores",))
-        scores = scores.detach().to(mask.device)
+        for i, one in enumerate(maps):
+            check_maps(one, mask=mask.to(one.device), names=(f"scores[{i}]" if stacked else "scores",))
         logits = model.forward_from_embeddings(model.embed(safe), safe).logits
         tgt = resolve_target(logits, target)
         full = logits.softmax(-1).gather(1, tgt.view(-1, 1)).squeeze(1)
         removals = []
-        for k in ks:
-            comp, suff = _removals(scores, mask, k)
-            removals += [comp, suff]
+        for one in maps:
+            one = one.detach().to(mask.device)
+            for k in ks:
+                comp, suff = _removals(one, mask, k)
+                removals += [comp, suff]
         probs = erasure_probabilities(model, safe, removals, tgt, max_rows=max_rows)
         # nothing deleted (one-token instance, or r = x): the input is x itself, the difference is exactly 0
         unchanged = torch.stack([~r.any(1) for r in removals])
         probs = torch.where(unchanged, full.unsqueeze(0).expand_as(probs), probs)
-    comp_probs, suff_probs = probs[0::2], probs[1::2]
-    return full.unsqueeze(0) - comp_probs, full.unsqueeze(0) - suff_probs
+    probs = probs.view(len(maps), len(ks), 2, -1)
+    comp_scores, suff_scores = full - probs[:, :, 0], full - probs[:, :, 1]
+    return (comp_scores, suff_scores) if stacked else (comp_scores[0], suff_scores[0])
 
 
 def comprehensiveness(model: ExplainableModel, batch: Batch, scores: Tensor, k: Union[int, float] = 0.2,
