@@ -11,6 +11,10 @@ about ``1/L`` of a full pass per override. Rows whose trailing padding reaches f
 cut to its longest row (reach in ``(W/2, W]``, ``(W/4, W/2]``, … of the widest row's ``W``; a left-padded batch is one
 group, since only trailing columns are ever cut).
 
+Where the head reads one position per row, the scorer packs the overrides of a row into one sequence instead
+(:mod:`~lightning_xai.adapters.hf_packing`: copies of the pooled query appended to the row), used only if it gives the
+logits of one sequence per override on the batch.
+
 The scorer declines (``None``) where replaying would not be the same function: a module shared by several layers
 (ALBERT), a model in training mode (dropout), a single-layer model (nothing to replay), no layer stack that holds the
 overridden attention module in its last layer only, or a layer that returned something other than tensors. Callers
@@ -24,6 +28,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from lightning_xai.adapters.hf_packing import packed_scorer, replaced_forwards
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
 
 __all__ = ["layer_stack", "override_replay"]
@@ -76,7 +81,7 @@ def _declines(adapter: Any) -> bool:
             or adapter._last_module_calls() != 1)
 
 
-def override_replay(adapter: Any, embeddings: Tensor, batch: Batch
+def override_replay(adapter: Any, embeddings: Tensor, batch: Batch, *, pack: bool = True
                     ) -> Tuple[ExplainOutput, Optional[Callable[[Tensor, Optional[Tensor]], Tensor]]]:
     """``(adapter.forward_from_embeddings(embeddings, batch), scorer)``; ``scorer(rows, override)`` gives the
     ``[N, C]`` logits of rows ``rows`` of the batch under ``attention_override=override`` (``[N, T]`` or
@@ -87,6 +92,9 @@ def override_replay(adapter: Any, embeddings: Tensor, batch: Batch
         adapter: a :class:`~lightning_xai.adapters.HuggingFaceAdapter`.
         embeddings: ``embed(batch)``, ``[B, T, E]``.
         batch: the batch.
+        pack: score the overrides of one row in one sequence where the head reads one position
+            (:mod:`~lightning_xai.adapters.hf_packing`; used only if it agrees with one override per row on the
+            batch); ``False``: one sequence per override.
 
     Example:
         >>> import torch
@@ -138,17 +146,8 @@ def override_replay(adapter: Any, embeddings: Tensor, batch: Batch
         part = {k: cut(_rows_of(batch[k], rows, size)) for k in keys}
         if override is not None and width < T:
             override = override[..., :width]
-        saved = [layer.__dict__.get("forward") for layer in replayed]
-        for layer, output in zip(replayed, outputs):
-            layer.forward = (lambda value: lambda *args, **kwargs: value)(cut(_rows_of(output, rows, size)))
-        try:
+        with replaced_forwards(replayed, [cut(_rows_of(output, rows, size)) for output in outputs]):
             logits, _, _, _ = adapter._run(cut(embeddings.index_select(0, rows)), part, override, maps=False)
-        finally:
-            for layer, forward in zip(replayed, saved):
-                if forward is None:
-                    del layer.forward
-                else:
-                    layer.forward = forward
         return logits
 
     def scorer(rows: Tensor, override: Optional[Tensor]) -> Tensor:
@@ -168,4 +167,29 @@ def override_replay(adapter: Any, embeddings: Tensor, batch: Batch
             logits[idx.to(logits.device)] = scored
         return logits
 
+    packed = packed_scorer(adapter, embeddings, batch, layers, outputs, scorer) if pack else None
+    if packed is not None and _agrees(packed, scorer, out.logits, adapter.token_mask(batch)):
+        return out, packed
     return out, scorer
+
+
+def _agrees(packed: Callable[[Tensor, Optional[Tensor]], Tensor], scorer: Callable[[Tensor, Optional[Tensor]], Tensor],
+            logits: Tensor, mask: Tensor) -> bool:
+    """Whether the packed scorer gives the pass's logits on two copies of every row in one sequence (the model's own
+    attention), and the one-override-per-row replay's logits under uniform and rising attention over the real tokens
+    of the two longest and the two shortest rows (two copies each in one sequence)."""
+    def close(a: Tensor, b: Tensor) -> bool:
+        return a.shape == b.shape and bool(torch.allclose(a.double(), b.double(), rtol=1e-4, atol=1e-5))
+
+    every = torch.arange(mask.shape[0], device=mask.device).repeat_interleave(2)
+    by_length = torch.sort(mask.sum(1), stable=True).indices
+    rows = torch.unique(torch.cat([by_length[:2], by_length[-2:]])).repeat_interleave(2)
+    real = mask.index_select(0, rows).double()
+    rising = real * torch.arange(1, mask.shape[1] + 1, device=mask.device, dtype=torch.float64)
+    weights = torch.where(torch.arange(rows.numel(), device=mask.device).view(-1, 1) % 2 == 0, real, rising)
+    varied = weights / weights.sum(1, keepdim=True).clamp(min=1e-12)
+    try:
+        return close(packed(every, None), logits.index_select(0, every)) and close(packed(rows, varied),
+                                                                                  scorer(rows, varied))
+    except Exception:  # noqa: BLE001 - a layout the model does not take: keep the replay
+        return False

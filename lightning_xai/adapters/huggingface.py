@@ -47,7 +47,9 @@ default position of the summary token):
     tokens (e.g. a one-head model), up to float rounding.
 
   Many overrides of a batch's rows are scored by :meth:`HuggingFaceAdapter.override_replay`
-  (:mod:`lightning_xai.adapters.hf_replay`): every layer before the last is replayed from one recorded pass.
+  (:mod:`lightning_xai.adapters.hf_replay`): every layer before the last is replayed from one recorded pass, and
+  where the head reads one position the overrides of a row share one sequence
+  (:mod:`lightning_xai.adapters.hf_packing`).
 
   The override goes through a custom attention function registered in transformers' attention-interface registry
   (``AttentionInterface.register`` and ``AttentionMaskInterface.register`` under the name

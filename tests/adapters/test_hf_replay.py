@@ -106,7 +106,7 @@ def test_scorer_runs_short_rows_in_narrow_passes():
     rows = torch.tensor([3, 2, 1, 0, 2])
     with torch.no_grad():
         emb = adapter.embed(batch)
-        _, scorer = adapter.override_replay(emb, batch)
+        _, scorer = override_replay(adapter, emb, batch, pack=False)
         tokens, _ = _overrides(mask, rows, heads=4)
         widths.clear()
         fast = scorer(rows, tokens)

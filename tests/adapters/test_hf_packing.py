@@ -1,0 +1,145 @@
+"""Packed override scoring: a row's overrides in one sequence give the full passes' logits; where it is refused."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import lightning_xai.adapters.hf_packing as packing
+import lightning_xai.adapters.hf_replay as replay
+from lightning_xai.adapters import HuggingFaceAdapter
+from lightning_xai.adapters.hf_replay import layer_stack, override_replay
+from lightning_xai.attribution import take_rows
+
+pytest.importorskip("transformers")
+from transformers import AutoConfig, AutoModelForSequenceClassification  # noqa: E402
+
+from tests.adapters.test_families import PAD, SIZE, family_batch, family_model  # noqa: E402
+from tests.adapters.test_hf_replay import _overrides  # noqa: E402
+
+
+def _bert(max_positions: int = 64) -> HuggingFaceAdapter:
+    config = AutoConfig.for_model("bert", **{**SIZE, "max_position_embeddings": max_positions}, num_labels=2,
+                                  pad_token_id=PAD, attn_implementation="eager", hidden_dropout_prob=0.0,
+                                  attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return HuggingFaceAdapter(AutoModelForSequenceClassification.from_config(config).double().eval())
+
+
+def _rows_of_lengths(lengths, T):
+    ids = torch.full((len(lengths), T), PAD)
+    attention_mask = torch.zeros(len(lengths), T, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, :n] = torch.randint(4, 64, (n,), generator=torch.Generator().manual_seed(row))
+        ids[row, 0], ids[row, n - 1] = 2, 3
+        attention_mask[row, :n] = 1
+    mask = attention_mask.bool() & (ids != 2) & (ids != 3)
+    return {"input_ids": ids, "attention_mask": attention_mask, "mask": mask}
+
+
+def _last_layer_shapes(adapter):
+    shapes = []
+    last = layer_stack(adapter.model, adapter._attention_modules[-1])[-1]
+    handle = last.register_forward_pre_hook(
+        lambda module, args, kwargs: shapes.append(tuple((args[0] if args else kwargs["hidden_states"]).shape[:2])),
+        with_kwargs=True)
+    return shapes, handle
+
+
+def _check_against_full_passes(adapter, batch, rows, scorer):
+    emb = adapter.embed(batch)
+    part = take_rows(batch, rows, batch["input_ids"].shape[0])
+    heads = adapter.model.config.num_attention_heads
+    for override in (*_overrides(adapter.token_mask(batch), rows, heads), None):
+        full = adapter.forward_from_embeddings(emb[rows], part, attention_override=override).logits
+        fast = scorer(rows, override)
+        assert torch.allclose(fast, full, rtol=0, atol=1e-10), (fast - full).abs().max()
+
+
+def test_a_rows_overrides_run_as_copies_of_its_pooled_query_in_one_sequence():
+    adapter = _bert()
+    batch = _rows_of_lengths((14, 6, 3, 13), 14)
+    rows = torch.tensor([3, 2, 1, 0, 2])  # row 2 twice: one sequence of its 3 positions and 2 copies
+    shapes, handle = _last_layer_shapes(adapter)
+    with torch.no_grad():
+        _, scorer = adapter.override_replay(adapter.embed(batch), batch)
+        shapes.clear()
+        scorer(rows, _overrides(adapter.token_mask(batch), rows, 4)[0])
+        # sequences of widths 15, 14 | 7, 5 in two passes (as wide as their widest), then the head passes (width 1)
+        assert sorted(shapes) == [(2, 1), (2, 7), (2, 15), (3, 1)]
+        _check_against_full_passes(adapter, batch, rows, scorer)
+        many = torch.tensor([1] * 9 + [0, 2, 2])  # more copies than the row has positions: two sequences
+        _check_against_full_passes(adapter, batch, many, scorer)
+    handle.remove()
+
+
+@pytest.mark.parametrize("name,left", [("distilbert", False), ("llama", True), ("llama", False), ("gpt2", True),
+                                       ("qwen2", True)])
+def test_packed_overrides_equal_full_passes_across_families(name, left):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        adapter = HuggingFaceAdapter(family_model(name))
+    batch = family_batch(name, left)
+    rows = torch.tensor([0, 0, 0, 2, 1, 2])
+    shapes, handle = _last_layer_shapes(adapter)
+    with torch.no_grad():
+        _, scorer = adapter.override_replay(adapter.embed(batch), batch)
+        shapes.clear()
+        scorer(rows, None)
+        # one sequence per row, not one per override, then the six copies' head pass
+        assert sum(n for n, w in shapes if w > 1) == 3 and (6, 1) in shapes
+        _check_against_full_passes(adapter, batch, rows, scorer)
+    handle.remove()
+
+
+@pytest.mark.parametrize("name", ["mistral", "modernbert", "modernbert-mean"])
+def test_windowed_or_mean_pooled_models_keep_one_sequence_per_override(name, monkeypatch):
+    if name == "mistral":  # its window is a config field: with that rule off, the check must refuse it on its own
+        monkeypatch.setattr(packing, "_WINDOWED", ())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        adapter = HuggingFaceAdapter(family_model(name))
+    batch = family_batch(name, False)
+    rows = torch.tensor([0, 0, 1, 2])
+    shapes, handle = _last_layer_shapes(adapter)
+    with torch.no_grad():
+        _, scorer = adapter.override_replay(adapter.embed(batch), batch)
+        shapes.clear()
+        scorer(rows, None)
+    handle.remove()
+    assert sum(n for n, _ in shapes) == rows.numel() and all(w > 1 for _, w in shapes)
+
+
+def test_a_packed_scorer_that_disagrees_with_the_replay_is_not_used(monkeypatch):
+    adapter = _bert()
+    batch = _rows_of_lengths((14, 6, 3, 13), 14)
+    real = packing.packed_scorer
+
+    def off_by_a_little(*args):
+        scorer = real(*args)
+        return lambda rows, override: scorer(rows, override) + 1e-3 * (override is not None)
+
+    monkeypatch.setattr(replay, "packed_scorer", off_by_a_little)
+    with torch.no_grad():
+        _, scorer = override_replay(adapter, adapter.embed(batch), batch)
+        _, unpacked = override_replay(adapter, adapter.embed(batch), batch, pack=False)
+        rows = torch.tensor([0, 1, 1])
+        override = _overrides(adapter.token_mask(batch), rows, 4)[0]
+        assert torch.equal(scorer(rows, override), unpacked(rows, override))
+
+
+def test_rows_as_long_as_the_position_table_run_one_sequence_per_override():
+    adapter = _bert(max_positions=14)
+    batch = _rows_of_lengths((14, 6, 3, 13), 14)  # row 0 fills the table: no room for a copy
+    rows = torch.tensor([0, 0, 1, 3, 3, 3])
+    shapes, handle = _last_layer_shapes(adapter)
+    with torch.no_grad():
+        _, scorer = adapter.override_replay(adapter.embed(batch), batch)
+        shapes.clear()
+        scorer(rows, None)
+        assert max(w for _, w in shapes) == 14  # row 3's 13 positions and one copy; row 0 alone, twice
+        _check_against_full_passes(adapter, batch, rows, scorer)
+    handle.remove()
