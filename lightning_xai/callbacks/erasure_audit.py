@@ -128,12 +128,13 @@ class ErasureAudit(AuditCallback):
         maps: Dict[str, Tensor] = {"attention": prediction.attention}
         values: Dict[str, Tensor] = {}
         ks = [self.k, *self.aopc_bins]
-        # every ranking's map first: the flips and the erasures of all rankings then share their passes
-        ranked = [self._scores(model, batch, ranking, indices).float() for ranking in self.rankings]
-        maps.update((r, scores) for r, scores in zip(self.rankings, ranked) if r != "random")
-        stack = torch.stack(ranked)
+        # the flips of all rankings share one pass (the model's own rankings are read from it), and the erasures of
+        # all rankings another
+        entries = [ERASURE_RANKINGS[r] if r in ERASURE_RANKINGS and r != "random" else
+                   self._scores(model, batch, r, indices).float() for r in self.rankings]
         if self.decision_flip:
-            result = decision_flip(model, batch, stack)
+            result = decision_flip(model, batch, entries)
+            stack = result.scores.float()
             for i, ranking in enumerate(self.rankings):
                 flipped = result.flipped[i]
                 nan = torch.full_like(result.fraction_removed[i], float("nan"), dtype=torch.float64)
@@ -141,6 +142,10 @@ class ErasureAudit(AuditCallback):
                 values[f"{ranking}/fraction_removed"] = torch.where(flipped, result.fraction_removed[i].double(), nan)
                 values[f"{ranking}/attention_removed"] = torch.where(flipped, result.attention_removed[i].double(),
                                                                      nan)
+        else:
+            stack = torch.stack([self._scores(model, batch, r, indices).float() if isinstance(e, str) else e
+                                 for r, e in zip(self.rankings, entries)])
+        maps.update((r, stack[i]) for i, r in enumerate(self.rankings) if r != "random")
         if self.eraser:
             comp, suff = erasure_scores(model, batch, stack, ks)
             for i, ranking in enumerate(self.rankings):

@@ -107,6 +107,18 @@ def test_a_stack_of_rankings_gives_each_rankings_own_flips(name, request):
             assert torch.equal(getattr(stacked, field)[r], getattr(alone, field)), (r, field)
     _same(decision_flip(Plain(model), batch, maps, max_rows=3), stacked)  # the fallback passes agree too
     assert bool(stacked.flipped.any())
+    # names are read from the flips' own pass; the gradient rankings back-propagate through the replay only
+    names = ["attention", "gradient", "grad_x_attention", maps[1]]
+    listed = decision_flip(model, batch, names)
+    assert _uses_replay(model, batch)
+    for r, name in enumerate(names):
+        full = name if isinstance(name, torch.Tensor) else ranking_scores(model, batch, name)
+        mask = model.token_mask(batch)
+        assert torch.allclose(listed.scores[r].masked_fill(~mask, 0), full.to(listed.scores.dtype).masked_fill(
+            ~mask, 0), rtol=1e-4, atol=1e-6 * float(full.abs().max())), r
+        alone = decision_flip(model, batch, full)
+        assert torch.equal(listed.flipped[r], alone.flipped) and torch.equal(listed.items_removed[r],
+                                                                             alone.items_removed), r
     with pytest.raises(ValueError, match="empty stack"):
         decision_flip(model, batch, maps[:0])
 

@@ -173,6 +173,7 @@ class DecisionFlipResult:
         fraction_removed: ``items_removed / n`` (n = real tokens of the instance), or −1.
         flipped: whether the decision flipped before only one item was left.
         lengths: n, the real tokens of each instance.
+        scores: the score map(s) that ranked the items (``[B, T]``, ``[R, B, T]`` for a stack).
     """
 
     items_removed: Tensor
@@ -180,6 +181,7 @@ class DecisionFlipResult:
     fraction_removed: Tensor
     flipped: Tensor
     lengths: Tensor
+    scores: Optional[Tensor] = None
 
 
 def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Tensor] = "attention", *,
@@ -207,9 +209,10 @@ def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Ten
         model: the explainable model (put in eval mode while this runs; modes are restored).
         batch: the batch.
         ranking: ``"attention"``, ``"random"``, ``"gradient"``, ``"grad_x_attention"`` or a ``[B, T]`` score map
-            (see :func:`ranking_scores`); the highest score is erased first. A stack of ``R`` maps ``[R, B, T]``
-            ranks every row once per map, sharing the model's full pass, its replay and the batched passes
-            (every field of the result is then ``[R, B]``).
+            (see :func:`ranking_scores`); the highest score is erased first. A stack of ``R`` maps ``[R, B, T]``,
+            or a list of ``R`` names and maps, ranks every row once per ranking, sharing the model's full pass, its
+            replay and the batched passes (every field of the result is then ``[R, B]``); the gradient rankings
+            are back-propagated through the replay only (the last layer and the head of a transformer).
         generator: random source for ``ranking="random"``.
         max_rows: rows per forward pass.
 
@@ -226,14 +229,14 @@ def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Ten
     if not isinstance(max_rows, int) or max_rows < 1:
         raise ValueError(f"max_rows must be a positive int, got {max_rows!r}.")
     model = as_explainable(model)
-    stacked = isinstance(ranking, Tensor) and ranking.dim() == 3
-    own_attention = isinstance(ranking, str) and ranking == "attention"  # taken from the full pass below
-    if stacked:
-        if not len(ranking):
-            raise ValueError("ranking is an empty stack of score maps; give at least one [B, T] map.")
-        scores = torch.stack([ranking_scores(model, batch, one) for one in ranking.unbind(0)])
-    else:
-        scores = None if own_attention else ranking_scores(model, batch, ranking, generator=generator).unsqueeze(0)
+    listed = isinstance(ranking, (list, tuple))
+    stacked = listed or (isinstance(ranking, Tensor) and ranking.dim() == 3)
+    entries = list(ranking) if listed else list(ranking.unbind(0)) if stacked else [ranking]
+    if not entries:
+        raise ValueError("ranking is an empty stack of rankings; give at least one name or [B, T] map.")
+    # score maps and random draws are checked before the pass; the model's own rankings come from its pass below
+    given = [None if isinstance(one, str) and one in _FROM_THE_PASS else
+             ranking_scores(model, batch, one, generator=generator) for one in entries]
     with explanation_context(model, batch) as safe, torch.no_grad():
         mask = model.token_mask(safe)
         if bool((~mask.any(1)).any()):
@@ -242,13 +245,19 @@ def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Ten
         device = mask.device
         emb = model.embed(safe)
         out, scorer = override_scorer(model, emb, safe)
-        R = 1 if scores is None else scores.shape[0]
+        decision = out.logits.argmax(-1)
+        alpha = out.attention.detach().masked_fill(~mask, 0.0)
+        grad = None
+        if any(isinstance(one, str) and one in ("gradient", "grad_x_attention") for one in entries):
+            grad = _attention_gradient(model, safe, out, scorer, decision, mask)
+        named = {"attention": alpha, "gradient": grad, "grad_x_attention": None if grad is None else grad * alpha}
+        scores = torch.stack([named[one] if map_ is None else map_.to(device).to(alpha.dtype)
+                              for one, map_ in zip(entries, given)])
+        R = scores.shape[0]
         # R·B instances, ranking-major: instance r·B + b is row b of the batch ranked by map r
         source = torch.arange(B, device=device).repeat(R)
-        alpha = out.attention.detach().masked_fill(~mask, 0.0)
-        ranked = (alpha.unsqueeze(0) if scores is None else scores.to(device)).reshape(R * B, T)
-        alpha, mask = alpha.repeat(R, 1), mask.repeat(R, 1)
-        decision = out.logits.argmax(-1).repeat(R)
+        ranked = scores.reshape(R * B, T)
+        alpha, mask, decision = alpha.repeat(R, 1), mask.repeat(R, 1), decision.repeat(R)
         lengths = mask.sum(1)
         ranked = ranked.masked_fill(~mask, float("-inf"))
         order = torch.sort(ranked, dim=1, descending=True, stable=True).indices
@@ -307,4 +316,21 @@ def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Ten
     shape = (R, B) if stacked else (B,)
     return DecisionFlipResult(items_removed=items.view(shape), attention_removed=mass.view(shape),
                               fraction_removed=fraction.view(shape), flipped=flipped.view(shape),
-                              lengths=lengths.view(shape))
+                              lengths=lengths.view(shape), scores=scores if stacked else scores[0])
+
+
+#: rankings decision_flip takes from its own pass over the batch (the others are drawn or given)
+_FROM_THE_PASS = ("attention", "gradient", "grad_x_attention")
+
+
+def _attention_gradient(model: ExplainableModel, batch: Batch, out: Any, scorer: Any, decision: Tensor,
+                        mask: Tensor) -> Tensor:
+    """:func:`attention_gradient` of the predicted class, back-propagated through the override scorer when there is
+    one (α acts only where the scorer starts: the last layer and the head), else through the whole model."""
+    if scorer is None:
+        return attention_gradient(model, batch, target=decision)
+    with torch.enable_grad():
+        alpha = out.attention.detach().clone().requires_grad_(True)
+        logits = scorer(torch.arange(mask.shape[0], device=mask.device), alpha)
+        grad, = torch.autograd.grad(logits.gather(1, decision.view(-1, 1)).sum(), alpha)
+    return grad.detach().masked_fill(~mask, 0.0)
