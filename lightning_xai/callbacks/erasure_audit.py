@@ -132,9 +132,10 @@ class ErasureAudit(AuditCallback):
         # all rankings another
         entries = [ERASURE_RANKINGS[r] if r in ERASURE_RANKINGS and r != "random" else
                    self._scores(model, batch, r, indices).float() for r in self.rankings]
+        logits = None
         if self.decision_flip:
             result = decision_flip(model, batch, entries)
-            stack = result.scores.float()
+            stack, logits = result.scores.float(), result.logits
             for i, ranking in enumerate(self.rankings):
                 flipped = result.flipped[i]
                 nan = torch.full_like(result.fraction_removed[i], float("nan"), dtype=torch.float64)
@@ -147,7 +148,7 @@ class ErasureAudit(AuditCallback):
                                  for r, e in zip(self.rankings, entries)])
         maps.update((r, stack[i]) for i, r in enumerate(self.rankings) if r != "random")
         if self.eraser:
-            comp, suff = erasure_scores(model, batch, stack, ks)
+            comp, suff = erasure_scores(model, batch, stack, ks, logits=logits)  # the flips' full pass, reused
             for i, ranking in enumerate(self.rankings):
                 values[f"{ranking}/comprehensiveness"] = comp[i, 0].double()
                 values[f"{ranking}/sufficiency"] = suff[i, 0].double()

@@ -170,3 +170,13 @@ def test_a_stack_of_maps_gives_each_maps_own_scores_and_scores_a_shared_erasure_
     assert float(comp[1, 0, i]) == pytest.approx(_hand(trained_model, sst2_batch, attention, 0.2, i)[0], abs=1e-5)
     with pytest.raises(ValueError, match="empty stack"):
         erasure_scores(trained_model, sst2_batch, maps[:0], ks)
+    # the logits of a pass already made (decision_flip's) stand in for the full pass
+    flips = decision_flip(trained_model, sst2_batch, maps[1])
+    with torch.no_grad():
+        assert torch.allclose(flips.logits, trained_model(sst2_batch).logits, atol=1e-6)
+    given = erasure_scores(trained_model, sst2_batch, maps, ks, logits=flips.logits)
+    assert torch.allclose(given[0], comp, atol=1e-6) and torch.allclose(given[1], suff, atol=1e-6)
+    shifted = erasure_scores(trained_model, sst2_batch, maps, ks, logits=flips.logits + torch.tensor([0.5, -0.5]))
+    assert not torch.allclose(shifted[0], comp, atol=1e-3)  # the given logits are the ones used
+    with pytest.raises(ValueError, match="rows"):
+        erasure_scores(trained_model, sst2_batch, maps, ks, logits=flips.logits[:2])

@@ -174,6 +174,7 @@ class DecisionFlipResult:
         flipped: whether the decision flipped before only one item was left.
         lengths: n, the real tokens of each instance.
         scores: the score map(s) that ranked the items (``[B, T]``, ``[R, B, T]`` for a stack).
+        logits: ``[B, C]`` the model's logits on the full batch (the pass the flips start from).
     """
 
     items_removed: Tensor
@@ -182,6 +183,7 @@ class DecisionFlipResult:
     flipped: Tensor
     lengths: Tensor
     scores: Optional[Tensor] = None
+    logits: Optional[Tensor] = None
 
 
 def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Tensor] = "attention", *,
@@ -316,7 +318,8 @@ def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Ten
     shape = (R, B) if stacked else (B,)
     return DecisionFlipResult(items_removed=items.view(shape), attention_removed=mass.view(shape),
                               fraction_removed=fraction.view(shape), flipped=flipped.view(shape),
-                              lengths=lengths.view(shape), scores=scores if stacked else scores[0])
+                              lengths=lengths.view(shape), scores=scores if stacked else scores[0],
+                              logits=out.logits.detach())
 
 
 #: rankings decision_flip takes from its own pass over the batch (the others are drawn or given)

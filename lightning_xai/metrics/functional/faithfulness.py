@@ -17,7 +17,7 @@ Tokens are *deleted* (the sequence gets shorter, masks stay aligned; see
 """
 from __future__ import annotations
 
-from typing import Any, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -56,14 +56,16 @@ def _removals(scores: Tensor, mask: Tensor, k: Union[int, float]) -> Tuple[Tenso
 
 
 def erasure_scores(model: ExplainableModel, batch: Batch, scores: Tensor, ks: Sequence[Union[int, float]],
-                   target: Any = None, *, max_rows: int = 1024) -> Tuple[Tensor, Tensor]:
+                   target: Any = None, *, max_rows: int = 1024, logits: Optional[Tensor] = None
+                   ) -> Tuple[Tensor, Tensor]:
     """Comprehensiveness and sufficiency for each k of ``ks``: two ``[len(ks), B]`` tensors.
 
     ``scores`` is one ``[B, T]`` map or a stack of ``R`` maps ``[R, B, T]`` (then both results are
     ``[R, len(ks), B]``): the maps of a stack share the full pass and the batched passes over their erasures, and an
     erasure two maps (or two sizes) agree on is scored once. One full forward pass plus at most ``2·len(ks)·B``
     erased rows per map, scored in batched passes of ``max_rows`` rows. The model is put in eval mode while this
-    runs (modes restored); no gradients are built.
+    runs (modes restored); no gradients are built. ``logits``: the model's ``[B, C]`` logits on ``batch`` from an
+    eval-mode pass already made under the same precision (e.g. :func:`decision_flip`'s): the full pass is skipped.
 
     Example:
         >>> import torch
@@ -86,7 +88,11 @@ def erasure_scores(model: ExplainableModel, batch: Batch, scores: Tensor, ks: Se
         mask = model.token_mask(safe)
         for i, one in enumerate(maps):
             check_maps(one, mask=mask.to(one.device), names=(f"scores[{i}]" if stacked else "scores",))
-        logits = model.forward_from_embeddings(model.embed(safe), safe).logits
+        if logits is None:
+            logits = model.forward_from_embeddings(model.embed(safe), safe).logits
+        elif logits.shape[0] != mask.shape[0]:
+            raise ValueError(f"logits has {logits.shape[0]} rows; the batch has {mask.shape[0]}.")
+        logits = logits.detach().to(mask.device)
         tgt = resolve_target(logits, target)
         full = logits.softmax(-1).gather(1, tgt.view(-1, 1)).squeeze(1)
         removals = []
