@@ -10,13 +10,16 @@ each epoch, so that load from other processes hits every configuration alike. Co
 * ``attention_no_loo``: ``AttentionAudit(methods=("gradient", "grad_x_input"))``;
 * ``attention_loo``: ``AttentionAudit(methods=("leave_one_out",))`` — compared with the floor below;
 * ``erasure_default``: ``ErasureAudit()`` (attention, attention×gradient and random rankings, decision flip,
-  ERASER comprehensiveness/sufficiency/AOPC).
+  ERASER comprehensiveness/sufficiency at k = 20 %);
+* ``erasure_aopc``: ``ErasureAudit(aopc_bins=AOPC_BINS)`` — the same plus ERASER's AOPC over 1, 5, 10, 20, 50 %
+  (the default before AOPC became opt-in).
 
 The training epoch is the *measured* time of the limited epoch's training batches (forward, backward, optimizer
 step, data loading), scaled to the full split's batch count (6,920 sentences = 217 batches): a full MiniLM epoch
 on 2 contended cores would take most of an hour per round. The share is audit seconds / that extrapolated epoch.
 The profile is the time per audit spent in ``attribute`` per method (gradient and grad×input share one backward
-pass, counted under the first) and, for erasure, in ``ranking_scores``/``decision_flip``/``erasure_scores``.
+pass, counted under the first) and, for erasure, in ``decision_flip`` (which computes the attention and
+attention-gradient rankings from its own pass) and ``erasure_scores``.
 
 The *leave-one-out floor* is the time of Σ L_i forward passes, L_i the real tokens of sentence i: every audited
 sentence repeated L_i times (full length, no token deleted: an upper bound of the deleted-token passes' width),
@@ -41,12 +44,14 @@ from typing import Any, Dict, List, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import _common as C  # noqa: E402
+from lightning_xai.metrics.functional import AOPC_BINS  # noqa: E402
 
 CONFIGS: Dict[str, Dict[str, Any]] = {
     "attention_default": {"kind": "attention"},
     "attention_no_loo": {"kind": "attention", "methods": ("gradient", "grad_x_input")},
     "attention_loo": {"kind": "attention", "methods": ("leave_one_out",)},
     "erasure_default": {"kind": "erasure"},
+    "erasure_aopc": {"kind": "erasure", "aopc_bins": AOPC_BINS},
 }
 TARGETS = {"attention_default": 0.05, "erasure_default": 0.10}
 FULL_TRAIN_SENTENCES = 6920

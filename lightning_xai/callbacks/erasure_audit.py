@@ -13,7 +13,7 @@ from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute
 from lightning_xai.audits.erasure import decision_flip, ranking_scores
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction
 from lightning_xai.callbacks.names import check_names
-from lightning_xai.metrics.functional.faithfulness import AOPC_BINS, erasure_scores
+from lightning_xai.metrics.functional.faithfulness import erasure_scores
 
 __all__ = ["ERASURE_RANKINGS", "ErasureAudit"]
 
@@ -34,7 +34,13 @@ class ErasureAudit(AuditCallback):
       ``<ranking>/flipped/mean`` (fraction of examples whose decision flips before one item is left),
       ``<ranking>/fraction_removed/mean`` and ``<ranking>/attention_removed/mean`` (over the flipped examples);
     * **ERASER** (DeYoung et al., 2020), deleting tokens: ``<ranking>/comprehensiveness`` and
-      ``<ranking>/sufficiency`` at the top-``k`` tokens, and their AOPC over ``aopc_bins``.
+      ``<ranking>/sufficiency`` at the top-``k`` tokens and, with ``aopc_bins``, their AOPC over those bins
+      (``<ranking>/aopc_comprehensiveness``, ``<ranking>/aopc_sufficiency``).
+
+    AOPC is off by default: ERASER's five bins add three or four erasure sizes per ranking to the one at ``k``
+    (about two thirds of the audit's erasure passes, ~45 % of its time on a fine-tuned MiniLM; benchmarks/README.md),
+    which is what keeps ``ErasureAudit()`` within 10 % of a training epoch. ``aopc_bins=AOPC_BINS``
+    (:data:`~lightning_xai.metrics.functional.AOPC_BINS`: 1, 5, 10, 20, 50 %) turns on ERASER's AOPC.
 
     Rankings: ``"attention"``, ``"random"``, ``"attention_gradient"`` (∂ logit / ∂α, Serrano & Smith's
     gradient w.r.t. the attention weights), ``"grad_x_attention"`` (α · ∂ logit / ∂α), or any other
@@ -46,7 +52,8 @@ class ErasureAudit(AuditCallback):
     Args:
         rankings: the rankings compared.
         k: rationale size for comprehensiveness/sufficiency (int tokens or a fraction of the real tokens).
-        aopc_bins: AOPC bins (ERASER: 1, 5, 10, 20, 50 %).
+        aopc_bins: AOPC bins, ints (tokens) or fractions of the real tokens; empty (default): no AOPC. ERASER's
+            are ``AOPC_BINS`` (1, 5, 10, 20, 50 %).
         decision_flip / eraser: run either part.
         method_options: per-ranking options for attribution-method rankings.
         **kwargs: scheduling and subset options of :class:`~lightning_xai.callbacks.AuditCallback`.
@@ -62,7 +69,7 @@ class ErasureAudit(AuditCallback):
     precision_map = "erasure"  # under autocast with precision="auto", erasure runs in float32
 
     def __init__(self, rankings: Sequence[str] = ("attention", "attention_gradient", "random"),
-                 k: Union[int, float] = 0.2, aopc_bins: Sequence[Union[int, float]] = AOPC_BINS,
+                 k: Union[int, float] = 0.2, aopc_bins: Sequence[Union[int, float]] = (),
                  decision_flip: bool = True, eraser: bool = True,
                  method_options: Optional[Dict[str, Dict[str, Any]]] = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -75,9 +82,15 @@ class ErasureAudit(AuditCallback):
                     f" (the erasure rankings {list(ERASURE_RANKINGS)} or an attribution method)")
         if isinstance(k, bool) or not isinstance(k, (int, float)) or k <= 0 or (isinstance(k, float) and k > 1):
             raise MisconfigurationException(f"ErasureAudit(k) must be an int >= 1 or a fraction in (0, 1], got {k!r}.")
+        if isinstance(aopc_bins, (str, int, float)):
+            raise MisconfigurationException(f"ErasureAudit(aopc_bins) is a list of sizes, got {aopc_bins!r}; e.g. "
+                                            "aopc_bins=AOPC_BINS (lightning_xai.metrics.functional).")
         bins = list(aopc_bins)
-        if not bins:
-            raise MisconfigurationException("ErasureAudit(aopc_bins) must not be empty.")
+        bad = [b for b in bins if isinstance(b, bool) or not isinstance(b, (int, float)) or b <= 0
+               or (isinstance(b, float) and b > 1)]
+        if bad:
+            raise MisconfigurationException(f"ErasureAudit(aopc_bins) must hold ints >= 1 or fractions in (0, 1], got "
+                                            f"{bad}.")
         if not decision_flip and not eraser:
             raise MisconfigurationException("ErasureAudit: enable decision_flip, eraser or both.")
         self.rankings = rankings
@@ -105,7 +118,8 @@ class ErasureAudit(AuditCallback):
     def expected_values(self) -> List[str]:
         """Every ranking's flip and ERASER values: NaN for undefined examples, never silently missing."""
         names = (("flipped", "fraction_removed", "attention_removed") if self.decision_flip else ()) + (
-            ("comprehensiveness", "sufficiency", "aopc_comprehensiveness", "aopc_sufficiency") if self.eraser else ())
+            ("comprehensiveness", "sufficiency") if self.eraser else ()) + (
+            ("aopc_comprehensiveness", "aopc_sufficiency") if self.eraser and self.aopc_bins else ())
         return [f"{r}/{n}" for r in self.rankings for n in names]
 
     def _scores(self, model: ExplainableModel, batch: Dict[str, Any], ranking: str, indices: List[int]) -> Tensor:
@@ -152,8 +166,9 @@ class ErasureAudit(AuditCallback):
             for i, ranking in enumerate(self.rankings):
                 values[f"{ranking}/comprehensiveness"] = comp[i, 0].double()
                 values[f"{ranking}/sufficiency"] = suff[i, 0].double()
-                values[f"{ranking}/aopc_comprehensiveness"] = comp[i, 1:].double().mean(0)
-                values[f"{ranking}/aopc_sufficiency"] = suff[i, 1:].double().mean(0)
+                if self.aopc_bins:
+                    values[f"{ranking}/aopc_comprehensiveness"] = comp[i, 1:].double().mean(0)
+                    values[f"{ranking}/aopc_sufficiency"] = suff[i, 1:].double().mean(0)
         return {"maps": maps, "values": values}, {}
 
     def summary_rows(self, metrics: Mapping[str, float], full: bool = False) -> List[Tuple[str, str]]:

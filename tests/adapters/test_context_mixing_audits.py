@@ -45,4 +45,4 @@ def test_attention_and_erasure_audits_take_the_context_mixing_methods(tokenizer,
     for ranking in ("value_zeroing", "attnlrp"):
         assert 0 <= erased[f"{ranking}/flipped/mean"] <= 1
         assert math.isfinite(erased[f"{ranking}/comprehensiveness/mean"])
-        assert math.isfinite(erased[f"{ranking}/aopc_sufficiency/mean"])
+        assert math.isfinite(erased[f"{ranking}/sufficiency/mean"])

@@ -15,7 +15,7 @@ from lightning_xai.attribution import attribute
 from lightning_xai.audits.erasure import decision_flip
 from lightning_xai.callbacks import (AttentionAudit, AttentionBaselines, ErasureAudit, ImpermissibleAttentionMonitor)
 from lightning_xai.data import collate
-from lightning_xai.metrics.functional import jensen_shannon, topk_overlap
+from lightning_xai.metrics.functional import AOPC_BINS, aopc, comprehensiveness, jensen_shannon, topk_overlap
 
 
 def _subset_batch(dm, split, n, seed=0):
@@ -68,14 +68,25 @@ def test_erasure_and_baselines_and_monitor_values(kit, tmp_path):
     dm = kit.make_dm(impermissible=True)
     model = kit.make_model(dm)
     erasure = ErasureAudit(rankings=("attention", "random"), num_samples=16)
+    with_aopc = ErasureAudit(rankings=("attention",), aopc_bins=AOPC_BINS, decision_flip=False, num_samples=16,
+                             log_prefix="erasure_aopc")
     baselines = AttentionBaselines(num_samples=16, num_permutations=12)
     monitor = ImpermissibleAttentionMonitor(num_samples=16)
-    kit.make_trainer(tmp_path, [erasure, baselines, monitor]).fit(model, dm)
+    kit.make_trainer(tmp_path, [erasure, with_aopc, baselines, monitor]).fit(model, dm)
     model.eval()
     _, batch = _subset_batch(dm, "val", 16)
     flips = decision_flip(model, batch, "attention")
     m = erasure.history[-1]["metrics"]
     assert m["attention/flipped/mean"] == pytest.approx(flips.flipped.double().mean().item())
+    # ERASER at k by default; AOPC over the bins only when asked, and then ERASER's AOPC
+    with torch.no_grad():
+        attention = model(batch).attention
+    at_k, (aopc_comp, aopc_suff) = comprehensiveness(model, batch, attention, k=0.2), aopc(model, batch, attention)
+    assert m["attention/comprehensiveness/mean"] == pytest.approx(at_k.double().mean().item(), abs=1e-6)
+    assert not any("aopc" in key for key in m)
+    a = with_aopc.history[-1]["metrics"]
+    assert a["attention/aopc_comprehensiveness/mean"] == pytest.approx(aopc_comp.double().mean().item(), abs=1e-6)
+    assert a["attention/aopc_sufficiency/mean"] == pytest.approx(aopc_suff.double().mean().item(), abs=1e-6)
     frac = flips.fraction_removed[flips.flipped].double()
     if frac.numel():
         assert m["attention/fraction_removed/mean"] == pytest.approx(frac.mean().item())

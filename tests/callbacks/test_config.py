@@ -33,6 +33,8 @@ from lightning_xai.callbacks import (AttentionAudit, AttentionBaselines, Erasure
     (lambda: ErasureAudit(rankings="attention"), "not a string"),
     (lambda: ErasureAudit(k=0), "k"),
     (lambda: ErasureAudit(decision_flip=False, eraser=False), "enable"),
+    (lambda: ErasureAudit(aopc_bins=0.2), "list of sizes"),
+    (lambda: ErasureAudit(aopc_bins=(0.1, 0, 1.5)), r"\[0, 1.5\]"),
     (lambda: AttentionBaselines(num_permutations=0), "num_permutations"),
     (lambda: AttentionBaselines(max_attention_bins=(0.5, 0.2)), "increasing"),
     (lambda: AttentionBaselines(permutation=False, uniform=False), "enable"),
