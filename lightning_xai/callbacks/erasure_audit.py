@@ -113,7 +113,10 @@ class ErasureAudit(AuditCallback):
         return ranking
 
     def _state_config(self) -> Dict[str, Any]:
-        return dict(super()._state_config(), rankings=tuple(self.rankings), k=self.k)
+        config = dict(super()._state_config(), rankings=tuple(self.rankings), k=self.k)
+        if self.aopc_bins:  # only when set: the state keys of audits without AOPC stay what they were
+            config["aopc_bins"] = tuple(self.aopc_bins)
+        return config
 
     def expected_values(self) -> List[str]:
         """Every ranking's flip and ERASER values: NaN for undefined examples, never silently missing."""

@@ -95,8 +95,9 @@ def test_default_methods_follow_the_model():
 
 def test_state_keys_tell_instances_apart():
     keys = {AttentionAudit().state_key, AttentionAudit(seed=1).state_key, AttentionAudit(methods=("gradient",)).state_key,
-            ErasureAudit().state_key, AttentionBaselines().state_key, ImpermissibleAttentionMonitor().state_key}
-    assert len(keys) == 6
+            ErasureAudit().state_key, ErasureAudit(aopc_bins=(0.1, 0.5)).state_key, AttentionBaselines().state_key,
+            ImpermissibleAttentionMonitor().state_key}
+    assert len(keys) == 7
     assert AttentionAudit().state_key == AttentionAudit().state_key
 
 
