@@ -126,12 +126,13 @@ def test_a_stack_of_rankings_gives_each_rankings_own_flips(name, request):
 def test_replay_inside_inference_mode():
     adapter = _hf("bert")
     batch = _batch(True, False)
-    expected = decision_flip(adapter, batch, "attention")
+    expected = decision_flip(adapter, batch, ["attention", "gradient"])
     adapter.train()
-    with torch.inference_mode():  # as inside trainer.validate
-        inside = decision_flip(adapter, {k: v.clone() for k, v in batch.items()}, "attention")
+    with torch.inference_mode():  # as inside trainer.validate: the gradient ranking back-propagates all the same
+        inside = decision_flip(adapter, {k: v.clone() for k, v in batch.items()}, ["attention", "gradient"])
     assert adapter.training  # modes restored
     _same(inside, expected)
+    assert torch.equal(inside.scores, expected.scores) and bool(inside.scores[1].abs().sum() > 0)
 
 
 def test_reference_model_linear_head_replay_gives_the_full_passes_results(trained_model, sst2_batch):
