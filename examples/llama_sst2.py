@@ -23,6 +23,7 @@ import torch
 from lightning_xai import TextClassificationDataModule
 from lightning_xai.callbacks import AttentionAudit, ErasureAudit
 from lightning_xai.data import collate
+from lightning_xai.metrics.functional import AOPC_BINS
 from lightning_xai.models import HFClassifier
 
 
@@ -76,7 +77,7 @@ def main() -> None:
     common = dict(num_samples=args.audit_samples, every_n_epochs=0, on_validate=True, on_test=False, batch_size=32)
     audit = AttentionAudit(methods=["gradient", "grad_x_input", "leave_one_out", "integrated_gradients"],
                            metrics=["kendall_tau", "jsd"], **common)
-    erasure = ErasureAudit(rankings=("attention", "attention_gradient", "random"), **common)
+    erasure = ErasureAudit(rankings=("attention", "attention_gradient", "random"), aopc_bins=AOPC_BINS, **common)
     metrics = pl.Trainer(callbacks=[audit, erasure], **trainer_options).validate(module, datamodule=dm,
                                                                                   verbose=False)[0]
     result = {"args": vars(args), "pooling": module.adapter.pooling, "train_cpu_s": round(train_cpu, 1),
