@@ -40,15 +40,24 @@ def _rows_of_lengths(lengths, T):
     return {"input_ids": ids, "attention_mask": attention_mask, "mask": mask}
 
 
-def _last_layer_shapes(adapter):
+def _scored_shapes(adapter, batch, rows, override=None):
+    """The batch's override scorer, and ``(sequences, width)`` of every last-layer pass one call of it makes."""
     shapes = []
     last = layer_stack(adapter.model, adapter._attention_modules[-1])[-1]
     handle = last.register_forward_pre_hook(
         lambda module, args, kwargs: shapes.append(tuple((args[0] if args else kwargs["hidden_states"]).shape[:2])),
         with_kwargs=True)
-    return shapes, handle
+    try:
+        with torch.no_grad():
+            _, scorer = adapter.override_replay(adapter.embed(batch), batch)
+            shapes.clear()
+            scorer(rows, override)
+    finally:
+        handle.remove()
+    return scorer, shapes
 
 
+@torch.no_grad()
 def _check_against_full_passes(adapter, batch, rows, scorer):
     emb = adapter.embed(batch)
     part = take_rows(batch, rows, batch["input_ids"].shape[0])
@@ -63,17 +72,12 @@ def test_a_rows_overrides_run_as_copies_of_its_pooled_query_in_one_sequence():
     adapter = _bert()
     batch = _rows_of_lengths((14, 6, 3, 13), 14)
     rows = torch.tensor([3, 2, 1, 0, 2])  # row 2 twice: one sequence of its 3 positions and 2 copies
-    shapes, handle = _last_layer_shapes(adapter)
-    with torch.no_grad():
-        _, scorer = adapter.override_replay(adapter.embed(batch), batch)
-        shapes.clear()
-        scorer(rows, _overrides(adapter.token_mask(batch), rows, 4)[0])
-        # sequences of widths 15, 14 | 7, 5 in two passes (as wide as their widest), then the head passes (width 1)
-        assert sorted(shapes) == [(2, 1), (2, 7), (2, 15), (3, 1)]
-        _check_against_full_passes(adapter, batch, rows, scorer)
-        many = torch.tensor([1] * 9 + [0, 2, 2])  # more copies than the row has positions: two sequences
-        _check_against_full_passes(adapter, batch, many, scorer)
-    handle.remove()
+    scorer, shapes = _scored_shapes(adapter, batch, rows, _overrides(adapter.token_mask(batch), rows, 4)[0])
+    # sequences of widths 15, 14 | 7, 5 in two passes (as wide as their widest), then the head passes (width 1)
+    assert sorted(shapes) == [(2, 1), (2, 7), (2, 15), (3, 1)]
+    _check_against_full_passes(adapter, batch, rows, scorer)
+    many = torch.tensor([1] * 9 + [0, 2, 2])  # more copies than the row has positions: two sequences
+    _check_against_full_passes(adapter, batch, many, scorer)
 
 
 @pytest.mark.parametrize("name,left", [("distilbert", False), ("llama", True), ("llama", False), ("gpt2", True),
@@ -84,15 +88,10 @@ def test_packed_overrides_equal_full_passes_across_families(name, left):
         adapter = HuggingFaceAdapter(family_model(name))
     batch = family_batch(name, left)
     rows = torch.tensor([0, 0, 0, 2, 1, 2])
-    shapes, handle = _last_layer_shapes(adapter)
-    with torch.no_grad():
-        _, scorer = adapter.override_replay(adapter.embed(batch), batch)
-        shapes.clear()
-        scorer(rows, None)
-        # one sequence per row, not one per override, then the six copies' head pass
-        assert sum(n for n, w in shapes if w > 1) == 3 and (6, 1) in shapes
-        _check_against_full_passes(adapter, batch, rows, scorer)
-    handle.remove()
+    scorer, shapes = _scored_shapes(adapter, batch, rows)
+    # one sequence per row, not one per override, then the six copies' head pass
+    assert sum(n for n, w in shapes if w > 1) == 3 and (6, 1) in shapes
+    _check_against_full_passes(adapter, batch, rows, scorer)
 
 
 @pytest.mark.parametrize("name", ["mistral", "modernbert", "modernbert-mean"])
@@ -104,12 +103,7 @@ def test_windowed_or_mean_pooled_models_keep_one_sequence_per_override(name, mon
         adapter = HuggingFaceAdapter(family_model(name))
     batch = family_batch(name, False)
     rows = torch.tensor([0, 0, 1, 2])
-    shapes, handle = _last_layer_shapes(adapter)
-    with torch.no_grad():
-        _, scorer = adapter.override_replay(adapter.embed(batch), batch)
-        shapes.clear()
-        scorer(rows, None)
-    handle.remove()
+    _, shapes = _scored_shapes(adapter, batch, rows)
     assert sum(n for n, _ in shapes) == rows.numel() and all(w > 1 for _, w in shapes)
 
 
@@ -135,11 +129,6 @@ def test_rows_as_long_as_the_position_table_run_one_sequence_per_override():
     adapter = _bert(max_positions=14)
     batch = _rows_of_lengths((14, 6, 3, 13), 14)  # row 0 fills the table: no room for a copy
     rows = torch.tensor([0, 0, 1, 3, 3, 3])
-    shapes, handle = _last_layer_shapes(adapter)
-    with torch.no_grad():
-        _, scorer = adapter.override_replay(adapter.embed(batch), batch)
-        shapes.clear()
-        scorer(rows, None)
-        assert max(w for _, w in shapes) == 14  # row 3's 13 positions and one copy; row 0 alone, twice
-        _check_against_full_passes(adapter, batch, rows, scorer)
-    handle.remove()
+    scorer, shapes = _scored_shapes(adapter, batch, rows)
+    assert max(w for _, w in shapes) == 14  # row 3's 13 positions and one copy; row 0 alone, twice
+    _check_against_full_passes(adapter, batch, rows, scorer)
