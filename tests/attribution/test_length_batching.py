@@ -241,7 +241,8 @@ def test_erasure_passes_are_trimmed_to_their_longest_row(monkeypatch):
     width = erase_tokens(model, batch, removals[0])["input_ids"].shape[1]
     passes = _record_passes(model, monkeypatch)
     erasure_probabilities(model, batch, removals, torch.zeros(len(LENGTHS), dtype=torch.long), max_tokens=40)
-    assert sum(r for r, _, _ in passes) == 3 * len(LENGTHS)
+    distinct = {(row, tuple(r[row].tolist())) for r in removals for row in range(len(LENGTHS))}
+    assert sum(r for r, _, _ in passes) == len(distinct) < 3 * len(LENGTHS)  # a repeated erasure is scored once
     assert all(ends for _, _, ends in passes) and [w for _, w, _ in passes] == sorted(w for _, w, _ in passes)
     assert all(r * w <= 40 or r == 1 for r, w, _ in passes) and passes[0][1] < width
 
