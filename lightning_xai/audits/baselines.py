@@ -22,6 +22,7 @@ from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
 from lightning_xai.attribution.batching import repeat_rows
+from lightning_xai.attribution.override_replay import override_scorer
 from lightning_xai.metrics.functional.divergence import total_variation
 
 __all__ = [
@@ -132,7 +133,10 @@ def permutation_test(model: ExplainableModel, batch: Batch, num_permutations: in
     """Jain & Wallace's permutation test on one batch.
 
     The input embeddings are computed once; the model is re-run from them with the trained attention replaced
-    by each permutation (``attention_override``), so everything before the attention is unchanged. Run it with
+    by each permutation (``attention_override``), so everything before the attention is unchanged. Where the model
+    offers a checked override scorer (:func:`~lightning_xai.attribution.override_replay.override_scorer`) only
+    what the attention changes runs: the last layer and the head of a transformer (a row's permutations packed
+    into one sequence where the head reads one position), the pooling and the head of the reference BiLSTM. Run it with
     the model in ``eval()`` mode (dropout off), as J&W do.
 
     Args:
@@ -161,7 +165,10 @@ def permutation_test(model: ExplainableModel, batch: Batch, num_permutations: in
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
     mask = model.token_mask(batch)
     embeddings = model.embed(batch)
-    base_output, base_probs = _probabilities(model, embeddings, batch)
+    # a checked scorer of overrides runs only what the attention changes (the last layer and the head of a
+    # transformer, the pooling and the head of the BiLSTM); without one every permutation re-runs the model
+    base_output, scorer = override_scorer(model, embeddings, batch)
+    base_probs = base_output.logits.float().softmax(-1)
     attention = base_output.attention.detach().float()
     permuted = permute_attention(attention, mask, num_permutations, generator, row_generators)  # [N, B, T]
     batch_size = mask.shape[0]
@@ -170,9 +177,13 @@ def permutation_test(model: ExplainableModel, batch: Batch, num_permutations: in
     for start in range(0, num_permutations, per_chunk):
         block = permuted[start:start + per_chunk]
         n = block.shape[0]
-        repeated = repeat_rows(batch, n, batch_size)
-        emb = embeddings.repeat(n, 1, 1)
-        _, probs = _probabilities(model, emb, repeated, attention_override=block.reshape(n * batch_size, -1))
+        if scorer is not None:
+            rows = torch.arange(batch_size, device=mask.device).repeat(n)
+            probs = scorer(rows, block.reshape(n * batch_size, -1).to(embeddings.dtype)).float().softmax(-1)
+        else:
+            repeated = repeat_rows(batch, n, batch_size)
+            emb = embeddings.repeat(n, 1, 1)
+            _, probs = _probabilities(model, emb, repeated, attention_override=block.reshape(n * batch_size, -1))
         deltas.append(total_variation(probs.view(n, batch_size, -1), base_probs.unsqueeze(0)))
     all_deltas = torch.cat(deltas, 0)
     # torch.median returns the lower of the two middle values; J&W use numpy's median (their mean).

@@ -106,3 +106,25 @@ def test_bad_inputs_are_named():
     with pytest.raises(KeyError, match="labels"):
         uniform_attention_evaluation(AttentionClassifier(10, 2, embedding_dim=4, hidden_dim=2),
                                      {"input_ids": torch.tensor([[2, 3]]), "mask": torch.ones(1, 2, dtype=torch.bool)})
+
+
+@pytest.mark.parametrize("name", ["bert", "llama"])
+def test_permutations_of_a_transformer_run_through_its_replay_with_the_full_passes_results(name, monkeypatch):
+    pytest.importorskip("transformers")
+    import lightning_xai.audits.baselines as baselines
+    from tests.metrics.test_decision_flip_replay import ENCODERS, _batch, _hf
+
+    adapter = _hf(name)  # float64, eval
+    batch = _batch(name in ENCODERS, left=name == "llama")
+    passes = []
+    last_ffn = [m for m in adapter.model.modules() if type(m).__name__ in ("BertIntermediate", "LlamaMLP")]
+    for i, module in enumerate(last_ffn):
+        module.register_forward_hook(lambda mod, args, out, i=i: passes.append(i))
+    fast = permutation_test(adapter, batch, num_permutations=12, generator=torch.Generator().manual_seed(3))
+    replayed = list(passes)
+    monkeypatch.setattr(baselines, "override_scorer", lambda m, e, b: (m.forward_from_embeddings(e, b), None))
+    slow = permutation_test(adapter, batch, num_permutations=12, generator=torch.Generator().manual_seed(3))
+    assert torch.allclose(fast.deltas, slow.deltas, rtol=0, atol=1e-10) and float(fast.deltas.max()) > 1e-4
+    assert torch.allclose(fast.median_delta, slow.median_delta, rtol=0, atol=1e-10)
+    # after the replay's set-up, the permutations ran the last layer's feed-forward only
+    assert replayed.count(0) < replayed.count(len(last_ffn) - 1)
