@@ -12,10 +12,10 @@ from typing import Dict
 import torch
 from torch import Tensor
 
-from lightning_xai.adapters.capabilities import LinearHead
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
 from lightning_xai.attribution import explanation_context
 from lightning_xai.attribution.batching import repeat_rows
+from lightning_xai.attribution.override_replay import override_scorer
 from lightning_xai.metrics.functional.divergence import jensen_shannon_divergence, kl_divergence, total_variation
 
 __all__ = ["AdversarialSearchResult", "adversarial_attention_search", "jensen_shannon_divergence", "kl_divergence",
@@ -75,10 +75,13 @@ def adversarial_attention_search(
     JSD(α̃, α) among them is reported. All instances and candidates are optimised in one batched tensor;
     instances are independent (the loss is a sum, Adam is per-coordinate).
 
-    Hidden states stay fixed, as in J&W: for a model with the
-    :class:`~lightning_xai.adapters.capabilities.LinearHead` capability (the reference
-    ``AttentionClassifier``) the output is recomputed as ``linear_head()(Σ α̃_t h_t)`` from hidden states
-    computed once (``fixed_hidden=True``); any other model (or ``fixed_hidden=False``) is re-run through
+    Hidden states stay fixed, as in J&W: with ``fixed_hidden=True`` every step scores the candidates through the
+    model's checked override scorer (:func:`~lightning_xai.attribution.override_replay.override_scorer`) — for
+    the reference ``AttentionClassifier`` (:class:`~lightning_xai.adapters.capabilities.LinearHead`)
+    ``linear_head()(Σ α̃_t h_t)`` from hidden states computed once, for a transformer adapter
+    (:class:`~lightning_xai.adapters.capabilities.OverrideReplay`) its last layer and head with the earlier layers
+    replayed (the candidates of a row packed into one sequence where the head reads one position), forward and
+    backward. A model without one (or ``fixed_hidden=False``) is re-run through
     ``forward_from_embeddings(..., attention_override=α̃)`` at every step with its embeddings fixed.
 
     The model's mode, parameters and gradients are left untouched; the search runs with a seeded generator,
@@ -122,13 +125,15 @@ def adversarial_attention_search(
         k = num_candidates
         with torch.no_grad():
             embeddings = model.embed(batch).detach()
-            original = model.forward_from_embeddings(embeddings, batch)
+            if fixed_hidden:  # a checked scorer of overrides, or None (then every step re-runs the model)
+                original, scorer = override_scorer(model, embeddings, batch)
+            else:
+                original, scorer = model.forward_from_embeddings(embeddings, batch), None
             base_attention = original.attention.detach()
             base_probs = original.logits.detach().softmax(-1)
-            head = model.linear_head() if fixed_hidden and isinstance(model, LinearHead) else None
-            hidden = original.hidden_states.detach() if head is not None else None
-        big_batch = repeat_rows(batch, k, size, interleave=True) if head is None else None
-        big_embeddings = embeddings.repeat_interleave(k, dim=0) if head is None else None
+        big_batch = repeat_rows(batch, k, size, interleave=True) if scorer is None else None
+        big_embeddings = embeddings.repeat_interleave(k, dim=0) if scorer is None else None
+        candidate_rows = torch.arange(size, device=mask.device).repeat_interleave(k)  # row b's candidates: b·k …
         cand_mask = mask.unsqueeze(1).expand(size, k, length)
         lengths = mask.sum(-1, keepdim=True).unsqueeze(1).to(embeddings.dtype)  # [B, 1, 1]
 
@@ -140,8 +145,8 @@ def adversarial_attention_search(
 
         def evaluate(z: Tensor) -> tuple:
             attn = torch.softmax(z.masked_fill(~cand_mask, float("-inf")), -1).masked_fill(~cand_mask, 0.0)
-            if head is not None:
-                probs = head(torch.einsum("bkt,bth->bkh", attn, hidden)).softmax(-1)
+            if scorer is not None:
+                probs = scorer(candidate_rows, attn.reshape(size * k, length)).softmax(-1).reshape(size, k, -1)
             else:
                 out = model.forward_from_embeddings(big_embeddings, big_batch,
                                                     attention_override=attn.reshape(size * k, length))

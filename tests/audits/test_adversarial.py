@@ -87,3 +87,21 @@ def test_summary_and_bad_arguments(trained_model, sst2_batch):
         adversarial_attention_search(trained_model, sst2_batch, num_candidates=0)
     with pytest.raises(TypeError, match="ExplainableModel"):
         adversarial_attention_search(torch.nn.Linear(2, 2), sst2_batch)
+
+
+@pytest.mark.parametrize("name", ["bert", "llama"])
+def test_a_transformer_searches_through_its_replay_with_the_full_passes_results(name):
+    pytest.importorskip("transformers")
+    from tests.metrics.test_decision_flip_replay import ENCODERS, _batch, _hf
+
+    adapter = _hf(name)  # float64, eval: the replay is exact, only faster
+    batch = _batch(name in ENCODERS, left=name == "llama", lengths=(9, 5, 7))
+    calls = []
+    first_ffn = next(m for m in adapter.model.modules() if type(m).__name__ in ("BertIntermediate", "LlamaMLP"))
+    first_ffn.register_forward_hook(lambda module, args, out: calls.append(1))
+    fast = adversarial_attention_search(adapter, batch, steps=15, num_candidates=3, seed=1)
+    replay_calls = len(calls)
+    slow = adversarial_attention_search(adapter, batch, steps=15, num_candidates=3, seed=1, fixed_hidden=False)
+    assert torch.allclose(fast.candidate_jsd, slow.candidate_jsd, rtol=0, atol=1e-9)
+    assert torch.allclose(fast.candidate_output_change, slow.candidate_output_change, rtol=0, atol=1e-9)
+    assert replay_calls < 5 < len(calls) - replay_calls  # the replay ran the first layer for its set-up only
