@@ -9,7 +9,7 @@ from torch import nn
 
 from lightning_xai.adapters import HuggingFaceAdapter
 from lightning_xai.attribution.override_replay import override_scorer
-from lightning_xai.metrics.functional.erasure import decision_flip, ranking_scores
+from lightning_xai.metrics.functional.erasure import attention_gradient, decision_flip, ranking_scores
 
 pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoModelForSequenceClassification  # noqa: E402
@@ -111,8 +111,8 @@ def test_a_stack_of_rankings_gives_each_rankings_own_flips(name, request):
     names = ["attention", "gradient", "grad_x_attention", maps[1]]
     listed = decision_flip(model, batch, names)
     assert _uses_replay(model, batch)
-    for r, name in enumerate(names):
-        full = name if isinstance(name, torch.Tensor) else ranking_scores(model, batch, name)
+    for r, name in enumerate(names):  # against the rankings of full passes (the bare protocol has no replay)
+        full = name if isinstance(name, torch.Tensor) else ranking_scores(Plain(model), batch, name)
         mask = model.token_mask(batch)
         assert torch.allclose(listed.scores[r].masked_fill(~mask, 0), full.to(listed.scores.dtype).masked_fill(
             ~mask, 0), rtol=1e-4, atol=1e-6 * float(full.abs().max())), r
@@ -222,3 +222,17 @@ def test_an_instance_that_flips_at_step_f_costs_fewer_than_2f_rows():
     assert torch.all(rows[flipped] <= 2 * result.items_removed[flipped] - 1)  # passes reach steps 1, 2-3, 4-7, ...
     assert torch.equal(rows[~flipped], steps[~flipped])  # every step of an instance that never flips
     assert int(rows.sum()) < int(steps.sum())
+
+
+@pytest.mark.parametrize("name", ["bert", "distilbert", "llama", "reference"])
+def test_attention_gradient_through_the_replay_is_the_full_passes_gradient(name, request):
+    if name == "reference":
+        model, batch = request.getfixturevalue("trained_model"), request.getfixturevalue("sst2_batch")
+    else:
+        model, batch = _hf(name), _batch(name in ENCODERS, name == "llama")
+    assert _uses_replay(model, batch)
+    for target in (None, 1):
+        fast, full = attention_gradient(model, batch, target=target), attention_gradient(Plain(model), batch,
+                                                                                         target=target)
+        scale = float(full.abs().max())
+        assert scale > 0 and torch.allclose(fast, full, rtol=1e-5, atol=1e-6 * scale), (fast - full).abs().max()

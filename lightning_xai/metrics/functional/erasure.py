@@ -91,7 +91,9 @@ def attention_gradient(model: ExplainableModel, batch: Batch, target: Any = None
 
     α is the model's own attention, fed back through ``attention_override=α.requires_grad_()`` with the
     embeddings detached, so only the path through the attention weights is differentiated (Serrano & Smith's
-    "gradient" ranking). Zero at positions that are not real tokens. Restores the model's modes.
+    "gradient" ranking). Zero at positions that are not real tokens. Restores the model's modes. Where the model
+    offers a checked override scorer (:func:`~lightning_xai.attribution.override_replay.override_scorer`) the
+    gradient flows through it only — the last layer and the head of a transformer — the same gradient, cheaper.
 
     Example:
         >>> import torch
@@ -104,15 +106,10 @@ def attention_gradient(model: ExplainableModel, batch: Batch, target: Any = None
     """
     model = as_explainable(model)
     with explanation_context(model, batch) as safe:
-        mask = model.token_mask(safe)
         emb = model.embed(safe).detach()
         with torch.no_grad():
-            out = model.forward_from_embeddings(emb, safe)
-        tgt = resolve_target(out.logits, target)
-        alpha = out.attention.detach().clone().requires_grad_(True)
-        logits = model.forward_from_embeddings(emb, safe, attention_override=alpha).logits
-        grad, = torch.autograd.grad(logits.gather(1, tgt.view(-1, 1)).sum(), alpha)
-    return grad.detach().masked_fill(~mask, 0.0)
+            out, scorer = override_scorer(model, emb, safe)
+        return _attention_gradient(model, safe, emb, out, scorer, resolve_target(out.logits, target))
 
 
 def ranking_scores(model: ExplainableModel, batch: Batch, ranking: Union[str, Tensor] = "attention", *,
@@ -251,7 +248,7 @@ def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Ten
         alpha = out.attention.detach().masked_fill(~mask, 0.0)
         grad = None
         if any(isinstance(one, str) and one in ("gradient", "grad_x_attention") for one in entries):
-            grad = _attention_gradient(model, safe, out, scorer, decision, mask)
+            grad = _attention_gradient(model, safe, emb, out, scorer, decision)
         named = {"attention": alpha, "gradient": grad, "grad_x_attention": None if grad is None else grad * alpha}
         scores = torch.stack([named[one] if map_ is None else map_.to(device).to(alpha.dtype)
                               for one, map_ in zip(entries, given)])
@@ -326,14 +323,16 @@ def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Ten
 _FROM_THE_PASS = ("attention", "gradient", "grad_x_attention")
 
 
-def _attention_gradient(model: ExplainableModel, batch: Batch, out: Any, scorer: Any, decision: Tensor,
-                        mask: Tensor) -> Tensor:
-    """:func:`attention_gradient` of the predicted class, back-propagated through the override scorer when there is
-    one (α acts only where the scorer starts: the last layer and the head), else through the whole model."""
-    if scorer is None:
-        return attention_gradient(model, batch, target=decision)
+def _attention_gradient(model: ExplainableModel, batch: Batch, embeddings: Tensor, out: Any, scorer: Any,
+                        target: Tensor) -> Tensor:
+    """The gradient of :func:`attention_gradient` from a pass over ``batch`` already made (``out``), through the
+    override scorer when there is one (α acts only where it starts), else through a full pass. Grad mode on."""
+    mask = model.token_mask(batch)
     with torch.enable_grad():
         alpha = out.attention.detach().clone().requires_grad_(True)
-        logits = scorer(torch.arange(mask.shape[0], device=mask.device), alpha)
-        grad, = torch.autograd.grad(logits.gather(1, decision.view(-1, 1)).sum(), alpha)
+        if scorer is not None:
+            logits = scorer(torch.arange(mask.shape[0], device=mask.device), alpha)
+        else:
+            logits = model.forward_from_embeddings(embeddings, batch, attention_override=alpha).logits
+        grad, = torch.autograd.grad(logits.gather(1, target.view(-1, 1)).sum(), alpha)
     return grad.detach().masked_fill(~mask, 0.0)
