@@ -12,14 +12,16 @@ each epoch, so that load from other processes hits every configuration alike. Co
 * ``erasure_default``: ``ErasureAudit()`` (attention, attention×gradient and random rankings, decision flip,
   ERASER comprehensiveness/sufficiency at k = 20 %);
 * ``erasure_aopc``: ``ErasureAudit(aopc_bins=AOPC_BINS)`` — the same plus ERASER's AOPC over 1, 5, 10, 20, 50 %
-  (the default before AOPC became opt-in).
+  (the default before AOPC became opt-in);
+* ``baselines_default``: ``AttentionBaselines()`` (J&W's 100 permutations, W&P's uniform attention).
 
 The training epoch is the *measured* time of the limited epoch's training batches (forward, backward, optimizer
 step, data loading), scaled to the full split's batch count (6,920 sentences = 217 batches): a full MiniLM epoch
 on 2 contended cores would take most of an hour per round. The share is audit seconds / that extrapolated epoch.
 The profile is the time per audit spent in ``attribute`` per method (gradient and grad×input share one backward
 pass, counted under the first) and, for erasure, in ``decision_flip`` (which computes the attention and
-attention-gradient rankings from its own pass) and ``erasure_scores``.
+attention-gradient rankings from its own pass) and ``erasure_scores``, for the baselines in ``permutation_test`` and
+``uniform_attention_evaluation``.
 
 The *leave-one-out floor* is the time of Σ L_i forward passes, L_i the real tokens of sentence i: every audited
 sentence repeated L_i times (full length, no token deleted: an upper bound of the deleted-token passes' width),
@@ -52,6 +54,7 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
     "attention_loo": {"kind": "attention", "methods": ("leave_one_out",)},
     "erasure_default": {"kind": "erasure"},
     "erasure_aopc": {"kind": "erasure", "aopc_bins": AOPC_BINS},
+    "baselines_default": {"kind": "baselines"},
 }
 TARGETS = {"attention_default": 0.05, "erasure_default": 0.10}
 FULL_TRAIN_SENTENCES = 6920
@@ -113,14 +116,15 @@ def _module_and_data(model: str, quick: bool):
 
 
 def _callbacks(names: List[str], num_samples: int):
-    from lightning_xai.callbacks import AttentionAudit, ErasureAudit
+    from lightning_xai.callbacks import AttentionAudit, AttentionBaselines, ErasureAudit
 
+    kinds = {"attention": AttentionAudit, "erasure": ErasureAudit, "baselines": AttentionBaselines}
     out = {}
     for name in names:
         options = {k: v for k, v in CONFIGS[name].items() if k != "kind"}
         common = dict(every_n_epochs=1, num_samples=num_samples, budget=None, log_prefix=name, on_validate=False,
                       on_test=False)
-        cls = AttentionAudit if CONFIGS[name]["kind"] == "attention" else ErasureAudit
+        cls = kinds[CONFIGS[name]["kind"]]
         out[name] = cls(**common, **options)
     return out
 
@@ -180,6 +184,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     import pytorch_lightning as pl
 
     import lightning_xai.callbacks.attention_audit as attention_module
+    import lightning_xai.callbacks.attention_baselines as baselines_module
     import lightning_xai.callbacks.erasure_audit as erasure_module
 
     args = _parse(argv)
@@ -214,6 +219,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     patch(erasure_module, "attribute", True)
     for fn_name in ("decision_flip", "ranking_scores", "erasure_scores"):
         patch(erasure_module, fn_name, False)
+    for fn_name in ("permutation_test", "uniform_attention_evaluation"):
+        patch(baselines_module, fn_name, False)
     for name, audit in audits.items():
         inner = audit.run_audit
 
