@@ -250,8 +250,13 @@ def uniform_attention_evaluation(model: ExplainableModel, batch: Batch) -> Dict[
         raise KeyError("The batch has no 'labels'; the uniform-attention evaluation compares accuracy.")
     mask = model.token_mask(batch)
     embeddings = model.embed(batch)
-    _, trained = _probabilities(model, embeddings, batch)
-    _, uniform = _probabilities(model, embeddings, batch, attention_override=uniform_attention(mask))
+    output, scorer = override_scorer(model, embeddings, batch)  # the uniform pass as the permutations run
+    trained = output.logits.float().softmax(-1)
+    if scorer is not None:
+        uniform = scorer(torch.arange(mask.shape[0], device=mask.device),
+                         uniform_attention(mask, embeddings.dtype)).float().softmax(-1)
+    else:
+        _, uniform = _probabilities(model, embeddings, batch, attention_override=uniform_attention(mask))
     trained_pred, uniform_pred = trained.argmax(-1), uniform.argmax(-1)
     return {"trained_pred": trained_pred, "uniform_pred": uniform_pred, "labels": batch["labels"],
             "delta": total_variation(trained, uniform), "flipped": trained_pred != uniform_pred}

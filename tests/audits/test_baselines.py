@@ -109,7 +109,7 @@ def test_bad_inputs_are_named():
 
 
 @pytest.mark.parametrize("name", ["bert", "llama"])
-def test_permutations_of_a_transformer_run_through_its_replay_with_the_full_passes_results(name, monkeypatch):
+def test_permutations_and_uniform_attention_of_a_transformer_run_through_its_replay(name, monkeypatch):
     pytest.importorskip("transformers")
     import lightning_xai.audits.baselines as baselines
     from tests.metrics.test_decision_flip_replay import ENCODERS, _batch, _hf
@@ -122,8 +122,13 @@ def test_permutations_of_a_transformer_run_through_its_replay_with_the_full_pass
         module.register_forward_hook(lambda mod, args, out, i=i: passes.append(i))
     fast = permutation_test(adapter, batch, num_permutations=12, generator=torch.Generator().manual_seed(3))
     replayed = list(passes)
+    labelled = {**batch, "labels": torch.arange(batch["input_ids"].shape[0]) % 2}
+    uniform_fast = uniform_attention_evaluation(adapter, labelled)
     monkeypatch.setattr(baselines, "override_scorer", lambda m, e, b: (m.forward_from_embeddings(e, b), None))
     slow = permutation_test(adapter, batch, num_permutations=12, generator=torch.Generator().manual_seed(3))
+    uniform_slow = uniform_attention_evaluation(adapter, labelled)
+    assert torch.allclose(uniform_fast["delta"], uniform_slow["delta"], rtol=0, atol=1e-6)  # float32 probabilities
+    assert float(uniform_slow["delta"].max()) > 1e-4
     assert torch.allclose(fast.deltas, slow.deltas, rtol=0, atol=1e-10) and float(fast.deltas.max()) > 1e-4
     assert torch.allclose(fast.median_delta, slow.median_delta, rtol=0, atol=1e-10)
     # after the replay's set-up, the permutations ran the last layer's feed-forward only
