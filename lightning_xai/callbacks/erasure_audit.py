@@ -38,7 +38,7 @@ class ErasureAudit(AuditCallback):
       (``<ranking>/aopc_comprehensiveness``, ``<ranking>/aopc_sufficiency``).
 
     AOPC is off by default: ERASER's five bins add three or four erasure sizes per ranking to the one at ``k``,
-    which on MiniLM fine-tuning on SST-2 doubles the audit (5.4 % of a training epoch without AOPC, 10.4 % with it;
+    which on MiniLM fine-tuning on SST-2 doubles the audit (5–6 % of a training epoch without AOPC, 10–12 % with it;
     benchmarks/README.md), and the default is meant to be left on. ``aopc_bins=AOPC_BINS``
     (:data:`~lightning_xai.metrics.functional.AOPC_BINS`: 1, 5, 10, 20, 50 %) turns on ERASER's AOPC.
 
