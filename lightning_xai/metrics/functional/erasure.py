@@ -183,7 +183,8 @@ class DecisionFlipResult:
     logits: Optional[Tensor] = None
 
 
-def decision_flip(model: ExplainableModel, batch: Batch, ranking: Union[str, Tensor] = "attention", *,
+def decision_flip(model: ExplainableModel, batch: Batch,
+                  ranking: Union[str, Tensor, Sequence[Union[str, Tensor]]] = "attention", *,
                   generator: Optional[torch.Generator] = None, max_rows: int = 2048) -> DecisionFlipResult:
     """Serrano & Smith's erasure test: zero attention items in ranked order until the decision flips.
 
