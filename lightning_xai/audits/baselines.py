@@ -15,12 +15,13 @@ The output change is the total variation distance between the predicted class di
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
-from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
+from lightning_xai.adapters.capabilities import OverrideScorer
+from lightning_xai.adapters.protocol import Batch, ExplainableModel, ExplainOutput, as_explainable
 from lightning_xai.attribution.batching import repeat_rows
 from lightning_xai.attribution.override_replay import override_scorer
 from lightning_xai.metrics.functional.divergence import total_variation
@@ -129,7 +130,8 @@ def _probabilities(model: ExplainableModel, embeddings: Tensor, batch: Batch,
 @torch.no_grad()
 def permutation_test(model: ExplainableModel, batch: Batch, num_permutations: int = 100,
                      generator: Optional[torch.Generator] = None, chunk_size: int = 1024,
-                     row_generators: Optional[Sequence[torch.Generator]] = None) -> PermutationResult:
+                     row_generators: Optional[Sequence[torch.Generator]] = None,
+                     replay: Optional[Tuple[ExplainOutput, Optional[OverrideScorer]]] = None) -> PermutationResult:
     """Jain & Wallace's permutation test on one batch.
 
     The input embeddings are computed once; the model is re-run from them with the trained attention replaced
@@ -146,6 +148,8 @@ def permutation_test(model: ExplainableModel, batch: Batch, num_permutations: in
         generator: CPU generator for reproducible permutations.
         chunk_size: how many permuted rows run through the model at once (memory bound).
         row_generators: per-row generators (see :func:`permute_attention`).
+        replay: ``override_scorer(model, model.embed(batch), batch)`` if already made for this batch (in eval mode,
+            under the same precision): its pass and scorer are used instead of making them again.
 
     Returns:
         A :class:`PermutationResult`.
@@ -167,7 +171,7 @@ def permutation_test(model: ExplainableModel, batch: Batch, num_permutations: in
     embeddings = model.embed(batch)
     # a checked scorer of overrides runs only what the attention changes (the last layer and the head of a
     # transformer, the pooling and the head of the BiLSTM); without one every permutation re-runs the model
-    base_output, scorer = override_scorer(model, embeddings, batch)
+    base_output, scorer = replay if replay is not None else override_scorer(model, embeddings, batch)
     base_probs = base_output.logits.float().softmax(-1)
     attention = base_output.attention.detach().float()
     permuted = permute_attention(attention, mask, num_permutations, generator, row_generators)  # [N, B, T]
@@ -223,12 +227,15 @@ def bin_by_max_attention(median_delta: Tensor, max_attention: Tensor,
 
 
 @torch.no_grad()
-def uniform_attention_evaluation(model: ExplainableModel, batch: Batch) -> Dict[str, Tensor]:
+def uniform_attention_evaluation(model: ExplainableModel, batch: Batch,
+                                 replay: Optional[Tuple[ExplainOutput, Optional[OverrideScorer]]] = None
+                                 ) -> Dict[str, Tensor]:
     """Per-example predictions with the trained attention and with uniform attention over real tokens.
 
     Args:
         model: an :class:`~lightning_xai.adapters.ExplainableModel` (put it in ``eval()`` mode).
         batch: a batch with ``labels`` ``[B]``.
+        replay: as in :func:`permutation_test`.
 
     Returns:
         ``trained_pred`` and ``uniform_pred`` ``[B]`` (argmax classes), ``labels`` ``[B]``, ``delta`` ``[B]`` (total
@@ -250,7 +257,8 @@ def uniform_attention_evaluation(model: ExplainableModel, batch: Batch) -> Dict[
         raise KeyError("The batch has no 'labels'; the uniform-attention evaluation compares accuracy.")
     mask = model.token_mask(batch)
     embeddings = model.embed(batch)
-    output, scorer = override_scorer(model, embeddings, batch)  # the uniform pass as the permutations run
+    # the uniform pass as the permutations run
+    output, scorer = replay if replay is not None else override_scorer(model, embeddings, batch)
     trained = output.logits.float().softmax(-1)
     if scorer is not None:
         uniform = scorer(torch.arange(mask.shape[0], device=mask.device),

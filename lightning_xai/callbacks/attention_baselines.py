@@ -8,6 +8,7 @@ import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from lightning_xai.adapters.protocol import ExplainableModel
+from lightning_xai.attribution.override_replay import override_scorer
 from lightning_xai.audits.baselines import (DEFAULT_MAX_ATTENTION_BINS, bin_by_max_attention, permutation_test,
                                             uniform_attention_evaluation, uniform_attention_summary)
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, summarize_values
@@ -73,13 +74,15 @@ class AttentionBaselines(AuditCallback):
         prediction = prediction or self.predict(model, batch)
         values: Dict[str, torch.Tensor] = {}
         found: Dict[str, Any] = {"maps": {"attention": prediction.attention}, "values": values}
+        with torch.no_grad():  # one pass and one checked scorer of overrides serve both baselines
+            replay = override_scorer(model, model.embed(batch), batch)
         if self.permutation:
             result = permutation_test(model, batch, self.num_permutations,
-                                      row_generators=self.example_generators(indices))
+                                      row_generators=self.example_generators(indices), replay=replay)
             values["permutation/median_delta"] = result.median_delta
             values["permutation/max_attention"] = result.max_attention
         if self.uniform:
-            uni = uniform_attention_evaluation(model, batch)
+            uni = uniform_attention_evaluation(model, batch, replay=replay)
             values["uniform/delta"] = uni["delta"]
             values["uniform/prediction"] = uni["uniform_pred"].double()
         return found, {}

@@ -124,6 +124,12 @@ def test_permutations_and_uniform_attention_of_a_transformer_run_through_its_rep
     replayed = list(passes)
     labelled = {**batch, "labels": torch.arange(batch["input_ids"].shape[0]) % 2}
     uniform_fast = uniform_attention_evaluation(adapter, labelled)
+    with torch.no_grad():  # a replay made once serves both (as AttentionBaselines does)
+        shared = baselines.override_scorer(adapter, adapter.embed(batch), batch)
+    again = permutation_test(adapter, batch, num_permutations=12, generator=torch.Generator().manual_seed(3),
+                             replay=shared)
+    assert torch.equal(again.deltas, fast.deltas)
+    assert torch.equal(uniform_attention_evaluation(adapter, labelled, replay=shared)["delta"], uniform_fast["delta"])
     monkeypatch.setattr(baselines, "override_scorer", lambda m, e, b: (m.forward_from_embeddings(e, b), None))
     slow = permutation_test(adapter, batch, num_permutations=12, generator=torch.Generator().manual_seed(3))
     uniform_slow = uniform_attention_evaluation(adapter, labelled)
