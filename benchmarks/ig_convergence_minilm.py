@@ -7,6 +7,8 @@ Accuracy only (no timing): it says how many gradient evaluations *any* rule need
 50 fixed nodes on this integrand.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/ig_convergence_minilm.py --sentences 8 --reference 150
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/ig_convergence_minilm.py --sentences 16 --reference 150 \
+        --aitken 12 14 16 --aitken 14 16 18 --aitken 12 16 20
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--sentences", type=int, default=8)
     parser.add_argument("--reference", type=int, default=150)
     parser.add_argument("--steps", type=int, nargs="+", default=[15, 30, 50])
+    parser.add_argument("--aitken", type=int, nargs=3, action="append", default=None, metavar=("A", "B", "C"),
+                        help="also Aitken's delta-squared extrapolation of GL-A, GL-B, GL-C per token (repeatable)")
     args = parser.parse_args(argv)
     model, why = build_minilm()
     if model is None:
@@ -70,6 +74,14 @@ def main(argv=None) -> dict:
     result["kronrod15"] = {"error": stats(((kron - ref).abs() * mask).sum(1) / l1),
                            "max_token_error": stats(((kron - ref).abs() * mask).amax(1) / l1),
                            "max_token_estimate": stats(((kron - gauss).abs() * mask).amax(1) / l1)}
+    # Aitken's Δ² per token over three rules: exact if each token's error were c·r^n (A + B + C gradient evaluations)
+    for a, b, c in args.aitken or []:
+        ia, ib, ic = rule(a), rule(b), rule(c)
+        d1, d2 = ib - ia, ic - ib
+        den = d2 - d1
+        safe = den.abs() > 1e-300
+        extrapolated = torch.where(safe, ic - d2 * d2 / torch.where(safe, den, torch.ones_like(den)), ic)
+        result.setdefault("aitken", {})[f"{a}/{b}/{c}"] = stats(((extrapolated - ref).abs() * mask).sum(1) / l1)
     save("ig_convergence_minilm", result)
     print(json.dumps(result, indent=1))
     return result
