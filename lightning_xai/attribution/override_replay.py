@@ -36,12 +36,17 @@ def _linear_head_scorer(model: LinearHead, out: ExplainOutput, mask: Tensor) -> 
         return None
     head = model.linear_head()
     alpha = out.attention
+    # head(Σ_t α_t h_t) = Σ_t α_t (W h_t) + b: the hidden states projected once to [B, T, C], so a variant reads C
+    # numbers per token instead of H
+    projected = torch.nn.functional.linear(hidden, head.weight)
+    bias = head.bias
 
     def scorer(rows: Tensor, override: Optional[Tensor]) -> Tensor:
         rows = rows.to(hidden.device)
         weights = alpha.index_select(0, rows) if override is None else override
         weights = weights.masked_fill(~mask.index_select(0, rows), 0.0).to(hidden.dtype)
-        return head(torch.einsum("bt,bth->bh", weights, hidden.index_select(0, rows)))
+        logits = torch.einsum("bt,btc->bc", weights, projected.index_select(0, rows))
+        return logits if bias is None else logits + bias
 
     return scorer
 
