@@ -31,7 +31,7 @@ from lightning_xai.models import AttentionClassifier
 #: model argument <- data module attribute, linked when the model class has the argument
 SIZE_LINKS = (("vocab_size", "vocab_size"), ("num_classes", "num_classes"), ("num_classes", "num_labels"))
 
-__all__ = ["XAICLI", "given_class_paths", "main", "results_table"]
+__all__ = ["XAICLI", "given_class_paths", "main", "results_table", "run"]
 
 
 def results_table(metrics: Dict[str, Any], title: str = "lightning-xai results") -> str:
@@ -155,5 +155,20 @@ def main(args: Optional[List[str]] = None) -> XAICLI:
                   save_config_kwargs={"overwrite": True})
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The ``lightning-xai`` console script: :func:`main` on ``sys.argv``, exit status 0 once it has run.
+
+    (The script calls ``sys.exit(run())``; ``sys.exit`` would print the CLI :func:`main` returns and exit with 1.)
+
+    Example:
+        >>> import sys
+        >>> from unittest import mock
+        >>> with mock.patch("lightning_xai.cli.main", return_value=object()):
+        ...     print(run())  # whatever main returns, the script's exit status is 0
+        None
+    """
     main()
+
+
+if __name__ == "__main__":
+    run()

@@ -106,3 +106,20 @@ def test_the_minilm_example_config_builds_its_model_data_and_callbacks(tmp_path)
     monitors = [c.monitor for c in cli.trainer.callbacks if isinstance(c, ModelCheckpoint)]
     assert "attention_audit/kendall_tau/attention_vs_gradient/mean" in monitors
     assert {type(c).__name__ for c in cli.trainer.callbacks} >= {"AttentionAudit", "ErasureAudit", "AuditReport"}
+
+
+def test_console_scripts_exit_0_when_the_run_succeeds(monkeypatch):
+    """setuptools' scripts call ``sys.exit(entry())``: an entry that returns an object exits with status 1."""
+    import configparser
+    import importlib
+    from pathlib import Path
+
+    config = configparser.ConfigParser()
+    config.read(Path(__file__).resolve().parent.parent / "setup.cfg")
+    scripts = [line.split("=", 1) for line in config["options.entry_points"]["console_scripts"].splitlines() if line]
+    assert {name.strip() for name, _ in scripts} == {"lightning-xai", "lightning-xai-roar"}
+    for name, target in scripts:
+        module_name, function = target.strip().split(":")
+        module = importlib.import_module(module_name)
+        monkeypatch.setattr(module, "main", lambda *args, **kwargs: {"ran": name})  # what a finished run returns
+        assert getattr(module, function)() is None, name

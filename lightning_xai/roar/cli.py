@@ -19,7 +19,7 @@ from lightning_xai.data import TextClassificationDataModule
 from lightning_xai.models import AttentionClassifier
 from lightning_xai.roar.procedure import DEFAULT_FRACTIONS, remove_and_retrain
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "run"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,5 +78,18 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     return payload
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The ``lightning-xai-roar`` console script: :func:`main` on ``sys.argv``, exit status 0 once it has run
+    (``sys.exit`` would print the payload :func:`main` returns and exit with 1).
+
+    Example:
+        >>> from unittest import mock
+        >>> with mock.patch("lightning_xai.roar.cli.main", return_value={"accuracy": {}}):
+        ...     print(run())
+        None
+    """
     main()
+
+
+if __name__ == "__main__":
+    run()
