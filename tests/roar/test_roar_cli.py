@@ -31,4 +31,4 @@ def test_roar_console_script_registered():
     from importlib.metadata import entry_points
 
     scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
-    assert scripts.get("lightning-xai-roar") == "lightning_xai.roar.cli:main"
+    assert scripts.get("lightning-xai-roar") == "lightning_xai.roar.cli:run"  # exits 0 once main has run
