@@ -24,6 +24,12 @@ ERASURE_RANKINGS: Dict[str, str] = {"attention": "attention", "random": "random"
 _RENAMED = {"gradient": "attention_gradient"}
 
 
+def _is_size(value: Any) -> bool:
+    """A top-k size: an int number of tokens >= 1 or a fraction in (0, 1] of the real tokens."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0 and not (
+        isinstance(value, float) and value > 1)
+
+
 class ErasureAudit(AuditCallback):
     """Is the ranking an explanation gives faithful? Erase what it ranks first and watch the prediction.
 
@@ -80,14 +86,13 @@ class ErasureAudit(AuditCallback):
             raise MisconfigurationException(f"ErasureAudit(rankings) must be non-empty and distinct, got {rankings}.")
         check_names("ErasureAudit", "ranking", rankings, [*ERASURE_RANKINGS, *ATTRIBUTION_METHODS],
                     f" (the erasure rankings {list(ERASURE_RANKINGS)} or an attribution method)")
-        if isinstance(k, bool) or not isinstance(k, (int, float)) or k <= 0 or (isinstance(k, float) and k > 1):
+        if not _is_size(k):
             raise MisconfigurationException(f"ErasureAudit(k) must be an int >= 1 or a fraction in (0, 1], got {k!r}.")
         if isinstance(aopc_bins, (str, int, float)):
             raise MisconfigurationException(f"ErasureAudit(aopc_bins) is a list of sizes, got {aopc_bins!r}; e.g. "
                                             "aopc_bins=AOPC_BINS (lightning_xai.metrics.functional).")
         bins = list(aopc_bins)
-        bad = [b for b in bins if isinstance(b, bool) or not isinstance(b, (int, float)) or b <= 0
-               or (isinstance(b, float) and b > 1)]
+        bad = [b for b in bins if not _is_size(b)]
         if bad:
             raise MisconfigurationException(f"ErasureAudit(aopc_bins) must hold ints >= 1 or fractions in (0, 1], got "
                                             f"{bad}.")

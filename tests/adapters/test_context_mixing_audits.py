@@ -18,6 +18,7 @@ def test_attention_and_erasure_audits_take_the_context_mixing_methods(tokenizer,
     from transformers import BertConfig, BertForSequenceClassification
 
     from lightning_xai.callbacks import AttentionAudit, ErasureAudit
+    from lightning_xai.metrics.functional import AOPC_BINS
     from lightning_xai.data.hf import HFTextClassificationDataModule, WordDataset, WordPieceCollator
     from lightning_xai.models import HFClassifier
 
@@ -31,7 +32,7 @@ def test_attention_and_erasure_audits_take_the_context_mixing_methods(tokenizer,
     methods = ("attention_norm", "alti", "attnlrp")
     shared = dict(num_samples=8, batch_size=8, every_n_epochs=0, on_validate=True, on_test=False)
     attention_audit = AttentionAudit(methods=methods, metrics=("kendall_tau", "pearson"), **shared)
-    erasure_audit = ErasureAudit(rankings=("value_zeroing", "attnlrp", "random"), **shared)
+    erasure_audit = ErasureAudit(rankings=("value_zeroing", "attnlrp", "random"), aopc_bins=AOPC_BINS, **shared)
     trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, default_root_dir=tmp_path,
                          callbacks=[attention_audit, erasure_audit])
@@ -46,3 +47,4 @@ def test_attention_and_erasure_audits_take_the_context_mixing_methods(tokenizer,
         assert 0 <= erased[f"{ranking}/flipped/mean"] <= 1
         assert math.isfinite(erased[f"{ranking}/comprehensiveness/mean"])
         assert math.isfinite(erased[f"{ranking}/sufficiency/mean"])
+        assert math.isfinite(erased[f"{ranking}/aopc_sufficiency/mean"])
