@@ -101,6 +101,23 @@ def test_state_keys_tell_instances_apart():
     assert AttentionAudit().state_key == AttentionAudit().state_key
 
 
+def test_a_log_prefix_or_a_precision_tells_two_audits_apart_and_the_default_keys_are_unchanged():
+    # the key of a default audit is the one checkpoints written before log_prefix/precision joined it carry
+    assert AttentionAudit().state_key == AttentionAudit()._generate_state_key(
+        every_n_epochs=AttentionAudit().every_n_epochs, every_n_train_steps=None,
+        num_samples=AttentionAudit().num_samples, dataloader="val", seed=0, methods="auto",
+        metrics=("kendall_tau", "jsd", "topk_overlap"))
+    assert AttentionAudit(log_prefix=AttentionAudit().name).state_key == AttentionAudit().state_key
+    keys = {AttentionAudit().state_key, AttentionAudit(log_prefix="fp32").state_key,
+            AttentionAudit(precision="trainer").state_key, ErasureAudit(log_prefix="e2").state_key,
+            ErasureAudit().state_key}
+    assert len(keys) == 5
+    # Lightning refuses two stateful callbacks of one class with the same key; these two are accepted
+    trainer = pl.Trainer(callbacks=[AttentionAudit(), AttentionAudit(precision="trainer", log_prefix="bf16")],
+                         logger=False, enable_checkpointing=False)
+    assert len({c.state_key for c in trainer.callbacks if isinstance(c, AttentionAudit)}) == 2
+
+
 def test_state_dict_round_trip():
     audit = AttentionAudit()
     audit.history = [{"stage": "fit", "epoch": 0, "global_step": 3, "split": "val", "num_examples": 2,
