@@ -67,3 +67,12 @@ def test_loo_memory_benchmark(tmp_path):
 
     r = _run(bench_loo_memory, ["--quick", "--repeats", "2"], tmp_path)
     assert r["max_abs_logit_diff"] < 1e-6 and r["batch"]["max_len"] == 64
+
+
+def test_gpu_check_runs_its_code_on_the_cpu(tmp_path):
+    from benchmarks import gpu_check
+
+    r = _run(gpu_check, ["--quick"], tmp_path)
+    assert set(r["fit"]["audit_share"]) >= {"attention_ig", "attention_ig_bf16", "erasure_default"}
+    assert r["throughput"]["maps"]["integrated_gradients"]["fraction_of_fwd_bwd_rate"] > 0
+    assert r["ig_accuracy"]["gl50"]["rel_l1_err_max"] < 0.5 and r["ig_accuracy"]["gl50"]["mean_steps"] == 50
