@@ -76,3 +76,12 @@ def test_gpu_check_runs_its_code_on_the_cpu(tmp_path):
     assert set(r["fit"]["audit_share"]) >= {"attention_ig", "attention_ig_bf16", "erasure_default"}
     assert r["throughput"]["maps"]["integrated_gradients"]["fraction_of_fwd_bwd_rate"] > 0
     assert r["ig_accuracy"]["gl50"]["rel_l1_err_max"] < 0.5 and r["ig_accuracy"]["gl50"]["mean_steps"] == 50
+
+
+def test_ig_auto_benchmark(tmp_path):
+    from benchmarks import bench_ig_auto
+
+    r = _run(bench_ig_auto, ["--quick", "--model", "minilm", "--token-rtol", "0.01"], tmp_path)
+    assert set(r["ratios"]) == {"auto", "auto_token_rtol_0.01"}
+    assert r["mean_gradient_evaluations"]["gl50"] == 50 and r["mean_gradient_evaluations"]["auto"] >= 15
+    assert r["rel_l1_error"]["gl50"]["max"] < 1e-3  # 50 nodes against the float64 reference on the random head
