@@ -62,7 +62,7 @@ FULL_TRAIN_SENTENCES = 6920
 
 def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=("minilm", "reference"), default="reference")
+    parser.add_argument("--model", choices=("minilm", "llama", "reference"), default="reference")
     parser.add_argument("--train-batches", type=int, default=40, help="training batches timed per epoch")
     parser.add_argument("--rounds", type=int, default=5, help="epochs, each auditing every configuration once")
     parser.add_argument("--num-samples", type=int, default=256, help="audited dev sentences")
@@ -92,6 +92,15 @@ def _module_and_data(model: str, quick: bool):
         module.load_state_dict(reference.state_dict())
         module.train()
         return module, dm, module, {"model": "reference BiLSTM (trained 2 epochs, cached)", **reference.bench_info}
+    if model == "llama":
+        from benchmarks.models import trained_llama
+        from lightning_xai.models.hf_classifier import HFClassifier
+
+        hf, dm, info = trained_llama()
+        module = HFClassifier(model=hf, lr=info["lr"], weight_decay=info["weight_decay"])
+        return module, dm, module.adapter, {"model": "small Llama-architecture classifier (examples/llama_sst2.py, "
+                                                     "trained from scratch, cached; sdpa)",
+                                            "attn_implementation": hf.config._attn_implementation, **info}
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -154,3 +154,67 @@ def finetuned_minilm():
     adapter.bench_info = info
     adapter.tokenizer_for_bench = tokenizer
     return adapter, "ok"
+
+
+#: How the benchmarks' small Llama-architecture classifier (examples/llama_sst2.py) is trained (its cache key).
+TRAINED_LLAMA = {"hidden": 64, "layers": 2, "epochs": 3, "lr": 2e-3, "weight_decay": 0.01, "batch_size": 32, "seed": 0}
+
+
+def llama_example():
+    """``examples/llama_sst2.py`` as a module: its ``DecoderSST2`` data module and ``tiny_llama`` builder."""
+    import sys
+
+    from benchmarks._common import ROOT
+
+    folder = str(ROOT / "examples")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    import llama_sst2
+
+    return llama_sst2
+
+
+def trained_llama():
+    """(Llama-architecture ``LlamaForSequenceClassification`` trained from scratch on SST-2, its data module, info).
+
+    The decoder classifier of ``examples/llama_sst2.py`` (word-level vocabulary of the bundled data, hidden 64, 2
+    layers, 4 heads / 2 key-value heads; no pretrained decoder ships offline), trained ``TRAINED_LLAMA['epochs']``
+    epochs on all 6,920 training sentences by ``HFClassifier`` in a real ``Trainer`` on sdpa, cached under
+    ``benchmarks/.cache`` with its dev accuracy.
+    """
+    import hashlib
+    import json
+    import time
+
+    import pytorch_lightning as pl
+
+    from benchmarks._common import CACHE
+    from lightning_xai.models import HFClassifier
+
+    example = llama_example()
+    cfg = dict(TRAINED_LLAMA)
+    dm = example.DecoderSST2("sst2", batch_size=cfg["batch_size"], seed=cfg["seed"])
+    dm.prepare_data()
+    dm.setup("fit")
+    hf = example.tiny_llama(dm.vocab_size, cfg["hidden"], cfg["layers"], cfg["seed"])
+    hf.set_attn_implementation("sdpa")
+    key = hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
+    cached = CACHE / f"llama_sst2_{key}.pt"
+    if cached.exists():
+        saved = torch.load(cached, map_location="cpu", weights_only=False)
+        hf.load_state_dict(saved["state_dict"])
+        return hf, dm, saved["info"]
+    CACHE.mkdir(parents=True, exist_ok=True)
+    pl.seed_everything(cfg["seed"], verbose=False)
+    module = HFClassifier(model=hf, lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+    started = time.perf_counter()
+    trainer = pl.Trainer(max_epochs=cfg["epochs"], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=str(CACHE / "trainer"))
+    trainer.fit(module, datamodule=dm)
+    metrics = trainer.validate(module, datamodule=dm, verbose=False)[0]
+    info = {"weights": f"Llama-architecture classifier (examples/llama_sst2.py) trained {cfg['epochs']} epochs from "
+                       f"scratch on SST-2 train (HFClassifier, batch {cfg['batch_size']}, lr {cfg['lr']}, sdpa)",
+            "dev_acc": round(float(metrics["val/acc"]), 4), "train_seconds": round(time.perf_counter() - started, 1),
+            **cfg}
+    torch.save({"state_dict": hf.state_dict(), "info": info}, cached)
+    return hf, dm, info

@@ -52,6 +52,7 @@ def jobs(quick: bool):
     out["audit_share_reference"] = (bench_audit_share.main, ["--model", "reference", "--train-batches", "20"] + common)
     out["audit_share_minilm"] = (bench_audit_share.main, ["--model", "minilm", "--train-batches", "4", "--rounds", "1",
                                                           "--num-samples", "48"] + common)
+    out["audit_share_llama"] = (bench_audit_share.main, ["--model", "llama", "--train-batches", "40"] + common)
     out["loo_memory"] = (bench_loo_memory.main, common)
     out["step_overhead"] = (bench_step_overhead.main, common)
     return out
