@@ -127,3 +127,23 @@ def test_leave_one_out_fast_path_equals_rerunning_the_shortened_rows(trained_mod
     slow = attribute(model, batch, "leave_one_out", signed=True)
     assert fast.abs().max() > 1e-3
     torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("attention, head_bias", [("tanh", True), ("tanh", False), ("dot", True), ("linear", True)])
+def test_deletion_logits_of_every_attention_and_head_equal_the_model_on_the_shortened_rows(sst2_batch, attention,
+                                                                                           head_bias):
+    # the deleted-token variants go through the model's own attention and head, whichever they are
+    torch.manual_seed(0)
+    batch = {k: v[:6] for k, v in sst2_batch.items()}
+    model = AttentionClassifier(int(batch["input_ids"].max()) + 1, 3, attention=attention, embedding_dim=12,
+                                hidden_dim=5).eval()
+    if not head_bias:
+        model.classifier = nn.Linear(10, 3, bias=False)
+    rows, positions = batch["mask"].nonzero(as_tuple=True)
+    with torch.no_grad():
+        fast = model.deletion_logits(model.embed(batch), batch, rows, positions)
+        for k in range(rows.numel()):
+            b, i = int(rows[k]), int(positions[k])
+            keep = [j for j in range(batch["mask"].shape[1]) if j != i]
+            short = {"input_ids": batch["input_ids"][b:b + 1, keep], "mask": batch["mask"][b:b + 1, keep]}
+            torch.testing.assert_close(fast[k], model(short).logits[0], rtol=1e-5, atol=1e-6)
