@@ -103,7 +103,6 @@ def reference_model(train: bool = True):
     the model's default Adam, seed 0), cached under ``benchmarks/.cache``. ``train=False``: seeded random weights.
     Returned in eval mode with a ``bench_info`` dict attribute (dev accuracy, how it was made).
     """
-    import pytorch_lightning as pl
     import torch
 
     from lightning_xai.models import AttentionClassifier
@@ -116,28 +115,38 @@ def reference_model(train: bool = True):
                                 embedding_std=cfg["embedding_std"], vocab=dm.vocab.itos)
     info: Dict[str, Any] = {"weights": "seeded random (torch.manual_seed(0))", **cfg}
     if train:
-        key = hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
-        path = CACHE / f"reference_sst2_{key}.pt"
-        if path.exists():
-            saved = torch.load(path, map_location="cpu", weights_only=False)
-            model.load_state_dict(saved["state_dict"])
-            info.update(saved["info"])
-        else:
-            CACHE.mkdir(parents=True, exist_ok=True)
-            pl.seed_everything(cfg["seed"], verbose=False)
-            started = time.perf_counter()
-            trainer = pl.Trainer(max_epochs=cfg["epochs"], logger=False, enable_checkpointing=False,
-                                 enable_progress_bar=False, enable_model_summary=False,
-                                 default_root_dir=str(CACHE / "trainer"))
-            trainer.fit(model, datamodule=dm)
-            metrics = trainer.validate(model, datamodule=dm, verbose=False)[0]
-            info.update({"weights": f"trained {cfg['epochs']} epochs on SST-2 train (batch 32, seed 0)",
-                         "dev_acc": round(float(metrics["val/acc"]), 4),
-                         "train_seconds": round(time.perf_counter() - started, 1)})
-            torch.save({"state_dict": model.state_dict(), "info": info}, path)
+        info.update(trained_once("reference_sst2", cfg, model, dm, model,
+                                 f"trained {cfg['epochs']} epochs on SST-2 train (batch 32, seed 0)"))
     model.eval()
     model.bench_info = info
     return model
+
+
+def trained_once(name: str, cfg: Dict[str, Any], module: Any, dm: Any, weights: Any, describe: str) -> Dict[str, Any]:
+    """Train ``module`` on ``dm`` for ``cfg['epochs']`` epochs from seed ``cfg['seed']`` in a real ``Trainer``, once:
+    ``weights``' state (the module or the model inside it) is cached as ``benchmarks/.cache/<name>_<hash of cfg>.pt``
+    with its dev accuracy, and later calls load it into ``weights``. Returns the info dict (``weights`` =
+    ``describe``, ``dev_acc``, ``train_seconds`` and ``cfg``)."""
+    import pytorch_lightning as pl
+    import torch
+
+    key = hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
+    path = CACHE / f"{name}_{key}.pt"
+    if path.exists():
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+        weights.load_state_dict(saved["state_dict"])
+        return saved["info"]
+    CACHE.mkdir(parents=True, exist_ok=True)
+    pl.seed_everything(cfg["seed"], verbose=False)
+    started = time.perf_counter()
+    trainer = pl.Trainer(max_epochs=cfg["epochs"], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(CACHE / "trainer"))
+    trainer.fit(module, datamodule=dm)
+    metrics = trainer.validate(module, datamodule=dm, verbose=False)[0]
+    info = {"weights": describe, "dev_acc": round(float(metrics["val/acc"]), 4),
+            "train_seconds": round(time.perf_counter() - started, 1), **cfg}
+    torch.save({"state_dict": weights.state_dict(), "info": info}, path)
+    return info
 
 
 def unpacked_model(reference=None):

