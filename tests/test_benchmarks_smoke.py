@@ -85,3 +85,20 @@ def test_ig_auto_benchmark(tmp_path):
     assert set(r["ratios"]) == {"auto", "auto_token_rtol_0.01"}
     assert r["mean_gradient_evaluations"]["gl50"] == 50 and r["mean_gradient_evaluations"]["auto"] >= 15
     assert r["rel_l1_error"]["gl50"]["max"] < 1e-3  # 50 nodes against the float64 reference on the random head
+
+
+def test_step_overhead_benchmark_with_the_trainer_precision(tmp_path):
+    from benchmarks import bench_step_overhead
+
+    r = _run(bench_step_overhead, ["--quick", "--settings", "short", "--precision", "bf16-mixed", "--control"], tmp_path)
+    short = r["settings"]["short"]
+    assert r["precision"] == "bf16-mixed" and short["step"]["median"] > 0 and "control_step" in short
+
+
+def test_audit_share_benchmark_on_the_trained_llama():
+    from benchmarks import bench_audit_share
+
+    r = bench_audit_share.main(["--quick", "--model", "llama", "--configs", "attention_default", "erasure_default"])
+    assert r["info"]["dev_acc"] > 0.7  # trained (cached per machine), not random
+    assert all(c["audit_s"] > 0 and c["share"] > 0 for c in r["configs"].values())
+    assert r["loo_floor"]["forward_passes"] > 0
