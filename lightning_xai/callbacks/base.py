@@ -163,18 +163,12 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
 
     # --- identity and state ---------------------------------------------------------------------------
     def _state_config(self) -> Dict[str, Any]:
-        """Settings that tell two instances of a callback class apart (extended by subclasses).
-
-        A log prefix other than the default and a precision other than ``"auto"`` join the key only when set, so the
-        keys of existing checkpoints stay what they were and two audits told apart by either can share a Trainer.
-        """
+        """Settings that tell two instances of a callback class apart (extended by subclasses); a log prefix and a
+        precision join them only when not the defaults, so existing checkpoints keep their keys."""
         config = {"every_n_epochs": self.every_n_epochs, "every_n_train_steps": self.every_n_train_steps,
                   "num_samples": self.num_samples, "dataloader": self.dataloader, "seed": self.seed}
-        if self.log_prefix != self.name:
-            config["log_prefix"] = self.log_prefix
-        if self.precision != "auto":
-            config["precision"] = self.precision
-        return config
+        optional = {"log_prefix": (self.log_prefix, self.name), "precision": (self.precision, "auto")}
+        return {**config, **{k: value for k, (value, default) in optional.items() if value != default}}
 
     @property
     @override
