@@ -32,8 +32,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
-
 from benchmarks import _common as C  # noqa: E402
 from benchmarks import captum_baselines as CB  # noqa: E402
 

@@ -116,7 +116,6 @@ def ceilings(device: torch.device) -> Dict[str, float]:
             a @ b
         seconds = _timed(lambda: [a @ b for _ in range(10)], device) / 10
         out[f"matmul_{name}_tflops"] = 2 * n ** 3 / seconds / 1e12
-        del a, b
     torch.cuda.empty_cache()
     return out
 
