@@ -83,6 +83,15 @@ def summary(results_dir: Path = C.RESULTS) -> str:
         rows.append((what, C.fmt(value), target, "yes" if met else ("n/a" if met is None else "**no**"),
                      f"{r['env']['utc'][11:]} load {r['env']['loadavg_1_5_15'][0]}, {r['env']['threads']} thr"))
 
+    for model in ("minilm", "reference", "llama"):
+        r = _load(f"audit_share_{model}", results_dir)
+        for name, c in (r or {}).get("configs", {}).items():
+            if c.get("target") is not None:
+                add(f"{name} audit share of a training epoch ({model})", c["share"], f"≤ {c['target']:.0%}",
+                    c["share"] <= c["target"], r)
+            if "vs_floor" in c:
+                add(f"leave-one-out audit / its floor of Σ L_i forwards ({model})", c["vs_floor"], "≤ 1.5×",
+                    c["vs_floor"] <= 1.5, r)
     r = _load("ig_auto_minilm_sst2", results_dir)
     if r:
         for name, ratio in r["ratios"].items():
@@ -141,13 +150,17 @@ def summary(results_dir: Path = C.RESULTS) -> str:
     r = _load("deception", results_dir)
     if r:
         add("DeceptionPenalty per-step overhead", r["overhead"], "≤ 0.05", r["met"], r)
-    r = _load("step_overhead", results_dir)
-    if r:
+    for name in ("step_overhead", "step_overhead_gpu"):
+        r = _load(name, results_dir)
+        if not r:
+            continue
         for setting, s in r["settings"].items():
+            where = f", {r['env']['gpu']} {r['precision']}" if r.get("accelerator") == "gpu" else ""
             add(f"MiniLM (sdpa) training step with the audit callbacks attached, between audits ({setting}, "
-                f"batch {s['batch_size']})", s["step"]["median"], f"≤ {r['target']:g}×", s["met"], r)
+                f"batch {s['batch_size']}{where})", s["step"]["median"], f"≤ {r['target']:g}×", s["met"], r)
     expected = ["ig_reference", "ig_unpacked", "ig_minilm", "loo_reference", "loo_unpacked", "gradients_reference",
-                "gradients_unpacked", "kendall", "deception", "loo_memory", "step_overhead"]
+                "gradients_unpacked", "kendall", "deception", "loo_memory", "step_overhead", "audit_share_minilm",
+                "audit_share_reference", "audit_share_llama", "ig_auto_minilm_sst2"]
     missing = [name for name in expected if _load(name, results_dir) is None]
     text = C.table(rows, ("ratio", "value", "target", "met?", "measured (UTC, 1-min load, threads)"))
     if missing:
