@@ -70,7 +70,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     threads = C.set_threads(args.threads)
     if args.quick:
-        args.batch_size, args.repeats, args.reference_steps = min(args.batch_size, 4), 2, 100
+        args.batch_size, args.repeats, args.reference_steps = min(args.batch_size, 2), 1, 60
     warnings.filterwarnings("ignore", message="Integrated gradients: convergence delta")
     warnings.filterwarnings("ignore", message="n_steps='auto'")
     from lightning_xai.attribution import attribute

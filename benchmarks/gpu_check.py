@@ -48,7 +48,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 AUDIT_SENTENCES = 256
-QUICK_SENTENCES = 8
+QUICK_SENTENCES = 4
+#: IG nodes of the audits and maps (the issue's 50); the CPU smoke run (``--quick``) uses QUICK_IG_STEPS
+IG_STEPS, QUICK_IG_STEPS = 50, 6
 
 
 def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
@@ -164,6 +166,7 @@ def fine_tune_with_audits(hf, tokenizer, device: torch.device, args) -> Dict[str
     module = HFClassifier(model=hf, tokenizer=tokenizer)
     dm = HFTextClassificationDataModule(tokenizer, "sst2", batch_size=32, seed=0)
     n = QUICK_SENTENCES if args.quick else AUDIT_SENTENCES
+    steps = QUICK_IG_STEPS if args.quick else IG_STEPS
     common = dict(every_n_epochs=1, num_samples=n, budget=None, on_validate=False, on_test=False)
     audits = {}
     for precision in ("auto", "trainer"):
@@ -172,6 +175,7 @@ def fine_tune_with_audits(hf, tokenizer, device: torch.device, args) -> Dict[str
         audits[f"attention_loo{tag}"] = AttentionAudit(methods=("leave_one_out",), precision=precision,
                                                        log_prefix=f"loo{tag}", **common)
         audits[f"attention_ig{tag}"] = AttentionAudit(methods=("integrated_gradients",), precision=precision,
+                                                      method_options={"integrated_gradients": {"n_steps": steps}},
                                                       log_prefix=f"ig{tag}", **common)
         audits[f"erasure_default{tag}"] = ErasureAudit(precision=precision, log_prefix=f"e{tag}", **common)
     names = list(audits)
@@ -312,8 +316,8 @@ def _kendall(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> torch.Tens
     return kendall_tau(a.float(), b.float(), mask)[0]
 
 
-def maps_and_bf16(model, batch: Dict[str, Any], device: torch.device, repeats: int,
-                  rate: Dict[str, Any]) -> Dict[str, Any]:
+def maps_and_bf16(model, batch: Dict[str, Any], device: torch.device, repeats: int, rate: Dict[str, Any],
+                  ig_steps: int = IG_STEPS) -> Dict[str, Any]:
     """Time IG-50, leave-one-out and gradient in float32 and under bf16 autocast; compare the bf16 maps."""
     from lightning_xai.attribution import attribute
 
@@ -321,7 +325,7 @@ def maps_and_bf16(model, batch: Dict[str, Any], device: torch.device, repeats: i
     B, T = mask.shape
     lengths = mask.sum(1)
     configs = {
-        "integrated_gradients": dict(n_steps=50),
+        "integrated_gradients": dict(n_steps=ig_steps),
         "leave_one_out": {},
         "gradient": {},
     }
@@ -346,7 +350,7 @@ def maps_and_bf16(model, batch: Dict[str, Any], device: torch.device, repeats: i
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         seconds = _interleaved(fns, device, repeats)
-    ig_tokens = 50 * B * T
+    ig_tokens = ig_steps * B * T
     loo_passes = int(lengths.sum())
     # a deleted-token variant of row i is one token narrower than the row (special tokens included)
     width = batch["attention_mask"].sum(1) if "attention_mask" in batch else lengths
@@ -358,7 +362,7 @@ def maps_and_bf16(model, batch: Dict[str, Any], device: torch.device, repeats: i
             if method == "integrated_gradients":
                 entry["padded_tokens_per_s"] = ig_tokens / seconds[name]
                 entry["fraction_of_fwd_bwd_rate"] = entry["padded_tokens_per_s"] / rate[f"fwd_bwd{tag}_tokens_per_s"]
-                entry["gradient_evaluations_per_s"] = 50 * B / seconds[name]
+                entry["gradient_evaluations_per_s"] = ig_steps * B / seconds[name]
             if method == "leave_one_out":
                 entry["forward_passes"] = loo_passes
                 entry["variant_tokens_per_s"] = loo_tokens / seconds[name]
@@ -459,9 +463,10 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     repeats = 1 if args.quick else args.repeats
     result["rates"] = rates(model, batch, device, repeats, sweep)
     result["flops_per_token"] = flops_per_token(hf.config, int(model.token_mask(batch).shape[1]))
-    result["throughput"] = maps_and_bf16(model, batch, device, repeats, result["rates"])
+    result["throughput"] = maps_and_bf16(model, batch, device, repeats, result["rates"],
+                                         QUICK_IG_STEPS if args.quick else IG_STEPS)
     try:
-        result["ig_accuracy"] = ig_accuracy(model, batch, device, repeats, 100 if args.quick else 300)
+        result["ig_accuracy"] = ig_accuracy(model, batch, device, repeats, 60 if args.quick else 300)
     except Exception as err:  # the throughput figures above stand on their own
         result["ig_accuracy"] = {"error": repr(err)}
     result["wall_s"] = time.perf_counter() - started
