@@ -7,7 +7,7 @@ markers of the README, leaving everything else (and other authors' sections) unt
 Usage:
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/run_all.py                 # everything (~30-60 min on 2 cores)
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/run_all.py --only ig_reference kendall
-    .venv/bin/python benchmarks/run_all.py --quick --no-update-readme        # smoke run, seconds
+    .venv/bin/python benchmarks/run_all.py --quick --no-update-readme        # smoke run, seconds (JSON to a temp folder)
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -177,6 +178,8 @@ def main(argv=None) -> int:
     parser.add_argument("--summary-only", action="store_true", help="rebuild the README blocks from results/*.json")
     args = parser.parse_args(argv)
     threads = C.set_threads()
+    if args.quick and args.results_dir is None:  # a smoke run must not overwrite the measured results
+        args.results_dir = Path(tempfile.mkdtemp(prefix="bench_quick_"))
     if args.summary_only:
         for path in sorted(C.RESULTS.glob("*.json")):
             block = json.loads(path.read_text()).get("markdown")
