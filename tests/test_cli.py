@@ -12,12 +12,6 @@ from lightning_xai.data import HFTextClassificationDataModule
 from lightning_xai.models import HFClassifier
 
 
-def test_cli_runs_demo_config(tmp_path, capsys):
-    main(["fit", "--config", "examples/configs/sst2.yaml", "--trainer.fast_dev_run", "2",
-          "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false", "--trainer.callbacks", "null",
-          "--trainer.enable_progress_bar", "false", "--model.embedding_dim", "16", "--model.hidden_dim", "8"])
-
-
 def test_results_table_formats_scalars():
     table = results_table({"test/acc": 0.8123, "test/f1": 0.8}, title="t")
     assert table.splitlines() == ["t", "-" * 15, "test/acc 0.8123", "test/f1  0.8000"]
