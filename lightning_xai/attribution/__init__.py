@@ -11,6 +11,7 @@ from lightning_xai.attribution.context import clone_inference_tensors, explanati
 from lightning_xai.attribution.core import (
     ATTRIBUTION_METHODS,
     attribute,
+    check_method_options,
     check_token_mask,
     predicted_class,
     register_method,
@@ -27,7 +28,7 @@ from lightning_xai.attribution.interactions import integrated_hessians
 from lightning_xai.attribution.lrp import LRP_ENCODER_RULES, lrp, register_lrp_encoder
 
 __all__ = ["ATTRIBUTION_METHODS", "IG_AUTO_TOKEN_RTOL", "IG_RULES", "LOO_MODES", "LRP_ENCODER_RULES", "attribute",
-           "auto_internal_batch_size", "check_token_mask", "clone_inference_tensors", "explanation_context", "ig_nodes",
+           "auto_internal_batch_size", "check_method_options", "check_token_mask", "clone_inference_tensors", "explanation_context", "ig_nodes",
            "integrated_gradients_map", "integrated_hessians", "lrp",
            "occlusion_batch", "pad_embeddings", "predicted_class", "register_lrp_encoder", "register_method",
            "remove_tokens", "resolve_target", "shared_input_gradients", "smooth_grad_map", "take_rows",

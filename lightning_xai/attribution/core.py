@@ -6,6 +6,7 @@ The target helpers (:func:`resolve_target`, :func:`target_score`, ...) live in
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import inspect
@@ -21,7 +22,7 @@ from lightning_xai.attribution.context import explanation_context
 from lightning_xai.attribution.targets import (OUTPUTS, check_token_mask, predicted_class, resolve_target,
                                                target_probabilities, target_score)
 
-__all__ = ["ATTRIBUTION_METHODS", "AttributionFn", "attribute", "register_method", "resolve_target",
+__all__ = ["ATTRIBUTION_METHODS", "AttributionFn", "attribute", "check_method_options", "register_method", "resolve_target",
            "predicted_class", "target_probabilities", "check_token_mask", "target_score", "NORMALIZATIONS",
            "OUTPUTS"]
 
@@ -99,7 +100,8 @@ def _lookup(method: Any) -> Tuple[AttributionFn, bool, Dict[str, Any]]:
                     f"with an .attribute(...) method (e.g. captum.attr.Saliency); got {type(method).__name__}.")
 
 
-def _check_options(fn: AttributionFn, name: str, options: Mapping[str, Any]) -> None:
+def _check_options(fn: AttributionFn, name: str, options: Mapping[str, Any],
+                   also: Tuple[str, ...] = ()) -> None:
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # builtins without a signature
@@ -107,9 +109,42 @@ def _check_options(fn: AttributionFn, name: str, options: Mapping[str, Any]) -> 
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
     accepted = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY and n != "create_graph"]
+    accepted += [n for n in also if n not in accepted]
     unknown = sorted(set(options) - set(accepted))
     if unknown:
-        raise TypeError(f"Method {name!r} got unknown option(s) {unknown}; it accepts {accepted}.")
+        close = {u: difflib.get_close_matches(u, accepted, n=1, cutoff=0.6) for u in unknown}
+        hints = "".join(f" ({u!r}: did you mean {c[0]!r}?)" for u, c in close.items() if c)
+        raise TypeError(f"Method {name!r} got unknown option(s) {unknown}{hints}; it accepts {accepted}.")
+
+
+def check_method_options(method: str, options: Mapping[str, Any]) -> None:
+    """Check, without running anything, that ``attribute(model, batch, method, **options)`` accepts ``options``.
+
+    For configurations that run much later (a callback's ``method_options``): a misspelled option fails when it
+    is written, not after an epoch of training. Methods whose function takes ``**kwargs`` (they pass options on,
+    e.g. to Captum) are checked by :func:`attribute` when it runs.
+
+    Args:
+        method: a registered method name (:data:`ATTRIBUTION_METHODS`).
+        options: the keyword options, including :func:`attribute`'s own ``normalize`` and ``create_graph``.
+
+    Raises:
+        ValueError: ``method`` is not registered, or ``normalize`` is not one of :data:`NORMALIZATIONS`.
+        TypeError: an option the method does not take (naming its close match and every accepted option).
+
+    Example:
+        >>> from lightning_xai.attribution import check_method_options
+        >>> check_method_options("integrated_gradients", {"n_steps": 32})
+        >>> check_method_options("integrated_gradients", {"n_step": 32})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: Method 'integrated_gradients' got unknown option(s) ['n_step'] ('n_step': did you mean 'n_steps'?); it accepts [...].
+    """
+    fn, _, _ = _lookup(method)
+    normalize = options.get("normalize")
+    if normalize is not None and normalize not in NORMALIZATIONS:
+        raise ValueError(f"Unknown normalize {normalize!r}; choose one of {list(NORMALIZATIONS)} or None.")
+    _check_options(fn, method, options, also=("normalize", "create_graph"))
 
 
 def _normalize(scores: Tensor, mode: str) -> Tensor:

@@ -17,7 +17,7 @@ from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, shared_input_gradients
 from lightning_xai.callbacks.base import AuditCallback, AuditPrediction
 from lightning_xai.callbacks.interactions import DEFAULT_TOP_PAIRS
-from lightning_xai.callbacks.names import check_names
+from lightning_xai.callbacks.names import check_names, check_options_of_methods
 from lightning_xai.metrics.registry import AGREEMENT_ALIASES, AGREEMENT_METRICS, resolve_agreement_metric
 
 __all__ = ["AttentionAudit", "AGREEMENT_METRICS", "DEFAULT_GRADIENT_METHODS", "DEFAULT_METHODS"]
@@ -157,6 +157,7 @@ class AttentionAudit(AuditCallback):
             if key not in methods:
                 raise MisconfigurationException(f"AttentionAudit: method_options for {key!r}, which is not in "
                                                 f"methods {methods}.")
+        check_options_of_methods("AttentionAudit", method_options)
         for key in metric_options:
             if key not in resolved:
                 raise MisconfigurationException(f"AttentionAudit: metric_options for {key!r}, which is not in "

@@ -12,7 +12,7 @@ from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute
 from lightning_xai.audits.erasure import decision_flip, ranking_scores
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction
-from lightning_xai.callbacks.names import check_names
+from lightning_xai.callbacks.names import check_names, check_options_of_methods
 from lightning_xai.metrics.functional.faithfulness import erasure_scores
 
 __all__ = ["ERASURE_RANKINGS", "ErasureAudit"]
@@ -106,6 +106,11 @@ class ErasureAudit(AuditCallback):
         # decision flips renormalise the attention and feed it back; ∂logit/∂α needs the override too
         self.needs_attention_override = decision_flip or "attention_gradient" in rankings
         self.method_options = dict(method_options or {})
+        stray = sorted(set(self.method_options) - set(rankings))
+        if stray:
+            raise MisconfigurationException(f"ErasureAudit: method_options for {stray}, which are not in rankings "
+                                            f"{rankings}.")
+        check_options_of_methods("ErasureAudit", self.method_options)
 
     @staticmethod
     def _renamed(ranking: str) -> str:
