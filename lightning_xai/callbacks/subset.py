@@ -10,6 +10,7 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
+from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
@@ -26,7 +27,13 @@ AUDIT_TOKEN_BUDGET = 8192
 AuditBatch = Tuple[List[int], List[int], Dict[str, Any]]
 
 
-def _first(loader: Any) -> Any:
+def _first(loader: Any, owner: str, split: str) -> Any:
+    """The first of several loaders (a list, or a dict of named loaders), saying which one is audited."""
+    if isinstance(loader, (list, tuple, dict)) and len(loader) > 1:
+        first = "dataloader_idx 0" if not isinstance(loader, dict) else f"{next(iter(loader))!r}"
+        rank_zero_warn(f"{owner}: the {split!r} split has {len(loader)} dataloaders; the audit reads only the first "
+                       f"({first}) and logs it as {split!r}. To audit another, put it first, or give the audit its "
+                       "own split (dataloader='test' with that loader as test_dataloader()).")
     if isinstance(loader, (list, tuple)):
         loader = loader[0] if loader else None
     if isinstance(loader, dict):
@@ -34,9 +41,9 @@ def _first(loader: Any) -> Any:
     return loader
 
 
-def _trainer_loader(trainer: "pl.Trainer", split: str) -> Any:
+def _trainer_loader(trainer: "pl.Trainer", split: str, owner: str) -> Any:
     return _first({"train": trainer.train_dataloader, "val": trainer.val_dataloaders,
-                   "test": trainer.test_dataloaders}[split])
+                   "test": trainer.test_dataloaders}[split], owner, split)
 
 
 def find_loader(trainer: "pl.Trainer", split: str, owner: str = "audit") -> Any:
@@ -64,19 +71,19 @@ def find_loader(trainer: "pl.Trainer", split: str, owner: str = "audit") -> Any:
     datamodule = getattr(trainer, "datamodule", None)
     if datamodule is not None and hasattr(datamodule, f"{split}_dataloader"):
         try:
-            loader = _first(getattr(datamodule, f"{split}_dataloader")())
+            loader = _first(getattr(datamodule, f"{split}_dataloader")(), owner, split)
         except (*MISCONFIGURATION_ERRORS, ValueError):
             loader = None
     if loader is None:
-        loader = _trainer_loader(trainer, split)
+        loader = _trainer_loader(trainer, split, owner)
     module = trainer.lightning_module
     if loader is None and module is not None and is_overridden(f"{split}_dataloader", module):
-        loader = _first(getattr(module, f"{split}_dataloader")())
+        loader = _first(getattr(module, f"{split}_dataloader")(), owner, split)
     if loader is None and trainer.state.fn == "fit" and split in ("train", "val"):
         loop = trainer.fit_loop if split == "train" else trainer.fit_loop.epoch_loop.val_loop
         with preserved_rng_state():
             loop.setup_data()
-        loader = _trainer_loader(trainer, split)
+        loader = _trainer_loader(trainer, split, owner)
     if loader is None:
         unloaded = (" (with limit_val_batches=0 Lightning never loads the val_dataloaders given to fit)"
                     if split == "val" and trainer.limit_val_batches == 0 else "")
