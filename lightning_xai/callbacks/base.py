@@ -38,8 +38,9 @@ from lightning_xai.callbacks.cost import AuditCost
 from lightning_xai.callbacks.distributed import gather_examples, merge_extras, shared_failure
 from lightning_xai.callbacks.guard import AuditPrecision, audit_guard, precision_context
 from lightning_xai.callbacks.isolation import AuditFailures
-from lightning_xai.callbacks.options import check_audit_options
-from lightning_xai.callbacks.output import add_record, log_scalars, progress_bar, publish_scalars, restored_history
+from lightning_xai.callbacks.options import check_audit_options, check_placement
+from lightning_xai.callbacks.output import (RunCounter, add_record, log_scalars, progress_bar, publish_scalars,
+                                            restored_history)
 from lightning_xai.callbacks.resolve import ModelLookup
 from lightning_xai.callbacks.results import AuditExample, AuditPrediction, AuditResult, collect_examples
 from lightning_xai.callbacks.schedule import AuditSchedule, check_cadence
@@ -105,6 +106,12 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
     #: a name in ``guard.PRECISION_SENSITIVE`` makes the whole :meth:`audit_batch` precision-sensitive
     precision_map: str = ""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "prediction" not in inspect.signature(cls.audit_batch).parameters:  # checked once, when the class is made
+            raise TypeError(f"{cls.__name__}.audit_batch must take `prediction: Optional[AuditPrediction] = None` "
+                            "(the shared prediction step's result; use `prediction or self.predict(model, batch)`).")
+
     def __init__(
         self,
         *,
@@ -149,6 +156,7 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
         self.strict = strict
         self._failures = AuditFailures(cls, strict)
         self._cost = AuditCost()
+        self._runs = RunCounter()
         self.history: List[Dict[str, Any]] = []
         self.latest: Optional[AuditResult] = None
         self.version = 0  # bumps on every audit; reporters watch it
@@ -183,6 +191,7 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
     @override
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self.history = restored_history(self.history, state_dict.get("history", []))
+        self._runs.restored(self.history)
         saved = state_dict.get("subsets", {})
         self._restored_subsets = {k: list(v) for k, v in saved.items()}
         self.load_budget_state(state_dict.get("budget"))
@@ -190,6 +199,10 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
     # --- setup: fail early on a model the audit cannot read -----------------------------------------------
     @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        if trainer is not None:  # None: set up by hand (notebooks, tests)
+            check_placement(self, [c for c in trainer.callbacks if isinstance(c, AuditCallback)], trainer, stage)
+            if self._runs.enter(trainer, type(self).__name__):  # a new Trainer counts its epochs and steps from 0
+                self._epoch_audited = self._last_step_audited = None
         self.explainable(pl_module)
         self._checked = False
         self._batches = {}
@@ -308,7 +321,7 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
             self._aggregated = None
         warn_undefined(type(self).__name__, split, examples, metrics, self._warned_undefined)
         result = AuditResult(stage=stage, epoch=trainer.current_epoch, global_step=trainer.global_step, split=split,
-                             metrics=metrics, examples=examples, extras=merged)
+                             metrics=metrics, examples=examples, extras=merged, run=self._runs.run)
         self.history = add_record(self.history, result.record())
         self._log(trainer, stage, metrics)
         self.latest = result
@@ -321,8 +334,8 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
         with precision_context(trainer, pl_module.device, context):
             prediction = self.predict(model, batch)
             with self.map_precision(self.precision_map):
-                found, extra = audit_finite_rows(lambda b, i, p: self._call_audit_batch(
-                    model, b, generator, i, p or self.predict(model, b)), batch, indices, prediction)
+                found, extra = audit_finite_rows(lambda b, i, p: self.audit_batch(
+                    model, b, generator, i, prediction=p or self.predict(model, b)), batch, indices, prediction)
         return mark_undefined({"prediction": prediction.prediction, "probability": prediction.probability, **found},
                               prediction.finite, self.expected_values()), extra
 
@@ -348,13 +361,6 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
         """Per-example value names the audit always reports (NaN for undefined examples, so a metric no example
         defines is still logged, as NaN); default none beyond those its batches return."""
         return []
-
-    def _call_audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
-                          indices: List[int], prediction: AuditPrediction) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-        # subclasses written before the shared prediction step take four arguments and predict themselves
-        if "prediction" in inspect.signature(self.audit_batch).parameters:
-            return self.audit_batch(model, batch, generator, indices, prediction=prediction)
-        return self.audit_batch(model, batch, generator, indices)
 
     # --- what subclasses implement ------------------------------------------------------------------------
     def example_generators(self, indices: Sequence[int]) -> List[torch.Generator]:

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any, Dict, List, Mapping, Optional
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-__all__ = ["add_record", "log_scalars", "progress_bar", "publish_scalars", "restored_history"]
+__all__ = ["RunCounter", "add_record", "log_scalars", "progress_bar", "publish_scalars", "restored_history",
+           "warn_spawned_history"]
 
 
 def add_record(history: List[Dict[str, Any]], record: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -23,7 +26,57 @@ def add_record(history: List[Dict[str, Any]], record: Dict[str, Any]) -> List[Di
 
 
 def _key(record: Mapping[str, Any]) -> tuple:
-    return record["stage"], record["epoch"], record["global_step"], record["split"]
+    return record.get("run", 0), record["stage"], record["epoch"], record["global_step"], record["split"]
+
+
+class RunCounter:
+    """Which run a callback is in: every Trainer object it is set up by after the first starts a new run, so the
+    same callback in a second ``Trainer`` keeps the first run's records beside its own (``record["run"]``).
+
+    Example:
+        >>> class Trainer:
+        ...     pass
+        >>> runs, first, second = RunCounter(), Trainer(), Trainer()
+        >>> runs.enter(first, "audit"), runs.enter(first, "audit"), runs.enter(second, "audit"), runs.run
+        (False, False, True, 1)
+    """
+
+    def __init__(self) -> None:
+        self.run = 0
+        self._trainer: Optional["weakref.ref[Any]"] = None
+
+    def enter(self, trainer: Any, owner: str) -> bool:
+        """Note that ``trainer`` sets the callback up; whether it starts the next run (a Trainer other than the
+        last one)."""
+        last = None if self._trainer is None else self._trainer()
+        new = self._trainer is not None and last is not trainer
+        if new:
+            self.run += 1
+            rank_zero_info(f"{owner} is set up by another Trainer: its history keeps the earlier runs' records and "
+                           f"adds this one's with run={self.run} (callback.history[i]['run']).")
+        self._trainer = weakref.ref(trainer)
+        return new
+
+    def restored(self, history: List[Dict[str, Any]]) -> None:
+        """After a checkpoint's history is loaded: continue the latest run it holds."""
+        self.run = max([self.run, *(r.get("run", 0) for r in history)])
+
+    def __getstate__(self) -> Dict[str, Any]:  # a weak reference does not pickle (ddp_spawn, deepcopy)
+        return {"run": self.run, "_trainer": None}
+
+
+def warn_spawned_history(trainer: "pl.Trainer", owner: str) -> None:
+    """Under a launcher that runs the training in new processes (``strategy="ddp_spawn"``, ``"ddp_fork"``,
+    ``"ddp_notebook"``), say that ``history`` and ``latest`` stay in those processes: Lightning sends back only the
+    weights and ``callback_metrics``, so the calling process's callback object keeps an empty history."""
+    launcher = getattr(trainer.strategy, "launcher", None)
+    method = getattr(launcher, "_start_method", None)
+    if method is not None:
+        rank_zero_warn(f"{owner}: under the {method!r} multiprocessing launcher ({type(trainer.strategy).__name__}) "
+                       "the audits run in worker processes, and Lightning brings back only the weights and "
+                       "callback_metrics: callback.history and callback.latest stay empty in the process that called "
+                       "fit. The numbers are in the loggers (CSVLogger, W&B) and in checkpoints (the callback's "
+                       "state); use strategy='ddp' to keep them on the callback.")
 
 
 def restored_history(current: List[Dict[str, Any]], saved: List[Dict[str, Any]]) -> List[Dict[str, Any]]:

@@ -111,11 +111,13 @@ class AuditResult:
     metrics: Dict[str, float]
     examples: List[AuditExample]
     extras: Dict[str, Any] = field(default_factory=dict)
+    #: which Trainer of the callback's life ran it (0: the first; a callback attached to a second Trainer counts on)
+    run: int = 0
 
     def record(self) -> Dict[str, Any]:
         """The checkpointable summary kept in :attr:`AuditCallback.history`."""
-        return {"stage": self.stage, "epoch": self.epoch, "global_step": self.global_step, "split": self.split,
-                "num_examples": len(self.examples), "metrics": dict(self.metrics)}
+        return {"run": self.run, "stage": self.stage, "epoch": self.epoch, "global_step": self.global_step,
+                "split": self.split, "num_examples": len(self.examples), "metrics": dict(self.metrics)}
 
 
 def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence[int], indices: Sequence[int],

@@ -44,7 +44,8 @@ def _audits() -> List[pl.Callback]:
                            method_options={"smooth_grad": {"n_samples": 3}}, num_samples=24),
             AttentionBaselines(num_samples=24, num_permutations=6),
             AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), every_n_epochs=0, every_n_train_steps=7,
-                           num_samples=16, on_validate=False, on_test=False)]  # 10 steps an epoch: 7, 14, 21, 28
+                           num_samples=16, on_validate=False, on_test=False,  # 10 steps an epoch: 7, 14, 21, 28
+                           log_prefix="step_audit")]  # its own keys: one column must not mix two audits' series
 
 
 def _fit(tmp_path, dm: _Slice, init_seed: int, max_epochs: int, callbacks: List[pl.Callback], ckpt_path=None,
