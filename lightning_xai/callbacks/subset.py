@@ -1,6 +1,7 @@
 """Which examples an audit reads: the split's dataloader, a fixed subset drawn once, batched within a token budget."""
 from __future__ import annotations
 
+import copy
 import random
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -17,8 +18,8 @@ from torch.utils.data import IterableDataset
 from lightning_xai.attribution.context import preserved_rng_state
 from lightning_xai.lightning_compat import MISCONFIGURATION_ERRORS, is_overridden
 
-__all__ = ["AUDIT_TOKEN_BUDGET", "AuditBatch", "SPLITS", "build_batches", "draw_subset", "find_loader",
-           "merge_small_batches", "preserved_dataset_generators", "row_reader"]
+__all__ = ["AUDIT_TOKEN_BUDGET", "AuditBatch", "SPLITS", "build_batches", "detached_dataset", "draw_subset",
+           "find_loader", "merge_small_batches", "preserved_dataset_generators", "row_reader"]
 
 SPLITS = ("train", "val", "test")
 #: padded tokens (rows × width) up to which the audit joins loader-sized batches when ``batch_size=None``
@@ -49,7 +50,8 @@ def _trainer_loader(trainer: "pl.Trainer", split: str, owner: str) -> Any:
 def find_loader(trainer: "pl.Trainer", split: str, owner: str = "audit") -> Any:
     """The first dataloader of ``split``, found through Lightning's public API, in this order:
 
-    1. ``trainer.datamodule.<split>_dataloader()``;
+    1. ``trainer.datamodule.<split>_dataloader()`` (not for ``"train"`` during ``fit``: there the loader is the one
+       Lightning builds, 2. or 4., so the data module's ``train_dataloader()`` runs once, as without the audit);
     2. the loader the trainer holds (``trainer.train_dataloader`` / ``val_dataloaders`` / ``test_dataloaders``);
     3. the LightningModule's own ``<split>_dataloader()`` hook, if it overrides it;
     4. during ``fit``, for loaders handed to ``trainer.fit(model, train_loader, val_loader)`` that the loop has
@@ -69,7 +71,10 @@ def find_loader(trainer: "pl.Trainer", split: str, owner: str = "audit") -> Any:
     """
     loader = None
     datamodule = getattr(trainer, "datamodule", None)
-    if datamodule is not None and hasattr(datamodule, f"{split}_dataloader"):
+    # the training loader of a fit is the one Lightning builds (4.): a second train_dataloader() call could move
+    # the state the data module checkpoints (its shuffle generator, a restored state it applies once)
+    fitting_train = split == "train" and trainer.state.fn == "fit"
+    if datamodule is not None and hasattr(datamodule, f"{split}_dataloader") and not fitting_train:
         try:
             loader = _first(getattr(datamodule, f"{split}_dataloader")(), owner, split)
         except (*MISCONFIGURATION_ERRORS, ValueError):
@@ -77,7 +82,7 @@ def find_loader(trainer: "pl.Trainer", split: str, owner: str = "audit") -> Any:
     if loader is None:
         loader = _trainer_loader(trainer, split, owner)
     module = trainer.lightning_module
-    if loader is None and module is not None and is_overridden(f"{split}_dataloader", module):
+    if loader is None and module is not None and is_overridden(f"{split}_dataloader", module) and not fitting_train:
         loader = _first(getattr(module, f"{split}_dataloader")(), owner, split)
     if loader is None and trainer.state.fn == "fit" and split in ("train", "val"):
         loop = trainer.fit_loop if split == "train" else trainer.fit_loop.epoch_loop.val_loop
@@ -148,9 +153,11 @@ def build_batches(loader: Any, indices: Sequence[int], positions: Sequence[int],
     size = batch_size or getattr(loader, "batch_size", None) or 32
     positions = list(positions)
     # tensors built in validate/test must not be inference tensors; a dataset that draws at every read (random
-    # masks, augmentation) must serve training the draws it would have served without the audit
-    with torch.inference_mode(False), preserved_dataset_generators(loader.dataset), preserved_rng_state():
-        rows = row_reader(loader.dataset, [indices[p] for p in positions], owner, split)
+    # masks, augmentation) must serve training the draws it would have served without the audit: the rows are
+    # read from a copy of the dataset, whatever generators it holds and wherever it holds them
+    with torch.inference_mode(False), preserved_rng_state():
+        rows = row_reader(detached_dataset(loader.dataset, owner, split), [indices[p] for p in positions], owner,
+                          split)
         groups = [positions[start:start + size] for start in range(0, len(positions), size)]
         if batch_size is None:
             groups = merge_small_batches(groups, indices, loader, token_budget, rows=rows)
@@ -215,6 +222,48 @@ def preserved_dataset_generators(dataset: Any) -> Iterator[None]:
                 gen.state = state
             else:
                 getattr(gen, put)(state)
+
+
+def detached_dataset(dataset: Any, owner: str = "audit", split: str = "val") -> Any:
+    """A deep copy of ``dataset`` for the audit to read: reading it never moves the original's random state.
+
+    A dataset that draws at every read (fresh masks, augmentation) keeps its generators wherever it likes — as
+    attributes, one object down (``self.augment.rng``), in lists — so the audit reads a copy rather than looking
+    for them. The copy is made once per split and setup and costs the dataset's memory while the audit batches
+    are built (a dataset too large for that can define ``__deepcopy__`` sharing its tensors). A dataset that cannot
+    be copied is read in place with the generators :func:`preserved_dataset_generators` finds restored (a stream,
+    under the global RNG states restored), and a warning says so.
+
+    Example:
+        >>> class Augmented(torch.utils.data.Dataset):
+        ...     def __init__(self):
+        ...         self.noise = [torch.Generator().manual_seed(0)]  # one level down, in a list
+        ...     def __getitem__(self, i):
+        ...         return float(torch.rand((), generator=self.noise[0]))
+        >>> data = Augmented()
+        >>> audited = detached_dataset(data)[0]
+        >>> data[0] == audited  # training still gets the first draw
+        True
+    """
+    try:
+        return copy.deepcopy(dataset)
+    except Exception as err:  # unpicklable members (open files, locks): fall back to the generators found
+        rank_zero_warn(f"{owner}: the {split!r} dataset {type(dataset).__name__} cannot be deep-copied "
+                       f"({type(err).__name__}: {err}); the audit reads it in place and restores the random "
+                       "generators it holds as attributes. Generators held deeper may move: define __deepcopy__ "
+                       "so the audit can read a copy.")
+        return dataset if isinstance(dataset, IterableDataset) else _InPlace(dataset)
+
+
+class _InPlace:
+    """Reads ``dataset[index]`` with its attribute generators restored after every read."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __getitem__(self, index: int) -> Any:
+        with preserved_dataset_generators(self.dataset):
+            return self.dataset[index]
 
 
 def row_reader(dataset: Any, wanted: Sequence[int], owner: str = "audit", split: str = "val") -> Callable[[int], Any]:
