@@ -301,9 +301,9 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         attention_params = {id(p) for p in self.attention.parameters()}
         decayed = [p for p in self.parameters() if id(p) not in attention_params]
-        groups = [{"params": decayed, "weight_decay": self.hparams.weight_decay},
+        groups = [{"params": decayed, "weight_decay": self.hparams["weight_decay"]},
                   {"params": list(self.attention.parameters()), "weight_decay": 0.0}]
-        return torch.optim.Adam([g for g in groups if g["params"]], lr=self.hparams.lr, amsgrad=True)
+        return torch.optim.Adam([g for g in groups if g["params"]], lr=self.hparams["lr"], amsgrad=True)
 
     # --- the vocabulary travels with the checkpoint ------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -322,8 +322,8 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
             return
         hp = self.hparams
         self.embedding_init_report = initialize_embedding(
-            self.embedding, self.vocab, hp.embedding_init, path=hp.embeddings_path, std=hp.embedding_std,
-            oov=hp.embedding_oov, rms=hp.embedding_rms)
+            self.embedding, self.vocab, hp["embedding_init"], path=hp["embeddings_path"], std=hp["embedding_std"],
+            oov=hp["embedding_oov"], rms=hp["embedding_rms"])
         self._embedding_init_done = True
 
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
