@@ -112,7 +112,7 @@ class OverrideReplay(Protocol):
     """Score many attention overrides of one batch without re-running what an override cannot change.
 
     :class:`~lightning_xai.adapters.HuggingFaceAdapter` has it (every layer before the last is replayed from one
-    recorded pass, :mod:`lightning_xai.adapters.hf_replay`); a model with a :class:`LinearHead` needs none (the
+    recorded pass, :mod:`lightning_xai.adapters.huggingface.replay`); a model with a :class:`LinearHead` needs none (the
     pooling and the head are the whole of what an override changes).
 
     Example:

@@ -8,12 +8,13 @@ batch; callers run them where they cost nothing (once per call of :func:`~lightn
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import contextlib
+from typing import Any, Iterator, Optional
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["ATTENTION_ATOL", "check_attention_distribution", "check_token_ids", "vocabulary_size"]
+__all__ = ["ATTENTION_ATOL", "check_attention_distribution", "check_token_ids", "evaluating", "vocabulary_size"]
 
 #: how far (absolute) a row's attention may sum from 1 over its real tokens, and leak onto other positions
 ATTENTION_ATOL = 1e-3
@@ -127,3 +128,30 @@ def check_attention_distribution(attention: Tensor, mask: Tensor, *, atol: float
                      "attention is softmax(scores) over the real tokens (token_mask), 0 elsewhere: return the "
                      "normalised weights the model pools with (unnormalised scores go in attention_scores), "
                      "renormalised over the real tokens if the model also attends to special tokens.")
+
+
+@contextlib.contextmanager
+def evaluating(module: nn.Module) -> Iterator[nn.Module]:
+    """Inside the block every submodule of ``module`` is in eval mode; on exit each gets its own mode back.
+
+    For checks and probes that must see the deterministic function (no dropout) of a model that may be training:
+    eval mode draws no random numbers and updates no running statistics, so the training run is unchanged.
+
+    Example:
+        >>> net = nn.Sequential(nn.Dropout(0.5), nn.Linear(2, 2))
+        >>> net[1].eval()
+        Linear(in_features=2, out_features=2, bias=True)
+        >>> with evaluating(net):
+        ...     net.training, net[0].training
+        (False, False)
+        >>> net.training, net[0].training, net[1].training
+        (True, True, False)
+    """
+    modes = [(m, m.training) for m in module.modules()]
+    try:
+        for m, _ in modes:
+            m.training = False
+        yield module
+    finally:
+        for m, mode in modes:
+            m.training = mode
