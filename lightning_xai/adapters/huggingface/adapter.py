@@ -68,7 +68,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.capabilities import OverrideScorer
-from lightning_xai.adapters.checks import check_token_ids
+from lightning_xai.adapters.checks import check_logits, check_token_ids, evaluating
 from lightning_xai.adapters.huggingface.attention import (ATTENTION_IMPLEMENTATION, OverrideState,
                                                            active_override, override_rows, recording_attention,
                                                            register_attention_implementation)
@@ -78,6 +78,7 @@ from lightning_xai.adapters.huggingface.replay import override_replay
 from lightning_xai.adapters.huggingface.reductions import (Reduction, attention_rollout, parse_reduction,
                                                             pooled_rows, renormalise)
 from lightning_xai.adapters.huggingface.tokens import real_token_mask
+from lightning_xai.adapters.huggingface.unwrap import unchecked_layers, unwrap
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError, check_embeddings
 
 __all__ = ["ATTENTION_IMPLEMENTATION", "HuggingFaceAdapter", "attention_rollout", "register_attention_implementation"]
@@ -96,8 +97,13 @@ class HuggingFaceAdapter(nn.Module):
     act on the model. The model keeps its attention implementation; the adapter's forward passes run on
     lightning_xai's registered eager attention and restore it (see the module docstring).
 
+    The model may come wrapped as it trains: a PEFT model (LoRA, IA3, ... with ``modules_to_save`` heads),
+    ``torch.compile``, DDP/FSDP; the adapter explains the ``transformers`` model inside
+    (:mod:`~lightning_xai.adapters.huggingface.unwrap`) and checks its logits against the wrapper's own.
+
     Args:
-        model: a ``PreTrainedModel`` for sequence classification (``AutoModelForSequenceClassification``).
+        model: a ``PreTrainedModel`` for sequence classification (``AutoModelForSequenceClassification``), bare
+            or wrapped (see above).
         tokenizer: its tokenizer; used to check that ids fit the model's vocabulary and to find special tokens.
         attention: the reduction reported as ``ExplainOutput.attention`` (see the module docstring).
         override_specials: ``"keep"`` or ``"zero"``: what a ``[B, T]`` override does with each head's mass on the
@@ -108,7 +114,8 @@ class HuggingFaceAdapter(nn.Module):
             A last-token head's logits are read at ``query_index`` too, so a wrong position fails the logits
             self-check instead of explaining a pad.
         check: compare the adapter's logits with the model's own on the first eval-mode ``forward(batch)`` and
-            raise on a mismatch (:meth:`check_logits`).
+            raise on a mismatch (:meth:`check_logits`; callers that never call ``forward`` run
+            :func:`~lightning_xai.adapters.checks.check_logits` themselves).
 
     Raises:
         ProtocolError: no reachable input embedding layer, or attention not dispatched through transformers'
@@ -139,7 +146,13 @@ class HuggingFaceAdapter(nn.Module):
         super().__init__()
         if override_specials not in ("keep", "zero"):
             raise ValueError(f"override_specials must be 'keep' or 'zero', got {override_specials!r}.")
+        found = unwrap(model)
+        model = found.model
         self.model = model
+        #: the module whose forward the user trains (the PEFT model, else ``model``); not a submodule
+        object.__setattr__(self, "reference", found.reference)
+        #: the wrappers taken off the given module, outermost first (``torch.compile``'s ``OptimizedModule``, ...)
+        self.wrappers = found.wrappers
         self.tokenizer = tokenizer
         self.override_specials = override_specials
         self.query_index = query_index
@@ -303,8 +316,8 @@ class HuggingFaceAdapter(nn.Module):
             rows = override_rows(attention_override, attention_mask.bool(), mask, self.override_specials)
             state = OverrideState(self._attention_modules[-1], qmask, rows, calls=self._last_module_calls())
             token = active_override().set(state)
-        try:
-            with recording_attention(self.model):
+        try:  # un-checkpointed: a checkpointed layer would recompute in backward outside these contexts
+            with recording_attention(self.model), unchecked_layers(self.model):
                 if self._head_pooling == "last":  # the head reads the query row: query_index= moves it too
                     logits, output = pooled_logits(self.model, kwargs, qmask.long().argmax(-1))
                 else:
@@ -345,25 +358,32 @@ class HuggingFaceAdapter(nn.Module):
         return override_replay(self, embeddings, batch)
 
     @torch.no_grad()
+    def reference_logits(self, batch: Batch) -> Tensor:
+        """:class:`~lightning_xai.adapters.capabilities.ReferenceLogits`: the logits of the module the user trains
+        (the PEFT model, else the model) run on ``input_ids`` the way its user runs it (eval mode, restored)."""
+        kwargs = {"input_ids": batch["input_ids"], "attention_mask": self._attention_mask(batch)}
+        if "token_type_ids" in batch:
+            kwargs["token_type_ids"] = batch["token_type_ids"]
+        # eager with finite masks (a stacked -inf mask gives NaN on pads); the wrapper's own modules too
+        with recording_attention(self.model), evaluating(self.reference):
+            return self.reference(**kwargs).logits
+
+    def describe_reference(self) -> Tuple[str, str]:
+        """:class:`~lightning_xai.adapters.capabilities.ReferenceLogits`: the reference's name and the fix."""
+        return type(self.reference).__name__, (
+            f"The adapter read pooling={self.pooling!r}, query_index={self.query_index}. Check query_index (leave it "
+            "None: the adapter finds where the head reads, each row's last real token for a decoder, left or right "
+            "padding), the batch's attention_mask/token_type_ids and the config's pad_token_id.")
+
     def check_logits(self, batch: Batch, atol: float = 1e-4) -> float:
         """Compare the adapter's logits with the model's own (``model(input_ids=...)``); return max ``|Δlogit|``.
+
+        :func:`lightning_xai.adapters.checks.check_logits` on this adapter (eval mode, no gradient).
 
         Raises:
             ValueError: when they differ by more than ``atol`` (relative to the logits' scale), naming the fix.
         """
-        kwargs = {"input_ids": batch["input_ids"], "attention_mask": self._attention_mask(batch)}
-        if "token_type_ids" in batch:
-            kwargs["token_type_ids"] = batch["token_type_ids"]
-        with recording_attention(self.model):  # eager with finite masks: a stacked -inf mask gives NaN on pads
-            own = self.model(**kwargs).logits
-        mine = self.forward_from_embeddings(self.embed(batch), batch).logits
-        gap = float((own - mine).abs().max()) if own.numel() else 0.0
-        if not gap <= atol * max(1.0, float(own.abs().max())):  # NaN fails too
-            raise ValueError(f"HuggingFaceAdapter's logits differ from {type(self.model).__name__}'s own by "
-                             f"{gap:.3g} on this batch (pooling={self.pooling!r}, query_index={self.query_index}): "
-                             "the explanations would describe a different function. Check query_index (leave it "
-                             "None), the batch's attention_mask/token_type_ids and the config's pad_token_id.")
-        return gap
+        return check_logits(self, batch, rtol=atol)
 
     def forward(self, batch: Batch, attention_override: Optional[Tensor] = None) -> ExplainOutput:
         """``forward_from_embeddings(embed(batch), batch, attention_override=...)``.
