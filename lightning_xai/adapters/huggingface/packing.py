@@ -1,6 +1,6 @@
 """Score many attention overrides of one row in one sequence: copies of the pooled query appended as extra positions.
 
-:mod:`~lightning_xai.adapters.hf_replay` replays every layer before the last and runs the last layer once per
+:mod:`~lightning_xai.adapters.huggingface.replay` replays every layer before the last and runs the last layer once per
 override, over all ``T`` positions, although the head reads one position. When the classifier reads a single
 pooled position per row (the ``[CLS]`` of the BERT family, the last non-pad token of a decoder), the overrides of one
 row differ only in that position's attention row, and everything after a layer's attention is position-wise. So
@@ -23,8 +23,9 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from lightning_xai.adapters.hf_attention import OverrideState, active_override, override_rows, recording_attention
-from lightning_xai.adapters.hf_pooling import pooled_logits
+from lightning_xai.adapters.huggingface.attention import (OverrideState, active_override, override_rows,
+                                                           recording_attention)
+from lightning_xai.adapters.huggingface.pooling import pooled_logits
 
 __all__ = ["packed_scorer", "replaced_forwards"]
 
@@ -73,7 +74,7 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
         adapter: the :class:`~lightning_xai.adapters.HuggingFaceAdapter` (eval mode, overridable).
         embeddings: ``embed(batch)``, ``[B, T, E]``.
         batch: the batch.
-        layers: the model's layer stack (:func:`~lightning_xai.adapters.hf_replay.layer_stack`).
+        layers: the model's layer stack (:func:`~lightning_xai.adapters.huggingface.replay.layer_stack`).
         outputs: the recorded outputs of every layer but the last, from the pass over ``batch``.
         fallback: the one-override-per-row scorer, for rows already as long as the model's position table
             (``config.max_position_embeddings``: no room for a copy).

@@ -1,7 +1,7 @@
 """Reductions of a transformer's raw attention maps to one ``[B, T]`` token distribution.
 
 Every built-in reduction reads the **pooled query row(s)** — the row of the position the classifier reads (see
-:mod:`lightning_xai.adapters.hf_pooling`): ``[CLS]`` for the BERT family, each row's last non-pad token for
+:mod:`lightning_xai.adapters.huggingface.pooling`): ``[CLS]`` for the BERT family, each row's last non-pad token for
 decoder classifiers, the mean of the rows over ``attention_mask`` for mean-pooled heads. For a causal model that
 row is the only one that sees the whole sentence (row 0 sees the first token only), so "attention" of a decoder
 classifier means the attention of its last real token.

@@ -12,8 +12,8 @@ cut to its longest row (reach in ``(W/2, W]``, ``(W/4, W/2]``, … of the widest
 group, since only trailing columns are ever cut).
 
 Where the head reads one position per row, the scorer packs the overrides of a row into one sequence instead
-(:mod:`~lightning_xai.adapters.hf_packing`: copies of the pooled query appended to the row), used only if it gives the
-logits of one sequence per override on the batch.
+(:mod:`~lightning_xai.adapters.huggingface.packing`: copies of the pooled query appended to the row), used only if it
+gives the logits of one sequence per override on the batch.
 
 The scorer declines (``None``) where replaying would not be the same function: a module shared by several layers
 (ALBERT), a model in training mode (dropout), a single-layer model (nothing to replay), no layer stack that holds the
@@ -28,7 +28,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from lightning_xai.adapters.hf_packing import packed_scorer, replaced_forwards
+from lightning_xai.adapters.huggingface.packing import packed_scorer, replaced_forwards
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
 
 __all__ = ["layer_stack", "override_replay"]
@@ -93,7 +93,7 @@ def override_replay(adapter: Any, embeddings: Tensor, batch: Batch, *, pack: boo
         embeddings: ``embed(batch)``, ``[B, T, E]``.
         batch: the batch.
         pack: score the overrides of one row in one sequence where the head reads one position
-            (:mod:`~lightning_xai.adapters.hf_packing`; used only if it agrees with one override per row on the
+            (:mod:`~lightning_xai.adapters.huggingface.packing`; used only if it agrees with one override per row on the
             batch); ``False``: one sequence per override.
 
     Example:

@@ -20,7 +20,7 @@ default position of the summary token):
   - a callable ``f(raw_attentions, batch) -> [B, T]`` non-negative scores.
 
   **Which row.** Every reduction reads the row of the position the classifier pools, found per model and per
-  row by :mod:`lightning_xai.adapters.hf_pooling` (``[CLS]`` for the BERT family, the last non-pad token for
+  row by :mod:`lightning_xai.adapters.huggingface.pooling` (``[CLS]`` for the BERT family, the last non-pad token for
   decoder classifiers with left or right padding, the mean of rows for mean-pooled heads); ``query_index=``
   overrides it. For causal models "attention" is therefore the last real token's attention over the sentence.
   The pooled positions are reported as ``extras["query_positions"]`` (``LongTensor[B]``, one per row) and
@@ -47,16 +47,16 @@ default position of the summary token):
     tokens (e.g. a one-head model), up to float rounding.
 
   Many overrides of a batch's rows are scored by :meth:`HuggingFaceAdapter.override_replay`
-  (:mod:`lightning_xai.adapters.hf_replay`): every layer before the last is replayed from one recorded pass, and
-  where the head reads one position the overrides of a row share one sequence
-  (:mod:`lightning_xai.adapters.hf_packing`).
+  (:mod:`lightning_xai.adapters.huggingface.replay`): every layer before the last is replayed from one recorded
+  pass, and where the head reads one position the overrides of a row share one sequence
+  (:mod:`lightning_xai.adapters.huggingface.packing`).
 
   The override goes through a custom attention function registered in transformers' attention-interface registry
   (``AttentionInterface.register`` and ``AttentionMaskInterface.register`` under the name
   :data:`ATTENTION_IMPLEMENTATION`). It calls the model's own eager attention and, only inside an override call and
   only for the last attention module, swaps the row and recomputes ``weights @ values`` (the override row gets no
   attention dropout in train mode). Outside an override it *is* eager attention. The adapter switches the model
-  to it **only for its own forward passes** (:func:`~lightning_xai.adapters.hf_attention.recording_attention`)
+  to it **only for its own forward passes** (:func:`~lightning_xai.adapters.huggingface.attention.recording_attention`)
   and restores the model's implementation afterwards: a model loaded with ``sdpa``/flash attention keeps
   training on it, with its own numbers and speed.
 """
@@ -68,15 +68,17 @@ import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.capabilities import OverrideScorer
-from lightning_xai.adapters.checks import check_token_ids
-from lightning_xai.adapters.hf_attention import (ATTENTION_IMPLEMENTATION, OverrideState, active_override,
-                                                 override_rows, recording_attention,
-                                                 register_attention_implementation)
-from lightning_xai.adapters.hf_pooling import detect_pooling, is_causal, pooled_logits, query_mask
-from lightning_xai.adapters.hf_replay import override_replay
-from lightning_xai.adapters.hf_reductions import (Reduction, attention_rollout, parse_reduction, pooled_rows,
-                                                  renormalise)
-from lightning_xai.adapters.hf_tokens import real_token_mask
+from lightning_xai.adapters.checks import check_logits, check_token_ids, evaluating
+from lightning_xai.adapters.huggingface.attention import (ATTENTION_IMPLEMENTATION, OverrideState,
+                                                           active_override, override_rows, recording_attention,
+                                                           register_attention_implementation)
+from lightning_xai.adapters.huggingface.families import module_calls
+from lightning_xai.adapters.huggingface.pooling import detect_pooling, is_causal, pooled_logits, query_mask
+from lightning_xai.adapters.huggingface.replay import override_replay
+from lightning_xai.adapters.huggingface.reductions import (Reduction, attention_rollout, parse_reduction,
+                                                            pooled_rows, renormalise)
+from lightning_xai.adapters.huggingface.tokens import real_token_mask
+from lightning_xai.adapters.huggingface.unwrap import unchecked_layers, unwrap
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError, check_embeddings
 
 __all__ = ["ATTENTION_IMPLEMENTATION", "HuggingFaceAdapter", "attention_rollout", "register_attention_implementation"]
@@ -89,23 +91,31 @@ class HuggingFaceAdapter(nn.Module):
     uses them) and optionally ``mask``: True at real word-pieces (not ``[CLS]``/``[SEP]``/pad) — what
     :class:`lightning_xai.data.hf.WordPieceCollator` produces. Without ``mask`` the token mask is
     ``attention_mask`` minus the special tokens: the tokenizer's, else the config's special-token ids, else
-    none (with a warning; :mod:`lightning_xai.adapters.hf_tokens`). Other keys are ignored.
+    none (with a warning; :mod:`lightning_xai.adapters.huggingface.tokens`). Other keys are ignored.
 
     The module is an ``nn.Module`` holding the model (``adapter.model``): ``.eval()``, ``.to()``, ``.parameters()``
     act on the model. The model keeps its attention implementation; the adapter's forward passes run on
     lightning_xai's registered eager attention and restore it (see the module docstring).
 
+    The model may come wrapped as it trains: a PEFT model (LoRA, IA3, ... with ``modules_to_save`` heads),
+    ``torch.compile``, DDP/FSDP; the adapter explains the ``transformers`` model inside
+    (:mod:`~lightning_xai.adapters.huggingface.unwrap`) and checks its logits against the wrapper's own.
+
     Args:
-        model: a ``PreTrainedModel`` for sequence classification (``AutoModelForSequenceClassification``).
+        model: a ``PreTrainedModel`` for sequence classification (``AutoModelForSequenceClassification``), bare
+            or wrapped (see above).
         tokenizer: its tokenizer; used to check that ids fit the model's vocabulary and to find special tokens.
         attention: the reduction reported as ``ExplainOutput.attention`` (see the module docstring).
         override_specials: ``"keep"`` or ``"zero"``: what a ``[B, T]`` override does with each head's mass on the
             special tokens.
         query_index: an explicit query position (same for every row) replacing the detected pooled position; the
-            default ``None`` finds it per model and per row (see :mod:`lightning_xai.adapters.hf_pooling`); the
+            default ``None`` finds it per model and per row (see :mod:`lightning_xai.adapters.huggingface.pooling`); the
             attribute then reads 0 for a first-token head and stays ``None`` for per-row (last-token, mean) heads.
+            A last-token head's logits are read at ``query_index`` too, so a wrong position fails the logits
+            self-check instead of explaining a pad.
         check: compare the adapter's logits with the model's own on the first eval-mode ``forward(batch)`` and
-            raise on a mismatch (:meth:`check_logits`).
+            raise on a mismatch (:meth:`check_logits`; callers that never call ``forward`` run
+            :func:`~lightning_xai.adapters.checks.check_logits` themselves).
 
     Raises:
         ProtocolError: no reachable input embedding layer, or attention not dispatched through transformers'
@@ -136,7 +146,13 @@ class HuggingFaceAdapter(nn.Module):
         super().__init__()
         if override_specials not in ("keep", "zero"):
             raise ValueError(f"override_specials must be 'keep' or 'zero', got {override_specials!r}.")
+        found = unwrap(model)
+        model = found.model
         self.model = model
+        #: the module whose forward the user trains (the PEFT model, else ``model``); not a submodule
+        object.__setattr__(self, "reference", found.reference)
+        #: the wrappers taken off the given module, outermost first (``torch.compile``'s ``OptimizedModule``, ...)
+        self.wrappers = found.wrappers
         self.tokenizer = tokenizer
         self.override_specials = override_specials
         self.query_index = query_index
@@ -250,12 +266,8 @@ class HuggingFaceAdapter(nn.Module):
         return batch["attention_mask"]
 
     def _last_module_calls(self) -> int:
-        """How many layers run the last attention module (ALBERT shares one module among a group's layers)."""
-        config = self.model.config
-        layers, groups = getattr(config, "num_hidden_layers", 1), getattr(config, "num_hidden_groups", None)
-        if groups is None or len(self._attention_modules) >= layers:
-            return 1
-        return sum(int(i / (layers / groups)) == groups - 1 for i in range(layers))
+        """How many layers run the last attention module (the family table's shared layers: ALBERT)."""
+        return module_calls(self.model.config, -1)
 
     def query_mask(self, batch: Batch) -> Tensor:
         """``[B, T]`` bool: the query position(s) whose attention row each example's classifier reads."""
@@ -279,7 +291,8 @@ class HuggingFaceAdapter(nn.Module):
     def _run(self, embeddings: Tensor, batch: Batch, attention_override: Optional[Tensor], *,
              maps: bool = True) -> Tuple[Tensor, Any, Tensor, Tensor]:
         """``(logits, the model's output, token mask, query mask)`` of one pass; ``maps=False`` asks the model for
-        no attention maps and hidden states (the logits-only passes of :mod:`~lightning_xai.adapters.hf_replay`)."""
+        no attention maps and hidden states (the logits-only passes of
+        :mod:`~lightning_xai.adapters.huggingface.replay`)."""
         mask = self.token_mask(batch)
         check_embeddings(embeddings, mask)
         attention_mask = self._attention_mask(batch)
@@ -303,11 +316,10 @@ class HuggingFaceAdapter(nn.Module):
             rows = override_rows(attention_override, attention_mask.bool(), mask, self.override_specials)
             state = OverrideState(self._attention_modules[-1], qmask, rows, calls=self._last_module_calls())
             token = active_override().set(state)
-        try:
-            with recording_attention(self.model):
-                if self._head_pooling == "last":
-                    head_rows = query_mask("last", batch, attention_mask, self.pad_token_id, None)
-                    logits, output = pooled_logits(self.model, kwargs, head_rows.long().argmax(-1))
+        try:  # un-checkpointed: a checkpointed layer would recompute in backward outside these contexts
+            with recording_attention(self.model), unchecked_layers(self.model):
+                if self._head_pooling == "last":  # the head reads the query row: query_index= moves it too
+                    logits, output = pooled_logits(self.model, kwargs, qmask.long().argmax(-1))
                 else:
                     output = self.model(**kwargs)
                     logits = output.logits
@@ -342,29 +354,36 @@ class HuggingFaceAdapter(nn.Module):
     def override_replay(self, embeddings: Tensor, batch: Batch) -> Tuple[ExplainOutput, Optional[OverrideScorer]]:
         """:class:`~lightning_xai.adapters.capabilities.OverrideReplay`: a scorer of overrides that runs only the
         embeddings, the last layer and the head, the earlier layers' outputs replayed
-        (:func:`~lightning_xai.adapters.hf_replay.override_replay`)."""
+        (:func:`~lightning_xai.adapters.huggingface.replay.override_replay`)."""
         return override_replay(self, embeddings, batch)
 
     @torch.no_grad()
+    def reference_logits(self, batch: Batch) -> Tensor:
+        """:class:`~lightning_xai.adapters.capabilities.ReferenceLogits`: the logits of the module the user trains
+        (the PEFT model, else the model) run on ``input_ids`` the way its user runs it (eval mode, restored)."""
+        kwargs = {"input_ids": batch["input_ids"], "attention_mask": self._attention_mask(batch)}
+        if "token_type_ids" in batch:
+            kwargs["token_type_ids"] = batch["token_type_ids"]
+        # eager with finite masks (a stacked -inf mask gives NaN on pads); the wrapper's own modules too
+        with recording_attention(self.model), evaluating(self.reference):
+            return self.reference(**kwargs).logits
+
+    def describe_reference(self) -> Tuple[str, str]:
+        """:class:`~lightning_xai.adapters.capabilities.ReferenceLogits`: the reference's name and the fix."""
+        return type(self.reference).__name__, (
+            f"The adapter read pooling={self.pooling!r}, query_index={self.query_index}. Check query_index (leave it "
+            "None: the adapter finds where the head reads, each row's last real token for a decoder, left or right "
+            "padding), the batch's attention_mask/token_type_ids and the config's pad_token_id.")
+
     def check_logits(self, batch: Batch, atol: float = 1e-4) -> float:
         """Compare the adapter's logits with the model's own (``model(input_ids=...)``); return max ``|Δlogit|``.
+
+        :func:`lightning_xai.adapters.checks.check_logits` on this adapter (eval mode, no gradient).
 
         Raises:
             ValueError: when they differ by more than ``atol`` (relative to the logits' scale), naming the fix.
         """
-        kwargs = {"input_ids": batch["input_ids"], "attention_mask": self._attention_mask(batch)}
-        if "token_type_ids" in batch:
-            kwargs["token_type_ids"] = batch["token_type_ids"]
-        with recording_attention(self.model):  # eager with finite masks: a stacked -inf mask gives NaN on pads
-            own = self.model(**kwargs).logits
-        mine = self.forward_from_embeddings(self.embed(batch), batch).logits
-        gap = float((own - mine).abs().max()) if own.numel() else 0.0
-        if not gap <= atol * max(1.0, float(own.abs().max())):  # NaN fails too
-            raise ValueError(f"HuggingFaceAdapter's logits differ from {type(self.model).__name__}'s own by "
-                             f"{gap:.3g} on this batch (pooling={self.pooling!r}, query_index={self.query_index}): "
-                             "the explanations would describe a different function. Check query_index (leave it "
-                             "None), the batch's attention_mask/token_type_ids and the config's pad_token_id.")
-        return gap
+        return check_logits(self, batch, rtol=atol)
 
     def forward(self, batch: Batch, attention_override: Optional[Tensor] = None) -> ExplainOutput:
         """``forward_from_embeddings(embed(batch), batch, attention_override=...)``.

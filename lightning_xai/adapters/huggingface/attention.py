@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from lightning_xai.adapters.huggingface.families import native_attention
 from lightning_xai.adapters.protocol import ProtocolError
 
 __all__ = ["ATTENTION_IMPLEMENTATION", "OverrideState", "active_override", "override_rows", "recording_attention",
@@ -32,10 +33,6 @@ __all__ = ["ATTENTION_IMPLEMENTATION", "OverrideState", "active_override", "over
 
 #: The name under which lightning_xai's attention function is registered with transformers.
 ATTENTION_IMPLEMENTATION = "lightning_xai_eager"
-
-#: Families whose classifier computes attention itself (no ``AttentionInterface``): maps are read from
-#: ``output_attentions`` (or hooks), overrides are refused by name.
-NATIVE_ATTENTION_FAMILIES = frozenset({"deberta-v2", "deberta"})
 
 
 @dataclass
@@ -179,7 +176,8 @@ def use_registered_attention(model: nn.Module, warn: bool = True) -> bool:
     """Switch ``model`` to lightning_xai's registered eager attention; the one place the implementation changes.
 
     Returns ``True`` when the model now dispatches through :data:`ATTENTION_IMPLEMENTATION` (overrides possible),
-    ``False`` for the families of :data:`NATIVE_ATTENTION_FAMILIES` (DeBERTa), whose attention is computed by the
+    ``False`` for the families with native attention in the family table (DeBERTa,
+    :mod:`~lightning_xai.adapters.huggingface.families`), whose attention is computed by the
     modeling file itself: their maps are read from ``output_attentions`` and overrides are refused by name.
     With ``warn``, warns when the model was on ``sdpa``/flash attention (no attention maps there).
 
@@ -198,7 +196,7 @@ def use_registered_attention(model: nn.Module, warn: bool = True) -> bool:
     register_attention_implementation()  # also when a saved config already names it (new process)
     if current == ATTENTION_IMPLEMENTATION:
         return True
-    if getattr(config, "model_type", None) in NATIVE_ATTENTION_FAMILIES:
+    if native_attention(config):
         return False
     setter = getattr(model, "set_attn_implementation", None)
     if callable(setter):
