@@ -1,10 +1,13 @@
 """The bundled Greek→English alignment corpus: the package's copy matches its README's table and checks."""
 from __future__ import annotations
 
+import configparser
+import fnmatch
 import gzip
 import hashlib
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +89,14 @@ def test_a_link_outside_the_verse_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr("lightning_xai.data.readers.BUNDLED", tmp_path)
     with pytest.raises(ValueError, match="outside the verse"):
         read_alignments("val")
+
+
+def test_the_package_data_patterns_ship_the_corpus():
+    setup = configparser.ConfigParser()
+    setup.read(Path(__file__).resolve().parents[2] / "setup.cfg")
+    patterns = [p.strip() for p in setup["options.package_data"]["lightning_xai.data"].split(",")]
+    files = sorted((BUNDLED / "bible_alignments").iterdir())
+    assert {f.name for f in files} == {"README.md", "train.jsonl.gz", "val.jsonl.gz", "test.jsonl.gz"}
+    for path in files:
+        relative = path.relative_to(BUNDLED.parent).as_posix()
+        assert any(fnmatch.fnmatch(relative, pattern) for pattern in patterns), relative
