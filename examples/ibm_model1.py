@@ -16,6 +16,15 @@ are left out of the aligner's input, so they get no link.
 
 ``--aligner eflomal`` runs the eflomal aligner (Östling & Tiedemann 2016; ``pip install eflomal``, which compiles
 it) on the same input and symmetrises its two directions the same way: a stronger statistical reference.
+
+Measured on the test split (Mark, 673 verses, 15,682 sure links; trained on all 7,932 verses):
+
+| aligner | symmetrisation | AER | precision | recall | F1 |
+|---|---|---|---|---|---|
+| IBM Model 1, 5 EM iterations | grow-diag-final-and | 0.4882 | 0.6225 | 0.4345 | 0.5118 |
+| IBM Model 1, 5 EM iterations | intersection | 0.6167 | 0.7771 | 0.2544 | 0.3833 |
+| IBM Model 1, 10 EM iterations | grow-diag-final-and | 0.4826 | 0.6300 | 0.4389 | 0.5174 |
+| eflomal 2.0.0 (sampler: varies by run, 0.3445–0.3462 seen) | grow-diag-final-and | 0.3462 | 0.7942 | 0.5556 | 0.6538 |
 """
 from __future__ import annotations
 
