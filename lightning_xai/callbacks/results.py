@@ -6,9 +6,11 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
 from lightning_xai.callbacks.interactions import DEFAULT_TOP_PAIRS, TokenPairs, strongest_pairs
+from lightning_xai.data.vocabulary import token_list
 
 __all__ = ["AuditExample", "AuditPrediction", "AuditResult", "collect_examples", "example_tokens"]
 
@@ -172,9 +174,11 @@ def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence
 
 
 def _vocabulary(owner: Any) -> Optional[Sequence[str]]:
-    vocab = getattr(owner, "vocab", None)
-    vocab = getattr(vocab, "itos", vocab)  # a lightning_xai.data.Vocabulary or a list of words
-    return vocab if isinstance(vocab, (list, tuple)) else None
+    try:  # a Vocabulary, a list of words, or a dict id -> token / token -> id (lightning_xai.data.token_list)
+        return token_list(getattr(owner, "vocab", None))
+    except ValueError as err:
+        rank_zero_warn(f"{type(owner).__name__}.vocab cannot name the tokens ({err}); the report shows ids.")
+        return None
 
 
 def example_tokens(trainer: Optional["pl.Trainer"], pl_module: Any, example: AuditExample,
@@ -184,7 +188,8 @@ def example_tokens(trainer: Optional["pl.Trainer"], pl_module: Any, example: Aud
     1. ``trainer.datamodule.tokens(split, index)`` (one word per real token);
     2. ``tokenizer.convert_ids_to_tokens`` (word pieces), the tokenizer given here — an audit callback passes
        its ``tokenizer=``, else the LightningModule's or DataModule's ``tokenizer`` attribute;
-    3. a vocabulary: a ``vocab`` attribute (a list of words, or a :class:`~lightning_xai.data.Vocabulary`) of
+    3. a vocabulary: a ``vocab`` attribute (a list of words, a dict id -> word or word -> id, or a
+       :class:`~lightning_xai.data.Vocabulary`; :func:`~lightning_xai.data.vocabulary.token_list`) of
        the LightningModule or the DataModule;
     4. the ids, as strings.
 
