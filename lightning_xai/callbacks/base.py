@@ -10,8 +10,8 @@ so every process holds (and logs) the numbers one process would compute. Results
 ``callback.history`` (checkpointed, so a resumed run continues it), and to ``callback.latest`` (per-example detail
 for :mod:`lightning_xai.reporting`). Each job lives in its own module: :mod:`~lightning_xai.callbacks.schedule` (when),
 :mod:`~lightning_xai.callbacks.subset` (which examples, batched within a token budget),
-:mod:`~lightning_xai.callbacks.guard` (non-invasiveness, precision), :mod:`~lightning_xai.callbacks.results`
-(the typed per-example result), :mod:`~lightning_xai.callbacks.distributed` (DDP gather),
+:mod:`~lightning_xai.callbacks._audit.guard` (non-invasiveness, precision), :mod:`~lightning_xai.callbacks.results`
+(the typed per-example result), :mod:`~lightning_xai.callbacks._audit.distributed` (DDP gather),
 :mod:`~lightning_xai.callbacks.aggregation` (the logged scalars) and :mod:`~lightning_xai.callbacks.output`
 (history, loggers, progress bar). This module composes them into :class:`AuditCallback` and re-exports them.
 """
@@ -35,8 +35,8 @@ from lightning_xai.attribution.batching import take_rows
 from lightning_xai.callbacks.aggregation import ValueAggregator, aggregate_values, summarize_values, value_names
 from lightning_xai.callbacks.budget import DEFAULT_EVERY_N_EPOCHS, DEFAULT_NUM_SAMPLES
 from lightning_xai.callbacks.cost import AuditCost
-from lightning_xai.callbacks.distributed import gather_examples, merge_extras, shared_failure
-from lightning_xai.callbacks.guard import AuditPrecision, audit_guard, precision_context
+from lightning_xai.callbacks._audit.distributed import gather_examples, merge_extras, shared_failure
+from lightning_xai.callbacks._audit.guard import AuditPrecision, audit_guard, precision_context
 from lightning_xai.callbacks.isolation import AuditFailures
 from lightning_xai.callbacks.options import check_audit_options, check_placement
 from lightning_xai.callbacks.output import (RunCounter, add_record, log_scalars, progress_bar, publish_scalars,
@@ -78,7 +78,8 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
             or float16/bfloat16 weights) the precision-sensitive maps (leave-one-out, erasure, integrated
             gradients) are computed in float32, with a warning that says so (once); weights cast for this are put
             back bit for bit. ``"trainer"``: every map under the trainer's precision context (autocast for
-            ``*-mixed``); ``"32"``: every map in float32. See :class:`~lightning_xai.callbacks.guard.AuditPrecision`.
+            ``*-mixed``); ``"32"``: every map in float32. See
+            :class:`~lightning_xai.callbacks._audit.guard.AuditPrecision`.
         num_report_examples: how many audited examples keep their full maps for reports.
         strict: re-raise an exception raised inside a scheduled audit. By default (``False``) it is reported
             once per exception type (``rank_zero_warn``: the cause and what to try), the audit is skipped and

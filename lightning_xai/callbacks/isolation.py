@@ -1,7 +1,7 @@
 """A failing audit is reported and skipped, never the end of training (unless the callback is ``strict``).
 
 Under DDP a failure on some processes only (e.g. out of memory on one GPU) is shared before the audit's gather
-(:func:`~lightning_xai.callbacks.distributed.shared_failure`), so every process skips the audit (or raises).
+(:func:`~lightning_xai.callbacks._audit.distributed.shared_failure`), so every process skips the audit (or raises).
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from typing import Any, Iterable, Optional
 
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
-from lightning_xai.callbacks.guard import PRECISION_OPTIONS
+from lightning_xai.callbacks._audit.guard import PRECISION_OPTIONS
 from lightning_xai.callbacks.output import warn_spawned_history
 from lightning_xai.callbacks.subset import SPLITS
 
