@@ -14,8 +14,9 @@ from lightning_xai.callbacks.attention_audit import (AGREEMENT_METRICS, DEFAULT_
                                                      AttentionAudit)
 from lightning_xai.callbacks.attention_baselines import AttentionBaselines
 from lightning_xai.callbacks.erasure_audit import ErasureAudit
-from lightning_xai.callbacks.base import (AuditCallback, AuditExample, AuditPrediction, AuditResult, audit_guard,
-                                          summarize_values)
+from lightning_xai.callbacks._audit.guard import audit_guard
+from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, AuditResult
+from lightning_xai.metrics import summarize_values
 from lightning_xai.callbacks.impermissible import ImpermissibleAttentionMonitor
 from lightning_xai.callbacks.random_state import RandomStateCheckpoint
 from lightning_xai.callbacks.sanity import SanityCheck

@@ -9,8 +9,8 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.audits.adversarial import adversarial_attention_search, summarize_search
+from lightning_xai.callbacks._audit.failures import defined_examples
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction
-from lightning_xai.callbacks.undefined import defined_examples
 
 __all__ = ["AdversarialSearchAudit"]
 

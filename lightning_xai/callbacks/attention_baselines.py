@@ -11,8 +11,9 @@ from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution.override_replay import override_scorer
 from lightning_xai.audits.baselines import (DEFAULT_MAX_ATTENTION_BINS, bin_by_max_attention, permutation_test,
                                             uniform_attention_evaluation, uniform_attention_summary)
-from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, summarize_values
-from lightning_xai.callbacks.undefined import defined_examples
+from lightning_xai.callbacks._audit.failures import defined_examples
+from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction
+from lightning_xai.metrics import summarize_values
 
 __all__ = ["AttentionBaselines"]
 

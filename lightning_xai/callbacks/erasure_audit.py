@@ -11,8 +11,8 @@ from torch import Tensor
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute
 from lightning_xai.audits.erasure import decision_flip, ranking_scores
+from lightning_xai.callbacks._audit.options import check_names, check_options_of_methods
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction
-from lightning_xai.callbacks.names import check_names, check_options_of_methods
 from lightning_xai.metrics.functional.faithfulness import erasure_scores
 
 __all__ = ["ERASURE_RANKINGS", "ErasureAudit"]

@@ -9,8 +9,9 @@ import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from lightning_xai.adapters.protocol import ExplainableModel
-from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, summarize_values
-from lightning_xai.callbacks.undefined import defined_examples
+from lightning_xai.callbacks._audit.failures import defined_examples
+from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction
+from lightning_xai.metrics import summarize_values
 from lightning_xai.metrics.functional.plausibility import impermissible_mass
 
 __all__ = ["ImpermissibleAttentionMonitor"]

@@ -106,7 +106,7 @@ class SanityCheck(AuditCallback):
     @override
     def on_fit_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         if self.at_fit_end:
-            self.scheduled_audit(trainer, pl_module, "fit", self.dataloader)
+            self._scheduled_audit(trainer, pl_module, "fit", self.dataloader)
 
     @override
     def run_audit(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str, split: str) -> Any:

@@ -8,10 +8,10 @@ import pytest
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
-import lightning_xai.callbacks as callbacks_package
 from lightning_xai.attribution import explanation_context
 from lightning_xai.callbacks import AuditCallback, AuditPrediction, audit_guard
 from lightning_xai.callbacks import base as callback_base
+from lightning_xai.callbacks._audit import subset as audit_subset
 from lightning_xai.data import collate
 from lightning_xai.models import AttentionClassifier
 
@@ -108,7 +108,7 @@ def test_the_modules_own_dataloader_hooks_are_used(kit, tmp_path):
 
 
 def test_no_private_loop_attributes_are_read():
-    for module in (callback_base, callbacks_package.subset):
+    for module in (callback_base, audit_subset):
         assert "_data_source" not in inspect.getsource(module)
 
 
