@@ -15,12 +15,12 @@ from lightning_xai.callbacks.attention_audit import (AGREEMENT_METRICS, DEFAULT_
 from lightning_xai.callbacks.attention_baselines import AttentionBaselines
 from lightning_xai.callbacks.erasure_audit import ErasureAudit
 from lightning_xai.callbacks._audit.guard import audit_guard
-from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, AuditResult
+from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, AuditResult, BatchResult
 from lightning_xai.metrics import summarize_values
 from lightning_xai.callbacks.impermissible import ImpermissibleAttentionMonitor
 from lightning_xai.callbacks.random_state import RandomStateCheckpoint
 from lightning_xai.callbacks.sanity import SanityCheck
 
 __all__ = ["AGREEMENT_METRICS", "DEFAULT_GRADIENT_METHODS", "DEFAULT_METHODS", "AdversarialSearchAudit", "AttentionAudit", "AttentionBaselines", "AuditCallback",
-           "AuditExample", "AuditPrediction", "AuditResult", "ErasureAudit", "ImpermissibleAttentionMonitor", "RandomStateCheckpoint", "SanityCheck", "audit_guard",
+           "AuditExample", "AuditPrediction", "AuditResult", "BatchResult", "ErasureAudit", "ImpermissibleAttentionMonitor", "RandomStateCheckpoint", "SanityCheck", "audit_guard",
            "summarize_values"]

@@ -17,7 +17,7 @@ from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, shared_input_gradients
 from lightning_xai.callbacks._audit.options import check_names, check_options_of_methods
 from lightning_xai.callbacks._audit.results import DEFAULT_TOP_PAIRS
-from lightning_xai.callbacks.base import AuditCallback, AuditPrediction
+from lightning_xai.callbacks.base import AuditCallback, AuditPrediction, BatchResult
 from lightning_xai.metrics.registry import AGREEMENT_ALIASES, AGREEMENT_METRICS, resolve_agreement_metric
 
 __all__ = ["AttentionAudit", "AGREEMENT_METRICS", "DEFAULT_GRADIENT_METHODS", "DEFAULT_METHODS"]
@@ -224,7 +224,7 @@ class AttentionAudit(AuditCallback):
 
     def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
                     indices: List[int], prediction: Optional[AuditPrediction] = None
-                    ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+                    ) -> Tuple[BatchResult, Dict[str, Any]]:
         prediction = prediction or self.predict(model, batch)
         mask = model.token_mask(batch)
         maps: Dict[str, Tensor] = {"attention": prediction.attention}
@@ -264,4 +264,4 @@ class AttentionAudit(AuditCallback):
                 total = magnitude.sum(-1)
                 share = (magnitude * inside).sum(-1) / total
                 values[f"impermissible_share/{name}"] = torch.where(total > 0, share, torch.full_like(share, math.nan))
-        return {"maps": maps, "values": values, **found}, {}
+        return BatchResult(maps=maps, values=values, **found), {}

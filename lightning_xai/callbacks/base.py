@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 import inspect
 import time
+from dataclasses import replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytorch_lightning as pl
@@ -29,14 +30,14 @@ from lightning_xai.callbacks._audit.guard import AuditPrecision, audit_guard, pr
 from lightning_xai.callbacks._audit.options import check_audit_options, check_placement
 from lightning_xai.callbacks._audit.output import (RunCounter, add_record, log_scalars, progress_bar, publish_scalars,
                                                    restored_history)
-from lightning_xai.callbacks._audit.results import (AuditExample, AuditPrediction, AuditResult, TokenPairs,
-                                                    collect_examples, example_tokens)
+from lightning_xai.callbacks._audit.results import (AuditExample, AuditPrediction, AuditResult, BatchResult,
+                                                    TokenPairs, collect_examples, example_tokens)
 from lightning_xai.callbacks._audit.schedule import audit_clocks, clock_mark, subset_size, training_since
 from lightning_xai.callbacks._audit.subset import (AUDIT_TOKEN_BUDGET, AuditBatch, build_batches, draw_subset,
                                                    find_loader)
 from lightning_xai.lightning_compat import Callback
 
-__all__ = ["AuditCallback", "AuditExample", "AuditPrediction", "AuditResult", "TokenPairs"]
+__all__ = ["AuditCallback", "AuditExample", "AuditPrediction", "AuditResult", "BatchResult", "TokenPairs"]
 
 
 class AuditCallback(Callback, abc.ABC):
@@ -403,7 +404,7 @@ class AuditCallback(Callback, abc.ABC):
                     for positions, indices, cpu_batch in batches:
                         batch = move_data_to_device(cpu_batch, pl_module.device)
                         found, extra = self._measure(trainer, pl_module, model, batch, indices, generator, context)
-                        aggregator.update(found.get("values", {}))
+                        aggregator.update(found.values)
                         examples.extend(collect_examples(model.token_mask(batch), batch, positions, indices, split,
                                                          found, self.num_report_examples))
                         extras.append(extra)
@@ -431,14 +432,15 @@ class AuditCallback(Callback, abc.ABC):
 
     def _measure(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", model: ExplainableModel,
                  batch: Dict[str, Any], indices: List[int], generator: torch.Generator, context: Any
-                 ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+                 ) -> Tuple[BatchResult, Dict[str, Any]]:
         with precision_context(trainer, pl_module.device, context):
             prediction = self.predict(model, batch)
             with self.map_precision(self.precision_map):
                 found, extra = audit_finite_rows(lambda b, i, p: self.audit_batch(
                     model, b, generator, i, prediction=p or self.predict(model, b)), batch, indices, prediction)
-        return mark_undefined({"prediction": prediction.prediction, "probability": prediction.probability, **found},
-                              prediction.finite, self.expected_values()), extra
+        found = replace(found, prediction=prediction.prediction if found.prediction is None else found.prediction,
+                        probability=prediction.probability if found.probability is None else found.probability)
+        return mark_undefined(found, prediction.finite, self.expected_values()), extra
 
     def _log(self, trainer: "pl.Trainer", stage: str, metrics: Dict[str, float]) -> None:
         prefix = self.log_prefix if stage == "fit" else f"{stage}/{self.log_prefix}"
@@ -472,15 +474,16 @@ class AuditCallback(Callback, abc.ABC):
     @abc.abstractmethod
     def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
                     indices: List[int], prediction: Optional[AuditPrediction] = None
-                    ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+                    ) -> Tuple[BatchResult, Dict[str, Any]]:
         """Measure one batch (``indices``: the dataset indices of its rows; ``generator``: the audit's own RNG;
         ``prediction``: the shared prediction step's result — ``None`` when called directly, then use
         ``prediction or self.predict(model, batch)``).
 
         Returns:
-            ``(found, extra)``: ``found`` holds optional ``maps`` ``{name: [B, T]}`` and ``values`` ``{name: [B]}``
-            per-example scalars (``prediction``/``probability`` ``[B]`` come from the prediction step unless given
-            here); ``extra`` is merged over batches (and processes) and passed to :meth:`aggregate`.
+            ``(found, extra)``: ``found`` is a :class:`BatchResult` with the ``maps`` ``{name: [B, T]}`` and
+            per-example ``values`` ``{name: [B]}`` (``prediction``/``probability`` ``[B]`` come from the prediction
+            step unless given here); ``extra`` is merged over batches (and processes) and passed to
+            :meth:`aggregate`.
         """
 
     def aggregate(self, examples: List[AuditExample], extras: Dict[str, Any]) -> Dict[str, float]:

@@ -15,6 +15,7 @@ example defines is logged as NaN — never dropped — with a warning saying so.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import traceback
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
@@ -25,7 +26,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_debug, rank_zero_war
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import ProtocolError
-from lightning_xai.callbacks._audit.results import AuditExample
+from lightning_xai.callbacks._audit.results import AuditExample, BatchResult
 
 __all__ = ["AuditFailures", "NONFINITE_LOGITS", "audit_finite_rows", "defined_examples", "failure_fix",
            "mark_undefined", "spread_rows", "take_rows", "warn_undefined"]
@@ -123,69 +124,77 @@ def _spread(value: Tensor, rows: Tensor, size: int) -> Tensor:
     return full
 
 
-def spread_rows(found: Mapping[str, Any], rows: Tensor, size: int) -> Dict[str, Any]:
+def spread_rows(found: BatchResult, rows: Tensor, size: int) -> BatchResult:
     """An ``audit_batch`` result on the ``rows`` of a batch of ``size`` rows, as a result on the whole batch: its
     ``values``, ``maps`` and row-aligned tensors get NaN at the other rows.
 
     Example:
-        >>> spread_rows({"values": {"v": torch.tensor([0.5])}}, torch.tensor([1]), 2)["values"]["v"].tolist()
+        >>> spread_rows(BatchResult(values={"v": torch.tensor([0.5])}), torch.tensor([1]), 2).values["v"].tolist()
         [nan, 0.5]
     """
-    out: Dict[str, Any] = {}
-    for key, value in found.items():
-        if key in ("values", "maps"):
-            out[key] = {k: _spread(v, rows, size) for k, v in value.items()}
-        elif isinstance(value, Tensor) and value.dim() and value.shape[0] == rows.numel():
-            out[key] = _spread(value, rows, size)
-        else:
-            out[key] = value
-    return out
+    def spread(value: Any) -> Any:
+        aligned = isinstance(value, Tensor) and value.dim() and value.shape[0] == rows.numel()
+        return _spread(value, rows, size) if aligned else value
+
+    return dataclasses.replace(
+        found, values={k: _spread(v, rows, size) for k, v in found.values.items()},
+        maps={k: _spread(v, rows, size) for k, v in found.maps.items()}, prediction=spread(found.prediction),
+        probability=spread(found.probability), interactions=spread(found.interactions))
 
 
-def audit_finite_rows(audit: Callable[[Dict[str, Any], List[int], Optional[Any]], Tuple[Dict[str, Any], Any]],
-                      batch: Dict[str, Any], indices: List[int], prediction: Any) -> Tuple[Dict[str, Any], Any]:
+def _batch_result(result: Tuple[Any, Dict[str, Any]]) -> Tuple[BatchResult, Dict[str, Any]]:
+    found, extra = result
+    if not isinstance(found, BatchResult):
+        raise TypeError(f"audit_batch returned a {type(found).__name__} where it returns (BatchResult, extra): build "
+                        "lightning_xai.callbacks.BatchResult(maps={name: [B, T]}, values={name: [B]}).")
+    return found, extra
+
+
+def audit_finite_rows(audit: Callable[[Dict[str, Any], List[int], Optional[Any]], Tuple[BatchResult, Any]],
+                      batch: Dict[str, Any], indices: List[int], prediction: Any) -> Tuple[BatchResult, Any]:
     """``audit(batch, indices, prediction)`` on the rows whose logits are finite (normally all of them: one cheap
     check), as a result on the whole batch; the other rows' results are NaN (and the audit never sees them). On a
-    part of the batch ``audit`` gets ``prediction=None`` and predicts that part itself.
+    part of the batch ``audit`` gets ``prediction=None`` and predicts that part itself. A result that is not a
+    :class:`~lightning_xai.callbacks.BatchResult` is a ``TypeError`` saying what to return.
 
     Example:
         >>> from types import SimpleNamespace
-        >>> audit = lambda batch, indices, prediction: ({"values": {"n": batch["x"].double()}}, {})
+        >>> audit = lambda batch, indices, prediction: (BatchResult(values={"n": batch["x"].double()}), {})
         >>> found, _ = audit_finite_rows(audit, {"x": torch.tensor([1, 2])}, [7, 8],
         ...                              SimpleNamespace(finite=torch.tensor([True, False])))
-        >>> found["values"]["n"].tolist()
+        >>> found.values["n"].tolist()
         [1.0, nan]
     """
     finite = prediction.finite.cpu()
     if bool(finite.all()):
-        return audit(batch, indices, prediction)
+        return _batch_result(audit(batch, indices, prediction))
     if not bool(finite.any()):
-        return {}, {}
+        return BatchResult(), {}
     rows = finite.nonzero().flatten()
-    found, extra = audit(take_rows(batch, rows), [indices[i] for i in rows.tolist()], None)
+    found, extra = _batch_result(audit(take_rows(batch, rows), [indices[i] for i in rows.tolist()], None))
     return spread_rows(found, rows, len(indices)), extra
 
 
-def mark_undefined(found: Dict[str, Any], finite: Tensor, names: Sequence[str] = ()) -> Dict[str, Any]:
+def mark_undefined(found: BatchResult, finite: Tensor, names: Sequence[str] = ()) -> BatchResult:
     """``found`` (an audited batch's results) with the values of the rows where ``finite`` is False set to NaN
     (also for the value ``names`` the audit always reports, so a metric no example defines is still reported)
-    and ``found["undefined"]`` = ``{row: cause}``.
+    and ``undefined`` = ``{row: cause}``.
 
     Example:
-        >>> found = {"values": {"flipped": torch.tensor([0.0, 1.0])}}
+        >>> found = BatchResult(values={"flipped": torch.tensor([0.0, 1.0])})
         >>> out = mark_undefined(found, torch.tensor([False, True]))
-        >>> out["values"]["flipped"].tolist(), out["undefined"]
+        >>> out.values["flipped"].tolist(), out.undefined
         ([nan, 1.0], {0: 'non-finite logits'})
     """
     bad = ~finite.detach().cpu()
     if not bool(bad.any()):
         return found
     values = {name: torch.full(bad.shape, math.nan, dtype=torch.float64) for name in names}
-    for name, value in found.get("values", {}).items():
+    for name, value in found.values.items():
         value = value.detach().double()
         values[name] = value.masked_fill(bad.to(value.device), math.nan)
     rows = bad.nonzero().flatten().tolist()
-    return {**found, "values": values, "undefined": {row: NONFINITE_LOGITS for row in rows}}
+    return dataclasses.replace(found, values=values, undefined={row: NONFINITE_LOGITS for row in rows})
 
 
 def defined_examples(examples: List[AuditExample]) -> List[AuditExample]:

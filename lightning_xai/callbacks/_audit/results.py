@@ -1,5 +1,5 @@
-"""What an audit produces: the typed per-example result, the strongest token pairs kept for the report, the
-outcome of one run.
+"""What an audit produces: the typed result of one audited batch, the typed per-example result, the strongest token
+pairs kept for the report, the outcome of one run.
 
 Integrated Hessians' interaction matrix Γ ``[T, T]`` of an example is quadratic in its length; a report shows only
 the ``k`` pairs of tokens i ≠ j with the largest ``|Γ_ij|`` and Γ over the few tokens they involve
@@ -14,8 +14,8 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
-__all__ = ["AuditExample", "AuditPrediction", "AuditResult", "DEFAULT_TOP_PAIRS", "TokenPairs", "collect_examples",
-           "example_tokens", "strongest_pairs"]
+__all__ = ["AuditExample", "AuditPrediction", "AuditResult", "BatchResult", "DEFAULT_TOP_PAIRS", "TokenPairs",
+           "collect_examples", "example_tokens", "strongest_pairs"]
 
 #: pairs kept per shown example when an audit computes Integrated Hessians
 DEFAULT_TOP_PAIRS = 10
@@ -73,6 +73,44 @@ def strongest_pairs(gamma: Tensor, k: int = DEFAULT_TOP_PAIRS,
     positions = sorted({p for i, j, _ in pairs for p in (i, j)})
     index = torch.tensor(positions)
     return TokenPairs(positions=positions, gamma=gamma[index][:, index].tolist(), pairs=pairs, method=method)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """What :meth:`~lightning_xai.callbacks.AuditCallback.audit_batch` measured on one batch of the audit subset
+    (``B`` rows, ``T`` tokens wide); every tensor has one row per example of the batch.
+
+    An ``audit_batch`` fills :attr:`maps` and :attr:`values` (and :attr:`interactions` for an interaction method);
+    the base class adds :attr:`prediction` and :attr:`probability` from the shared prediction step (unless the
+    audit set them) and :attr:`undefined` for rows without a defined result, then turns the rows into
+    :class:`AuditExample` s.
+
+    Attributes:
+        maps: per-map token scores ``{name: [B, T]}`` (e.g. ``"attention"``, ``"gradient"``), kept over the real
+            tokens for the examples a report shows (``num_report_examples``).
+        values: per-example scalars ``{name: [B]}``, averaged into the logged metrics; ``name/p_value`` holds the
+            p-values of ``name`` (its ``significant_fraction``).
+        prediction: ``[B]`` predicted class (``None``: the shared prediction step's).
+        probability: ``[B]`` probability of the predicted class (``None``: the shared prediction step's).
+        undefined: ``{row: cause}`` of the rows whose results are undefined (e.g. ``"non-finite logits"``); their
+            values are NaN and every aggregate leaves them out. Set by the base class.
+        interactions: ``[B, T, T]`` token-pair interactions Γ of an interaction method (Integrated Hessians), or
+            ``None``; each shown example keeps its :attr:`interaction_pairs` strongest pairs (:class:`TokenPairs`).
+        interaction_pairs: how many pairs of :attr:`interactions` a shown example keeps.
+
+    Example:
+        >>> result = BatchResult(maps={"attention": torch.tensor([[0.7, 0.3]])}, values={"v": torch.tensor([0.5])})
+        >>> result.values["v"].tolist(), result.prediction is None, result.undefined
+        ([0.5], True, {})
+    """
+
+    maps: Mapping[str, Tensor] = field(default_factory=dict)
+    values: Mapping[str, Tensor] = field(default_factory=dict)
+    prediction: Optional[Tensor] = None
+    probability: Optional[Tensor] = None
+    undefined: Mapping[int, str] = field(default_factory=dict)
+    interactions: Optional[Tensor] = None
+    interaction_pairs: int = DEFAULT_TOP_PAIRS
 
 
 @dataclass
@@ -183,7 +221,7 @@ class AuditResult:
 
 
 def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence[int], indices: Sequence[int],
-                     split: str, found: Mapping[str, Any], num_report_examples: int) -> List[AuditExample]:
+                     split: str, found: BatchResult, num_report_examples: int) -> List[AuditExample]:
     """One :class:`AuditExample` per row of an audited batch.
 
     Args:
@@ -191,36 +229,34 @@ def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence
         batch: the batch (``input_ids`` and ``labels`` are read when present).
         positions / indices: the rows' positions in the audit subset and their dataset indices.
         split: the audited split.
-        found: ``prediction`` ``[B]``, ``probability`` ``[B]``, optional ``maps`` ``{name: [B, T]}``,
-            ``values`` ``{name: [B]}``, ``undefined`` ``{row: cause}`` (rows whose results are undefined) and
-            ``interactions`` ``[B, T, T]`` (Γ; the ``interaction_pairs`` strongest pairs are kept, default 10).
+        found: the batch's :class:`BatchResult`, its ``prediction`` and ``probability`` set.
         num_report_examples: rows whose position is below it keep their maps (and strongest pairs).
 
     Example:
-        >>> import torch
-        >>> found = {"prediction": torch.tensor([1]), "probability": torch.tensor([0.75]),
-        ...          "maps": {"attention": torch.tensor([[0.6, 0.4, 0.0]])}, "values": {"v": torch.tensor([0.5])}}
+        >>> found = BatchResult(prediction=torch.tensor([1]), probability=torch.tensor([0.75]),
+        ...                     maps={"attention": torch.tensor([[0.6, 0.4, 0.0]])}, values={"v": torch.tensor([0.5])})
         >>> e, = collect_examples(torch.tensor([[True, True, False]]), {"input_ids": torch.tensor([[3, 4, 0]])},
         ...                       [0], [9], "val", found, num_report_examples=1)
         >>> e.token_ids, e.maps["attention"], e.values
         ([3, 4], [0.6000000238418579, 0.4000000059604645], {'v': 0.5})
     """
+    if found.prediction is None or found.probability is None:
+        raise ValueError("collect_examples needs the prediction and probability of every row of the batch.")
     mask = mask.detach().cpu()
     ids = batch["input_ids"].detach().cpu() if "input_ids" in batch else None
     labels = batch.get("labels")
     labels = labels.detach().cpu().tolist() if isinstance(labels, Tensor) else [None] * len(indices)
-    pred = found["prediction"].detach().cpu().tolist()
-    prob = found["probability"].detach().float().cpu().tolist()
-    maps = {k: v.detach().float().cpu() for k, v in found.get("maps", {}).items()}
-    values = {k: v.detach().double().cpu().tolist() for k, v in found.get("values", {}).items()}
-    gamma = found.get("interactions")
-    gamma = gamma.detach().double().cpu() if isinstance(gamma, Tensor) else None
-    top = int(found.get("interaction_pairs", DEFAULT_TOP_PAIRS))
+    pred = found.prediction.detach().cpu().tolist()
+    prob = found.probability.detach().float().cpu().tolist()
+    maps = {k: v.detach().float().cpu() for k, v in found.maps.items()}
+    values = {k: v.detach().double().cpu().tolist() for k, v in found.values.items()}
+    gamma = found.interactions.detach().double().cpu() if isinstance(found.interactions, Tensor) else None
+    top = int(found.interaction_pairs)
     out = []
     for row, (pos, index) in enumerate(zip(positions, indices)):
         real = mask[row]
         keep_maps = pos < num_report_examples
-        undefined = found.get("undefined", {}).get(row)
+        undefined = found.undefined.get(row)
         pairs = (strongest_pairs(gamma[row][real][:, real], top)
                  if keep_maps and gamma is not None and undefined is None else None)
         out.append(AuditExample(
