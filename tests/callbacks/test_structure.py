@@ -9,9 +9,10 @@ import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from lightning_xai.attribution import explanation_context
-from lightning_xai.callbacks import AuditCallback, AuditPrediction, BatchResult, audit_guard
+from lightning_xai.callbacks import AuditCallback, AuditPrediction, BatchResult
 from lightning_xai.callbacks import base as callback_base
 from lightning_xai.callbacks._audit import subset as audit_subset
+from lightning_xai.callbacks._audit.guard import audit_guard
 from lightning_xai.data import collate
 from lightning_xai.models import AttentionClassifier
 
