@@ -108,6 +108,8 @@ class AuditCallback(Callback, abc.ABC):
     needs_attention_override: bool = False
     #: the budget keeps the configured size and cadence of an audit that took less than this (seconds)
     budget_min_seconds: float = MIN_AUDIT_SECONDS
+    tokenizer: Any = None
+    _resolver: Optional[ModelResolver] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -136,7 +138,7 @@ class AuditCallback(Callback, abc.ABC):
     ) -> None:
         super().__init__()
         cls = type(self).__name__
-        self._resolver: Optional[ModelResolver] = lookup.model_resolver(model, tokenizer, cls)
+        self._resolver = lookup.model_resolver(model, tokenizer, cls)
         self.tokenizer = tokenizer
         check_audit_options(cls, every_n_epochs=every_n_epochs, every_n_train_steps=every_n_train_steps,
                             on_validate=on_validate, on_test=on_test, num_samples=num_samples, dataloader=dataloader,
