@@ -15,9 +15,9 @@ from typing_extensions import override
 from lightning_xai.adapters.capabilities import DeletionLogits
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, shared_input_gradients
-from lightning_xai.callbacks.base import AuditCallback, AuditPrediction
-from lightning_xai.callbacks.interactions import DEFAULT_TOP_PAIRS
-from lightning_xai.callbacks.names import check_names, check_options_of_methods
+from lightning_xai.callbacks._audit.options import check_names, check_options_of_methods
+from lightning_xai.callbacks._audit.results import DEFAULT_TOP_PAIRS
+from lightning_xai.callbacks.base import AuditCallback, AuditPrediction, BatchResult
 from lightning_xai.metrics.registry import AGREEMENT_ALIASES, AGREEMENT_METRICS, resolve_agreement_metric
 
 __all__ = ["AttentionAudit", "AGREEMENT_METRICS", "DEFAULT_GRADIENT_METHODS", "DEFAULT_METHODS", "DEFAULT_METHOD_OPTIONS"]
@@ -90,7 +90,7 @@ class AttentionAudit(AuditCallback):
             have it (``None``: never).
         top_pairs: with ``"integrated_hessians"`` in ``methods``, each example the report shows (see
             ``num_report_examples``) keeps its ``top_pairs`` strongest token pairs i ≠ j by ``|Γ_ij|`` and Γ over
-            their tokens (:class:`~lightning_xai.callbacks.interactions.TokenPairs`), drawn by
+            their tokens (:class:`~lightning_xai.callbacks._audit.results.TokenPairs`), drawn by
             :class:`~lightning_xai.reporting.AuditReport` as a heatmap; ``0``: none kept. Nothing is computed
             for it beyond Integrated Hessians itself.
         **kwargs: scheduling and subset options of :class:`~lightning_xai.callbacks.AuditCallback`
@@ -230,7 +230,7 @@ class AttentionAudit(AuditCallback):
 
     def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
                     indices: List[int], prediction: Optional[AuditPrediction] = None
-                    ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+                    ) -> Tuple[BatchResult, Dict[str, Any]]:
         prediction = prediction or self.predict(model, batch)
         mask = model.token_mask(batch)
         maps: Dict[str, Tensor] = {"attention": prediction.attention}
@@ -271,4 +271,4 @@ class AttentionAudit(AuditCallback):
                 total = magnitude.sum(-1)
                 share = (magnitude * inside).sum(-1) / total
                 values[f"impermissible_share/{name}"] = torch.where(total > 0, share, torch.full_like(share, math.nan))
-        return {"maps": maps, "values": values, **found}, {}
+        return BatchResult(maps=maps, values=values, **found), {}

@@ -7,7 +7,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytorch_lightning as pl
 import torch
 
-from lightning_xai.callbacks.results import AuditExample
+from lightning_xai.callbacks._audit.results import AuditExample
 
 __all__ = ["AuditFailedOnAnotherProcess", "gather_examples", "merge_extras", "shared_failure"]
 
