@@ -35,7 +35,7 @@ from lightning_xai.attribution.batching import take_rows
 from lightning_xai.callbacks.aggregation import ValueAggregator, aggregate_values, summarize_values, value_names
 from lightning_xai.callbacks.budget import DEFAULT_EVERY_N_EPOCHS, DEFAULT_NUM_SAMPLES
 from lightning_xai.callbacks.cost import AuditCost
-from lightning_xai.callbacks.distributed import gather_examples, merge_extras, shared_failure
+from lightning_xai.callbacks.distributed import agreed, gather_examples, merge_extras, shared_failure
 from lightning_xai.callbacks.guard import AuditPrecision, audit_guard, precision_context
 from lightning_xai.callbacks.isolation import AuditFailures
 from lightning_xai.callbacks.options import check_audit_options, check_placement
@@ -255,8 +255,8 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
 
     @override
     def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        if self.every_n_epochs or self.every_n_train_steps:
-            self._ensure_checked(trainer, pl_module, self.dataloader)
+        if self.every_n_epochs or self.every_n_train_steps:  # a probe failing on one process raises on all
+            agreed(trainer, self._ensure_checked, trainer, pl_module, self.dataloader)
 
     # --- the audit subset ----------------------------------------------------------------------------------
     def _loader(self, trainer: "pl.Trainer", split: str) -> Any:
@@ -315,15 +315,16 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
         merged = merge_extras(trainer, extras)
         if type(self).aggregate is AuditCallback.aggregate:  # the same class on every process: same collectives
             self._aggregated = aggregator.compute(value_names(examples))
-        try:
-            metrics = self.aggregate(examples, merged)
-        finally:
-            self._aggregated = None
-        warn_undefined(type(self).__name__, split, examples, metrics, self._warned_undefined)
-        result = AuditResult(stage=stage, epoch=trainer.current_epoch, global_step=trainer.global_step, split=split,
-                             metrics=metrics, examples=examples, extras=merged, run=self._runs.run)
+        with shared_failure(trainer):  # aggregate and log; kept (history) only when they worked on every process
+            try:
+                metrics = self.aggregate(examples, merged)
+            finally:
+                self._aggregated = None
+            warn_undefined(type(self).__name__, split, examples, metrics, self._warned_undefined)
+            result = AuditResult(stage=stage, epoch=trainer.current_epoch, global_step=trainer.global_step,
+                                 split=split, metrics=metrics, examples=examples, extras=merged, run=self._runs.run)
+            self._log(trainer, stage, metrics)
         self.history = add_record(self.history, result.record())
-        self._log(trainer, stage, metrics)
         self.latest = result
         self.version += 1
         return result

@@ -11,6 +11,7 @@ from typing_extensions import override
 
 from lightning_xai.callbacks.budget import MIN_AUDIT_SECONDS, Default, Plan, describe, limited_size, plan
 from lightning_xai.callbacks.cost import AuditCost
+from lightning_xai.callbacks.distributed import agreed, shared_failure
 from lightning_xai.callbacks.isolation import AuditFailures
 from lightning_xai.lightning_compat import Callback
 
@@ -145,11 +146,12 @@ class AuditSchedule(Callback):
         audited = len(self._subsets.get(split, ()))
         if self.budget is None or self.plan is not None or not audited or training <= 0 or trainer.fast_dev_run:
             return
-        limited = self.audit_size(trainer, split, self._loader(trainer, split)) != self.num_samples
-        cheap = seconds < self.budget_min_seconds
-        chosen = plan(seconds / audited, training, self.budget, audited,
-                      fixed_samples=self._fixed_samples or limited or cheap,
-                      fixed_cadence=self._fixed_cadence or cheap)
+        with shared_failure(trainer):  # a failure on one process: every process raises, none waits in the broadcast
+            limited = self.audit_size(trainer, split, self._loader(trainer, split)) != self.num_samples
+            cheap = seconds < self.budget_min_seconds
+            chosen = plan(seconds / audited, training, self.budget, audited,
+                          fixed_samples=self._fixed_samples or limited or cheap,
+                          fixed_cadence=self._fixed_cadence or cheap)
         chosen = trainer.strategy.broadcast(chosen, src=0)  # every process audits the same subset, same cadence
         self.plan = chosen
         if chosen.cadence > 1:  # the next audit comes every_n_epochs * cadence epochs after this one
@@ -159,11 +161,12 @@ class AuditSchedule(Callback):
             self._subsets.pop(split, None)  # the first N of the same seeded draw: a subset of the first audit's
             self._batches.pop(split, None)
         measured = seconds / training
-        self._log(trainer, "fit", {"budget/num_samples": float(chosen.num_samples), "budget/share": measured,
-                                   "budget/every_n_epochs": float(self.every_n_epochs * chosen.cadence)})
-        unit = "epochs" if self.every_n_epochs else "scheduled steps"
-        rank_zero_info(describe(type(self).__name__, chosen, self.budget, measured, unit,
-                                self.every_n_epochs or self.every_n_train_steps))
+        with shared_failure(trainer):  # logging the plan failed on one process: an audit failure on all
+            self._log(trainer, "fit", {"budget/num_samples": float(chosen.num_samples), "budget/share": measured,
+                                       "budget/every_n_epochs": float(self.every_n_epochs * chosen.cadence)})
+            unit = "epochs" if self.every_n_epochs else "scheduled steps"
+            rank_zero_info(describe(type(self).__name__, chosen, self.budget, measured, unit,
+                                    self.every_n_epochs or self.every_n_train_steps))
 
     def budget_state(self) -> Dict[str, Any]:
         """The plan, checkpointed so that a resumed run audits the same subset at the same cadence."""
@@ -181,16 +184,17 @@ class AuditSchedule(Callback):
         reported; with ``strict`` the exception propagates). The first audit of ``fit`` sets the budget's plan."""
         start = time.perf_counter()
         training = self._training_since_mark(trainer, start) if stage == "fit" else 0.0
-        try:
+        try:  # every step agrees across processes (distributed.shared_failure): all report, or all raise
             result = self.run_audit(trainer, pl_module, stage, split)
+            seconds = time.perf_counter() - start
+            self._cost.audited(seconds)
+            agreed(trainer, self._log, trainer, stage, {"cost/seconds": seconds})
+            if stage == "fit":
+                self._apply_budget(trainer, split, seconds, training)
         except Exception as err:  # noqa: BLE001 - any failure of an audit is reported, training goes on
             self._failures.report(err, stage, split, trainer.current_epoch, trainer.global_step)
             return None
-        seconds = time.perf_counter() - start
-        self._cost.audited(seconds)
-        self._log(trainer, stage, {"cost/seconds": seconds})
         if stage == "fit":
-            self._apply_budget(trainer, split, seconds, training)
             self._budget_mark = (time.perf_counter(), self._audit_clocks(trainer))
         if stage != "fit" and not self._cost.announced:
             self._cost.announced = True
@@ -208,7 +212,11 @@ class AuditSchedule(Callback):
             return
         audits, training = spent
         metrics: Dict[str, float] = {"cost/share": audits / training if training > 0 else float("nan")}
-        self._log(trainer, "fit", metrics)
+        try:  # a logger failing on one process: reported (or raised) on every process alike
+            agreed(trainer, self._log, trainer, "fit", metrics)
+        except Exception as err:  # noqa: BLE001 - as a failed audit
+            self._failures.report(err, "fit", self.dataloader, trainer.current_epoch, trainer.global_step)
+            return
         if not self._cost.announced:
             self._cost.announced = True
             rank_zero_info(self._cost.announcement(type(self).__name__, audits, training))
