@@ -24,7 +24,7 @@ from lightning_xai.callbacks._audit import model as lookup
 from lightning_xai.callbacks._audit.aggregation import ValueAggregator, aggregate_values, value_names
 from lightning_xai.callbacks._audit.budget import (DEFAULT_EVERY_N_EPOCHS, DEFAULT_NUM_SAMPLES, MIN_AUDIT_SECONDS,
                                                    AuditCost, Default, Plan, describe, plan)
-from lightning_xai.callbacks._audit.distributed import gather_examples, merge_extras, shared_failure
+from lightning_xai.callbacks._audit.distributed import agreed, gather_examples, merge_extras, shared_failure
 from lightning_xai.callbacks._audit.failures import AuditFailures, audit_finite_rows, mark_undefined, warn_undefined
 from lightning_xai.callbacks._audit.guard import AuditPrecision, audit_guard, precision_context
 from lightning_xai.callbacks._audit.options import check_audit_options, check_placement
@@ -217,8 +217,8 @@ class AuditCallback(Callback, abc.ABC):
 
     @override
     def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        if self.every_n_epochs or self.every_n_train_steps:
-            self._ensure_checked(trainer, pl_module, self.dataloader)
+        if self.every_n_epochs or self.every_n_train_steps:  # a probe failing on one process raises on all
+            agreed(trainer, self._ensure_checked, trainer, pl_module, self.dataloader)
 
     @override
     def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
@@ -270,16 +270,17 @@ class AuditCallback(Callback, abc.ABC):
         reported; with ``strict`` the exception propagates). The first audit of ``fit`` sets the budget's plan."""
         start = time.perf_counter()
         training = training_since(self._budget_mark, start, audit_clocks(trainer.callbacks)) if stage == "fit" else 0.0
-        try:
+        try:  # every step agrees across processes (distributed.shared_failure): all report, or all raise
             result = self.run_audit(trainer, pl_module, stage, split)
+            seconds = time.perf_counter() - start
+            self._cost.audited(seconds)
+            agreed(trainer, self._log, trainer, stage, {"cost/seconds": seconds})
+            if stage == "fit":
+                self._apply_budget(trainer, split, seconds, training)
         except Exception as err:  # noqa: BLE001 - any failure of an audit is reported, training goes on
             self._failures.report(err, stage, split, trainer.current_epoch, trainer.global_step)
             return None
-        seconds = time.perf_counter() - start
-        self._cost.audited(seconds)
-        self._log(trainer, stage, {"cost/seconds": seconds})
         if stage == "fit":
-            self._apply_budget(trainer, split, seconds, training)
             self._budget_mark = clock_mark(trainer.callbacks)
         if stage != "fit" and not self._cost.announced:
             self._cost.announced = True
@@ -293,7 +294,11 @@ class AuditCallback(Callback, abc.ABC):
             return
         audits, training = spent
         metrics: Dict[str, float] = {"cost/share": audits / training if training > 0 else float("nan")}
-        self._log(trainer, "fit", metrics)
+        try:  # a logger failing on one process: reported (or raised) on every process alike
+            agreed(trainer, self._log, trainer, "fit", metrics)
+        except Exception as err:  # noqa: BLE001 - as a failed audit
+            self._failures.report(err, "fit", self.dataloader, trainer.current_epoch, trainer.global_step)
+            return
         if not self._cost.announced:
             self._cost.announced = True
             rank_zero_info(self._cost.announcement(type(self).__name__, audits, training))
@@ -303,11 +308,12 @@ class AuditCallback(Callback, abc.ABC):
         audited = len(self._subsets.get(split, ()))
         if self.budget is None or self.plan is not None or not audited or training <= 0 or trainer.fast_dev_run:
             return
-        limited = self._audit_size(trainer, split, self._loader(trainer, split)) != self.num_samples
-        cheap = seconds < self.budget_min_seconds
-        chosen = plan(seconds / audited, training, self.budget, audited,
-                      fixed_samples=self._fixed_samples or limited or cheap,
-                      fixed_cadence=self._fixed_cadence or cheap)
+        with shared_failure(trainer):  # a failure on one process: every process raises, none waits in the broadcast
+            limited = self._audit_size(trainer, split, self._loader(trainer, split)) != self.num_samples
+            cheap = seconds < self.budget_min_seconds
+            chosen = plan(seconds / audited, training, self.budget, audited,
+                          fixed_samples=self._fixed_samples or limited or cheap,
+                          fixed_cadence=self._fixed_cadence or cheap)
         chosen = trainer.strategy.broadcast(chosen, src=0)  # every process audits the same subset, same cadence
         self.plan = chosen
         if chosen.cadence > 1:  # the next audit comes every_n_epochs * cadence epochs after this one
@@ -317,11 +323,12 @@ class AuditCallback(Callback, abc.ABC):
             self._subsets.pop(split, None)  # the first N of the same seeded draw: a subset of the first audit's
             self._batches.pop(split, None)
         measured = seconds / training
-        self._log(trainer, "fit", {"budget/num_samples": float(chosen.num_samples), "budget/share": measured,
-                                   "budget/every_n_epochs": float(self.every_n_epochs * chosen.cadence)})
-        unit = "epochs" if self.every_n_epochs else "scheduled steps"
-        rank_zero_info(describe(type(self).__name__, chosen, self.budget, measured, unit,
-                                self.every_n_epochs or self.every_n_train_steps))
+        with shared_failure(trainer):  # logging the plan failed on one process: an audit failure on all
+            self._log(trainer, "fit", {"budget/num_samples": float(chosen.num_samples), "budget/share": measured,
+                                       "budget/every_n_epochs": float(self.every_n_epochs * chosen.cadence)})
+            unit = "epochs" if self.every_n_epochs else "scheduled steps"
+            rank_zero_info(describe(type(self).__name__, chosen, self.budget, measured, unit,
+                                    self.every_n_epochs or self.every_n_train_steps))
 
     # --- the model: which one, its words, whether the audit can read it -----------------------------------------
     def explainable(self, pl_module: Any) -> ExplainableModel:
@@ -419,15 +426,16 @@ class AuditCallback(Callback, abc.ABC):
         merged = merge_extras(trainer, extras)
         if type(self).aggregate is AuditCallback.aggregate:  # the same class on every process: same collectives
             self._aggregated = aggregator.compute(value_names(examples))
-        try:
-            metrics = self.aggregate(examples, merged)
-        finally:
-            self._aggregated = None
-        warn_undefined(type(self).__name__, split, examples, metrics, self._warned_undefined)
-        result = AuditResult(stage=stage, epoch=trainer.current_epoch, global_step=trainer.global_step, split=split,
-                             metrics=metrics, examples=examples, extras=merged, run=self._runs.run)
+        with shared_failure(trainer):  # aggregate and log; kept (history) only when they worked on every process
+            try:
+                metrics = self.aggregate(examples, merged)
+            finally:
+                self._aggregated = None
+            warn_undefined(type(self).__name__, split, examples, metrics, self._warned_undefined)
+            result = AuditResult(stage=stage, epoch=trainer.current_epoch, global_step=trainer.global_step,
+                                 split=split, metrics=metrics, examples=examples, extras=merged, run=self._runs.run)
+            self._log(trainer, stage, metrics)
         self.history = add_record(self.history, result.record())
-        self._log(trainer, stage, metrics)
         self.latest = result
         self.version += 1
         return result

@@ -7,7 +7,7 @@ import types
 import pytest
 
 from lightning_xai.callbacks import AuditExample
-from lightning_xai.callbacks.results import example_tokens
+from lightning_xai.callbacks._audit.results import example_tokens
 from lightning_xai.data.vocabulary import token_list
 
 WORDS = ["<pad>", "<unk>", "good", "film"]
