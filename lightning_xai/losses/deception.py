@@ -172,7 +172,8 @@ class DeceptionPenalty(FiniteGuard, DeprecatedLam, nn.Module):
             raise ValueError(f"batch['impermissible'] has shape {tuple(impermissible.shape)} but the attention "
                              f"covers {(attention.shape[0], attention.shape[-1])} [B, T] positions; the mask must "
                              "be aligned with the attention's key positions (word pieces for transformers).")
-        return impermissible_mass(attention, impermissible), impermissible_mass(attention, ~impermissible)
+        return (impermissible_mass(attention, impermissible, check=False),
+                impermissible_mass(attention, ~impermissible, check=False))
 
     def forward(self, outputs: ExplainOutput, batch: Batch, model: Any = None) -> Tensor:
         mass, permissible = self._masses(outputs, batch)

@@ -342,7 +342,8 @@ def jensen_shannon(preds: Tensor, target: Tensor, mask: Tensor, eps: float = 1e-
         raise ValueError(f"eps must be a finite number >= 0, got {eps}.")
     p, p_zero = _normalise(preds, mask)
     q, q_zero = _normalise(target, mask)
-    jsd = jensen_shannon_divergence(p, q, eps).clamp(0.0, math.log(2.0))
+    # p, q are normalised here (all-zero rows have no distribution: NaN below)
+    jsd = jensen_shannon_divergence(p, q, eps, check=False).clamp(0.0, math.log(2.0))
     return torch.where(p_zero | q_zero, torch.full_like(jsd, float("nan")), jsd)
 
 
