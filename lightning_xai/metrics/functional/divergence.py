@@ -67,7 +67,14 @@ def _kl(p: Tensor, q: Tensor, eps: float) -> Tensor:
         return _exact(_tm_kl_divergence, p, q)
     p = p.clamp(0.0, 1.0)
     q = q.clamp(0.0, 1.0)
-    return (p * (torch.log(p + eps) - torch.log(q + eps))).sum(-1)
+    log_q = torch.log(q + eps)
+    if q.requires_grad:
+        # the value keeps Jain & Wallace's eps, the gradient is the exact KL's d log q = dq / q: through
+        # log(q + eps) it is dq / (q + eps), which vanishes where q << eps (near one-hot attention: a loss of 8
+        # with no gradient at all); where q underflows to 0 no gradient is left either way
+        kept = q.clamp_min(torch.finfo(q.dtype).tiny)
+        log_q = log_q.detach() + (torch.log(kept) - torch.log(kept).detach())
+    return (p * (torch.log(p + eps) - log_q)).sum(-1)
 
 
 def jensen_shannon_divergence(p: Tensor, q: Tensor, eps: float = EPS, *, check: bool = True) -> Tensor:
