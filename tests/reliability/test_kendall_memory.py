@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -18,7 +19,6 @@ import scipy.stats as st
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
-from unittest import mock
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import lightning_xai.metrics.functional.agreement as agreement
@@ -100,10 +100,10 @@ def _same(ours: float, ref: float) -> bool:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_batches(), hs.sampled_from(["b", "c"]))
 def test_property_equals_scipy_with_ties_and_masks(batch, variant):
-    """Both inversion counts: pair by pair (short rows) and by merge sort (forced with a zero pair budget)."""
+    """Every row at once and one row per block (a block budget of 1 element) give the same values."""
     x, y, mask = batch
     tau, p = kendall_tau(x, y, mask, variant=variant)
-    with mock.patch.object(agreement, "_PAIRWISE_ELEMENTS", 0):
+    with mock.patch.object(agreement, "_BLOCK_ELEMENTS", 1):
         merged = kendall_tau(x, y, mask, variant=variant)
     assert torch.equal(torch.nan_to_num(merged[0], 9.0), torch.nan_to_num(tau, 9.0))
     assert torch.equal(torch.nan_to_num(merged[1], 9.0), torch.nan_to_num(p, 9.0))
