@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
 
-__all__ = ["DeletionLogits", "EmbeddingShift", "LinearHead", "OverrideReplay", "OverrideScorer", "TokenEncoder",
+__all__ = ["DeletionLogits", "EmbeddingShift", "LinearHead", "OverrideReplay", "OverrideScorer", "ReferenceLogits", "TokenEncoder",
            "supports_attention_override"]
 
 #: ``scorer(rows, attention_override) -> [N, C]`` logits of rows ``rows`` (``LongTensor[N]``) of a batch under an
@@ -112,7 +112,7 @@ class OverrideReplay(Protocol):
     """Score many attention overrides of one batch without re-running what an override cannot change.
 
     :class:`~lightning_xai.adapters.HuggingFaceAdapter` has it (every layer before the last is replayed from one
-    recorded pass, :mod:`lightning_xai.adapters.hf_replay`); a model with a :class:`LinearHead` needs none (the
+    recorded pass, :mod:`lightning_xai.adapters.huggingface.replay`); a model with a :class:`LinearHead` needs none (the
     pooling and the head are the whole of what an override changes).
 
     Example:
@@ -169,3 +169,31 @@ def supports_attention_override(model: object) -> bool:
         False
     """
     return bool(getattr(model, "overridable", True))
+
+
+@runtime_checkable
+class ReferenceLogits(Protocol):
+    """An adapter of a user's module that can run that module the way its user does, so the adapter's logits can
+    be checked against the module's own (:func:`~lightning_xai.adapters.checks.check_logits`).
+
+    :class:`~lightning_xai.adapters.HuggingFaceAdapter` has it (the model's own ``forward`` on ``input_ids``; the
+    PEFT model's when there is one). A model that is its own reference needs none.
+
+    Example:
+        >>> from torch import nn
+        >>> class Wrapping(nn.Module):
+        ...     def reference_logits(self, batch):
+        ...         return batch["logits"]
+        ...     def describe_reference(self):
+        ...         return "Net", "check the wrapper's options"
+        >>> isinstance(Wrapping(), ReferenceLogits), isinstance(nn.Linear(2, 2), ReferenceLogits)
+        (True, False)
+    """
+
+    def reference_logits(self, batch: Batch) -> Tensor:
+        """``[B, C]``: the user's module's own logits on ``batch`` (run as its user runs it)."""
+        ...
+
+    def describe_reference(self) -> Tuple[str, str]:
+        """``(name of the user's module, how to fix a mismatch)`` for the error message."""
+        ...

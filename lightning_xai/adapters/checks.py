@@ -3,20 +3,27 @@
 A model that breaks the :class:`~lightning_xai.adapters.ExplainableModel` contract rarely crashes: an attention
 that sums to 5 gives an impermissible mass of 1.47, an id past the embedding table a bare ``IndexError``. These
 functions turn such inputs into one clear error naming the problem and the fix. They cost one reduction over the
-batch; callers run them where they cost nothing (once per call of :func:`~lightning_xai.attribution.attribute`'s
+batch; callers run them where they cost nothing (:func:`check_logits` once, on the first audited batch; once per call of :func:`~lightning_xai.attribution.attribute`'s
 ``"attention"``, on the first audit batch, in the models' ``embed``).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import contextlib
+from typing import Any, Iterator, Optional
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["ATTENTION_ATOL", "check_attention_distribution", "check_token_ids", "vocabulary_size"]
+from lightning_xai.adapters.capabilities import ReferenceLogits
+from lightning_xai.adapters.protocol import Batch
+
+__all__ = ["ATTENTION_ATOL", "LOGITS_RTOL", "check_attention_distribution", "check_logits", "check_token_ids",
+           "evaluating", "vocabulary_size"]
 
 #: how far (absolute) a row's attention may sum from 1 over its real tokens, and leak onto other positions
 ATTENTION_ATOL = 1e-3
+#: how far an adapter's logits may be from its model's own, relative to the logits' scale (at least 1)
+LOGITS_RTOL = 1e-4
 
 
 def check_token_ids(ids: Tensor, vocab_size: int, source: str = "input_ids") -> None:
@@ -127,3 +134,86 @@ def check_attention_distribution(attention: Tensor, mask: Tensor, *, atol: float
                      "attention is softmax(scores) over the real tokens (token_mask), 0 elsewhere: return the "
                      "normalised weights the model pools with (unnormalised scores go in attention_scores), "
                      "renormalised over the real tokens if the model also attends to special tokens.")
+
+
+@contextlib.contextmanager
+def evaluating(module: nn.Module) -> Iterator[nn.Module]:
+    """Inside the block every submodule of ``module`` is in eval mode; on exit each gets its own mode back.
+
+    For checks and probes that must see the deterministic function (no dropout) of a model that may be training:
+    eval mode draws no random numbers and updates no running statistics, so the training run is unchanged.
+
+    Example:
+        >>> net = nn.Sequential(nn.Dropout(0.5), nn.Linear(2, 2))
+        >>> net[1].eval()
+        Linear(in_features=2, out_features=2, bias=True)
+        >>> with evaluating(net):
+        ...     net.training, net[0].training
+        (False, False)
+        >>> net.training, net[0].training, net[1].training
+        (True, True, False)
+    """
+    modes = [(m, m.training) for m in module.modules()]
+    try:
+        for m, _ in modes:
+            m.training = False
+        yield module
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
+def check_logits(model: Any, batch: Batch, *, rtol: float = LOGITS_RTOL) -> Optional[float]:
+    """Check that an adapter computes its user's model: its logits against the model's own on ``batch``.
+
+    For a model with the :class:`~lightning_xai.adapters.capabilities.ReferenceLogits` capability (an adapter
+    such as :class:`~lightning_xai.adapters.HuggingFaceAdapter`), runs both on ``batch`` in eval mode (each
+    submodule's mode restored after; no gradient) and compares: an adapter that reads the wrong position, pads
+    or token types explains another function than the one trained, and every explanation would be silently
+    wrong. Callbacks call it once, on their first audited batch; it costs two forward passes.
+
+    Args:
+        model: the explainable model (anything else is its own reference: nothing to compare, returns ``None``).
+        batch: a batch as the model takes it.
+        rtol: the largest ``max |Δlogit|`` allowed, relative to ``max(1, max |logit|)``.
+
+    Returns:
+        ``max |Δlogit|`` on the batch, or ``None`` for a model without a reference.
+
+    Raises:
+        ValueError: naming both models, the gap, and the fix the adapter gives (NaN fails too).
+
+    Example:
+        >>> from torch import nn
+        >>> class Off(nn.Module):
+        ...     def embed(self, batch):
+        ...         return batch["x"][..., None]
+        ...     def forward_from_embeddings(self, embeddings, batch, *, attention_override=None):
+        ...         return type("Out", (), {"logits": embeddings.sum(1) + 1})()
+        ...     def reference_logits(self, batch):
+        ...         return batch["x"].sum(1, keepdim=True)
+        ...     def describe_reference(self):
+        ...         return "Net", "Pass the offset the model was trained with."
+        >>> check_logits(Off(), {"x": torch.tensor([[1.0, 2.0]])})
+        Traceback (most recent call last):
+        ...
+        ValueError: Off's logits differ from Net's own by 1 on this batch (eval mode): the explanations would describe a different function. Pass the offset the model was trained with.
+        >>> check_logits(nn.Linear(2, 2), {}) is None
+        True
+    """
+    if not isinstance(model, ReferenceLogits) or not callable(getattr(model, "embed", None)):
+        return None
+    context = evaluating(model) if isinstance(model, nn.Module) else contextlib.nullcontext()
+    with context, torch.no_grad():
+        own = model.reference_logits(batch)
+        mine = model.forward_from_embeddings(model.embed(batch), batch).logits
+    name, fix = model.describe_reference()
+    if tuple(own.shape) != tuple(mine.shape):
+        raise ValueError(f"{type(model).__name__}'s logits have shape {tuple(mine.shape)} but {name}'s own have "
+                         f"{tuple(own.shape)} on this batch: the explanations would describe a different function. "
+                         f"{fix}")
+    gap = float((own.double() - mine.double().to(own.device)).abs().max()) if own.numel() else 0.0
+    if not gap <= rtol * max(1.0, float(own.abs().max()) if own.numel() else 1.0):  # NaN fails too
+        raise ValueError(f"{type(model).__name__}'s logits differ from {name}'s own by {gap:.3g} on this batch "
+                         f"(eval mode): the explanations would describe a different function. {fix}")
+    return gap

@@ -208,6 +208,8 @@ def padding_trimmer(model: Any, batch: Batch, batch_size: int) -> Callable[[dict
     with torch.no_grad():
         a = model.forward_from_embeddings(model.embed(whole), whole).logits
         b = model.forward_from_embeddings(model.embed(cut), cut).logits
+    if not bool(torch.isfinite(a).all() & torch.isfinite(b).all()):
+        return lambda part, shape: part  # NaN logits (a diverged model) cannot show the trim is safe: keep the width
     same = bool(torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-5 * float(a.abs().max().clamp_min(1))))
     return _trim_padding if same else (lambda part, shape: part)
 

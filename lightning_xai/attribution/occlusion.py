@@ -22,6 +22,11 @@ __all__ = ["LOO_MODES", "leave_one_out", "occlusion_batch"]
 LOO_MODES = ("delete", "pad")
 
 
+def _parameters(model: Any) -> list:
+    """The model's parameters, if it is (or wraps) an ``nn.Module``; none otherwise."""
+    return list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+
+
 def occlusion_batch(batch: Batch, rows: Tensor, positions: Tensor, batch_size: int) -> dict:
     """One variant per ``(rows[k], positions[k])``: row ``rows[k]`` of ``batch`` with that token deleted.
 
@@ -66,10 +71,28 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
     scores the variants itself (the reference BiLSTM reuses its recurrent states); ``None`` from it means:
     re-run the shortened rows. A row with a single real token cannot be deleted into an empty sequence: in
     delete mode its token is scored in pad mode instead, with a warning.
+
+    Precision: the scores are differences of probabilities close to each other, which bf16/fp16 rounding
+    swamps (per-sentence τ with the float32 map down to 0.12). Under bf16/fp16 autocast, or on a model whose
+    weights are bf16/fp16, the map is computed as asked but with a ``RuntimeWarning`` that says how to get the
+    float32 map (outside autocast, ``model.float()``, or the audit callbacks, which compute leave-one-out in
+    float32 and restore the weights).
     """
     if mode not in LOO_MODES:
         raise ValueError(f"Unknown leave_one_out mode {mode!r}; choose one of {list(LOO_MODES)}.")
     mask = model.token_mask(batch)
+    device_type = mask.device.type
+    half = sorted({str(p.dtype).replace("torch.", "") for p in _parameters(model)
+                   if p.dtype in (torch.bfloat16, torch.float16)})
+    where = f"on a model with {'/'.join(half)} weights" if half else None
+    if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) in (torch.bfloat16,
+                                                                                            torch.float16):
+        where = f"under {str(torch.get_autocast_dtype(device_type)).replace('torch.', '')} autocast"
+    if where is not None:
+        warnings.warn(f"leave_one_out {where}: its scores are differences of nearby probabilities, which "
+                      "that rounding swamps (rankings far from float32's). For the float32 map run it outside "
+                      "autocast (torch.autocast(..., enabled=False)) on float32 weights (model.float()), or use the "
+                      "audit callbacks, which compute it in float32.", RuntimeWarning, stacklevel=3)
     B, T = mask.shape
     with nullcontext() if create_graph else torch.no_grad():
         embeddings = model.embed(batch)

@@ -11,8 +11,8 @@ from torch import Tensor
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute
 from lightning_xai.audits.erasure import decision_flip, ranking_scores
-from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction
-from lightning_xai.callbacks.names import check_names, check_options_of_methods
+from lightning_xai.callbacks._audit.options import check_names, check_options_of_methods
+from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, BatchResult
 from lightning_xai.metrics.functional.faithfulness import erasure_scores
 
 __all__ = ["ERASURE_RANKINGS", "ErasureAudit"]
@@ -150,7 +150,7 @@ class ErasureAudit(AuditCallback):
 
     def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
                     indices: List[int], prediction: Optional[AuditPrediction] = None
-                    ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+                    ) -> Tuple[BatchResult, Dict[str, Any]]:
         prediction = prediction or self.predict(model, batch)
         maps: Dict[str, Tensor] = {"attention": prediction.attention}
         values: Dict[str, Tensor] = {}
@@ -182,7 +182,7 @@ class ErasureAudit(AuditCallback):
                 if self.aopc_bins:
                     values[f"{ranking}/aopc_comprehensiveness"] = comp[i, 1:].double().mean(0)
                     values[f"{ranking}/aopc_sufficiency"] = suff[i, 1:].double().mean(0)
-        return {"maps": maps, "values": values}, {}
+        return BatchResult(maps=maps, values=values), {}
 
     def summary_rows(self, metrics: Mapping[str, float], full: bool = False) -> List[Tuple[str, str]]:
         """Rows of the final table: decision flips, comprehensiveness and sufficiency per ranking (and their AOPC

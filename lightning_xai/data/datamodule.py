@@ -141,8 +141,8 @@ class TextClassificationDataModule(SplitLoaders, pl.LightningDataModule):
     def _source_split(self, split: str) -> Optional[str]:
         if self._user_paths:
             return split if split in self._user_paths else None
-        available = DATASET_SPLITS[self.hparams.dataset]
-        if self.hparams.use_dev_as_train and "train" not in available:
+        available = DATASET_SPLITS[self.hparams["dataset"]]
+        if self.hparams["use_dev_as_train"] and "train" not in available:
             return {"train": "val", "val": "test", "test": "test"}[split]
         return split if split in available else None
 
@@ -155,26 +155,26 @@ class TextClassificationDataModule(SplitLoaders, pl.LightningDataModule):
             if source is None:
                 raise ValueError(f"No {split!r} split for this data module.")
             if self._user_paths:
-                raw = read_user_file(self._user_paths[source], self.hparams.text_column, self.hparams.label_column)
+                raw = read_user_file(self._user_paths[source], self.hparams["text_column"], self.hparams["label_column"])
             else:
-                raw = read_split(self.hparams.dataset, source)
+                raw = read_split(self.hparams["dataset"], source)
             self._examples[split] = self._prepare(raw, split)
         return self._examples[split]
 
     def _prepare(self, examples: List[Example], split: str) -> List[Example]:
         hp = self.hparams
-        if hp.jain_wallace_preprocessing:
+        if hp["jain_wallace_preprocessing"]:
             examples = [jain_wallace_clean(e) for e in examples]
             if split in ("train", "test"):
                 examples = [e for e in examples if len(e.tokens) > 5]
-        examples = [e for e in examples if len(e.tokens) >= max(1, hp.min_tokens)]
-        if hp.max_length is not None:
-            long = sum(len(e.tokens) > hp.max_length for e in examples)
+        examples = [e for e in examples if len(e.tokens) >= max(1, hp["min_tokens"])]
+        if hp["max_length"] is not None:
+            long = sum(len(e.tokens) > hp["max_length"] for e in examples)
             if long:
-                lost = sum(sum(e.rationale[hp.max_length:]) for e in examples if e.rationale is not None)
-                warnings.warn(f"{split}: truncated {long} of {len(examples)} texts to max_length={hp.max_length} "
+                lost = sum(sum(e.rationale[hp["max_length"]:]) for e in examples if e.rationale is not None)
+                warnings.warn(f"{split}: truncated {long} of {len(examples)} texts to max_length={hp['max_length']} "
                               f"tokens" + (f" ({lost} rationale tokens fell beyond it)" if lost else "") + ".")
-                examples = [self._truncate(e, hp.max_length) for e in examples]
+                examples = [self._truncate(e, hp["max_length"]) for e in examples]
         if not examples:
             raise ValueError(f"The {split!r} split is empty after reading and filtering; check the file and the "
                              "min_tokens / jain_wallace_preprocessing settings.")
@@ -189,7 +189,7 @@ class TextClassificationDataModule(SplitLoaders, pl.LightningDataModule):
     @property
     def vocab(self) -> Vocabulary:
         if self._vocab is None:
-            self._vocab = Vocabulary.build((e.tokens for e in self.examples("train")), self.hparams.min_freq)
+            self._vocab = Vocabulary.build((e.tokens for e in self.examples("train")), self.hparams["min_freq"])
         return self._vocab
 
     @property
@@ -216,7 +216,7 @@ class TextClassificationDataModule(SplitLoaders, pl.LightningDataModule):
                 self.examples(split)
 
     def dataset(self, split: str) -> EncodedDataset:
-        return EncodedDataset(self.examples(split), self.vocab, self.hparams.add_sos_eos)
+        return EncodedDataset(self.examples(split), self.vocab, self.hparams["add_sos_eos"])
 
     def has_split(self, split: str) -> bool:
         """Whether there is data for ``split`` (e.g. a user's data may have no val file)."""
@@ -224,7 +224,7 @@ class TextClassificationDataModule(SplitLoaders, pl.LightningDataModule):
 
     def loader_settings(self) -> LoaderSettings:
         hp = self.hparams
-        return LoaderSettings(hp.batch_size, hp.seed, collate, hp.num_workers)
+        return LoaderSettings(hp["batch_size"], hp["seed"], collate, hp["num_workers"])
 
     def state_dict(self) -> Dict[str, Any]:
         return {**super().state_dict(), "vocab": self.vocab.itos}

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from lightning_xai.adapters.checks import check_token_ids
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, check_embeddings
 from lightning_xai.attribution.targets import check_real_tokens
+from lightning_xai.data.vocabulary import token_list
 from lightning_xai.models.attention import build_attention, masked_softmax
 from lightning_xai.models.embeddings import EmbeddingInitReport, check_embedding_init, initialize_embedding
 from lightning_xai.models.encoders import LSTMEncoder, build_encoder
@@ -301,15 +302,15 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         attention_params = {id(p) for p in self.attention.parameters()}
         decayed = [p for p in self.parameters() if id(p) not in attention_params]
-        groups = [{"params": decayed, "weight_decay": self.hparams.weight_decay},
+        groups = [{"params": decayed, "weight_decay": self.hparams["weight_decay"]},
                   {"params": list(self.attention.parameters()), "weight_decay": 0.0}]
-        return torch.optim.Adam([g for g in groups if g["params"]], lr=self.hparams.lr, amsgrad=True)
+        return torch.optim.Adam([g for g in groups if g["params"]], lr=self.hparams["lr"], amsgrad=True)
 
     # --- the vocabulary travels with the checkpoint ------------------------------------------------------
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if self.vocab is None and datamodule is not None and getattr(datamodule, "vocab", None) is not None:
-            self.vocab = list(datamodule.vocab.itos)
+            self.vocab = token_list(datamodule.vocab)  # a Vocabulary, a list, or a dict either way round
 
     def on_fit_start(self) -> None:
         # After setup() copied the vocabulary and after Lightning restored any checkpoint (which marks the
@@ -322,8 +323,8 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
             return
         hp = self.hparams
         self.embedding_init_report = initialize_embedding(
-            self.embedding, self.vocab, hp.embedding_init, path=hp.embeddings_path, std=hp.embedding_std,
-            oov=hp.embedding_oov, rms=hp.embedding_rms)
+            self.embedding, self.vocab, hp["embedding_init"], path=hp["embeddings_path"], std=hp["embedding_std"],
+            oov=hp["embedding_oov"], rms=hp["embedding_rms"])
         self._embedding_init_done = True
 
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:

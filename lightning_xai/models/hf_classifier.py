@@ -160,10 +160,10 @@ class HFClassifier(ClassifierSteps, pl.LightningModule):
         no_decay = [p for n, p in self.adapter.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
         skip = {id(p) for p in no_decay}
         decay = [p for p in self.parameters() if id(p) not in skip]
-        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": self.hparams.weight_decay},
-                                       {"params": no_decay, "weight_decay": 0.0}], lr=self.hparams.lr)
+        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": self.hparams["weight_decay"]},
+                                       {"params": no_decay, "weight_decay": 0.0}], lr=self.hparams["lr"])
         total = max(1, int(self.trainer.estimated_stepping_batches)) if self._trainer is not None else 1
-        warmup = int(self.hparams.warmup_ratio * total)
+        warmup = int(self.hparams["warmup_ratio"] * total)
 
         def schedule(step: int) -> float:
             if step < warmup:

@@ -1,7 +1,7 @@
 """Training, evaluation and prediction steps shared by the classifiers that implement the protocol."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torchmetrics
 from torch import Tensor, nn
@@ -10,8 +10,15 @@ from lightning_xai.adapters.protocol import Batch, ExplainOutput
 
 __all__ = ["ClassifierSteps"]
 
+if TYPE_CHECKING:  # the mixin's host is a LightningModule: type-check against it
+    import pytorch_lightning as pl
 
-class ClassifierSteps:
+    _Host = pl.LightningModule
+else:
+    _Host = object
+
+
+class ClassifierSteps(_Host):
     """Mixin for a LightningModule classifier: cross-entropy plus ``objectives``, accuracy/F1, predictions.
 
     The host defines ``forward(batch) -> ExplainOutput``, ``objectives`` (an ``nn.ModuleList``),
@@ -21,6 +28,9 @@ class ClassifierSteps:
     """
 
     num_classes_hparam = "num_classes"
+    objectives: nn.ModuleList
+    val_metrics: torchmetrics.MetricCollection
+    test_metrics: torchmetrics.MetricCollection
 
     def _labels(self, batch: Batch) -> Tensor:
         labels = batch["labels"]

@@ -278,8 +278,36 @@ class AuditReport(Callback):
             return
         for audit in changed:
             self._seen[id(audit)] = audit.version
-        if not trainer.is_global_zero or not audits:
+        if not audits:
             return
+        failure: Optional[BaseException] = None
+        if trainer.is_global_zero:
+            try:
+                self._write(trainer, pl_module, audits, changed, final)
+            except Exception as err:  # noqa: BLE001 - agreed on below, then warned about or raised on every process
+                failure = err
+        self._agree_on_failure(trainer, audits, failure)
+
+    def _agree_on_failure(self, trainer: "pl.Trainer", audits: List[ReportableAudit],
+                          failure: Optional[BaseException]) -> None:
+        """Process 0 writes the report; the others learn whether it failed (a broadcast every process makes, so
+        none runs on into a collective process 0 left). A failure is warned about and training goes on, or —
+        when an audit callback is ``strict`` — raised on every process."""
+        shared = trainer.strategy.broadcast(None if failure is None else f"{type(failure).__name__}: {failure}", src=0)
+        if shared is None:
+            return
+        if any(getattr(audit, "strict", False) for audit in audits):
+            if failure is not None:
+                raise failure
+            raise RuntimeError(f"AuditReport: writing the report failed on process 0 ({shared}); raised on every "
+                               "process because an audit callback is strict")
+        pl.utilities.rank_zero.rank_zero_warn(
+            f"AuditReport: writing the report failed with {shared}; the report was not updated and training "
+            "continues (pass strict=True to the audit callbacks to raise instead).")
+
+    def _write(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", audits: List[ReportableAudit],
+               changed: List[ReportableAudit], final: bool) -> None:
+        """Process 0's part of :meth:`_refresh`: example tokens, W&B tables, the page (and, ``final``, its PNGs)."""
         for audit in changed:
             if audit.latest is None:
                 continue

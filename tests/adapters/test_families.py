@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lightning_xai.adapters import HuggingFaceAdapter, ProtocolError
-from lightning_xai.adapters.hf_attention import recording_attention
+from lightning_xai.adapters.huggingface.attention import recording_attention
 from lightning_xai.attribution import attribute
 
 transformers = pytest.importorskip("transformers")
@@ -105,3 +105,29 @@ def test_family_is_read_correctly(name, left):
                               baseline="pad", return_convergence_delta=True)
     gap = ig.sum(-1) - delta  # F(x) - F(x'): completeness within 1%
     assert bool((delta.abs() <= 0.01 * gap.abs().clamp_min(1e-6)).all()), (delta, gap)
+
+
+TABLE_CASES = [n for n in list(ENCODERS) + list(DECODERS) if n != "albert"]  # ALBERT's layers are one shared group
+
+
+@pytest.mark.parametrize("name", TABLE_CASES)
+def test_the_family_tables_pooling_is_what_the_model_does(name):
+    """The table's pooling of every family in the matrix agrees with a probe of the model's behaviour (which
+    position's hidden state reaches the logits), so a wrong table entry cannot hide."""
+    from lightning_xai.adapters.huggingface.families import table_pooling
+    from lightning_xai.adapters.huggingface.pooling import probe_pooling
+
+    model = family_model(name)
+    assert table_pooling(model.config) is not None
+    assert probe_pooling(model) == table_pooling(model.config)
+
+
+def test_no_module_reads_source_text():
+    """Pooling was once found by searching transformers' source for a variable name; nothing may do that now."""
+    import pathlib
+
+    import lightning_xai
+
+    root = pathlib.Path(lightning_xai.__file__).parent
+    readers = [str(p.relative_to(root)) for p in root.rglob("*.py") if "getsource" in p.read_text()]
+    assert readers == []

@@ -15,6 +15,7 @@ from lightning_xai.adapters import HuggingFaceAdapter, ProtocolError
 from tests.adapters.test_families import PAD, family_batch, family_model
 
 from transformers import LlamaForSequenceClassification  # noqa: E402
+from transformers.modeling_outputs import SequenceClassifierOutputWithPast  # noqa: E402
 
 
 def test_causal_row_that_sees_one_token_is_refused():
@@ -25,15 +26,36 @@ def test_causal_row_that_sees_one_token_is_refused():
 
 def test_unknown_family_is_refused_by_name():
     class CustomHead(LlamaForSequenceClassification):
-        """A classifier with its own forward: the adapter cannot tell where it pools."""
+        """A classifier with its own forward pooling the first and the last position: no pooling the adapter
+        knows (the probe sees two positions per row reach the logits)."""
 
-        def forward(self, *args, **kwargs):
-            return super().forward(*args, **kwargs)
+        def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, **kwargs):
+            hidden = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                                inputs_embeds=inputs_embeds).last_hidden_state
+            return SequenceClassifierOutputWithPast(logits=self.score((hidden[:, 0] + hidden[:, -1]) / 2))
 
     model = family_model("llama")
     custom = CustomHead(model.config).double().eval()
     with pytest.raises(ProtocolError, match=r"does not know where CustomHead.*Pass query_index="):
         HuggingFaceAdapter(custom)
+
+
+def test_a_subclass_with_its_own_forward_is_probed_not_looked_up():
+    """The family table describes transformers' classes; a user's forward is judged by what it does (before, any
+    overridden forward was refused because its source text lacked transformers' variable names)."""
+    class Relabelled(LlamaForSequenceClassification):
+        def forward(self, *args, **kwargs):
+            return super().forward(*args, **kwargs)
+
+    class FirstToken(LlamaForSequenceClassification):
+        def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, **kwargs):
+            hidden = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                                inputs_embeds=inputs_embeds).last_hidden_state
+            return SequenceClassifierOutputWithPast(logits=self.score(hidden[:, 0]))
+
+    config = family_model("llama").config
+    assert HuggingFaceAdapter(Relabelled(config).double().eval()).pooling == "last"
+    assert HuggingFaceAdapter(FirstToken(config).double().eval(), check=False).pooling == "first"
 
 
 def test_logits_self_check_catches_a_wrong_query_index():

@@ -6,10 +6,10 @@ import warnings
 import pytest
 import torch
 
-import lightning_xai.adapters.hf_packing as packing
-import lightning_xai.adapters.hf_replay as replay
+import lightning_xai.adapters.huggingface.packing as packing
+import lightning_xai.adapters.huggingface.replay as replay
 from lightning_xai.adapters import HuggingFaceAdapter
-from lightning_xai.adapters.hf_replay import layer_stack, override_replay
+from lightning_xai.adapters.huggingface.replay import layer_stack, override_replay
 from lightning_xai.attribution import take_rows
 
 pytest.importorskip("transformers")

@@ -8,7 +8,7 @@ import torch
 
 from lightning_xai.adapters import HuggingFaceAdapter
 from lightning_xai.adapters.capabilities import OverrideReplay
-from lightning_xai.adapters.hf_replay import layer_stack, override_replay
+from lightning_xai.adapters.huggingface.replay import layer_stack, override_replay
 from lightning_xai.attribution import take_rows
 
 pytest.importorskip("transformers")

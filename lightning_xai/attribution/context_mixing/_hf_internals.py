@@ -2,7 +2,9 @@
 
 The context-mixing methods need, per layer, what the attention probabilities multiply (the value vectors), the
 output projection ``W_O`` that maps them back to the residual stream, the residual stream itself and, for
-post-LN families, the layer norm after the residual sum. They are taken from the model's own modules:
+post-LN families, the layer norm after the residual sum. They are taken from the model's own modules, where the
+family table (:mod:`lightning_xai.adapters.huggingface.families`: ``Layout``) says they are; a family the table does
+not list is matched against every layout:
 
 * **BERT family** (``BertLayer``-like: BERT, RoBERTa, MiniLM, ELECTRA, XLM-R, Camembert, ...):
   ``attention.self.value``, ``attention.output.dense``, ``attention.output.LayerNorm`` (post-LN).
@@ -23,6 +25,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from lightning_xai.adapters.huggingface.families import LAYOUTS, Layout, layout_of
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError
 from lightning_xai.attribution.targets import resolve_target
 
@@ -48,19 +51,13 @@ class LayerParts:
         return self.value.out_features // self.n_kv_heads
 
 
-def _parts_of(module: nn.Module, n_heads: int, n_kv: int) -> Optional[LayerParts]:
-    attention = getattr(module, "attention", None)
-    if attention is not None and hasattr(getattr(attention, "self", None), "value") \
-            and hasattr(getattr(attention, "output", None), "LayerNorm"):
-        return LayerParts(module, attention.self.value, attention.output.dense, attention.output.LayerNorm,
-                          n_heads, n_heads, "bert")
-    if attention is not None and hasattr(attention, "v_lin") and hasattr(module, "sa_layer_norm"):
-        return LayerParts(module, attention.v_lin, attention.out_lin, module.sa_layer_norm, n_heads, n_heads,
-                          "distilbert")
-    self_attn = getattr(module, "self_attn", None)
-    if self_attn is not None and hasattr(self_attn, "v_proj") and hasattr(self_attn, "o_proj") \
-            and hasattr(module, "input_layernorm"):
-        return LayerParts(module, self_attn.v_proj, self_attn.o_proj, None, n_heads, n_kv, "llama")
+def _parts_of(module: nn.Module, layouts: Tuple[Layout, ...], n_heads: int, n_kv: int) -> Optional[LayerParts]:
+    """The first of ``layouts`` that ``module`` has, as :class:`LayerParts` (``None``: a block of none of them)."""
+    for layout in layouts:
+        parts = layout.parts(module)
+        if parts is not None:
+            kv = n_kv if layout.name == "llama" else n_heads
+            return LayerParts(module, parts[0], parts[1], parts[2], n_heads, kv, layout.name)
     return None
 
 
@@ -76,7 +73,9 @@ def layer_parts(model: nn.Module) -> List[LayerParts]:
     if not n_heads:
         raise ProtocolError(f"{type(model).__name__}'s config has no num_attention_heads; the context-mixing methods "
                             "need the head count to split value vectors into heads.")
-    found = [p for p in (_parts_of(m, int(n_heads), int(n_kv)) for m in model.modules()) if p is not None]
+    listed = layout_of(config)  # the family table's layout; a family it does not list is matched against all
+    layouts = (listed,) if listed is not None else LAYOUTS
+    found = [p for p in (_parts_of(m, layouts, int(n_heads), int(n_kv)) for m in model.modules()) if p is not None]
     if not found:
         raise ProtocolError(
             f"{type(model).__name__} has no attention block the context-mixing methods can read: they support the "

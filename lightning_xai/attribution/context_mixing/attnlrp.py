@@ -42,6 +42,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from lightning_xai.adapters.huggingface.families import FAMILIES
 from lightning_xai.adapters.protocol import Batch, ProtocolError
 from lightning_xai.attribution.context_mixing._attnlrp_rules import BiasTerm, attnlrp_rules
 from lightning_xai.attribution.context_mixing._hf_internals import adapter_model
@@ -49,14 +50,13 @@ from lightning_xai.attribution.core import register_method, resolve_target, targ
 
 __all__ = ["ATTNLRP_FAMILIES", "attnlrp", "attnlrp_absorbed"]
 
-#: ``config.model_type`` values AttnLRP runs on -> their family: the BERT family and DistilBERT (post-LN encoders
-#: with separate query/key/value projections) and the Llama family (pre-RMSNorm decoders with q/k/v projections and
-#: a gated MLP; Gemma's ``(1 + w)`` RMS norm included).
+#: ``config.model_type`` values AttnLRP runs on -> their family: the family table's entries with ``attnlrp=True``
+#: (:mod:`lightning_xai.adapters.huggingface.families`): the BERT family and DistilBERT (post-LN encoders with separate
+#: query/key/value projections) and the Llama family (pre-RMSNorm decoders with q/k/v projections and a gated MLP;
+#: Gemma's ``(1 + w)`` RMS norm included).
 ATTNLRP_FAMILIES: Dict[str, str] = {
-    "bert": "BERT family", "roberta": "BERT family", "xlm-roberta": "BERT family", "camembert": "BERT family",
-    "electra": "BERT family", "distilbert": "DistilBERT", "llama": "Llama family", "qwen2": "Llama family",
-    "mistral": "Llama family", "qwen3": "Llama family", "gemma": "Llama family",
-}
+    name: {"bert": "BERT family", "distilbert": "DistilBERT", "llama": "Llama family"}[family.layout.name]
+    for name, family in FAMILIES.items() if family.attnlrp and family.layout is not None}
 
 
 def _check_family(net: nn.Module) -> str:

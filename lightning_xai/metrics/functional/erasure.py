@@ -19,6 +19,7 @@ from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
 from lightning_xai.attribution import explanation_context, resolve_target, take_rows
+from lightning_xai.attribution.targets import warn_nonfinite_logits
 from lightning_xai.attribution import batching
 from lightning_xai.attribution.batching import (_check_remove, _trim_padding, batch_shape, erase_tokens,
                                                 length_chunks, padding_trimmer, row_extents)
@@ -162,7 +163,8 @@ def ranking_scores(model: ExplainableModel, batch: Batch, ranking: Union[str, Te
 @dataclass
 class DecisionFlipResult:
     """Per-instance outcome of :func:`decision_flip` (all ``[B]``, ``[R, B]`` for a stack of ``R`` rankings; −1
-    where the decision never flips).
+    where the decision never flips; a row whose logits are NaN or inf has no decision: its ``attention_removed``
+    and ``fraction_removed`` are NaN, ``items_removed`` −1 and ``flipped`` False, with a ``RuntimeWarning``).
 
     Attributes:
         items_removed: attention items zeroed when the argmax first changed (LongTensor), or −1.
@@ -246,6 +248,8 @@ def decision_flip(model: ExplainableModel, batch: Batch,
         emb = model.embed(safe)
         out, scorer = override_scorer(model, emb, safe)
         decision = out.logits.argmax(-1)
+        # rows with NaN/inf logits have no decision to flip: warned here, their results are NaN (below)
+        defined = None if warn_nonfinite_logits(out.logits) else torch.isfinite(out.logits.detach()).all(-1)
         alpha = out.attention.detach().masked_fill(~mask, 0.0)
         grad = None
         if any(isinstance(one, str) and one in ("gradient", "grad_x_attention") for one in entries):
@@ -313,6 +317,10 @@ def decision_flip(model: ExplainableModel, batch: Batch,
         mass = torch.where(flipped, mass_in_order.gather(1, index).squeeze(1), torch.full_like(alpha[:, 0], -1.0))
         fraction = torch.where(flipped, first_flip.double() / lengths.double(),
                                torch.full_like(first_flip, -1, dtype=torch.float64))
+        if defined is not None:
+            undefined = ~defined.repeat(R)
+            flipped, items = flipped & ~undefined, items.masked_fill(undefined, -1)
+            mass, fraction = mass.masked_fill(undefined, float("nan")), fraction.masked_fill(undefined, float("nan"))
     shape = (R, B) if stacked else (B,)
     return DecisionFlipResult(items_removed=items.view(shape), attention_removed=mass.view(shape),
                               fraction_removed=fraction.view(shape), flipped=flipped.view(shape),

@@ -1,0 +1,397 @@
+"""See a Hugging Face ``transformers`` sequence classifier through the :class:`ExplainableModel` protocol.
+
+How the protocol maps onto a transformer (BERT family first; nothing below is BERT-specific except the
+default position of the summary token):
+
+* ``embed(batch)`` is the model's *input word embedding* of ``batch["input_ids"]`` (``model.get_input_embeddings()``),
+  ``[B, T, E]``. Position and token-type embeddings, the embedding LayerNorm and dropout are added *inside* the
+  model, which is run with ``inputs_embeds=`` — so a gradient or an Integrated-Gradients path w.r.t. ``embed``'s
+  output is exactly Captum's ``LayerIntegratedGradients`` on the word-embedding layer.
+* ``forward_from_embeddings`` runs the model with every layer's attention probabilities recorded
+  (``raw_attentions``: one ``[B, heads, T, T]`` tensor per layer) and reduces them to one ``[B, T]`` token
+  distribution (``attention``), chosen by the ``attention=`` argument:
+
+  - ``"cls_last_mean"`` (default): the last layer's pooled query row (``[CLS]`` for BERT), averaged over heads;
+  - ``"cls_last_max"``: the same row, maximum over heads;
+  - ``"L:H"`` (e.g. ``"-1:3"``, ``"5:0"``): the pooled row of head ``H`` of layer ``L``; ``H`` may also be
+    ``mean`` or ``max``;
+  - ``"rollout"``: attention rollout (Abnar & Zuidema, 2020): per layer ``Â_l = (mean_h A_l + I) / 2`` with rows
+    renormalised to 1, ``R = Â_L ⋯ Â_1``, the pooled row of ``R``;
+  - a callable ``f(raw_attentions, batch) -> [B, T]`` non-negative scores.
+
+  **Which row.** Every reduction reads the row of the position the classifier pools, found per model and per
+  row by :mod:`lightning_xai.adapters.huggingface.pooling` (``[CLS]`` for the BERT family, the last non-pad token for
+  decoder classifiers with left or right padding, the mean of rows for mean-pooled heads); ``query_index=``
+  overrides it. For causal models "attention" is therefore the last real token's attention over the sentence.
+  The pooled positions are reported as ``extras["query_positions"]`` (``LongTensor[B]``, one per row) and
+  ``extras["query_mask"]`` (``[B, T]`` bool).
+
+  **Renormalisation over real tokens.** Every reduction is set to 0 on ``[CLS]``, ``[SEP]`` and pads and divided by
+  its sum over the real tokens: ``a_i / Σ_{j real} a_j``. This is the distribution of the ``[CLS]`` query's
+  attention *conditional on not attending to a special token* (BERT puts much of its mass on ``[SEP]``); it is what
+  the metrics compare with saliency maps, which also live on real tokens only. The raw rows (with the special
+  tokens' mass) stay available in ``raw_attentions`` and ``extras["cls_rows"]`` (the pooled rows ``[B, heads, T]``,
+  the mean of the rows for a mean-pooled head; the name is historical).
+* ``attention_override`` replaces the **last layer's pooled query row(s)** of the attention probabilities, for every
+  head, before they multiply the values. The classifier reads only the last layer's pooled state(s), so this
+  row is the whole of the last layer's token mixing that reaches the logits; every earlier layer is unchanged.
+
+  - ``[B, T]``: one distribution over real tokens, used as given (not renormalised; values outside the token mask
+    are ignored). With ``override_specials="keep"`` (default) each head keeps its own mass ``s_h`` on the special
+    tokens and gives ``(1 - s_h) · override`` to the real tokens, so uniform/permuted/erased attention changes *which*
+    real tokens are read, not how much the head reads ``[SEP]``. With ``"zero"`` the row becomes exactly the
+    override (0 on special tokens).
+  - ``[B, heads, T]``: full raw rows per head over all positions (special tokens included; pads forced to 0), used
+    as given. Passing ``extras["cls_rows"]`` of a previous pass reproduces its logits **exactly** (bit for bit in
+    eval mode). A ``[B, T]`` override reproduces the logits only when all heads share one distribution over real
+    tokens (e.g. a one-head model), up to float rounding.
+
+  Many overrides of a batch's rows are scored by :meth:`HuggingFaceAdapter.override_replay`
+  (:mod:`lightning_xai.adapters.huggingface.replay`): every layer before the last is replayed from one recorded
+  pass, and where the head reads one position the overrides of a row share one sequence
+  (:mod:`lightning_xai.adapters.huggingface.packing`).
+
+  The override goes through a custom attention function registered in transformers' attention-interface registry
+  (``AttentionInterface.register`` and ``AttentionMaskInterface.register`` under the name
+  :data:`ATTENTION_IMPLEMENTATION`). It calls the model's own eager attention and, only inside an override call and
+  only for the last attention module, swaps the row and recomputes ``weights @ values`` (the override row gets no
+  attention dropout in train mode). Outside an override it *is* eager attention. The adapter switches the model
+  to it **only for its own forward passes** (:func:`~lightning_xai.adapters.huggingface.attention.recording_attention`)
+  and restores the model's implementation afterwards: a model loaded with ``sdpa``/flash attention keeps
+  training on it, with its own numbers and speed.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from lightning_xai.adapters.capabilities import OverrideScorer
+from lightning_xai.adapters.checks import check_logits, check_token_ids, evaluating
+from lightning_xai.adapters.huggingface.attention import (ATTENTION_IMPLEMENTATION, OverrideState,
+                                                           active_override, override_rows, recording_attention,
+                                                           register_attention_implementation)
+from lightning_xai.adapters.huggingface.families import module_calls
+from lightning_xai.adapters.huggingface.pooling import detect_pooling, is_causal, pooled_logits, query_mask
+from lightning_xai.adapters.huggingface.replay import override_replay
+from lightning_xai.adapters.huggingface.reductions import (Reduction, attention_rollout, parse_reduction,
+                                                            pooled_rows, renormalise)
+from lightning_xai.adapters.huggingface.tokens import real_token_mask
+from lightning_xai.adapters.huggingface.unwrap import unchecked_layers, unwrap
+from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError, check_embeddings
+
+__all__ = ["ATTENTION_IMPLEMENTATION", "HuggingFaceAdapter", "attention_rollout", "register_attention_implementation"]
+
+
+class HuggingFaceAdapter(nn.Module):
+    """A ``transformers`` sequence classifier seen through the :class:`ExplainableModel` protocol.
+
+    Batches are dicts with ``input_ids`` and ``attention_mask`` ``[B, T]`` (plus ``token_type_ids`` if the model
+    uses them) and optionally ``mask``: True at real word-pieces (not ``[CLS]``/``[SEP]``/pad) — what
+    :class:`lightning_xai.data.hf.WordPieceCollator` produces. Without ``mask`` the token mask is
+    ``attention_mask`` minus the special tokens: the tokenizer's, else the config's special-token ids, else
+    none (with a warning; :mod:`lightning_xai.adapters.huggingface.tokens`). Other keys are ignored.
+
+    The module is an ``nn.Module`` holding the model (``adapter.model``): ``.eval()``, ``.to()``, ``.parameters()``
+    act on the model. The model keeps its attention implementation; the adapter's forward passes run on
+    lightning_xai's registered eager attention and restore it (see the module docstring).
+
+    The model may come wrapped as it trains: a PEFT model (LoRA, IA3, ... with ``modules_to_save`` heads),
+    ``torch.compile``, DDP/FSDP; the adapter explains the ``transformers`` model inside
+    (:mod:`~lightning_xai.adapters.huggingface.unwrap`) and checks its logits against the wrapper's own.
+
+    Args:
+        model: a ``PreTrainedModel`` for sequence classification (``AutoModelForSequenceClassification``), bare
+            or wrapped (see above).
+        tokenizer: its tokenizer; used to check that ids fit the model's vocabulary and to find special tokens.
+        attention: the reduction reported as ``ExplainOutput.attention`` (see the module docstring).
+        override_specials: ``"keep"`` or ``"zero"``: what a ``[B, T]`` override does with each head's mass on the
+            special tokens.
+        query_index: an explicit query position (same for every row) replacing the detected pooled position; the
+            default ``None`` finds it per model and per row (see :mod:`lightning_xai.adapters.huggingface.pooling`); the
+            attribute then reads 0 for a first-token head and stays ``None`` for per-row (last-token, mean) heads.
+            A last-token head's logits are read at ``query_index`` too, so a wrong position fails the logits
+            self-check instead of explaining a pad.
+        check: compare the adapter's logits with the model's own on the first eval-mode ``forward(batch)`` and
+            raise on a mismatch (:meth:`check_logits`; callers that never call ``forward`` run
+            :func:`~lightning_xai.adapters.checks.check_logits` themselves).
+
+    Raises:
+        ProtocolError: no reachable input embedding layer, or attention not dispatched through transformers'
+            attention interface.
+        ValueError: tokenizer/model vocabulary mismatch, unknown reduction.
+
+    Example:
+        >>> import torch
+        >>> from transformers import BertConfig, BertForSequenceClassification
+        >>> _ = torch.manual_seed(0)
+        >>> config = BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+        ...                     intermediate_size=16, max_position_embeddings=16, attn_implementation="eager")
+        >>> adapter = HuggingFaceAdapter(BertForSequenceClassification(config).eval())
+        >>> batch = {"input_ids": torch.tensor([[2, 7, 8, 3, 0]]), "attention_mask": torch.tensor([[1, 1, 1, 1, 0]]),
+        ...          "mask": torch.tensor([[False, True, True, False, False]])}
+        >>> out = adapter(batch)
+        >>> out.logits.shape, len(out.raw_attentions), out.raw_attentions[-1].shape
+        (torch.Size([1, 2]), 2, torch.Size([1, 2, 5, 5]))
+        >>> out.attention.sum().item(), out.attention[0, [0, 3, 4]].tolist()
+        (1.0, [0.0, 0.0, 0.0])
+        >>> again = adapter(batch, attention_override=out.extras["cls_rows"])
+        >>> torch.equal(again.logits, out.logits)
+        True
+    """
+
+    def __init__(self, model: nn.Module, tokenizer: Any = None, attention: Reduction = "cls_last_mean",
+                 override_specials: str = "keep", query_index: Optional[int] = None, check: bool = True) -> None:
+        super().__init__()
+        if override_specials not in ("keep", "zero"):
+            raise ValueError(f"override_specials must be 'keep' or 'zero', got {override_specials!r}.")
+        found = unwrap(model)
+        model = found.model
+        self.model = model
+        #: the module whose forward the user trains (the PEFT model, else ``model``); not a submodule
+        object.__setattr__(self, "reference", found.reference)
+        #: the wrappers taken off the given module, outermost first (``torch.compile``'s ``OptimizedModule``, ...)
+        self.wrappers = found.wrappers
+        self.tokenizer = tokenizer
+        self.override_specials = override_specials
+        self.query_index = query_index
+        self._reduce = parse_reduction(attention)
+        self.attention_name = attention if isinstance(attention, str) else getattr(attention, "__name__", "callable")
+        # a reference, not a registered submodule: it already lives inside ``model`` (no duplicate state_dict keys)
+        object.__setattr__(self, "_embedding", self._find_embedding(model))
+        try:
+            detected = detect_pooling(model)
+        except ProtocolError:
+            if query_index is None:
+                raise
+            detected = "index"
+        #: where the head reads: "first", "last", "mean", or "index" (an explicit ``query_index``)
+        self.pooling = detected if query_index is None else "index"
+        self._head_pooling = detected
+        if query_index is None and detected == "first":  # one fixed row for every example: say which
+            self.query_index = 0
+        self.causal = is_causal(model, detected)
+        self._checked = not check
+        self._check_tokenizer(tokenizer)
+        with recording_attention(model) as overridable:  # checks the model can switch; restores its own
+            self.overridable = overridable
+        object.__setattr__(self, "_attention_modules", self._find_attention_modules(model))
+
+    # --- construction checks ------------------------------------------------------------------------------
+    @staticmethod
+    def _find_embedding(model: nn.Module) -> nn.Embedding:
+        getter = getattr(model, "get_input_embeddings", None)
+        embedding = None
+        if callable(getter):
+            try:
+                embedding = getter()
+            except (NotImplementedError, AttributeError):
+                embedding = None
+        if not isinstance(embedding, nn.Embedding):
+            raise ProtocolError(
+                f"{type(model).__name__} has no reachable input embedding layer (get_input_embeddings() returned "
+                f"{type(embedding).__name__}). HuggingFaceAdapter needs an nn.Embedding it can call on input_ids and "
+                "a forward accepting inputs_embeds; for other models use HookAdapter(module, embedding='<name>', "
+                "attention='<name>').")
+        return embedding
+
+    def _check_tokenizer(self, tokenizer: Any) -> None:
+        if tokenizer is None:
+            return
+        rows = self._embedding.num_embeddings
+        size = len(tokenizer)
+        if size > rows:
+            raise ValueError(f"Tokenizer/model mismatch: the tokenizer has {size} tokens but the model's embedding "
+                             f"table has {rows} rows; load the tokenizer that belongs to this checkpoint (or call "
+                             "model.resize_token_embeddings(len(tokenizer)) after adding tokens).")
+        config = getattr(self.model, "config", None)
+        for name in ("pad_token_id", "cls_token_id", "sep_token_id"):
+            mine, theirs = getattr(tokenizer, name, None), getattr(config, name, None)
+            if mine is not None and theirs is not None and mine != theirs:
+                raise ValueError(f"Tokenizer/model mismatch: tokenizer.{name}={mine} but model.config.{name}="
+                                 f"{theirs}; load the tokenizer that belongs to this checkpoint.")
+
+    @staticmethod
+    def _find_attention_modules(model: nn.Module) -> List[nn.Module]:
+        recorders = getattr(model, "_can_record_outputs", None) or {}
+        target = recorders.get("attentions") if isinstance(recorders, dict) else None
+        target = getattr(target, "target_class", target)
+        if isinstance(target, type):
+            modules = [m for m in model.modules() if isinstance(m, target)]
+            if modules:
+                return modules
+        return []
+
+    # --- the ExplainableModel protocol -----------------------------------------------------------------------
+    @property
+    def pad_token_id(self) -> Optional[int]:
+        """The pad id (tokenizer's, else the model config's): the "pad" baseline of IG and leave-one-out."""
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        return pad if pad is not None else getattr(getattr(self.model, "config", None), "pad_token_id", None)
+
+    @property
+    def max_length(self) -> Optional[int]:
+        """The longest sequence the model's position embeddings allow (``None`` if unknown)."""
+        return getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+
+    def embed(self, batch: Batch) -> Tensor:
+        """``[B, T, E]`` word embeddings of ``batch["input_ids"]`` (graph-connected to the embedding table)."""
+        if "input_ids" not in batch:
+            raise KeyError("Batch has no 'input_ids'; HF batches need input_ids and attention_mask "
+                           "(see lightning_xai.data.hf.WordPieceCollator).")
+        ids = batch["input_ids"]
+        check_token_ids(ids, self._embedding.num_embeddings, "Tokenizer/model mismatch: input_ids")
+        limit = self.max_length
+        if limit is not None and ids.shape[1] > limit:
+            raise ValueError(f"Sequences of {ids.shape[1]} word-pieces exceed the model's max length {limit}; "
+                             "tokenize with truncation (WordPieceCollator(max_length=...) truncates with a warning "
+                             "that counts the rationale/impermissible words cut off).")
+        return self._embedding(ids)
+
+    def token_mask(self, batch: Batch) -> Tensor:
+        """``[B, T]`` bool: real word-pieces (``batch["mask"]``, else attention_mask minus special tokens)."""
+        if "mask" in batch:
+            mask = batch["mask"]
+            if mask.dtype != torch.bool:
+                raise TypeError(f"'mask' must be a bool tensor, got {mask.dtype}; use mask.bool().")
+            return mask
+        return real_token_mask(batch, self.tokenizer, getattr(self.model, "config", None), owner=self)
+
+    @staticmethod
+    def _attention_mask(batch: Batch) -> Tensor:
+        if "attention_mask" not in batch:
+            raise KeyError("Batch has no 'attention_mask' (1 at every non-pad position, special tokens included); "
+                           "collate with lightning_xai.data.hf.WordPieceCollator or the tokenizer's padding.")
+        return batch["attention_mask"]
+
+    def _last_module_calls(self) -> int:
+        """How many layers run the last attention module (the family table's shared layers: ALBERT)."""
+        return module_calls(self.model.config, -1)
+
+    def query_mask(self, batch: Batch) -> Tensor:
+        """``[B, T]`` bool: the query position(s) whose attention row each example's classifier reads."""
+        return query_mask(self._head_pooling if self.query_index is None else "index", batch,
+                          self._attention_mask(batch), self.pad_token_id, self.query_index)
+
+    def _check_sight(self, qmask: Tensor, mask: Tensor) -> None:
+        """Raise when a causal query row sees fewer than two of its example's (two or more) real tokens."""
+        if not self.causal:
+            return
+        T = mask.shape[1]
+        last = (qmask.long() * torch.arange(T, device=qmask.device)).amax(-1, keepdim=True)
+        seen = (mask & (torch.arange(T, device=mask.device) <= last)).sum(-1)
+        blind = (seen < 2) & (mask.sum(-1) >= 2)
+        if bool(blind.any()):
+            raise ValueError(f"the attention row read (query_index={self.query_index}) of this causal model sees "
+                             f"only {int(seen[blind].min())} real token(s) of rows {blind.nonzero().flatten().tolist()}"
+                             " that have two or more, so its attention says nothing about them. Leave query_index="
+                             "None (the adapter then reads each row's last non-pad token, the one the head pools).")
+
+    def _run(self, embeddings: Tensor, batch: Batch, attention_override: Optional[Tensor], *,
+             maps: bool = True) -> Tuple[Tensor, Any, Tensor, Tensor]:
+        """``(logits, the model's output, token mask, query mask)`` of one pass; ``maps=False`` asks the model for
+        no attention maps and hidden states (the logits-only passes of
+        :mod:`~lightning_xai.adapters.huggingface.replay`)."""
+        mask = self.token_mask(batch)
+        check_embeddings(embeddings, mask)
+        attention_mask = self._attention_mask(batch)
+        qmask = self.query_mask(batch)
+        self._check_sight(qmask, mask)
+        kwargs = {"inputs_embeds": embeddings, "attention_mask": attention_mask,
+                  "output_attentions": maps, "output_hidden_states": maps, "return_dict": True}
+        if "token_type_ids" in batch:
+            kwargs["token_type_ids"] = batch["token_type_ids"]
+        token = None
+        if attention_override is not None:
+            if not self.overridable:
+                raise ProtocolError(f"{type(self.model).__name__} computes attention inside its own modeling file "
+                                    "(no transformers AttentionInterface), so attention_override is not supported: "
+                                    "audits that replace attention (ErasureAudit, AttentionBaselines) cannot run on "
+                                    "it; attention maps and every saliency method do.")
+            if not self._attention_modules:
+                raise ProtocolError(f"{type(self.model).__name__} does not declare its attention modules "
+                                    "(_can_record_outputs['attentions']), so attention_override cannot find the last "
+                                    "layer; use HookAdapter for this model.")
+            rows = override_rows(attention_override, attention_mask.bool(), mask, self.override_specials)
+            state = OverrideState(self._attention_modules[-1], qmask, rows, calls=self._last_module_calls())
+            token = active_override().set(state)
+        try:  # un-checkpointed: a checkpointed layer would recompute in backward outside these contexts
+            with recording_attention(self.model), unchecked_layers(self.model):
+                if self._head_pooling == "last":  # the head reads the query row: query_index= moves it too
+                    logits, output = pooled_logits(self.model, kwargs, qmask.long().argmax(-1))
+                else:
+                    output = self.model(**kwargs)
+                    logits = output.logits
+        finally:
+            if token is not None:
+                active_override().reset(token)
+        return logits, output, mask, qmask
+
+    def forward_from_embeddings(self, embeddings: Tensor, batch: Batch, *,
+                                attention_override: Optional[Tensor] = None) -> ExplainOutput:
+        """Run the classifier from word embeddings (see the module docstring for the override semantics)."""
+        logits, output, mask, qmask = self._run(embeddings, batch, attention_override)
+        raw = tuple(output.attentions) if getattr(output, "attentions", None) is not None else ()
+        if not raw:
+            raise ProtocolError(
+                f"{type(self.model).__name__} returned no attention maps (attn_implementation="
+                f"{getattr(self.model.config, '_attn_implementation', None)!r}); load it with "
+                "attn_implementation='eager'.")
+        reduced = self._reduce(raw, batch, qmask)
+        if reduced.shape != mask.shape:
+            raise ValueError(f"the attention reduction returned shape {tuple(reduced.shape)}; expected "
+                             f"{tuple(mask.shape)}.")
+        attention = renormalise(reduced, mask)
+        hidden = output.hidden_states[-1] if getattr(output, "hidden_states", None) else None
+        extras = {"cls_rows": pooled_rows(raw[-1], qmask), "query_mask": qmask,
+                  "all_hidden_states": getattr(output, "hidden_states", None)}
+        if bool((qmask.sum(-1) == 1).all()):
+            extras["query_positions"] = qmask.long().argmax(-1)
+        return ExplainOutput(logits=logits, attention=attention, hidden_states=hidden, raw_attentions=raw,
+                             extras=extras)
+
+    def override_replay(self, embeddings: Tensor, batch: Batch) -> Tuple[ExplainOutput, Optional[OverrideScorer]]:
+        """:class:`~lightning_xai.adapters.capabilities.OverrideReplay`: a scorer of overrides that runs only the
+        embeddings, the last layer and the head, the earlier layers' outputs replayed
+        (:func:`~lightning_xai.adapters.huggingface.replay.override_replay`)."""
+        return override_replay(self, embeddings, batch)
+
+    @torch.no_grad()
+    def reference_logits(self, batch: Batch) -> Tensor:
+        """:class:`~lightning_xai.adapters.capabilities.ReferenceLogits`: the logits of the module the user trains
+        (the PEFT model, else the model) run on ``input_ids`` the way its user runs it (eval mode, restored)."""
+        kwargs = {"input_ids": batch["input_ids"], "attention_mask": self._attention_mask(batch)}
+        if "token_type_ids" in batch:
+            kwargs["token_type_ids"] = batch["token_type_ids"]
+        # eager with finite masks (a stacked -inf mask gives NaN on pads); the wrapper's own modules too
+        with recording_attention(self.model), evaluating(self.reference):
+            return self.reference(**kwargs).logits
+
+    def describe_reference(self) -> Tuple[str, str]:
+        """:class:`~lightning_xai.adapters.capabilities.ReferenceLogits`: the reference's name and the fix."""
+        return type(self.reference).__name__, (
+            f"The adapter read pooling={self.pooling!r}, query_index={self.query_index}. Check query_index (leave it "
+            "None: the adapter finds where the head reads, each row's last real token for a decoder, left or right "
+            "padding), the batch's attention_mask/token_type_ids and the config's pad_token_id.")
+
+    def check_logits(self, batch: Batch, atol: float = 1e-4) -> float:
+        """Compare the adapter's logits with the model's own (``model(input_ids=...)``); return max ``|Δlogit|``.
+
+        :func:`lightning_xai.adapters.checks.check_logits` on this adapter (eval mode, no gradient).
+
+        Raises:
+            ValueError: when they differ by more than ``atol`` (relative to the logits' scale), naming the fix.
+        """
+        return check_logits(self, batch, rtol=atol)
+
+    def forward(self, batch: Batch, attention_override: Optional[Tensor] = None) -> ExplainOutput:
+        """``forward_from_embeddings(embed(batch), batch, attention_override=...)``.
+
+        The first call in eval mode (no dropout) first runs :meth:`check_logits` on the batch (``check=False`` at
+        construction skips it).
+        """
+        if not self._checked and not self.model.training and attention_override is None:
+            self._checked = True
+            self.check_logits(batch)
+        return self.forward_from_embeddings(self.embed(batch), batch, attention_override=attention_override)
