@@ -86,7 +86,8 @@ class XAICLI(LightningCLI):
         if not config.get("test_after_fit", True) or self.trainer.fast_dev_run:  # type: ignore[attr-defined]
             return
         checkpoint = self.trainer.checkpoint_callback
-        ckpt_path = "best" if checkpoint is not None and checkpoint.best_model_path else None
+        # a Checkpoint that is not a ModelCheckpoint may have no best model: then test the current weights
+        ckpt_path = "best" if getattr(checkpoint, "best_model_path", None) else None
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt_path, verbose=False)
         if self.trainer.is_global_zero:
             print(self.format_results())
