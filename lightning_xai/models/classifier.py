@@ -228,10 +228,10 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
             >>> bool(torch.allclose(fast, slow, atol=1e-6))
             True
         """
-        rnn = getattr(self.encoder, "rnn", None)
         if self.training or torch.is_grad_enabled() or embeddings.device.type != "cpu" \
-                or not isinstance(self.encoder, LSTMEncoder) or not supports_unrolling(rnn):
+                or not isinstance(self.encoder, LSTMEncoder) or not supports_unrolling(self.encoder.rnn):
             return None
+        rnn = self.encoder.rnn
         mask = self.token_mask(batch)
         T = mask.shape[1]
         lengths = self.input_mask(batch).sum(1)

@@ -99,6 +99,7 @@ class HFClassifier(ClassifierSteps, pl.LightningModule):
             raise ValueError(f"warmup_ratio must lie in [0, 1), got {warmup_ratio}.")
         self.save_hyperparameters(ignore=["model", "objectives", "tokenizer"])
         if model is None:
+            assert model_path is not None  # exactly one of model_path and model is given (checked above)
             model = load_hf_classifier(model_path, num_labels)
         labels = getattr(getattr(model, "config", None), "num_labels", num_labels)
         if labels != num_labels:

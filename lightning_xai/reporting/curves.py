@@ -162,9 +162,9 @@ def audit_panels(audits: Sequence[Any]) -> List[Panel]:
         if agreement:
             preferred = [m for m in getattr(audit, "metrics", ()) or () if m in agreement]
             metric = (preferred or list(agreement))[0]
-            names = [names[0] for _, _, names, _ in agreement[metric] if "attention_vs_" in names[0]]
-            if names:
-                panels.append((f"{metric}: attention ↔ each method", history, names, metric))
+            pairs = [names[0] for _, _, names, _ in agreement[metric] if "attention_vs_" in names[0]]
+            if pairs:
+                panels.append((f"{metric}: attention ↔ each method", history, pairs, metric))
         erasure = erasure_panels(history)
         for title, records, names, measure in erasure:
             if measure in ("comprehensiveness", "flipped"):

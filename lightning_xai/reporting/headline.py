@@ -107,8 +107,8 @@ def _agreement(audit: Any) -> Optional[List[str]]:
         best = max(others, key=lambda p: metrics[f"{metric}/{p[0]}_vs_{p[1]}/mean"])
         lines.append(f"For reference, the saliency maps agree with each other up to {name} "
                      f"{metrics[f'{metric}/{best[0]}_vs_{best[1]}/mean']:.3f} ({best[0]} ↔ {best[1]}).")
-    trends = [_trend(history, f"{metric}/attention_vs_{m}/mean", f"{name} attention ↔ {m}") for m in with_attention]
-    trends = [t for t in trends if t]
+    trends = [t for t in (_trend(history, f"{metric}/attention_vs_{m}/mean", f"{name} attention ↔ {m}")
+                          for m in with_attention) if t]
     lines.extend(["Trend since the first audit — " + " ".join(trends)] if trends
                  else ["Only one audit so far: no trend yet."])
     return lines

@@ -255,7 +255,8 @@ class AuditReport(Callback):
     @staticmethod
     def audits(trainer: "pl.Trainer") -> List[ReportableAudit]:
         """The audit callbacks of ``trainer`` (whatever has the :class:`ReportableAudit` attributes)."""
-        return [c for c in trainer.callbacks if isinstance(c, ReportableAudit)]
+        # Trainer.callbacks is set by Lightning's CallbackConnector; the Trainer class does not declare it
+        return [c for c in trainer.callbacks if isinstance(c, ReportableAudit)]  # type: ignore[attr-defined]
 
     @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
@@ -321,7 +322,7 @@ class AuditReport(Callback):
                         prefix = audit.log_prefix if stage == "fit" else f"{stage}/{audit.log_prefix}"
                         log_audit_to_wandb(logger, prefix, audit.latest.examples, audit.latest.global_step)
         directory = self._directory or os.path.join(trainer.default_root_dir, "xai_report")
-        latest = [a.latest for a in audits if getattr(a, "latest", None) is not None]
+        latest = [a.latest for a in audits if a.latest is not None]
         last = max(latest, key=lambda r: r.global_step) if latest else None
         epoch, step = (last.epoch, last.global_step) if last else (trainer.current_epoch, trainer.global_step)
         subtitle = f"{type(pl_module).__name__}, latest audit: epoch {epoch}, step {step}"

@@ -18,6 +18,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 
 from lightning_xai.adapters.capabilities import supports_attention_override
+from lightning_xai.adapters.checks import check_logits
 from lightning_xai.adapters.protocol import ExplainableModel, ProtocolError
 from lightning_xai.adapters.resolve import ModelResolver, ModelSpec, find_tokenizer
 from lightning_xai.attribution.batching import take_rows
@@ -70,7 +71,8 @@ def check_attention_override(owner: str, model: ExplainableModel) -> None:
 
 def probe_model(owner: str, model: ExplainableModel, pl_module: torch.nn.Module, batch: Dict[str, Any],
                 predict: Callable[[ExplainableModel, Dict[str, Any]], Any], split: str) -> None:
-    """Run the audit's prediction step on two rows of ``batch`` and the model's own ``probe(batch)`` when it has one
+    """Run the audit's prediction step on two rows of ``batch``, the model's own ``probe(batch)`` when it has one
+    and :func:`~lightning_xai.adapters.checks.check_logits` (the adapter's logits against the user's model)
     (inside :func:`~lightning_xai.callbacks._audit.guard.audit_guard`), then :func:`check_probe_output`; any
     failure is a :class:`MisconfigurationException` naming the cause."""
     try:
@@ -81,6 +83,7 @@ def probe_model(owner: str, model: ExplainableModel, pl_module: torch.nn.Module,
             probe = getattr(model, "probe", None)
             if callable(probe):
                 probe(batch)
+            check_logits(model, batch)  # an adapter reading another position or pad explains another function
     except MisconfigurationException:
         raise
     except Exception as err:
