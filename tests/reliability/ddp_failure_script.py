@@ -19,8 +19,8 @@ import torch
 from pytorch_lightning.loggers.logger import Logger
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import make_dm, make_model, make_trainer  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "callbacks"))
+from conftest import make_dm, make_model, make_trainer  # noqa: E402  (the callbacks tests' kit)
 
 import lightning_xai.reporting.report as report_module  # noqa: E402
 from lightning_xai.attribution import attribute, register_method  # noqa: E402
