@@ -55,22 +55,18 @@ from typing import Any, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from lightning_xai.adapters.checks import check_token_ids, evaluating
+from lightning_xai.adapters.checks import evaluating
 from lightning_xai.adapters.huggingface.adapter import HuggingFaceAdapter
 from lightning_xai.adapters.huggingface.attention import OverrideState, active_override, recording_attention
+from lightning_xai.adapters.huggingface.decoding import DECODER_KEYS, greedy_targets
 from lightning_xai.adapters.huggingface.families import family_of, module_calls
 from lightning_xai.adapters.huggingface.reductions import Reduction, parse_reduction, renormalise
 from lightning_xai.adapters.huggingface.steps import (IGNORE_INDEX, Steps, step_override_rows, step_rows,
                                                       target_steps)
-from lightning_xai.adapters.huggingface.tokens import real_token_mask
 from lightning_xai.adapters.huggingface.unwrap import unchecked_layers, unwrap
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError, check_embeddings
 
 __all__ = ["HuggingFaceGenerationAdapter", "is_generator"]
-
-#: the keys of an encoder–decoder batch indexed by target step (left alone by batch surgery on the source)
-DECODER_KEYS = ("labels", "decoder_input_ids", "decoder_attention_mask")
-
 
 def is_generator(module: Any) -> bool:
     """Whether ``module`` (bare or wrapped) is a ``transformers`` model that generates text (``can_generate()``).
@@ -347,91 +343,7 @@ class HuggingFaceGenerationAdapter(HuggingFaceAdapter):
             "itself (the family table's embedding_scale, lightning_xai.adapters.huggingface.families).")
 
     # --- free decoding ----------------------------------------------------------------------------------------
-    def _special_id(self, name: str) -> Any:
-        value = getattr(self.model.config, name, None)
-        return value if value is not None else getattr(getattr(self.model, "generation_config", None), name, None)
-
-    @torch.no_grad()
     def greedy_targets(self, batch: Batch, max_new_tokens: int = 20) -> Batch:
-        """"Free decoding": ``batch`` with ``labels`` the model's own greedy continuation (see the module docstring).
-
-        Each step runs the explained function itself (eval mode, the adapter's own passes, no cache), so the target
-        is exactly the argmax of the log-probabilities the explanations read. Generation stops at the model's
-        end-of-sequence token (included in the target) or after ``max_new_tokens``. A causal LM's rows are rebuilt
-        right-padded: prompt (the real positions before the first target, or every non-pad position without
-        ``labels``), then the generated tokens; other ``[B, T]`` values of the batch are carried along (0/False on
-        the generated positions). An encoder–decoder's source is kept and ``labels`` replaced.
-        """
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a positive int; got {max_new_tokens!r}.")
-        eos = self._special_id("eos_token_id")
-        eos_ids = torch.tensor(eos if isinstance(eos, (list, tuple)) else ([] if eos is None else [eos]))
-        pad = self.pad_token_id
-        pad = pad if pad is not None else (int(eos_ids[0]) if eos_ids.numel() else 0)
-        with evaluating(self.model):
-            if self.encoder_decoder:
-                return self._greedy_encoder_decoder(batch, max_new_tokens, eos_ids, pad)
-            return self._greedy_causal(batch, max_new_tokens, eos_ids, pad)
-
-    def _greedy_encoder_decoder(self, batch: Batch, steps: int, eos_ids: Tensor, pad: int) -> Batch:
-        ids = batch["input_ids"]
-        start = self._special_id("decoder_start_token_id")
-        if start is None:
-            raise ValueError(f"{type(self.model).__name__}'s config has no decoder_start_token_id to start decoding.")
-        source = {k: v for k, v in batch.items() if k not in DECODER_KEYS}
-        embeddings = self.embed(source)
-        decoded = torch.full((ids.shape[0], 1), int(start), dtype=torch.long, device=ids.device)
-        done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
-        labels = []
-        for _ in range(steps):
-            logits = self._model_output(embeddings, source, maps=False, decoder={"decoder_input_ids": decoded}).logits
-            token = logits[:, -1].argmax(-1)
-            labels.append(token.masked_fill(done, IGNORE_INDEX))
-            decoded = torch.cat([decoded, token.masked_fill(done, pad)[:, None]], 1)
-            done = done | torch.isin(token, eos_ids.to(token.device))
-            if bool(done.all()):
-                break
-        return {**source, "labels": torch.stack(labels, 1)}
-
-    def _greedy_causal(self, batch: Batch, steps: int, eos_ids: Tensor, pad: int) -> Batch:
-        ids, present = batch["input_ids"], self._attention_mask(batch).bool()
-        if "labels" in batch:
-            present = present & ((batch["labels"] != IGNORE_INDEX).long().cumsum(1) == 0)
-        B, T = ids.shape
-        lengths = present.sum(1)
-        # right-padded prompts: each row's prompt positions moved to the front, in order
-        order = torch.sort((~present).to(torch.int8), dim=1, stable=True).indices
-        width = T + steps
-        keys = [k for k, v in batch.items() if isinstance(v, Tensor) and v.dim() >= 2 and tuple(v.shape[:2]) == (B, T)
-                and k not in ("input_ids", "attention_mask", "labels")]
-        out_ids = torch.full((B, width), pad, dtype=ids.dtype, device=ids.device)
-        out_ids[:, :T] = ids.gather(1, order).masked_fill(~present.gather(1, order), pad)
-        done = torch.zeros(B, dtype=torch.bool, device=ids.device)
-        end = lengths.clone()
-        rows = torch.arange(B, device=ids.device)
-        for _ in range(steps):
-            current = int(end.max())
-            sub = {"input_ids": out_ids[:, :current],
-                   "attention_mask": (torch.arange(current, device=ids.device)[None, :] < end[:, None]).long()}
-            logits = self._model_output(self.embed(sub), sub, maps=False).logits
-            token = logits[rows, end - 1].argmax(-1)
-            out_ids[rows[~done], end[~done]] = token[~done]
-            end = end + (~done).long()
-            done = done | torch.isin(token, eos_ids.to(token.device))
-            if bool(done.all()):
-                break
-        width = int(end.max())
-        positions = torch.arange(width, device=ids.device)[None, :]
-        generated = (positions >= lengths[:, None]) & (positions < end[:, None])
-        result = {k: v for k, v in batch.items() if k not in keys}
-        result["input_ids"] = out_ids[:, :width]
-        result["attention_mask"] = (positions < end[:, None]).to(self._attention_mask(batch).dtype)
-        result["labels"] = out_ids[:, :width].masked_fill(~generated, IGNORE_INDEX)
-        for key in keys:
-            value = batch[key].gather(1, order.view(B, T, *([1] * (batch[key].dim() - 2))).expand_as(batch[key]))
-            value = value.masked_fill(~present.gather(1, order).view(B, T, *([1] * (value.dim() - 2))), 0)
-            extended = value.new_zeros((B, width) + tuple(value.shape[2:]))
-            extended[:, :min(T, width)] = value[:, :min(T, width)]
-            result[key] = extended
-        check_token_ids(result["input_ids"], self._embedding.num_embeddings)
-        return result
+        """"Free decoding": ``batch`` with ``labels`` the model's own greedy continuation
+        (:func:`~lightning_xai.adapters.huggingface.decoding.greedy_targets`)."""
+        return greedy_targets(self, batch, max_new_tokens)
