@@ -346,3 +346,12 @@ def test_greedy_targets_are_the_argmax_of_the_explained_log_probabilities(family
     torch.testing.assert_close(out.target_log_probs[steps], chosen[steps])
     if not model.config.is_encoder_decoder:  # the prompt is kept: same source tokens, right-padded
         assert torch.equal(adapter.token_mask(freed).sum(1), source_mask(model, batch).sum(1))
+
+
+def test_a_users_subclass_of_the_adapter_never_claims_other_models(make_tiny_bert):
+    class Mine(HuggingFaceAdapter):
+        pass
+
+    assert type(HuggingFaceAdapter(make_tiny_bert())) is HuggingFaceAdapter  # Mine does not hijack the dispatch
+    assert type(Mine(make_tiny_bert())) is Mine
+    assert type(HuggingFaceAdapter(causal_lm("gpt2"))) is HuggingFaceGenerationAdapter
