@@ -11,12 +11,13 @@ import importlib
 import importlib.util
 import inspect
 import sys
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, as_explainable
+from lightning_xai.attribution.batching import take_rows
 from lightning_xai.attribution.captum_bridge import captum_attribute
 from lightning_xai.attribution.context import explanation_context
 from lightning_xai.attribution.targets import (OUTPUTS, check_token_mask, predicted_class, resolve_target,
@@ -171,7 +172,8 @@ def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = 
     """Token attributions ``[B, T]`` for ``batch`` from any :class:`ExplainableModel`.
 
     Methods (options in brackets, defaults first; every gradient method also takes
-    ``output="probability"|"logit"|"log_probability"``, the score that is differentiated):
+    ``output="probability"|"logit"|"log_probability"``, the score that is differentiated; ``None``, the default, is
+    ``"probability"`` for a classifier and ``"log_probability"`` for generation):
 
     * ``"attention"``: the model's own attention distribution.
     * ``"gradient"``: ∂ score / ∂ embedding reduced over E [``reduction="l2"|"abs_sum"``,
@@ -205,14 +207,19 @@ def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = 
         model: an :class:`ExplainableModel` (reference model or adapter).
         batch: a dict batch (e.g. from :class:`TextClassificationDataModule`).
         method: a method name or an attribution object.
-        target: ``None`` (predicted class), an int, or ``LongTensor[B]``.
+        target: ``None`` (predicted class), an int, or ``LongTensor[B]``. For a generation model
+            (:class:`~lightning_xai.adapters.capabilities.TargetSequence`): ``None`` explains the log-probability of
+            the whole target (the batch's ``labels``), an int ``k`` (or ``LongTensor[B]``) the ``k``-th target
+            token's, and ``"steps"`` returns one map per step, ``[B, K, T]`` (see
+            :mod:`lightning_xai.attribution.targets`).
         create_graph: keep the graph so the map is differentiable w.r.t. model parameters (for losses).
             Only for methods built from differentiable ops (not Captum objects).
         normalize: ``None`` (default: raw values), ``"l1"`` (divide by Σ\\|·\\| per row) or ``"max_abs"``.
         **options: method options (see above).
 
     Returns:
-        ``[B, T]`` float map, exactly 0 where ``model.token_mask(batch)`` is False; with
+        ``[B, T]`` float map, exactly 0 where ``model.token_mask(batch)`` is False (``[B, K, T]`` with
+        ``target="steps"``, 0 at steps a row does not have); with
         ``return_convergence_delta``/``return_n_steps`` a tuple ``(map, delta[B][, n_steps[B]])``. An empty batch
         (B = 0) gives an empty ``[0, T]`` map without running the model (a ValueError with ``return_*`` options).
         Non-finite logits give a RuntimeWarning naming the rows; their maps are NaN, never a finite wrong map.
@@ -241,10 +248,13 @@ def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = 
         mask = check_token_mask(model, batch)
         if mask.shape[0] == 0:  # B = 0: nothing to explain, an empty map (as torchmetrics' update is a no-op)
             return _empty_result(mask, name, options)
+        if isinstance(target, str):
+            return _per_step(model, batch, method, target, create_graph=create_graph, normalize=normalize,
+                             **options)
         if not resolves_target:
             with torch.no_grad():
-                logits = model.forward_from_embeddings(model.embed(batch), batch).logits
-            target = resolve_target(logits, target)
+                out = model.forward_from_embeddings(model.embed(batch), batch)
+            target = resolve_target(out, target)
         result = fn(model, batch, target, create_graph=create_graph, **extra, **options)
         # post-process inside the context: under a caller's no_grad/inference_mode the graph must survive
         scores, rest = (result[0], tuple(result[1:])) if isinstance(result, tuple) else (result, ())
@@ -260,3 +270,33 @@ def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = 
             scores = _normalize(scores, normalize)
     return (scores, *rest) if rest else scores
 
+
+
+def _per_step(model: Any, batch: Batch, method: Any, target: str, **options: Any) -> Union[Tensor, Tuple[Tensor, ...]]:
+    """``target="steps"``: one :func:`attribute` call per target step ``k`` on the rows that have one, stacked into
+    ``[B, K, T]`` (``[B, K]`` for the extra per-row results), 0 where a row has no ``k``-th step."""
+    if target != "steps":
+        raise ValueError(f"Unknown target {target!r}: the only string target is 'steps' (one map per target step of a "
+                         "generation model); otherwise give None, an int or a LongTensor[B].")
+    with torch.no_grad():
+        out = model.forward_from_embeddings(model.embed(batch), batch)
+    steps = getattr(out, "target_steps", None)
+    if steps is None:
+        raise ValueError(f"target='steps' explains each step of a generated target, but {type(model).__name__} "
+                         "explains classes (its output has no target_steps); give a class or None.")
+    B, K = steps.shape
+    parts: List[Tuple[Tensor, Union[Tensor, Tuple[Tensor, ...]]]] = []
+    for k in range(K):
+        rows = steps[:, k].nonzero().flatten()
+        sub = take_rows(batch, rows, B)
+        parts.append((rows, attribute(model, sub, method, k, **options)))
+    width = len(parts[0][1]) if parts and isinstance(parts[0][1], tuple) else 0
+    stacked: List[Tensor] = []
+    for i in range(max(width, 1)):
+        pieces = [(rows, result[i] if width else result) for rows, result in parts]
+        first = pieces[0][1]
+        full = first.new_zeros((B, K) + tuple(first.shape[1:]))
+        for k, (rows, piece) in enumerate(pieces):
+            full = full.index_put((rows, torch.full_like(rows, k)), piece.to(full.dtype))
+        stacked.append(full)
+    return tuple(stacked) if width else stacked[0]

@@ -17,6 +17,7 @@ from torch import Tensor
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution.batching import take_rows
 from lightning_xai.attribution.core import register_method, resolve_target
+from lightning_xai.attribution.targets import explained_attention
 from lightning_xai.attribution.gradients import _rows_per_pass
 
 __all__ = ["noise_scale", "smooth_attention_map"]
@@ -54,7 +55,7 @@ def smooth_attention_map(model: ExplainableModel, batch: Batch, embeddings: Tens
                          noise_level: float = 0.15, stdev: Optional[float] = None, seed: Optional[int] = 0,
                          generator: Optional[torch.Generator] = None, noise: Optional[Tensor] = None,
                          internal_batch_size: Union[int, str, None] = "auto",
-                         create_graph: bool = False) -> Tensor:
+                         create_graph: bool = False, target: Optional[Tensor] = None) -> Tensor:
     """Mean ``[B, T]`` attention of the model over ``n_samples`` noisy copies of ``embeddings``.
 
     Args:
@@ -69,6 +70,8 @@ def smooth_attention_map(model: ExplainableModel, batch: Batch, embeddings: Tens
         noise: ``[n_samples, B, T, E]`` explicit noise, added as it is (only on real tokens).
         internal_batch_size: noisy rows per forward pass (``"auto"``: sized like the gradient methods' passes).
         create_graph: keep the graph (the mean stays differentiable w.r.t. parameters).
+        target: a resolved ``LongTensor[B]`` target; for a generation model a step ``k`` averages that step's
+            attention row (:func:`~lightning_xai.attribution.targets.explained_attention`), else it is unused.
 
     Example:
         >>> from lightning_xai.models import AttentionClassifier
@@ -101,7 +104,9 @@ def smooth_attention_map(model: ExplainableModel, batch: Batch, embeddings: Tens
             eps = noise[first:first + k].to(embeddings) if noise is not None else _draw(embeddings, sigma, generator, k)
             noisy = (embeddings.unsqueeze(0) + eps * real).reshape(k * N, T, E)
             sub = batch if k == 1 else take_rows(batch, torch.arange(N, device=embeddings.device).repeat(k), N)
-            part = model.forward_from_embeddings(noisy, sub).attention.reshape(k, N, T).sum(0)
+            out = model.forward_from_embeddings(noisy, sub)
+            attention = explained_attention(out, None if target is None else target.repeat(k))
+            part = attention.reshape(k, N, T).sum(0)
             total = part if total is None else total + part
     return total / n_samples
 
@@ -114,9 +119,9 @@ def _smooth_attention(model: ExplainableModel, batch: Batch, target: Any, *, cre
                       internal_batch_size: Union[int, str, None] = "auto") -> Tensor:
     with nullcontext() if create_graph else torch.no_grad():
         embeddings = model.embed(batch)
-        resolve_target(model.forward_from_embeddings(embeddings, batch).logits, target)  # validated only
+        target = resolve_target(model.forward_from_embeddings(embeddings, batch), target)
     if not create_graph:
         embeddings = embeddings.detach()
     return smooth_attention_map(model, batch, embeddings, n_samples=n_samples, noise_level=noise_level, stdev=stdev,
                                 seed=seed, generator=generator, noise=noise, internal_batch_size=internal_batch_size,
-                                create_graph=create_graph)
+                                create_graph=create_graph, target=target)

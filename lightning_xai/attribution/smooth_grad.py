@@ -48,7 +48,7 @@ def smooth_grad_map(model: ExplainableModel, batch: Batch, embeddings: Tensor, t
     N, T, E = embeddings.shape
     mask = model.token_mask(batch)
     with torch.no_grad():
-        target = resolve_target(model.forward_from_embeddings(embeddings, batch).logits, target)
+        target = resolve_target(model.forward_from_embeddings(embeddings, batch), target)
     if noise is not None:
         if tuple(noise.shape) != (n_samples, N, T, E):
             raise ValueError(f"noise must have shape (n_samples, B, T, E) = {(n_samples, N, T, E)}; got "
