@@ -354,7 +354,7 @@ class AuditCallback(Callback, abc.ABC):
         model = self.explainable(pl_module)
         batches = self._audit_batches(trainer, split)
         if batches:
-            batch = move_data_to_device(batches[0][2], pl_module.device)
+            batch = self.audit_inputs(model, move_data_to_device(batches[0][2], pl_module.device))
             lookup.probe_model(type(self).__name__, model, pl_module, batch, self.predict, split)
             if self.needs_attention_override:
                 lookup.check_attention_override(type(self).__name__, model)
@@ -411,7 +411,7 @@ class AuditCallback(Callback, abc.ABC):
                 with audit_guard(pl_module, seed=self.seed) as generator, \
                         self._precision.audit(trainer, pl_module) as context:
                     for positions, indices, cpu_batch in batches:
-                        batch = move_data_to_device(cpu_batch, pl_module.device)
+                        batch = self.audit_inputs(model, move_data_to_device(cpu_batch, pl_module.device))
                         found, extra = self._measure(trainer, pl_module, model, batch, indices, generator, context)
                         aggregator.update(found.values)
                         examples.extend(collect_examples(model.token_mask(batch), batch, positions, indices, split,
@@ -469,6 +469,12 @@ class AuditCallback(Callback, abc.ABC):
         """The prediction step every audit shares: the protocol's forward pass (no gradients), softmax, argmax."""
         with torch.no_grad():
             return AuditPrediction.from_output(model.forward_from_embeddings(model.embed(batch), batch))
+
+    def audit_inputs(self, model: ExplainableModel, batch: Dict[str, Any]) -> Dict[str, Any]:
+        """The batch the audit explains, made from an audited batch (on the module's device, in the audit's guard):
+        the batch itself by default; e.g. a generator's batch with the model's greedy output as its target
+        (``AttentionAudit(decoding="free")``)."""
+        return batch
 
     def expected_values(self) -> List[str]:
         """Per-example value names the audit always reports (NaN for undefined examples, so a metric no example
