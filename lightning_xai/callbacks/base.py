@@ -26,6 +26,7 @@ from lightning_xai.callbacks._audit.budget import (DEFAULT_EVERY_N_EPOCHS, DEFAU
                                                    AuditCost, Default, Plan, describe, plan)
 from lightning_xai.callbacks._audit.distributed import agreed, gather_examples, merge_extras, shared_failure
 from lightning_xai.callbacks._audit.failures import AuditFailures, audit_finite_rows, mark_undefined, warn_undefined
+from lightning_xai.callbacks._audit.generation import refuse_generator
 from lightning_xai.callbacks._audit.guard import AuditPrecision, audit_guard, precision_context
 from lightning_xai.callbacks._audit.options import check_audit_options, check_placement
 from lightning_xai.callbacks._audit.output import (RunCounter, add_record, log_scalars, progress_bar, publish_scalars,
@@ -108,6 +109,8 @@ class AuditCallback(Callback, abc.ABC):
     needs_attention_override: bool = False
     #: the budget keeps the configured size and cadence of an audit that took less than this (seconds)
     budget_min_seconds: float = MIN_AUDIT_SECONDS
+    #: why the audit cannot explain a text generator (a ``TargetSequence`` model), refused at setup; "" if it can
+    refuses_generation: str = ""
     tokenizer: Any = None
     _resolver: Optional[ModelResolver] = None
 
@@ -211,7 +214,7 @@ class AuditCallback(Callback, abc.ABC):
             check_placement(self, [c for c in trainer.callbacks if isinstance(c, AuditCallback)], trainer, stage)
             if self._runs.enter(trainer, type(self).__name__):  # a new Trainer counts its epochs and steps from 0
                 self._epoch_audited = self._last_step_audited = None
-        self.explainable(pl_module)
+        refuse_generator(type(self).__name__, self.explainable(pl_module), self.refuses_generation)
         self._checked = False
         self._batches = {}
 

@@ -72,6 +72,9 @@ class ErasureAudit(AuditCallback):
     """
 
     name = "erasure_audit"
+    refuses_generation = ("comprehensiveness, sufficiency and decision flips are computed from the predicted "
+                          "class's probability; the generation variant (the target's log-probability erased, a flip "
+                          "when the greedy token at a step changes) is not implemented")
     precision_map = "erasure"  # under autocast with precision="auto", erasure runs in float32
 
     def __init__(self, rankings: Sequence[str] = ("attention", "attention_gradient", "random"),

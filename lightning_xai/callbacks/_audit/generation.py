@@ -23,7 +23,7 @@ from torch import Tensor
 from lightning_xai.adapters.capabilities import TargetSequence
 
 __all__ = ["CLASS_LOGIT_METHODS", "DECODINGS", "check_decoding", "check_generation_methods", "decoded_batch",
-           "greedy_step_tokens", "is_generator_model", "per_step_agreement"]
+           "greedy_step_tokens", "is_generator_model", "per_step_agreement", "refuse_generator"]
 
 #: how an audit of a generator gets its target: the batch's ``labels`` or the model's greedy output
 DECODINGS = ("force", "free")
@@ -164,3 +164,15 @@ def per_step_agreement(step_maps: Mapping[str, Tensor], steps: Tensor, mask: Ten
             out[f"{metric}/{first}_vs_{second}"] = torch.where(count > 0, total / count.clamp_min(1),
                                                                 torch.full_like(total, math.nan))
     return out
+
+
+def refuse_generator(owner: str, model: Any, why: str) -> None:
+    """At setup: refuse a generator, naming the audit and why it cannot explain a target sequence (``why``).
+
+    Example:
+        >>> refuse_generator("ErasureAudit", torch.nn.Linear(2, 2), "it reads class probabilities")  # not a generator
+    """
+    if why and is_generator_model(model):
+        raise MisconfigurationException(
+            f"{owner} does not audit text generators ({type(getattr(model, 'model', model)).__name__}): {why}. "
+            "AttentionAudit (decoding='force'|'free', per_step=True) and AlignmentAudit do.")
