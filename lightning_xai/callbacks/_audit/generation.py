@@ -23,7 +23,7 @@ from torch import Tensor
 from lightning_xai.adapters.capabilities import TargetSequence
 
 __all__ = ["CLASS_LOGIT_METHODS", "DECODINGS", "check_decoding", "check_generation_methods", "decoded_batch",
-           "greedy_step_tokens", "is_generator_model", "per_step_agreement", "refuse_generator"]
+           "is_generator_model", "per_step_agreement", "refuse_generator"]
 
 #: how an audit of a generator gets its target: the batch's ``labels`` or the model's greedy output
 DECODINGS = ("force", "free")
@@ -104,25 +104,6 @@ def decoded_batch(model: Any, batch: Dict[str, Any], decoding: str, max_new_toke
     if decoding != "free" or not is_generator_model(model):
         return batch
     return model.greedy_targets(batch, max_new_tokens)
-
-
-def greedy_step_tokens(output: Any) -> Tensor:
-    """``[B, K]`` the token a generator's output ranks first at each target step (its greedy choice there; -1 where
-    a row has no ``k``-th step), read at each step's query position (``extras["step_queries"]``).
-
-    Example:
-        >>> from types import SimpleNamespace
-        >>> logits = torch.tensor([[[0.0, 1.0], [2.0, 0.0], [0.0, 3.0]]])
-        >>> out = SimpleNamespace(logits=logits, target_steps=torch.tensor([[True, True]]),
-        ...                       extras={"step_queries": torch.tensor([[0, 2]])})
-        >>> greedy_step_tokens(out).tolist()
-        [[1, 1]]
-    """
-    steps = output.target_steps
-    queries = output.extras["step_queries"].to(output.logits.device)
-    rows = torch.arange(steps.shape[0], device=queries.device)[:, None].expand_as(queries)
-    tokens = output.logits.detach()[rows, queries].argmax(-1)
-    return tokens.masked_fill(~steps.to(tokens.device), -1)
 
 
 AgreementFn = Callable[..., Any]
