@@ -6,7 +6,7 @@ pairwise interactions), any method registered with :func:`register_method`, or a
 :func:`explanation_context` makes explanations safe inside ``trainer.validate``/``test`` and training steps;
 :func:`shared_input_gradients` lets gradient and grad×input of the same inputs share one backward pass.
 """
-from lightning_xai.attribution.batching import pad_embeddings, remove_tokens, take_rows
+from lightning_xai.attribution.batching import pad_embeddings, remove_tokens, gather_rows
 from lightning_xai.attribution.context import clone_inference_tensors, explanation_context
 from lightning_xai.attribution.core import (
     ATTRIBUTION_METHODS,
@@ -31,7 +31,7 @@ __all__ = ["ATTRIBUTION_METHODS", "IG_AUTO_TOKEN_RTOL", "IG_RULES", "LOO_MODES",
            "auto_internal_batch_size", "check_method_options", "check_token_mask", "clone_inference_tensors", "explanation_context", "ig_nodes",
            "integrated_gradients_map", "integrated_hessians", "lrp",
            "occlusion_batch", "pad_embeddings", "predicted_class", "register_lrp_encoder", "register_method",
-           "remove_tokens", "resolve_target", "shared_input_gradients", "smooth_grad_map", "take_rows",
+           "remove_tokens", "resolve_target", "shared_input_gradients", "smooth_grad_map", "gather_rows",
            "target_probabilities", "target_score"]
 
 # methods that live in optional sibling modules (e.g. "lrp") register themselves on import

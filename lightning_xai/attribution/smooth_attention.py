@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
-from lightning_xai.attribution.batching import take_rows
+from lightning_xai.attribution.batching import gather_rows
 from lightning_xai.attribution.core import register_method, resolve_target
 from lightning_xai.attribution.gradients import _rows_per_pass
 
@@ -100,7 +100,7 @@ def smooth_attention_map(model: ExplainableModel, batch: Batch, embeddings: Tens
             k = min(per_pass, n_samples - first)
             eps = noise[first:first + k].to(embeddings) if noise is not None else _draw(embeddings, sigma, generator, k)
             noisy = (embeddings.unsqueeze(0) + eps * real).reshape(k * N, T, E)
-            sub = batch if k == 1 else take_rows(batch, torch.arange(N, device=embeddings.device).repeat(k), N)
+            sub = batch if k == 1 else gather_rows(batch, torch.arange(N, device=embeddings.device).repeat(k), N)
             part = model.forward_from_embeddings(noisy, sub).attention.reshape(k, N, T).sum(0)
             total = part if total is None else total + part
     return total / n_samples

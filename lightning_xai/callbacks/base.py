@@ -31,7 +31,7 @@ from typing_extensions import override
 
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.adapters.resolve import ModelSpec
-from lightning_xai.attribution.batching import take_rows
+from lightning_xai.attribution.batching import gather_rows
 from lightning_xai.callbacks.aggregation import ValueAggregator, aggregate_values, summarize_values, value_names
 from lightning_xai.callbacks.budget import DEFAULT_EVERY_N_EPOCHS, DEFAULT_NUM_SAMPLES
 from lightning_xai.callbacks.cost import AuditCost
@@ -224,7 +224,7 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
         try:
             with audit_guard(pl_module):
                 rows = model.token_mask(batch).shape[0]  # two examples show the shapes, without GBs of attention
-                batch = take_rows(batch, torch.arange(min(2, rows)), rows)
+                batch = gather_rows(batch, torch.arange(min(2, rows)), rows)
                 out = self.predict(model, batch).output
                 probe = getattr(model, "probe", None)
                 if callable(probe):

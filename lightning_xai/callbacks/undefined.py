@@ -16,33 +16,27 @@ import torch
 from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
+from lightning_xai.attribution.batching import gather_rows
 from lightning_xai.callbacks.results import AuditExample
 
-__all__ = ["NONFINITE_LOGITS", "audit_finite_rows", "defined_examples", "mark_undefined", "spread_rows", "take_rows",
+__all__ = ["NONFINITE_LOGITS", "audit_finite_rows", "defined_examples", "mark_undefined", "spread_rows", "keep_rows",
            "warn_undefined"]
 
 #: the cause recorded for rows whose logits are NaN or infinite
 NONFINITE_LOGITS = "non-finite logits"
 
 
-def take_rows(batch: Mapping[str, Any], rows: Tensor) -> Dict[str, Any]:
-    """The ``rows`` (``[b]`` indices) of a collated batch: every tensor or list whose first dimension is the
-    batch's is indexed, anything else kept.
+def keep_rows(batch: Mapping[str, Any], rows: Tensor) -> Dict[str, Any]:
+    """Only the ``rows`` (``[b]`` indices) of a collated batch, its size read from its first tensor: every tensor
+    or list whose first dimension is the batch's is indexed, anything else kept (through
+    :func:`~lightning_xai.attribution.batching.gather_rows`).
 
     Example:
-        >>> take_rows({"input_ids": torch.tensor([[3, 4], [5, 0]]), "ids": ["a", "b"], "n": 2}, torch.tensor([1]))
+        >>> keep_rows({"input_ids": torch.tensor([[3, 4], [5, 0]]), "ids": ["a", "b"], "n": 2}, torch.tensor([1]))
         {'input_ids': tensor([[5, 0]]), 'ids': ['b'], 'n': 2}
     """
     size = next(v.shape[0] for v in batch.values() if isinstance(v, Tensor) and v.dim())
-    out: Dict[str, Any] = {}
-    for key, value in batch.items():
-        if isinstance(value, Tensor) and value.dim() and value.shape[0] == size:
-            out[key] = value[rows.to(value.device)]
-        elif isinstance(value, list) and len(value) == size:
-            out[key] = [value[i] for i in rows.tolist()]
-        else:
-            out[key] = value
-    return out
+    return gather_rows(batch, rows, size)
 
 
 def _spread(value: Tensor, rows: Tensor, size: int) -> Tensor:
@@ -90,7 +84,7 @@ def audit_finite_rows(audit: Callable[[Dict[str, Any], List[int], Optional[Any]]
     if not bool(finite.any()):
         return {}, {}
     rows = finite.nonzero().flatten()
-    found, extra = audit(take_rows(batch, rows), [indices[i] for i in rows.tolist()], None)
+    found, extra = audit(keep_rows(batch, rows), [indices[i] for i in rows.tolist()], None)
     return spread_rows(found, rows, len(indices)), extra
 
 
