@@ -20,7 +20,7 @@ from torch import Tensor
 
 from lightning_xai.adapters.checks import check_attention_distribution
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
-from lightning_xai.attribution.core import register_method
+from lightning_xai.attribution.registry import register_method
 from lightning_xai.attribution.targets import resolve_target, target_score
 
 __all__ = ["IG_AUTO_TOKEN_RTOL", "IG_RULES", "GRADIENT_METHODS", "auto_internal_batch_size", "shared_input_gradients",

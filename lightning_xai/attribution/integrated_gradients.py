@@ -15,10 +15,10 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
-from lightning_xai.attribution.batching import pad_embeddings, gather_rows
-from lightning_xai.attribution.core import register_method
+from lightning_xai.attribution.batching import gather_rows, pad_embeddings
 from lightning_xai.attribution.gradients import _embed, _rows_per_pass
 from lightning_xai.attribution.quadrature import IG_RULES, gauss_kronrod_nodes, ig_nodes
+from lightning_xai.attribution.registry import SCORES_AND_DELTA, register_method
 from lightning_xai.attribution.targets import resolve_target, target_score
 
 __all__ = ["BASELINES", "IG_AUTO_TOKEN_RTOL", "integrated_gradients_map"]
@@ -310,7 +310,7 @@ def _precision_hint(embeddings: Tensor, scores: Tensor) -> str:
             "callbacks do this by default, precision='auto')")
 
 
-@register_method("integrated_gradients", resolves_target=True)
+@register_method("integrated_gradients", resolves_target=True, precision_sensitive=True, returns=SCORES_AND_DELTA)
 def _integrated_gradients(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
                           n_steps: Union[int, str] = 50, baseline: Any = "zero", rule: str = "gauss_legendre",
                           internal_batch_size: Union[int, str, None] = "auto",

@@ -29,10 +29,11 @@ from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution.batching import gather_rows
-from lightning_xai.attribution.core import attribute, register_method, resolve_target, target_score
+from lightning_xai.attribution.core import attribute, resolve_target, target_score
 from lightning_xai.attribution.gradients import _rows_per_pass
 from lightning_xai.attribution.integrated_gradients import _baseline
 from lightning_xai.attribution.quadrature import ig_nodes
+from lightning_xai.attribution.registry import PAIRWISE_INTERACTIONS, register_method
 
 __all__ = ["integrated_hessians", "integrated_hessians_map"]
 
@@ -141,7 +142,7 @@ def integrated_hessians(model: Any, batch: Batch, target: Any = None, *, n_steps
     return (result[1], result[2]) if return_convergence_delta else result[1]
 
 
-@register_method("integrated_hessians", resolves_target=True)
+@register_method("integrated_hessians", resolves_target=True, precision_sensitive=True, returns=PAIRWISE_INTERACTIONS)
 def _integrated_hessians(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
                          n_steps: int = 16, inner_steps: Optional[int] = None, baseline: Any = "zero",
                          output: str = "probability", pad_token_id: Optional[int] = None,

@@ -11,10 +11,10 @@ from torch import Tensor
 from lightning_xai.adapters.capabilities import DeletionLogits
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution import batching
-from lightning_xai.attribution.batching import (_trim_padding, length_chunks, pad_embeddings, padding_trimmer,
-                                                remove_tokens, row_extents, gather_rows)
-from lightning_xai.attribution.core import register_method
+from lightning_xai.attribution.batching import (_trim_padding, gather_rows, length_chunks, pad_embeddings,
+                                                padding_trimmer, remove_tokens, row_extents)
 from lightning_xai.attribution.gradients import _rows_per_pass
+from lightning_xai.attribution.registry import register_method
 from lightning_xai.attribution.targets import resolve_target, target_score
 
 __all__ = ["LOO_MODES", "leave_one_out", "occlusion_batch"]
@@ -43,7 +43,7 @@ def occlusion_batch(batch: Batch, rows: Tensor, positions: Tensor, batch_size: i
     return remove_tokens(variants, remove)
 
 
-@register_method("leave_one_out", resolves_target=True)
+@register_method("leave_one_out", resolves_target=True, precision_sensitive=True)
 def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
                   mode: str = "delete", signed: bool = False, internal_batch_size: Union[int, str, None] = "auto",
                   output: str = "probability", pad_token_id: Optional[int] = None) -> Tensor:

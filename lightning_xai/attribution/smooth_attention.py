@@ -16,8 +16,9 @@ from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution.batching import gather_rows
-from lightning_xai.attribution.core import register_method, resolve_target
+from lightning_xai.attribution.core import resolve_target
 from lightning_xai.attribution.gradients import _rows_per_pass
+from lightning_xai.attribution.registry import register_method
 
 __all__ = ["noise_scale", "smooth_attention_map"]
 

@@ -14,7 +14,7 @@ from typing_extensions import override
 
 from lightning_xai.adapters.capabilities import DeletionLogits
 from lightning_xai.adapters.protocol import ExplainableModel
-from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, shared_input_gradients
+from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, method_record, shared_input_gradients
 from lightning_xai.callbacks.base import AuditCallback, AuditPrediction
 from lightning_xai.callbacks.interactions import DEFAULT_TOP_PAIRS
 from lightning_xai.callbacks.names import check_names, check_options_of_methods
@@ -71,8 +71,9 @@ class AttentionAudit(AuditCallback):
             ``method_options={"integrated_gradients": {"n_steps": "auto"}}`` for its adaptive quadrature) when
             the cost — roughly 256 × 26 extra forward+backward passes per audit — is worth it. A method whose
             ``attribute`` returns a tuple (``integrated_hessians``: row sums and Γ; ``integrated_gradients`` with
-            ``return_convergence_delta=True``) is compared through its first element, the ``[B, T]`` map;
-            Integrated Hessians' Γ also gives the report its strongest token pairs (``top_pairs``).
+            ``return_convergence_delta=True``) is compared through its first element, the ``[B, T]`` map; the
+            ``[B, T, T]`` interactions of a method registered with ``returns="pairwise_interactions"`` (Integrated
+            Hessians' Γ) also give the report its strongest token pairs (``top_pairs``).
         metrics: agreement metrics of :mod:`lightning_xai.metrics.registry`: ``kendall_tau`` (τ-b, J&W),
             ``topk_kendall_tau``, ``spearman``, ``pearson``, ``jsd`` (maps as distributions of ``|score|``),
             ``topk_overlap``, or any name registered with ``register_agreement_metric``.
@@ -233,9 +234,10 @@ class AttentionAudit(AuditCallback):
             for method in self.methods:
                 with self.map_precision(method):  # float32 for leave-one-out, IG under autocast ("auto")
                     scores = attribute(model, batch, method, target=None, **self.method_options.get(method, {}))
-                if isinstance(scores, tuple):  # (map [B, T], extra): IG's convergence delta, Int. Hessians' [B, T, T]
-                    if method == "integrated_hessians" and self.top_pairs:  # Γ: the report's strongest pairs
-                        found.update(interactions=scores[1].detach().float(), interaction_pairs=self.top_pairs)
+                if isinstance(scores, tuple):  # (map [B, T], extra): a convergence delta, pairwise interactions
+                    if method_record(method).has_interactions and self.top_pairs:  # the report's strongest pairs
+                        found.update(interactions=scores[1].detach().float(), interaction_pairs=self.top_pairs,
+                                     interaction_method=method)
                     scores = scores[0]
                 maps[method] = scores.detach().float()
         values: Dict[str, Tensor] = {}

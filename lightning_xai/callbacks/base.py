@@ -32,6 +32,7 @@ from typing_extensions import override
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.adapters.resolve import ModelSpec
 from lightning_xai.attribution.batching import gather_rows
+from lightning_xai.attribution.registry import method_record
 from lightning_xai.callbacks.aggregation import ValueAggregator, aggregate_values, summarize_values, value_names
 from lightning_xai.callbacks.budget import DEFAULT_EVERY_N_EPOCHS, DEFAULT_NUM_SAMPLES
 from lightning_xai.callbacks.cost import AuditCost
@@ -103,8 +104,9 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
     """
 
     name: str = "audit"
-    #: a name in ``guard.PRECISION_SENSITIVE`` makes the whole :meth:`audit_batch` precision-sensitive
-    precision_map: str = ""
+    #: True: the whole :meth:`audit_batch` is precision-sensitive (computed in float32 under autocast with
+    #: ``precision="auto"``), as erasure is; a single map is when its method record says so (:meth:`map_precision`)
+    precision_sensitive: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -333,7 +335,7 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
                  ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         with precision_context(trainer, pl_module.device, context):
             prediction = self.predict(model, batch)
-            with self.map_precision(self.precision_map):
+            with self._precision.maps(self.name, self.precision_sensitive):
                 found, extra = audit_finite_rows(lambda b, i, p: self.audit_batch(
                     model, b, generator, i, prediction=p or self.predict(model, b)), batch, indices, prediction)
         return mark_undefined({"prediction": prediction.prediction, "probability": prediction.probability, **found},
@@ -347,10 +349,11 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
                            "callback.history (and written by lightning_xai.reporting.AuditReport if present).")
             self._warned_no_logger = True
 
-    def map_precision(self, name: str) -> Any:
-        """Context for computing map ``name`` in :meth:`audit_batch`: float32 for a precision-sensitive map
-        (``guard.PRECISION_SENSITIVE``) under autocast with ``precision="auto"``, else nothing."""
-        return self._precision.maps(name)
+    def map_precision(self, method: str) -> Any:
+        """Context for computing the map of attribution ``method`` in :meth:`audit_batch`: float32 when its
+        :class:`~lightning_xai.attribution.MethodRecord` says ``precision_sensitive`` and the audit runs under
+        autocast with ``precision="auto"``, else nothing."""
+        return self._precision.maps(method, method_record(method).precision_sensitive)
 
     def predict(self, model: ExplainableModel, batch: Dict[str, Any]) -> AuditPrediction:
         """The prediction step every audit shares: the protocol's forward pass (no gradients), softmax, argmax."""

@@ -72,7 +72,7 @@ class ErasureAudit(AuditCallback):
     """
 
     name = "erasure_audit"
-    precision_map = "erasure"  # under autocast with precision="auto", erasure runs in float32
+    precision_sensitive = True  # under autocast with precision="auto", erasure runs in float32
 
     def __init__(self, rankings: Sequence[str] = ("attention", "attention_gradient", "random"),
                  k: Union[int, float] = 0.2, aopc_bins: Sequence[Union[int, float]] = (),

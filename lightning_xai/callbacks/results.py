@@ -131,7 +131,8 @@ def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence
         split: the audited split.
         found: ``prediction`` ``[B]``, ``probability`` ``[B]``, optional ``maps`` ``{name: [B, T]}``,
             ``values`` ``{name: [B]}``, ``undefined`` ``{row: cause}`` (rows whose results are undefined) and
-            ``interactions`` ``[B, T, T]`` (Γ; the ``interaction_pairs`` strongest pairs are kept, default 10).
+            ``interactions`` ``[B, T, T]`` (Γ; the ``interaction_pairs`` strongest pairs are kept, default 10) of
+            the method ``interaction_method``.
         num_report_examples: rows whose position is below it keep their maps (and strongest pairs).
 
     Example:
@@ -154,12 +155,13 @@ def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence
     gamma = found.get("interactions")
     gamma = gamma.detach().double().cpu() if isinstance(gamma, Tensor) else None
     top = int(found.get("interaction_pairs", DEFAULT_TOP_PAIRS))
+    method = str(found.get("interaction_method", "integrated_hessians"))
     out = []
     for row, (pos, index) in enumerate(zip(positions, indices)):
         real = mask[row]
         keep_maps = pos < num_report_examples
         undefined = found.get("undefined", {}).get(row)
-        pairs = (strongest_pairs(gamma[row][real][:, real], top)
+        pairs = (strongest_pairs(gamma[row][real][:, real], top, method)
                  if keep_maps and gamma is not None and undefined is None else None)
         out.append(AuditExample(
             position=pos, index=index, split=split,

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
-from lightning_xai.attribution import explanation_context, resolve_target, gather_rows
+from lightning_xai.attribution import explanation_context, gather_rows, resolve_target
 from lightning_xai.attribution import batching
 from lightning_xai.attribution.batching import (_check_remove, _trim_padding, batch_shape, erase_tokens,
                                                 length_chunks, padding_trimmer, row_extents)
