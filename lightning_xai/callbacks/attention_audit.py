@@ -18,7 +18,8 @@ from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, method_rec
 from lightning_xai.callbacks.base import AuditCallback, AuditPrediction
 from lightning_xai.callbacks.interactions import DEFAULT_TOP_PAIRS
 from lightning_xai.callbacks.names import check_names, check_options_of_methods
-from lightning_xai.metrics.registry import AGREEMENT_ALIASES, AGREEMENT_METRICS, resolve_agreement_metric
+from lightning_xai.metrics.registry import (AGREEMENT_ALIASES, AGREEMENT_METRICS, metric_label,
+                                            resolve_agreement_metric)
 
 __all__ = ["AttentionAudit", "AGREEMENT_METRICS", "DEFAULT_GRADIENT_METHODS", "DEFAULT_METHODS"]
 
@@ -33,7 +34,6 @@ DEFAULT_METHODS: Tuple[str, ...] = ("gradient", "grad_x_input", "leave_one_out")
 #: Σ L_i shortened sentences per audit — on MiniLM fine-tuning that floor alone is ~5% of an SST-2 epoch at 256
 #: sentences, against ~2% for these two (benchmarks/README.md, "Audit share"). Name it in ``methods`` to include it.
 DEFAULT_GRADIENT_METHODS: Tuple[str, ...] = ("gradient", "grad_x_input")
-_SUMMARY_LABELS = {"kendall_tau": "Kendall τ", "jsd": "JSD", "topk_overlap": "top-k overlap"}
 
 
 def pair_name(first: str, second: str) -> str:
@@ -212,7 +212,7 @@ class AttentionAudit(AuditCallback):
         """
         rows = []
         for metric in self.metrics[: None if full else 1]:
-            label = _SUMMARY_LABELS.get(metric, metric)
+            label = metric_label(metric)
             for first, second in self.pairs:
                 key = f"{metric}/{pair_name(first, second)}"
                 if f"{key}/mean" in metrics:
