@@ -171,7 +171,7 @@ def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = 
       ``n_steps="auto"``: per-row adaptive Gauss–Kronrod (G7/K15, halving the intervals whose \\|K15 − G7\\|
       is largest) until every token's error estimate is within ``max(token_atol, token_rtol·Σ_t|IG_t|)`` and
       \\|delta\\| within ``max(rtol·|F(x) − F(x′)|, atol)``, at most ``max_steps`` gradient evaluations a row
-      (see :func:`~lightning_xai.attribution.gradients.integrated_gradients_map`). With ``start_steps`` given
+      (see :func:`~lightning_xai.attribution.integrated_gradients.integrated_gradients_map`). With ``start_steps`` given
       (or a Riemann rule): the completeness-only scheme, ``start_steps`` nodes then twice the nodes for the
       rows whose \\|delta\\| misses the tolerance, up to ``max_steps``.
     * ``"smooth_grad"``: mean map of a gradient method over noisy embeddings [``n_samples=30``,

@@ -6,12 +6,10 @@ are a detached leaf and the parameters are frozen (faster); with ``create_graph=
 connected to the embedding table and every map is differentiable w.r.t. all parameters.
 
 Integrated Gradients lives in :mod:`~lightning_xai.attribution.integrated_gradients` (its quadrature rules in
-:mod:`~lightning_xai.attribution.quadrature`), SmoothGrad in :mod:`~lightning_xai.attribution.smooth_grad`; their
-names stay importable from here.
+:mod:`~lightning_xai.attribution.quadrature`), SmoothGrad in :mod:`~lightning_xai.attribution.smooth_grad`.
 """
 from __future__ import annotations
 
-import importlib
 from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator, List, Optional, Tuple
 
@@ -199,17 +197,3 @@ def _grad_x_input(model: ExplainableModel, batch: Batch, target: Any, *, create_
                   output: str = "probability", absolute: bool = False, detach_attention: bool = False) -> Tensor:
     return grad_x_input_map(model, batch, _embed(model, batch, create_graph), target, create_graph=create_graph,
                             output=output, absolute=absolute, detach_attention=detach_attention)
-
-
-
-# names that moved to the modules built on this one; imported on first use (a static import would be a circle)
-_MOVED = {"IG_RULES": "quadrature", "ig_nodes": "quadrature", "gauss_kronrod_nodes": "quadrature",
-          "BASELINES": "integrated_gradients", "IG_AUTO_TOKEN_RTOL": "integrated_gradients",
-          "integrated_gradients_map": "integrated_gradients", "_baseline": "integrated_gradients",
-          "GRADIENT_METHODS": "smooth_grad", "smooth_grad_map": "smooth_grad"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        return getattr(importlib.import_module(f"lightning_xai.attribution.{_MOVED[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """Smooth attention (Ding & Koehn 2019): the attention distribution averaged over Gaussian-noised embeddings.
 
 The attention twin of SmoothGrad, with the same noise convention as ``smooth_grad``
-(:func:`~lightning_xai.attribution.gradients.smooth_grad_map`): every real token's embedding gets
+(:func:`~lightning_xai.attribution.smooth_grad.smooth_grad_map`): every real token's embedding gets
 N(0, σ²) noise, σ = ``noise_level``·(max − min) of the row's real-token embedding entries (or ``stdev``), pads and
 special tokens are left as they are, and the draws come from a generator seeded with ``seed`` (one draw of
 shape ``[B, T, E]`` per sample, so the noise does not depend on how samples are grouped into passes).

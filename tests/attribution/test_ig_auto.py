@@ -10,7 +10,7 @@ import torch
 
 from lightning_xai.attribution import attribute
 from lightning_xai.attribution.batching import gather_rows
-from lightning_xai.attribution.gradients import gauss_kronrod_nodes
+from lightning_xai.attribution.quadrature import gauss_kronrod_nodes
 
 
 # --- the quadrature pair ---------------------------------------------------------------------------------------
