@@ -15,10 +15,10 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
-from lightning_xai.attribution.batching import pad_embeddings, take_rows
-from lightning_xai.attribution.core import register_method
+from lightning_xai.attribution.batching import gather_rows, pad_embeddings
 from lightning_xai.attribution.gradients import _embed, _rows_per_pass
 from lightning_xai.attribution.quadrature import IG_RULES, gauss_kronrod_nodes, ig_nodes
+from lightning_xai.attribution.registry import SCORES_AND_DELTA, register_method
 from lightning_xai.attribution.targets import resolve_target, target_score
 
 __all__ = ["BASELINES", "IG_AUTO_TOKEN_RTOL", "integrated_gradients_map"]
@@ -62,7 +62,7 @@ def _ig_path(model: ExplainableModel, batch: Batch, embeddings: Tensor, base: Te
         key = (start % B, stop - start)
         if key not in cache:
             row = torch.arange(start, stop, device=embeddings.device) % B
-            cache = {key: (row, take_rows(batch, row, B))}  # keep only the latest layout
+            cache = {key: (row, gather_rows(batch, row, B))}  # keep only the latest layout
         row, sub = cache[key]
         step = torch.arange(start, stop, device=embeddings.device) // B
         x = base.index_select(0, row) + alpha[step].view(-1, 1, 1) * diff.index_select(0, row)
@@ -92,7 +92,7 @@ def _ig_integrand(model: ExplainableModel, batch: Batch, embeddings: Tensor, bas
         x = base.index_select(0, r) + alpha[start:start + rows].view(-1, 1, 1) * d
         if not create_graph:
             x = x.detach().requires_grad_(True)
-        out = model.forward_from_embeddings(x, take_rows(batch, r, B))
+        out = model.forward_from_embeddings(x, gather_rows(batch, r, B))
         score = target_score(out, target.index_select(0, r), output)
         (grad,) = torch.autograd.grad(score.sum(), x, create_graph=create_graph)
         f = (d * grad).sum(-1)
@@ -231,7 +231,7 @@ def integrated_gradients_map(model: ExplainableModel, batch: Batch, embeddings: 
         if idx is None:
             return _ig_path(model, batch, embeddings, base, target, alphas, weights, output=output,
                             create_graph=create_graph, rows=rows)
-        return _ig_path(model, take_rows(batch, idx, N), embeddings.index_select(0, idx), base.index_select(0, idx),
+        return _ig_path(model, gather_rows(batch, idx, N), embeddings.index_select(0, idx), base.index_select(0, idx),
                         target.index_select(0, idx), alphas, weights, output=output, create_graph=create_graph,
                         rows=rows)
 
@@ -310,7 +310,7 @@ def _precision_hint(embeddings: Tensor, scores: Tensor) -> str:
             "callbacks do this by default, precision='auto')")
 
 
-@register_method("integrated_gradients", resolves_target=True)
+@register_method("integrated_gradients", resolves_target=True, precision_sensitive=True, returns=SCORES_AND_DELTA)
 def _integrated_gradients(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
                           n_steps: Union[int, str] = 50, baseline: Any = "zero", rule: str = "gauss_legendre",
                           internal_batch_size: Union[int, str, None] = "auto",

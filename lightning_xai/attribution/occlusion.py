@@ -12,9 +12,9 @@ from lightning_xai.adapters.capabilities import DeletionLogits, target_keys
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution import batching
 from lightning_xai.attribution.batching import (_keep_width, length_chunks, pad_embeddings, padding_trimmer,
-                                                remove_tokens, row_extents, take_rows)
-from lightning_xai.attribution.core import register_method
+                                                remove_tokens, row_extents, gather_rows)
 from lightning_xai.attribution.gradients import _rows_per_pass
+from lightning_xai.attribution.registry import register_method
 from lightning_xai.attribution.targets import resolve_target, target_score
 
 __all__ = ["LOO_MODES", "leave_one_out", "occlusion_batch"]
@@ -43,7 +43,7 @@ def occlusion_batch(batch: Batch, rows: Tensor, positions: Tensor, batch_size: i
         >>> v["input_ids"].tolist(), v["labels"].tolist()
         ([[6, 7], [5, 7], [5, 6]], [1, 1, 1])
     """
-    variants = take_rows(batch, rows, batch_size)
+    variants = gather_rows(batch, rows, batch_size)
     width = next(v.shape[1] for v in batch.values() if isinstance(v, Tensor) and v.dim() >= 2
                  and v.shape[0] == batch_size)
     remove = torch.zeros(rows.numel(), width, dtype=torch.bool, device=rows.device)
@@ -51,7 +51,7 @@ def occlusion_batch(batch: Batch, rows: Tensor, positions: Tensor, batch_size: i
     return remove_tokens(variants, remove, keep=keep)
 
 
-@register_method("leave_one_out", resolves_target=True)
+@register_method("leave_one_out", resolves_target=True, precision_sensitive=True)
 def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
                   mode: str = "delete", signed: bool = False, internal_batch_size: Union[int, str, None] = "auto",
                   output: Optional[str] = None, pad_token_id: Optional[int] = None) -> Tensor:
@@ -146,7 +146,7 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
             for c in length_chunks(extents[chosen], max_tokens, max_rows=max_rows):
                 k = chosen[c.to(chosen.device)]
                 r, p = rows[k], positions[k]
-                sub = trim(take_rows(batch, r, B), (k.numel(), T))
+                sub = trim(gather_rows(batch, r, B), (k.numel(), T))
                 width = next(v.shape[1] for v in sub.values() if isinstance(v, Tensor) and v.dim() >= 2
                              and v.shape[0] == k.numel())
                 # one copy of the rows (cut to the pass's width), then overwrite the single occluded vector each

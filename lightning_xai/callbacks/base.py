@@ -20,6 +20,7 @@ from typing_extensions import override
 
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.adapters.resolve import ModelResolver, ModelSpec
+from lightning_xai.attribution.registry import method_record
 from lightning_xai.callbacks._audit import model as lookup
 from lightning_xai.callbacks._audit.aggregation import ValueAggregator, aggregate_values, value_names
 from lightning_xai.callbacks._audit.budget import (DEFAULT_EVERY_N_EPOCHS, DEFAULT_NUM_SAMPLES, MIN_AUDIT_SECONDS,
@@ -102,8 +103,9 @@ class AuditCallback(Callback, abc.ABC):
     """
 
     name: str = "audit"
-    #: a name in ``guard.PRECISION_SENSITIVE`` makes the whole :meth:`audit_batch` precision-sensitive
-    precision_map: str = ""
+    #: True: the whole :meth:`audit_batch` is precision-sensitive (computed in float32 under autocast with
+    #: ``precision="auto"``), as erasure is; a single map is when its method record says so (:meth:`map_precision`)
+    precision_sensitive: bool = False
     #: True for audits that replace the model's attention (``attention_override``): checked before the first audit.
     needs_attention_override: bool = False
     #: the budget keeps the configured size and cadence of an audit that took less than this (seconds)
@@ -445,7 +447,7 @@ class AuditCallback(Callback, abc.ABC):
                  ) -> Tuple[BatchResult, Dict[str, Any]]:
         with precision_context(trainer, pl_module.device, context):
             prediction = self.predict(model, batch)
-            with self.map_precision(self.precision_map):
+            with self._precision.maps(self.name, self.precision_sensitive):
                 found, extra = audit_finite_rows(lambda b, i, p: self.audit_batch(
                     model, b, generator, i, prediction=p or self.predict(model, b)), batch, indices, prediction)
         found = replace(found, prediction=prediction.prediction if found.prediction is None else found.prediction,
@@ -460,10 +462,11 @@ class AuditCallback(Callback, abc.ABC):
                            "callback.history (and written by lightning_xai.reporting.AuditReport if present).")
             self._warned_no_logger = True
 
-    def map_precision(self, name: str) -> Any:
-        """Context for computing map ``name`` in :meth:`audit_batch`: float32 for a precision-sensitive map
-        (``guard.PRECISION_SENSITIVE``) under autocast with ``precision="auto"``, else nothing."""
-        return self._precision.maps(name)
+    def map_precision(self, method: str) -> Any:
+        """Context for computing the map of attribution ``method`` in :meth:`audit_batch`: float32 when its
+        :class:`~lightning_xai.attribution.MethodRecord` says ``precision_sensitive`` and the audit runs under
+        autocast with ``precision="auto"``, else nothing."""
+        return self._precision.maps(method, method_record(method).precision_sensitive)
 
     def predict(self, model: ExplainableModel, batch: Dict[str, Any]) -> AuditPrediction:
         """The prediction step every audit shares: the protocol's forward pass (no gradients), softmax, argmax."""

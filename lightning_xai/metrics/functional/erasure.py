@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
-from lightning_xai.attribution import explanation_context, resolve_target, take_rows
+from lightning_xai.attribution import explanation_context, gather_rows, resolve_target
 from lightning_xai.attribution.targets import warn_nonfinite_logits
 from lightning_xai.attribution import batching
 from lightning_xai.attribution.batching import (_check_remove, _trim_padding, batch_shape, erase_tokens,
@@ -66,7 +66,7 @@ def erasure_probabilities(model: ExplainableModel, batch: Batch, removals: Seque
     unique, inverse = torch.unique(keys, dim=0, return_inverse=True)
     K_unique = unique.shape[0]
     rows_of = unique[:, 0]
-    erased = erase_tokens(model, take_rows(batch, rows_of, B), unique[:, 1:].bool())
+    erased = erase_tokens(model, gather_rows(batch, rows_of, B), unique[:, 1:].bool())
     width = batch_shape(model, erased)[1]
     targets = target.to(mask.device).index_select(0, rows_of)
     budget = max_tokens
@@ -79,7 +79,7 @@ def erasure_probabilities(model: ExplainableModel, batch: Batch, removals: Seque
         lengths = row_extents(erased, K_unique) if trim is _trim_padding else torch.full((K_unique,), width)
         for idx in length_chunks(lengths, budget, max_rows=max_rows):
             idx = idx.to(mask.device)
-            part = trim(take_rows(erased, idx, K_unique), (idx.numel(), width))
+            part = trim(gather_rows(erased, idx, K_unique), (idx.numel(), width))
             logits = model.forward_from_embeddings(model.embed(part), part).logits
             parts.append((idx, logits.softmax(-1).gather(1, targets[idx].view(-1, 1)).squeeze(1)))
     order = torch.cat([idx for idx, _ in parts])
@@ -303,7 +303,7 @@ def decision_flip(model: ExplainableModel, batch: Batch,
             if scorer is not None:
                 logits = scorer(rows, override)
             else:  # full passes, as wide as the chunk's longest row
-                part = trim(take_rows(safe, rows, B), (rows.numel(), T))
+                part = trim(gather_rows(safe, rows, B), (rows.numel(), T))
                 width = model.token_mask(part).shape[1]
                 logits = model.forward_from_embeddings(emb.index_select(0, rows)[:, :width], part,
                                                        attention_override=override[:, :width]).logits
