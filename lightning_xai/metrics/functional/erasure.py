@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence, Union, cast
 
 import torch
 from torch import Tensor
@@ -233,12 +233,15 @@ def decision_flip(model: ExplainableModel, batch: Batch,
     model = as_explainable(model)
     listed = isinstance(ranking, (list, tuple))
     stacked = listed or (isinstance(ranking, Tensor) and ranking.dim() == 3)
-    entries = list(ranking) if listed else list(ranking.unbind(0)) if stacked else [ranking]
+    entries: List[Union[str, Tensor]] = (
+        list(ranking) if isinstance(ranking, (list, tuple)) else
+        list(ranking.unbind(0)) if isinstance(ranking, Tensor) and stacked else
+        [cast(Union[str, Tensor], ranking)])  # not a list or tuple: one name or map (else ranking_scores rejects it)
     if not entries:
         raise ValueError("ranking is an empty stack of rankings; give at least one name or [B, T] map.")
     # score maps and random draws are checked before the pass; the model's own rankings come from its pass below
-    given = [None if isinstance(one, str) and one in _FROM_THE_PASS else
-             ranking_scores(model, batch, one, generator=generator) for one in entries]
+    given: List[Union[str, Tensor]] = [one if isinstance(one, str) and one in _FROM_THE_PASS else
+                                       ranking_scores(model, batch, one, generator=generator) for one in entries]
     with explanation_context(model, batch) as safe, torch.no_grad():
         mask = model.token_mask(safe)
         if bool((~mask.any(1)).any()):
@@ -254,9 +257,10 @@ def decision_flip(model: ExplainableModel, batch: Batch,
         grad = None
         if any(isinstance(one, str) and one in ("gradient", "grad_x_attention") for one in entries):
             grad = _attention_gradient(model, safe, emb, out, scorer, decision)
-        named = {"attention": alpha, "gradient": grad, "grad_x_attention": None if grad is None else grad * alpha}
-        scores = torch.stack([named[one] if map_ is None else map_.to(device).to(alpha.dtype)
-                              for one, map_ in zip(entries, given)])
+        named = {"attention": alpha}
+        if grad is not None:
+            named.update(gradient=grad, grad_x_attention=grad * alpha)
+        scores = torch.stack([named[one] if isinstance(one, str) else one.to(device).to(alpha.dtype) for one in given])
         R = scores.shape[0]
         # R·B instances, ranking-major: instance r·B + b is row b of the batch ranked by map r
         source = torch.arange(B, device=device).repeat(R)
