@@ -148,6 +148,7 @@ def adversarial_attention_search(
             if scorer is not None:
                 probs = scorer(candidate_rows, attn.reshape(size * k, length)).softmax(-1).reshape(size, k, -1)
             else:
+                assert big_embeddings is not None and big_batch is not None  # built above when scorer is None
                 out = model.forward_from_embeddings(big_embeddings, big_batch,
                                                     attention_override=attn.reshape(size * k, length))
                 probs = out.logits.softmax(-1).reshape(size, k, -1)
