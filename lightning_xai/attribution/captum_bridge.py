@@ -12,8 +12,9 @@ from typing import Any, Dict, List, Tuple, Union
 import torch
 from torch import Tensor
 
+from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
-from lightning_xai.attribution.targets import OUTPUTS, resolve_target
+from lightning_xai.attribution.targets import OUTPUTS, resolve_target, score_values
 
 __all__ = ["captum_attribute"]
 
@@ -66,6 +67,8 @@ def captum_attribute(model: ExplainableModel, batch: Batch, target: Any, *, crea
     holders = _holders(captum_method)
     if not holders:
         raise TypeError(f"{type(captum_method).__name__} has no forward_func; pass a Captum attribution object.")
+    head = head_kind_of(model)
+    score_values(torch.zeros(1, 1), output, head)  # a probability of a regression head: refused before Captum runs
     mask = model.token_mask(batch)
     B = mask.shape[0]
     with torch.no_grad():
@@ -78,10 +81,7 @@ def captum_attribute(model: ExplainableModel, batch: Batch, target: Any, *, crea
     def forward(emb: Tensor, *values: Tensor) -> Tensor:
         sub = dict(fixed)
         sub.update(zip(keys, values))
-        logits = model.forward_from_embeddings(emb, sub).logits
-        if output == "probability":
-            return logits.softmax(dim=-1)
-        return logits.log_softmax(dim=-1) if output == "log_probability" else logits
+        return score_values(model.forward_from_embeddings(emb, sub).logits, output, head)
 
     saved = [(holder, holder.forward_func) for holder in holders]
     try:

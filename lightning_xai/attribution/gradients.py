@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.checks import check_attention_distribution
+from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution.core import register_method
 from lightning_xai.attribution.targets import resolve_target, target_score
@@ -140,7 +141,7 @@ def _compute_input_gradients(model: ExplainableModel, batch: Batch, embeddings: 
             override = model.forward_from_embeddings(inputs.detach(), batch).attention.detach()
     logits = model.forward_from_embeddings(inputs, batch, attention_override=override).logits
     target = resolve_target(logits, target)
-    score = target_score(logits, target, output)
+    score = target_score(logits, target, output, head_kind_of(model))
     (grad,) = torch.autograd.grad(score.sum(), inputs, create_graph=create_graph)
     return grad, inputs, target
 

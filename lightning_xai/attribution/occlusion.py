@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.capabilities import DeletionLogits
+from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution import batching
 from lightning_xai.attribution.batching import (_trim_padding, length_chunks, pad_embeddings, padding_trimmer,
@@ -75,7 +76,7 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
         embeddings = model.embed(batch)
         logits = model.forward_from_embeddings(embeddings, batch).logits
         target = resolve_target(logits, target)
-        full = target_score(logits, target, output)
+        full = target_score(logits, target, output, head_kind_of(model))
         rows, positions = mask.nonzero(as_tuple=True)
         E = embeddings.shape[-1]
         per_pass = _rows_per_pass(internal_batch_size, T, E, embeddings.device, forward_only=True)
@@ -99,7 +100,7 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
             out = model.deletion_logits(embeddings, batch, rows[chosen], positions[chosen]) \
                 if isinstance(model, DeletionLogits) else None
             if out is not None:
-                parts.append((chosen, target_score(out, target.index_select(0, rows[chosen]), output)))
+                parts.append((chosen, target_score(out, target.index_select(0, rows[chosen]), output, head_kind_of(model))))
                 chosen = chosen[:0]
         if chosen.numel() or bool(by_pad.any()):  # full passes remain: trim them only where the logits allow
             trim = padding_trimmer(model, batch, B)  # the identity for a model that reads its padding
@@ -110,7 +111,7 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
                 k = chosen[c.to(chosen.device)]
                 variants = trim(occlusion_batch(batch, rows[k], positions[k], B), (k.numel(), T - 1))
                 out = model.forward_from_embeddings(model.embed(variants), variants).logits
-                parts.append((k, target_score(out, target.index_select(0, rows[k]), output)))
+                parts.append((k, target_score(out, target.index_select(0, rows[k]), output, head_kind_of(model))))
         if bool(by_pad.any()):
             pads = pad_embeddings(model, batch, embeddings, pad_token_id=pad_token_id)
             chosen = by_pad.nonzero().flatten()
@@ -125,7 +126,7 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
                 where = (torch.arange(k.numel(), device=x.device), p)
                 x = x.index_put(where, pads[r, p]) if create_graph else x.contiguous().index_put_(where, pads[r, p])
                 out = model.forward_from_embeddings(x, sub).logits
-                parts.append((k, target_score(out, target.index_select(0, r), output)))
+                parts.append((k, target_score(out, target.index_select(0, r), output, head_kind_of(model))))
         for k, values in parts:
             occluded = occluded.index_copy(0, k, values)
         change = full.index_select(0, rows) - occluded

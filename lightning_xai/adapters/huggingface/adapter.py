@@ -73,6 +73,7 @@ from lightning_xai.adapters.huggingface.attention import (ATTENTION_IMPLEMENTATI
                                                            active_override, override_rows, recording_attention,
                                                            register_attention_implementation)
 from lightning_xai.adapters.huggingface.families import module_calls
+from lightning_xai.adapters.huggingface.heads import head_kind as config_head_kind
 from lightning_xai.adapters.huggingface.pooling import detect_pooling, is_causal, pooled_logits, query_mask
 from lightning_xai.adapters.huggingface.replay import override_replay
 from lightning_xai.adapters.huggingface.reductions import (Reduction, attention_rollout, parse_reduction,
@@ -229,6 +230,12 @@ class HuggingFaceAdapter(nn.Module):
         """The pad id (tokenizer's, else the model config's): the "pad" baseline of IG and leave-one-out."""
         pad = getattr(self.tokenizer, "pad_token_id", None)
         return pad if pad is not None else getattr(getattr(self.model, "config", None), "pad_token_id", None)
+
+    @property
+    def head_kind(self) -> str:
+        """:class:`~lightning_xai.adapters.capabilities.HeadKind`: ``"regression"``, ``"sigmoid"`` or ``"softmax"``,
+        from ``config.problem_type`` and ``num_labels`` (:func:`~lightning_xai.adapters.huggingface.heads.head_kind`)."""
+        return config_head_kind(getattr(self.model, "config", None))
 
     @property
     def max_length(self) -> Optional[int]:
