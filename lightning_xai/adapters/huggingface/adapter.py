@@ -68,12 +68,14 @@ import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.capabilities import OverrideScorer
-from lightning_xai.adapters.checks import check_logits, check_token_ids, evaluating
+from lightning_xai.adapters.checks import (check_attention_mask, check_logits, check_sequence_length,
+                                           check_token_ids, evaluating)
 from lightning_xai.adapters.huggingface.attention import (ATTENTION_IMPLEMENTATION, OverrideState,
                                                            active_override, override_rows, recording_attention,
                                                            register_attention_implementation)
 from lightning_xai.adapters.huggingface.families import module_calls
 from lightning_xai.adapters.huggingface.heads import head_kind as config_head_kind
+from lightning_xai.adapters.huggingface.inputs import position_offset, warn_missing_token_types
 from lightning_xai.adapters.huggingface.pooling import detect_pooling, is_causal, pooled_logits, query_mask
 from lightning_xai.adapters.huggingface.replay import override_replay
 from lightning_xai.adapters.huggingface.reductions import (Reduction, attention_rollout, parse_reduction,
@@ -161,6 +163,7 @@ class HuggingFaceAdapter(nn.Module):
         self.attention_name = attention if isinstance(attention, str) else getattr(attention, "__name__", "callable")
         # a reference, not a registered submodule: it already lives inside ``model`` (no duplicate state_dict keys)
         object.__setattr__(self, "_embedding", self._find_embedding(model))
+        self._position_offset = position_offset(model)  # RoBERTa-style position ids start at padding_idx + 1
         try:
             detected = detect_pooling(model)
         except ProtocolError:
@@ -178,6 +181,7 @@ class HuggingFaceAdapter(nn.Module):
         with recording_attention(model) as overridable:  # checks the model can switch; restores its own
             self.overridable = overridable
         object.__setattr__(self, "_attention_modules", self._find_attention_modules(model))
+
 
     # --- construction checks ------------------------------------------------------------------------------
     @staticmethod
@@ -239,8 +243,11 @@ class HuggingFaceAdapter(nn.Module):
 
     @property
     def max_length(self) -> Optional[int]:
-        """The longest sequence the model's position embeddings allow (``None`` if unknown)."""
-        return getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        """The longest sequence the model's position embeddings allow (``None`` if unknown): RoBERTa-style
+        embeddings skip ``padding_idx + 1`` position ids (:func:`~lightning_xai.adapters.huggingface.inputs.
+        position_offset`)."""
+        limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        return None if limit is None else int(limit) - self._position_offset
 
     def embed(self, batch: Batch) -> Tensor:
         """``[B, T, E]`` word embeddings of ``batch["input_ids"]`` (graph-connected to the embedding table)."""
@@ -249,11 +256,8 @@ class HuggingFaceAdapter(nn.Module):
                            "(see lightning_xai.data.hf.WordPieceCollator).")
         ids = batch["input_ids"]
         check_token_ids(ids, self._embedding.num_embeddings, "Tokenizer/model mismatch: input_ids")
-        limit = self.max_length
-        if limit is not None and ids.shape[1] > limit:
-            raise ValueError(f"Sequences of {ids.shape[1]} word-pieces exceed the model's max length {limit}; "
-                             "tokenize with truncation (WordPieceCollator(max_length=...) truncates with a warning "
-                             "that counts the rationale/impermissible words cut off).")
+        check_sequence_length(ids.shape[1], getattr(getattr(self.model, "config", None), "max_position_embeddings",
+                                                    None), self._position_offset)
         return self._embedding(ids)
 
     def token_mask(self, batch: Batch) -> Tensor:
@@ -271,6 +275,12 @@ class HuggingFaceAdapter(nn.Module):
             raise KeyError("Batch has no 'attention_mask' (1 at every non-pad position, special tokens included); "
                            "collate with lightning_xai.data.hf.WordPieceCollator or the tokenizer's padding.")
         return batch["attention_mask"]
+
+    def _check_inputs(self, batch: Batch) -> None:
+        """The protocol boundary's checks of a batch (see :meth:`forward_from_embeddings`)."""
+        if "input_ids" in batch:
+            check_attention_mask(self._attention_mask(batch), batch["input_ids"], batch.get("mask"))
+            warn_missing_token_types(batch, getattr(self.model, "config", None), self.tokenizer, owner=self)
 
     def _last_module_calls(self) -> int:
         """How many layers run the last attention module (the family table's shared layers: ALBERT)."""
@@ -337,7 +347,13 @@ class HuggingFaceAdapter(nn.Module):
 
     def forward_from_embeddings(self, embeddings: Tensor, batch: Batch, *,
                                 attention_override: Optional[Tensor] = None) -> ExplainOutput:
-        """Run the classifier from word embeddings (see the module docstring for the override semantics)."""
+        """Run the classifier from word embeddings (see the module docstring for the override semantics).
+
+        The batch is checked first: ``attention_mask`` (and ``mask``) of ``input_ids``'s shape, every row attending
+        somewhere, every real token attended (:func:`~lightning_xai.adapters.checks.check_attention_mask`); a pair
+        without ``token_type_ids`` for a model with token types warns once
+        (:func:`~lightning_xai.adapters.huggingface.inputs.warn_missing_token_types`)."""
+        self._check_inputs(batch)
         logits, output, mask, qmask = self._run(embeddings, batch, attention_override)
         raw = tuple(output.attentions) if getattr(output, "attentions", None) is not None else ()
         if not raw:
