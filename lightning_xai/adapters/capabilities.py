@@ -24,7 +24,8 @@ input-invariance check and LRP report that the model is not supported.
 
 And one flag, read by :func:`supports_attention_override`: a model that cannot take ``attention_override`` says so
 with ``overridable = False`` (:class:`~lightning_xai.adapters.HuggingFaceAdapter` over a family that computes
-attention in its own modeling file, e.g. DeBERTa-v2), so the audits that replace attention refuse it at setup.
+attention in its own modeling file and that it cannot hook, e.g. DeBERTa v1), so the audits that replace attention
+refuse it at setup.
 """
 from __future__ import annotations
 

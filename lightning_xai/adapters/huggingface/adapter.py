@@ -58,10 +58,13 @@ default position of the summary token):
   attention dropout in train mode). Outside an override it *is* eager attention. The adapter switches the model
   to it **only for its own forward passes** (:func:`~lightning_xai.adapters.huggingface.attention.recording_attention`)
   and restores the model's implementation afterwards: a model loaded with ``sdpa``/flash attention keeps
-  training on it, with its own numbers and speed.
+  training on it, with its own numbers and speed. DeBERTa-v2/v3, whose modeling file computes attention itself, gets
+  the same rows through a forward hook on its last attention module's dropout, attached for the override pass only
+  (:mod:`lightning_xai.adapters.huggingface.native`).
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, List, Optional, Tuple
 
 import torch
@@ -76,6 +79,7 @@ from lightning_xai.adapters.huggingface.attention import (ATTENTION_IMPLEMENTATI
 from lightning_xai.adapters.huggingface.families import module_calls
 from lightning_xai.adapters.huggingface.heads import head_kind as config_head_kind
 from lightning_xai.adapters.huggingface.inputs import position_offset, warn_missing_token_types
+from lightning_xai.adapters.huggingface.native import native_attention_modules, native_override
 from lightning_xai.adapters.huggingface.pooling import detect_pooling, is_causal, pooled_logits, query_mask
 from lightning_xai.adapters.huggingface.replay import override_replay
 from lightning_xai.adapters.huggingface.reductions import (Reduction, attention_rollout, parse_reduction,
@@ -181,7 +185,11 @@ class HuggingFaceAdapter(nn.Module):
         with recording_attention(model) as overridable:  # checks the model can switch; restores its own
             self.overridable = overridable
         object.__setattr__(self, "_attention_modules", self._find_attention_modules(model))
-
+        #: overrides go through a hook on the attention dropout of a family with native attention (DeBERTa-v2)
+        self._native = not overridable and bool(native_attention_modules(model))
+        if self._native:
+            self.overridable = True
+            object.__setattr__(self, "_attention_modules", native_attention_modules(model))
 
     # --- construction checks ------------------------------------------------------------------------------
     @staticmethod
@@ -333,8 +341,9 @@ class HuggingFaceAdapter(nn.Module):
             rows = override_rows(attention_override, attention_mask.bool(), mask, self.override_specials)
             state = OverrideState(self._attention_modules[-1], qmask, rows, calls=self._last_module_calls())
             token = active_override().set(state)
+        hook = native_override(self._attention_modules[-1]) if token is not None and self._native else nullcontext()
         try:  # un-checkpointed: a checkpointed layer would recompute in backward outside these contexts
-            with recording_attention(self.model), unchecked_layers(self.model):
+            with recording_attention(self.model), unchecked_layers(self.model), hook:
                 if self._head_pooling == "last":  # the head reads the query row: query_index= moves it too
                     logits, output = pooled_logits(self.model, kwargs, qmask.long().argmax(-1))
                 else:
