@@ -35,7 +35,7 @@ from lightning_xai.adapters.capabilities import HEAD_KINDS, head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
 from lightning_xai.attribution.context import explanation_context
 
-__all__ = ["OUTPUTS", "check_real_tokens", "check_token_mask", "decisions", "default_output", "explained_quantity",
+__all__ = ["OUTPUTS", "check_real_tokens", "check_softmax_head", "check_token_mask", "decisions", "default_output", "explained_quantity",
            "label_targets", "predicted_class", "resolve_target", "score_values", "target_probabilities",
            "target_score", "warn_nonfinite_logits"]
 
@@ -251,6 +251,32 @@ def decisions(logits: Tensor, head: str = "softmax") -> Tensor:
     if head != "softmax":
         raise ValueError(f"Unknown head {head!r}; choose one of {list(HEAD_KINDS)}.")
     return logits.detach().argmax(dim=-1)
+
+
+def check_softmax_head(model: Any, measure: str) -> None:
+    """Raise a ValueError naming ``measure`` unless ``model`` is a softmax classifier.
+
+    For the measures defined on one categorical output distribution (the total variation between two softmax
+    outputs, an argmax flip): a sigmoid head's labels are not one distribution and a regression head has none, so
+    such a measure would be a silent wrong number there.
+
+    Example:
+        >>> from torch import nn
+        >>> class Scorer(nn.Module):
+        ...     head_kind = "regression"
+        >>> check_softmax_head(nn.Linear(2, 2), "the permutation test")
+        >>> check_softmax_head(Scorer(), "the permutation test")
+        Traceback (most recent call last):
+        ...
+        ValueError: the permutation test compares softmax output distributions, but Scorer has a regression head (head_kind='regression'); it is defined for softmax classifiers only. Its attributions (with output='logit') and ERASER faithfulness work on this head.
+    """
+    head = head_kind_of(model)
+    if head == "softmax":
+        return
+    works = ("Its attributions (with output='logit') and ERASER faithfulness work on this head." if head == "regression"
+             else "Its attributions, ERASER faithfulness and decision flips (label-set changes) work on this head.")
+    raise ValueError(f"{measure} compares softmax output distributions, but {type(model).__name__} has a {head} head "
+                     f"(head_kind={head!r}); it is defined for softmax classifiers only. {works}")
 
 
 def label_targets(logits: Tensor, head: str = "sigmoid") -> Tuple[Tensor, Tensor]:
