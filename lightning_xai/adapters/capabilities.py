@@ -35,8 +35,8 @@ from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
 
-__all__ = ["DeletionLogits", "EmbeddingShift", "HEAD_KINDS", "HeadKind", "LinearHead", "OverrideReplay", "OverrideScorer", "ReferenceLogits", "TokenEncoder",
-           "head_kind_of", "supports_attention_override"]
+__all__ = ["DeletionLogits", "EmbeddingShift", "HEAD_KINDS", "HeadKind", "LinearHead", "OverrideReplay", "OverrideScorer",
+           "ReferenceLogits", "TokenEncoder", "head_kind_of", "supports_attention_override"]
 
 #: ``scorer(rows, attention_override) -> [N, C]`` logits of rows ``rows`` (``LongTensor[N]``) of a batch under an
 #: override (``None``: the model's own attention); see :class:`OverrideReplay`.

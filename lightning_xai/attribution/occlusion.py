@@ -100,7 +100,8 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
             out = model.deletion_logits(embeddings, batch, rows[chosen], positions[chosen]) \
                 if isinstance(model, DeletionLogits) else None
             if out is not None:
-                parts.append((chosen, target_score(out, target.index_select(0, rows[chosen]), output, head_kind_of(model))))
+                parts.append((chosen, target_score(out, target.index_select(0, rows[chosen]), output,
+                                                   head_kind_of(model))))
                 chosen = chosen[:0]
         if chosen.numel() or bool(by_pad.any()):  # full passes remain: trim them only where the logits allow
             trim = padding_trimmer(model, batch, B)  # the identity for a model that reads its padding

@@ -35,8 +35,8 @@ from lightning_xai.adapters.capabilities import HEAD_KINDS, head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
 from lightning_xai.attribution.context import explanation_context
 
-__all__ = ["OUTPUTS", "check_real_tokens", "check_softmax_head", "check_token_mask", "decisions", "default_output", "explained_quantity",
-           "label_targets", "predicted_class", "resolve_target", "score_values", "target_probabilities",
+__all__ = ["OUTPUTS", "check_real_tokens", "check_softmax_head", "check_token_mask", "decisions", "default_output",
+           "explained_quantity", "label_targets", "predicted_class", "resolve_target", "score_values", "target_probabilities",
            "target_score", "warn_nonfinite_logits"]
 
 #: the scores a gradient method can differentiate: ``output=`` of :func:`~lightning_xai.attribution.attribute`
@@ -239,7 +239,8 @@ def decisions(logits: Tensor, head: str = "softmax") -> Tensor:
         ValueError: a regression head makes no decision (nothing can flip).
 
     Example:
-        >>> decisions(torch.tensor([[0.5, -1.0, 2.0]]), "softmax"), decisions(torch.tensor([[0.5, -1.0, 2.0]]), "sigmoid")
+        >>> logits = torch.tensor([[0.5, -1.0, 2.0]])
+        >>> decisions(logits, "softmax"), decisions(logits, "sigmoid")
         (tensor([2]), tensor([[ True, False,  True]]))
     """
     if head == "regression":

@@ -25,7 +25,8 @@ def position_offset(model: nn.Module) -> int:
     Example:
         >>> from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel
         >>> small = dict(vocab_size=20, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8)
-        >>> position_offset(RobertaModel(RobertaConfig(**small, pad_token_id=1))), position_offset(BertModel(BertConfig(**small)))
+        >>> roberta, bert = RobertaModel(RobertaConfig(**small, pad_token_id=1)), BertModel(BertConfig(**small))
+        >>> position_offset(roberta), position_offset(bert)
         (2, 0)
     """
     for module in model.modules():
