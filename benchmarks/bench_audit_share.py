@@ -45,7 +45,8 @@ from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import _common as C  # noqa: E402
+from benchmarks import harness as H  # noqa: E402
+from benchmarks import models as M  # noqa: E402
 from lightning_xai.metrics.functional import AOPC_BINS  # noqa: E402
 
 CONFIGS: Dict[str, Dict[str, Any]] = {
@@ -82,9 +83,9 @@ def _module_and_data(model: str, quick: bool):
     if model == "reference":
         from lightning_xai.models import AttentionClassifier
 
-        dm = C.datamodule("sst2")
-        reference = C.reference_model()
-        cfg = C.REFERENCE_CONFIG
+        dm = M.datamodule("sst2")
+        reference = M.reference_model()
+        cfg = M.REFERENCE_CONFIG
         module = AttentionClassifier(dm.vocab_size, dm.num_classes, encoder=cfg["encoder"],
                                      attention=cfg["attention"], embedding_dim=cfg["embedding_dim"],
                                      hidden_dim=cfg["hidden_dim"], embedding_std=cfg["embedding_std"],
@@ -93,10 +94,9 @@ def _module_and_data(model: str, quick: bool):
         module.train()
         return module, dm, module, {"model": "reference BiLSTM (trained 2 epochs, cached)", **reference.bench_info}
     if model == "llama":
-        from benchmarks.models import trained_llama
         from lightning_xai.models.hf_classifier import HFClassifier
 
-        hf, dm, info = trained_llama()
+        hf, dm, info = M.trained_llama()
         module = HFClassifier(model=hf, lr=info["lr"], weight_decay=info["weight_decay"])
         return module, dm, module.adapter, {"model": "small Llama-architecture classifier (examples/llama_sst2.py, "
                                                      "trained from scratch, cached; sdpa)",
@@ -183,10 +183,10 @@ def _loo_floor(model, batches: List[Dict[str, Any]], repeats: int) -> Dict[str, 
     was_training = getattr(model, "training", False)
     model.eval()
     try:
-        times = C.interleaved({"floor": run}, repeats=repeats, warmup=1)["floor"]
+        times = H.interleaved({"floor": run}, repeats=repeats, warmup=1)["floor"]
     finally:
         model.train(was_training)
-    return {"forward_passes": len(rows), "batches": len(prepared), "seconds": C.median(times), "times": times}
+    return {"forward_passes": len(rows), "batches": len(prepared), "seconds": H.median(times), "times": times}
 
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
@@ -199,7 +199,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     args = _parse(argv)
     if args.quick:
         args.train_batches, args.rounds, args.num_samples, args.scale_to = 2, 1, 16, 16
-    threads = C.set_threads(args.threads)
+    threads = H.set_threads(args.threads)
     module, dm, explainable, info = _module_and_data(args.model, args.quick)
     audits = _callbacks(args.configs, args.num_samples)
     names = list(audits)
@@ -262,7 +262,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     trainer = pl.Trainer(max_epochs=args.rounds, limit_train_batches=args.train_batches, limit_val_batches=0,
                          num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=[*audits.values(), Rotate()],
-                         default_root_dir=str(C.CACHE / "audit_share"))
+                         default_root_dir=str(H.CACHE / "audit_share"))
     # the audit callbacks keep their setup/fit-start hooks; their epoch-end audits run from Rotate instead
     for audit in audits.values():
         audit.on_train_epoch_end = lambda *a, **k: None
@@ -275,13 +275,13 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     wall = time.perf_counter() - started
     full_batches = -(-FULL_TRAIN_SENTENCES // 32)
     per_batch = [t / args.train_batches for t in clock["train"]]
-    epoch = C.median(per_batch) * full_batches
+    epoch = H.median(per_batch) * full_batches
     first = next(iter(audits.values()))
     batches = [b for _, _, b in first._audit_batches(trainer, "val")]
     floor = _loo_floor(explainable, batches, repeats=max(1, min(args.rounds, 5)))
     rows, configs = [], {}
     for name in names:
-        seconds = C.median(clock["audit"][name]) if clock["audit"][name] else float("nan")
+        seconds = H.median(clock["audit"][name]) if clock["audit"][name] else float("nan")
         profile = {m: s / max(1, len(clock["audit"][name])) for m, s in clock["per_method"][name].items()}
         scale = args.scale_to / args.num_samples
         configs[name] = {"audit_s": seconds, "times": clock["audit"][name], "share": seconds * scale / epoch,
@@ -289,17 +289,17 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
                          "per_method_s": profile, "target": TARGETS.get(name)}
         if name == "attention_loo":
             configs[name]["vs_floor"] = seconds / floor["seconds"]  # same sentences: no scaling
-    result = {"model": args.model, "info": info, "env": C.environment(threads), "command": C.command_line(),
+    result = {"model": args.model, "info": info, "env": H.environment(threads), "command": H.command_line(),
               "train_batches_timed": args.train_batches, "full_batches": full_batches, "rounds": args.rounds,
               "train_s_per_batch": per_batch, "epoch_s_extrapolated": epoch, "num_samples": args.num_samples,
               "scale_to": args.scale_to,
               "loo_floor": floor, "configs": configs, "wall_s": wall}
     result["markdown"] = _markdown(result)
     if not args.quick:
-        path = C.save(f"audit_share_{args.model}", result, args.out)
+        path = H.save(f"audit_share_{args.model}", result, args.out)
         print(f"wrote {path}")
         if args.update:
-            C.update_block(f"results:audit_share_{args.model}", result["markdown"])
+            H.update_block(f"results:audit_share_{args.model}", result["markdown"])
     print(result["markdown"])
     return result
 
@@ -314,18 +314,18 @@ def _markdown(r: Dict[str, Any]) -> str:
         rows.append((name, c["audit_s"], c["audit_s_scaled"], f"{100 * c['share']:.1f}%",
                      "-" if target is None else f"≤ {100 * target:.0f}%", "n/a" if met is None else
                      ("yes" if met else "**no**"), where, len(c["times"])))
-    text = C.table(rows, ("configuration", f"audit s ({r['num_samples']} sentences, median)",
+    text = H.table(rows, ("configuration", f"audit s ({r['num_samples']} sentences, median)",
                           f"audit s for {r['scale_to']}", "share of epoch", "target", "met?",
                           "where the time goes (s per audit)", "runs"))
     f = r["loo_floor"]
     loo = r["configs"].get("attention_loo")
     text += (f"\n\nEpoch: {r['train_batches_timed']} training batches of 32 timed per round, median "
-             f"{C.fmt(C.median(r['train_s_per_batch']))} s/batch × {r['full_batches']} batches = "
-             f"{C.fmt(r['epoch_s_extrapolated'])} s (extrapolated to the full 6,920-sentence split). "
+             f"{H.fmt(H.median(r['train_s_per_batch']))} s/batch × {r['full_batches']} batches = "
+             f"{H.fmt(r['epoch_s_extrapolated'])} s (extrapolated to the full 6,920-sentence split). "
              f"Leave-one-out floor: {f['forward_passes']} forward passes (Σ L_i) in {f['batches']} batches, "
-             f"{C.fmt(f['seconds'])} s")
+             f"{H.fmt(f['seconds'])} s")
     if loo:
-        text += f"; leave-one-out audit / floor = {C.fmt(loo['vs_floor'])}× (target ≤ 1.5×)"
+        text += f"; leave-one-out audit / floor = {H.fmt(loo['vs_floor'])}× (target ≤ 1.5×)"
     scaled = (f", audit times scaled linearly to {r['scale_to']} sentences" if r["scale_to"] != r["num_samples"]
               else "")
     text += (f". {r['rounds']} rounds, {r['num_samples']} dev sentences audited{scaled}, {r['env']['threads']} "

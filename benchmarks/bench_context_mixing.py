@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from benchmarks import _common as C  # noqa: E402
-from benchmarks.bench_ig import load  # noqa: E402
+from benchmarks import harness as H  # noqa: E402
+from benchmarks import models as M  # noqa: E402
 
 FAST = ("gradient", "grad_x_input", "attnlrp", "attention_norm", "alti", "grad_attention")
 SLOW = ("value_zeroing", "attention_flow")
@@ -82,7 +82,7 @@ def batched(tr, batch: dict, layer: int, chunk) -> torch.Tensor:
 
 
 def main(argv=None) -> dict:
-    parser = C.common_args(__doc__.splitlines()[0])
+    parser = H.common_args(__doc__.splitlines()[0])
     parser.add_argument("--slow-sentences", type=int, default=16, help="sentences for value_zeroing / flow")
     parser.add_argument("--slow-repeats", type=int, default=3)
     parser.add_argument("--vz-sentences", type=int, default=32, help="sentences for batched vs loops")
@@ -93,25 +93,25 @@ def main(argv=None) -> dict:
                         help="zeroed copies per tail call (batched; default: the library's TAIL_ROWS rows)")
     parser.add_argument("--weights", default="random", help="ignored (MiniLM only); for the smoke test's flags")
     args = parser.parse_args(argv)
-    threads = C.set_threads(args.threads)
+    threads = H.set_threads(args.threads)
     if args.quick:
         args.batch_size, args.repeats, args.slow_sentences, args.slow_repeats = min(args.batch_size, 4), 2, 2, 1
         args.vz_sentences, args.vz_repeats = min(args.vz_sentences, 2), 1
     from lightning_xai.attribution import attribute
 
-    model, batch, target = load("minilm", args.batch_size)
+    model, batch, target = M.model_batch_target("minilm", args.batch_size)
     slow_batch = rows_of(batch, args.slow_sentences)
     slow_target = target[:args.slow_sentences]
-    result = {"benchmark": "context_mixing", "command": C.command_line(), "env": C.environment(threads),
-              "model_info": model.bench_info, "batch": C.batch_stats(batch), "slow_batch": C.batch_stats(slow_batch)}
+    result = {"benchmark": "context_mixing", "command": H.command_line(), "env": H.environment(threads),
+              "model_info": model.bench_info, "batch": M.batch_stats(batch), "slow_batch": M.batch_stats(slow_batch)}
 
     methods = tuple(dict.fromkeys(("gradient", *args.methods)))
     fast = {m: (lambda m=m: attribute(model, batch, m, target)) for m in methods}
-    times = C.interleaved(fast, repeats=args.repeats, warmup=1)
+    times = H.interleaved(fast, repeats=args.repeats, warmup=1)
     slow = {m: (lambda m=m: attribute(model, slow_batch, m, slow_target)) for m in ("gradient", *SLOW)}
-    slow_times = C.interleaved(slow, repeats=args.slow_repeats, warmup=0)
-    med = {m: C.median(v) for m, v in times.items()}
-    slow_med = {m: C.median(v) for m, v in slow_times.items()}
+    slow_times = H.interleaved(slow, repeats=args.slow_repeats, warmup=0)
+    med = {m: H.median(v) for m, v in times.items()}
+    slow_med = {m: H.median(v) for m, v in slow_times.items()}
     result["seconds"] = {m: {"median": med[m], "all": v} for m, v in times.items()}
     result["slow_seconds"] = {m: {"median": slow_med[m], "all": v} for m, v in slow_times.items()}
     result["vs_gradient"] = {**{m: med[m] / med["gradient"] for m in methods},
@@ -133,15 +133,15 @@ def main(argv=None) -> dict:
         vz_e2e = {"batched": lambda: batched(trace(model, vz_batch), vz_batch, layer, args.vz_chunk),
                   "token_loop": lambda: token_loop(trace(model, vz_batch), layer),
                   "sentence_loop": lambda: sentence_loop([trace(model, one) for one in singles], width, layer)}
-        vz_times = C.interleaved(vz, repeats=args.vz_repeats, warmup=1)
-        e2e_times = C.interleaved(vz_e2e, repeats=args.vz_repeats, warmup=0)
+        vz_times = H.interleaved(vz, repeats=args.vz_repeats, warmup=1)
+        e2e_times = H.interleaved(vz_e2e, repeats=args.vz_repeats, warmup=0)
         maps = {k: fn() for k, fn in vz.items()}
-    vz_med = {k: C.median(v) for k, v in vz_times.items()}
-    e2e_med = {k: C.median(v) for k, v in e2e_times.items()}
+    vz_med = {k: H.median(v) for k, v in vz_times.items()}
+    e2e_med = {k: H.median(v) for k, v in e2e_times.items()}
     present = vz_batch["attention_mask"].bool()
     keep = present.unsqueeze(1) & present.unsqueeze(2)
     result["value_zeroing"] = {
-        "batch": C.batch_stats(vz_batch), "layer": layer, "chunk": args.vz_chunk,
+        "batch": M.batch_stats(vz_batch), "layer": layer, "chunk": args.vz_chunk,
         "seconds": {k: {"median": vz_med[k], "all": v} for k, v in vz_times.items()},
         "seconds_end_to_end": {k: {"median": e2e_med[k], "all": v} for k, v in e2e_times.items()},
         "speedup_vs_token_loop": vz_med["token_loop"] / vz_med["batched"],
@@ -155,7 +155,7 @@ def main(argv=None) -> dict:
                      "value_zeroing_ge_3x_token_loop": result["value_zeroing"]["speedup_vs_token_loop"] >= 3.0,
                      "value_zeroing_ge_3x_sentence_loop": result["value_zeroing"]["speedup_vs_sentence_loop"] >= 3.0}
     result["markdown"] = markdown(result)
-    path = C.save("context_mixing", result, args.out)
+    path = H.save("context_mixing", result, args.out)
     print(result["markdown"])
     print(f"\nsaved {path}")
     return result
@@ -170,7 +170,7 @@ def markdown(r: dict) -> str:
             for m in r["seconds"]]
     rows += [(m, r["slow_seconds"][m]["median"], len(r["slow_seconds"][m]["all"]), s["sentences"],
               r["vs_gradient"][m]) for m in SLOW]
-    lines.append(C.table(rows, ("method", "median s", "repeats", "sentences", "× one gradient call (same batch)")))
+    lines.append(H.table(rows, ("method", "median s", "repeats", "sentences", "× one gradient call (same batch)")))
     lines += ["", f"Value zeroing, layer {v['layer']} only, {v['batch']['sentences']} sentences (T_max "
               f"{v['batch']['max_len']}), chunks of {v['chunk'] or 'TAIL_ROWS'} {'zeroed copies' if v['chunk'] else 'rows'} per tail call:", ""]
     e2e = v["seconds_end_to_end"]
@@ -178,7 +178,7 @@ def markdown(r: dict) -> str:
              v["seconds"][k]["median"] / v["seconds"]["batched"]["median"], e2e[k]["median"],
              e2e[k]["median"] / e2e["batched"]["median"], v["max_abs_diff"].get(k, 0.0))
             for k in ("batched", "token_loop", "sentence_loop")]
-    lines.append(C.table(rows, ("implementation", "zeroing s (median)", "repeats", "× batched",
+    lines.append(H.table(rows, ("implementation", "zeroing s (median)", "repeats", "× batched",
                                 "with its traced forward(s) s", "× batched", "max abs diff vs batched")))
     lines += ["", "Targets: " + ", ".join(f"{k}: {'yes' if ok else '**no**'}" for k, ok in r["met"].items()) + "."]
     return "\n".join(lines)

@@ -21,24 +21,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from benchmarks import _common as C  # noqa: E402
 from benchmarks import captum_baselines as CB  # noqa: E402
-from benchmarks.bench_ig import load  # noqa: E402
+from benchmarks import harness as H  # noqa: E402
+from benchmarks import models as M  # noqa: E402
 
 
 def main(argv=None) -> dict:
-    parser = C.common_args(__doc__.splitlines()[0])
+    parser = H.common_args(__doc__.splitlines()[0])
     parser.add_argument("--model", default="reference", choices=["reference", "unpacked", "minilm"])
     parser.add_argument("--weights", default="trained", choices=["trained", "random"],
                         help="reference weights trained 2 epochs on SST-2 (cached) or seeded random")
     parser.add_argument("--samples", type=int, default=30)
     args = parser.parse_args(argv)
-    threads = C.set_threads(args.threads)
+    threads = H.set_threads(args.threads)
     if args.quick:
         args.batch_size, args.repeats, args.samples = min(args.batch_size, 8), 2, 4
     from lightning_xai.attribution import attribute
 
-    model, batch, target = load(args.model, args.batch_size, args.weights)
+    model, batch, target = M.model_batch_target(args.model, args.batch_size, args.weights)
     mask = model.token_mask(batch)
     with torch.no_grad():
         emb = model.embed(batch)
@@ -57,11 +57,11 @@ def main(argv=None) -> dict:
     fns = {}
     for name, (ours, theirs) in pairs.items():
         fns[f"ours_{name}"], fns[f"captum_{name}"] = ours, theirs
-    result = {"benchmark": "gradients", "command": C.command_line(), "env": C.environment(threads),
-              "model": args.model, "model_info": getattr(model, "bench_info", {}), "batch": C.batch_stats(batch),
+    result = {"benchmark": "gradients", "command": H.command_line(), "env": H.environment(threads),
+              "model": args.model, "model_info": getattr(model, "bench_info", {}), "batch": M.batch_stats(batch),
               "smooth_grad_samples": S, "captum_stdev": stdev}
-    times = C.interleaved(fns, repeats=args.repeats, warmup=1)
-    med = {k: C.median(v) for k, v in times.items()}
+    times = H.interleaved(fns, repeats=args.repeats, warmup=1)
+    med = {k: H.median(v) for k, v in times.items()}
     result["seconds"] = {k: {"median": med[k], "all": v} for k, v in times.items()}
     result["ratios"] = {name: med[f"captum_{name}"] / med[f"ours_{name}"] for name in pairs}
 
@@ -80,7 +80,7 @@ def main(argv=None) -> dict:
     result["agreement_max_abs"] = agree
     result["captum_max_abs_value"] = scale
     result["markdown"] = markdown(result)
-    path = C.save(f"gradients_{args.model}", result, args.out)
+    path = H.save(f"gradients_{args.model}", result, args.out)
     print(result["markdown"])
     print(f"\nsaved {path}")
     return result
@@ -95,7 +95,7 @@ def markdown(r: dict) -> str:
     rows = [(name, med[f"ours_{name}"], med[f"captum_{name}"], r["ratios"][name],
              r["agreement_max_abs"].get(name if name != "smooth_grad" else "smooth_grad_same_noise"))
             for name in ("gradient", "grad_x_input", "smooth_grad")]
-    lines.append(C.table(rows, ("method", "ours median s", "Captum median s", "speed-up (Captum/ours)",
+    lines.append(H.table(rows, ("method", "ours median s", "Captum median s", "speed-up (Captum/ours)",
                                 "max abs diff vs Captum")))
     lines += ["", f"Max abs diff, gradient with |·|-sum reduction: {r['agreement_max_abs']['gradient_abs_sum']:.2e}. "
               "SmoothGrad agreement uses the same noise tensor for both; its timing row compares ours with "

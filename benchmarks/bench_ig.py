@@ -36,34 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from benchmarks import _common as C  # noqa: E402
 from benchmarks import captum_baselines as CB  # noqa: E402
+from benchmarks import harness as H  # noqa: E402
+from benchmarks import models as M  # noqa: E402
 
 TARGETS = {"throughput_vs_captum_default": 1.8, "memory_vs_captum_default": 0.25, "time_vs_captum_best": 1.15,
            "auto_speedup_vs_captum_best": 3.0}
 SWEEP = (512, 1024, 2048)  # Captum raises values below B to B; 256 (one step per pass) was slower
-
-
-def load(model_name: str, batch_size: int, weights: str = "trained"):
-    """(model, batch, predicted class) for ``reference`` or ``unpacked``; ``weights`` "trained" or "random"."""
-    reference = C.reference_model(train=weights == "trained") if model_name != "minilm" else None
-    if model_name == "reference":
-        model = reference
-    elif model_name == "unpacked":
-        model = C.unpacked_model(reference)
-    elif model_name == "minilm":
-        from benchmarks.models import build_minilm, minilm_batch
-
-        model, why = build_minilm()
-        if model is None:
-            raise SystemExit(f"MiniLM: {why}")
-        batch = minilm_batch(model.tokenizer_for_bench, batch_size)
-        return model, batch, CB.predicted(model, batch)
-    else:
-        raise SystemExit(f"unknown --model {model_name!r}")
-    batch = C.sst2_dev_batch(batch_size)
-    target = CB.predicted(model, batch)
-    return model, batch, target
 
 
 def ours_options(model) -> dict:
@@ -121,19 +100,19 @@ def accuracy(model, batch, target, maps, reference):
 
 
 def memory_of(args) -> None:
-    C.set_threads(args.threads)
-    model, batch, target = load(args.model, args.batch_size, args.weights)
+    H.set_threads(args.threads)
+    model, batch, target = M.model_batch_target(args.model, args.batch_size, args.weights)
     fns = configs(model, batch, target, sweep=[int(args.memory_of[len("captum_ibs"):])]
                   if args.memory_of.startswith("captum_ibs") else ())
     fn = fns[args.memory_of]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        delta = C.peak_rss_delta_mb(fn)
+        delta = H.peak_rss_delta_mb(fn)
     print(f"PEAK_RSS_DELTA_MB={delta:.1f}")
 
 
 def main(argv=None) -> dict:
-    parser = C.common_args(__doc__.splitlines()[0])
+    parser = H.common_args(__doc__.splitlines()[0])
     parser.add_argument("--model", default="reference", choices=["reference", "unpacked", "minilm"])
     parser.add_argument("--weights", default="trained", choices=["trained", "random"],
                         help="reference weights trained 2 epochs on SST-2 (cached) or seeded random")
@@ -146,23 +125,23 @@ def main(argv=None) -> dict:
     if args.memory_of:
         memory_of(args)
         return {}
-    threads = C.set_threads(args.threads)
+    threads = H.set_threads(args.threads)
     if args.quick:
         args.batch_size, args.repeats, args.sweep, args.sweep_repeats = min(args.batch_size, 8), 2, [64], 1
         args.no_memory = True
     warnings.filterwarnings("ignore", message="Integrated gradients: convergence delta")
-    model, batch, target = load(args.model, args.batch_size, args.weights)
-    result = {"benchmark": "integrated_gradients", "command": C.command_line(), "env": C.environment(threads),
-              "model": args.model, "model_info": getattr(model, "bench_info", {}), "batch": C.batch_stats(batch)}
+    model, batch, target = M.model_batch_target(args.model, args.batch_size, args.weights)
+    result = {"benchmark": "integrated_gradients", "command": H.command_line(), "env": H.environment(threads),
+              "model": args.model, "model_info": getattr(model, "bench_info", {}), "batch": M.batch_stats(batch)}
     n = batch["input_ids"].shape[0]
     sweep = sorted({max(k, n) for k in args.sweep})  # Captum silently uses B for smaller values
     fns = configs(model, batch, target, sweep=sweep)
 
     # 1. which internal_batch_size is best for Captum (short sweep, interleaved)
     sweep_fns = {k: v for k, v in fns.items() if k.startswith("captum_ibs")}
-    sweep_times = C.interleaved(sweep_fns, repeats=args.sweep_repeats, warmup=0)
-    best = min(sweep_times, key=lambda k: C.median(sweep_times[k]))
-    result["captum_sweep_seconds"] = {k: C.median(v) for k, v in sweep_times.items()}
+    sweep_times = H.interleaved(sweep_fns, repeats=args.sweep_repeats, warmup=0)
+    best = min(sweep_times, key=lambda k: H.median(sweep_times[k]))
+    result["captum_sweep_seconds"] = {k: H.median(v) for k, v in sweep_times.items()}
     result["captum_best"] = best
 
     # 2. the head-to-head, interleaved, median of repeats
@@ -174,8 +153,8 @@ def main(argv=None) -> dict:
         return call
 
     main_fns = {k: keep(k) for k in ("ours_default", "captum_default", best, "ours_auto")}
-    times = C.interleaved(main_fns, repeats=args.repeats, warmup=1)
-    med = {k: C.median(v) for k, v in times.items()}
+    times = H.interleaved(main_fns, repeats=args.repeats, warmup=1)
+    med = {k: H.median(v) for k, v in times.items()}
     result["seconds"] = {k: {"median": med[k], "all": v} for k, v in times.items()}
     result["sentences_per_second"] = {k: n / med[k] for k in med}
 
@@ -211,7 +190,7 @@ def main(argv=None) -> dict:
             extra = ["--model", args.model, "--batch-size", str(args.batch_size), "--weights", args.weights]
             if args.threads:
                 extra += ["--threads", str(args.threads)]
-            memory[name] = C.memory_in_subprocess("benchmarks.bench_ig", name, extra)
+            memory[name] = H.memory_in_subprocess("benchmarks.bench_ig", name, extra)
     result["peak_rss_delta_mb"] = memory
 
     ratios = {
@@ -235,7 +214,7 @@ def main(argv=None) -> dict:
         "auto_max_error_no_worse_than_captum_n50": ratios["auto_max_error_vs_captum_n50"] <= 1.0,
     }
     result["markdown"] = markdown(result)
-    path = C.save(f"ig_{args.model}", result, args.out)
+    path = H.save(f"ig_{args.model}", result, args.out)
     print(result["markdown"])
     print(f"\nsaved {path}")
     return result
@@ -300,9 +279,9 @@ def markdown(r: dict) -> str:
     rows = []
     for name in ("ours_default", "ours_auto", "captum_default", best):
         rows.append((name, med[name], sps[name], mem.get(name, float("nan"))))
-    lines.append(C.table(rows, ("configuration", "median s", "sentences/s", "peak RSS Δ MiB")))
+    lines.append(H.table(rows, ("configuration", "median s", "sentences/s", "peak RSS Δ MiB")))
     lines += ["", "Captum internal_batch_size sweep (median s): " + ", ".join(
-        f"{k[len('captum_ibs'):]}: {C.fmt(v)}" for k, v in r["captum_sweep_seconds"].items()), ""]
+        f"{k[len('captum_ibs'):]}: {H.fmt(v)}" for k, v in r["captum_sweep_seconds"].items()), ""]
     arow = []
     for name, a in acc.items():
         arow.append((name, a["rel_l1_median"], a["rel_l1_p95"], a.get("rel_l1_max", float("nan")),
@@ -311,36 +290,36 @@ def markdown(r: dict) -> str:
         fl = r["float32_floor"]
         arow.append(("float32 floor (GL-50 float32 vs float64)", fl["median"], fl["p95"], fl["max"], float("nan"),
                      float("nan"), float("nan")))
-    lines.append(C.table(arow, ("map", "rel. L1 err vs 300 steps (median)", "(p95)", "(max)",
+    lines.append(H.table(arow, ("map", "rel. L1 err vs 300 steps (median)", "(p95)", "(max)",
                                 "completeness err (median)", "(p95)", "share ≤ 1%")))
     if "oracle" in r:
         o = r["oracle"]
         lines += ["", f"Oracle bound: the fewest Gauss–Legendre nodes per sentence that match Captum n=50's error "
-                  f"on it (or {ORACLE_FLOOR:g} relative L1) average {C.fmt(o['mean_nodes'])} "
-                  f"(median {C.fmt(o['median_nodes'])}; "
+                  f"on it (or {ORACLE_FLOOR:g} relative L1) average {H.fmt(o['mean_nodes'])} "
+                  f"(median {H.fmt(o['median_nodes'])}; "
                   f"{o['share_le_15']:.0%} of sentences need ≤ 15; histogram {o['histogram']}), so no per-sentence "
                   f"choice of rule beats {o['max_speedup_at_equal_accuracy']:.2f}× Captum n=50 at equal accuracy."]
     st = r["auto_steps"]
-    lines += ["", f"n_steps='auto' chose: {st['histogram']} (steps: sentences); mean {C.fmt(st['mean'])}, "
+    lines += ["", f"n_steps='auto' chose: {st['histogram']} (steps: sentences); mean {H.fmt(st['mean'])}, "
               f"model passes per sentence incl. refinements and the F(x), F(x′) evaluations: ours_auto "
-              f"{C.fmt(r['forward_rows_per_sentence']['ours_auto'])}, ours_default "
-              f"{C.fmt(r['forward_rows_per_sentence']['ours_default'])}. "
+              f"{H.fmt(r['forward_rows_per_sentence']['ours_auto'])}, ours_default "
+              f"{H.fmt(r['forward_rows_per_sentence']['ours_default'])}. "
               f"Max |ours_default − Captum n=50| = {r['agreement_ours_default_vs_captum_n50']:.2e}.", ""]
     ra, met = r["ratios"], r["met"]
-    trows = [C.target_row("throughput vs Captum default", ra["throughput_vs_captum_default"], "≥ 1.8×",
+    trows = [H.target_row("throughput vs Captum default", ra["throughput_vs_captum_default"], "≥ 1.8×",
                           met["throughput_vs_captum_default"]),
-             C.target_row("peak memory vs Captum default", ra.get("memory_vs_captum_default", float("nan")), "≤ 0.25",
+             H.target_row("peak memory vs Captum default", ra.get("memory_vs_captum_default", float("nan")), "≤ 0.25",
                           met["memory_vs_captum_default"]),
-             C.target_row(f"time vs Captum best-tuned ({best})", ra["time_vs_captum_best"], "≤ 1.15×",
+             H.target_row(f"time vs Captum best-tuned ({best})", ra["time_vs_captum_best"], "≤ 1.15×",
                           met["time_vs_captum_best"]),
-             C.target_row("auto (rtol 0.01) speed-up vs Captum n=50 best-tuned", ra["auto_speedup_vs_captum_best"],
+             H.target_row("auto (rtol 0.01) speed-up vs Captum n=50 best-tuned", ra["auto_speedup_vs_captum_best"],
                           "≥ 3×", met["auto_speedup_vs_captum_best"]),
-             C.target_row("auto error / Captum n=50 error (p95 rel. L1)", ra["auto_error_vs_captum_n50"], "≤ 1",
+             H.target_row("auto error / Captum n=50 error (p95 rel. L1)", ra["auto_error_vs_captum_n50"], "≤ 1",
                           met["auto_error_no_worse_than_captum_n50"])]
     if "auto_max_error_vs_captum_n50" in ra:
-        trows.append(C.target_row("auto error / Captum n=50 error (max rel. L1)", ra["auto_max_error_vs_captum_n50"],
+        trows.append(H.target_row("auto error / Captum n=50 error (max rel. L1)", ra["auto_max_error_vs_captum_n50"],
                                   "≤ 1", met["auto_max_error_no_worse_than_captum_n50"]))
-    lines.append(C.table(trows, ("ratio", "value", "target", "met?")))
+    lines.append(H.table(trows, ("ratio", "value", "target", "met?")))
     return "\n".join(lines)
 
 

@@ -32,8 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import _common as C  # noqa: E402
 from benchmarks import captum_baselines as CB  # noqa: E402
+from benchmarks import harness as H  # noqa: E402
+from benchmarks import models as M  # noqa: E402
 
 REFERENCE_STEPS = 300
 
@@ -41,16 +42,14 @@ REFERENCE_STEPS = 300
 def load(name: str, batch_size: int):
     """(model, batch, target, IG options) for ``minilm_sst2``, ``minilm`` or ``reference``."""
     if name == "reference":
-        model = C.reference_model()
-        batch = C.sst2_dev_batch(batch_size)
-        return model, batch, CB.predicted(model, batch), {}
-    from benchmarks.models import build_minilm, finetuned_minilm, minilm_batch
-
-    model, why = finetuned_minilm() if name == "minilm_sst2" else build_minilm()
+        model = M.reference_model()
+        batch = M.sst2_dev_batch(batch_size)
+        return model, batch, M.predicted_class(model, batch), {}
+    model, why = M.finetuned_minilm() if name == "minilm_sst2" else M.build_minilm()
     if model is None:
         raise SystemExit(f"MiniLM: {why}")
-    batch = minilm_batch(model.tokenizer_for_bench, batch_size)
-    return model, batch, CB.predicted(model, batch), {"baseline": "pad"}
+    batch = M.minilm_batch(model.tokenizer_for_bench, batch_size)
+    return model, batch, M.predicted_class(model, batch), {"baseline": "pad"}
 
 
 def errors(maps, reference) -> dict:
@@ -62,13 +61,13 @@ def errors(maps, reference) -> dict:
 
 
 def main(argv=None) -> dict:
-    parser = C.common_args(__doc__.splitlines()[0])
+    parser = H.common_args(__doc__.splitlines()[0])
     parser.add_argument("--model", default="minilm_sst2", choices=["minilm_sst2", "minilm", "reference"])
     parser.add_argument("--token-rtol", type=float, nargs="*", default=[],
                         help="also time n_steps='auto' at these token tolerances")
     parser.add_argument("--reference-steps", type=int, default=REFERENCE_STEPS)
     args = parser.parse_args(argv)
-    threads = C.set_threads(args.threads)
+    threads = H.set_threads(args.threads)
     if args.quick:
         args.batch_size, args.repeats, args.reference_steps = min(args.batch_size, 2), 1, 60
     warnings.filterwarnings("ignore", message="Integrated gradients: convergence delta")
@@ -86,15 +85,15 @@ def main(argv=None) -> dict:
                                       **options, **configs[name])
         return call
 
-    times = C.interleaved({name: run(name) for name in configs}, repeats=args.repeats, warmup=1)
-    seconds = {name: C.median(t) for name, t in times.items()}
+    times = H.interleaved({name: run(name) for name in configs}, repeats=args.repeats, warmup=1)
+    seconds = {name: H.median(t) for name, t in times.items()}
     exact = copy.deepcopy(model).double()
     reference = CB.layer_integrated_gradients(exact, batch, target, n_steps=args.reference_steps,
                                               internal_batch_size=256).double()
     accuracy = errors({name: out[0] for name, out in outputs.items()}, reference)
     steps = {name: float(out[1].float().mean()) for name, out in outputs.items()}
-    result = {"benchmark": "ig_auto", "command": C.command_line(), "env": C.environment(threads),
-              "model": args.model, "model_info": getattr(model, "bench_info", {}), "batch": C.batch_stats(batch),
+    result = {"benchmark": "ig_auto", "command": H.command_line(), "env": H.environment(threads),
+              "model": args.model, "model_info": getattr(model, "bench_info", {}), "batch": M.batch_stats(batch),
               "reference_steps": args.reference_steps, "seconds": {k: {"median": seconds[k], "all": times[k]}
                                                                    for k in seconds},
               "mean_gradient_evaluations": steps, "rel_l1_error": accuracy}
@@ -106,10 +105,10 @@ def main(argv=None) -> dict:
                      for name, r in result["ratios"].items()}
     result["markdown"] = markdown(result)
     if not args.quick:
-        path = C.save(f"ig_auto_{args.model}", result, args.out)
+        path = H.save(f"ig_auto_{args.model}", result, args.out)
         print(f"saved {path}")
     elif args.out:
-        C.save(f"ig_auto_{args.model}", result, args.out)
+        H.save(f"ig_auto_{args.model}", result, args.out)
     print(result["markdown"])
     return result
 

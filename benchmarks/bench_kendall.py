@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from benchmarks import _common as C  # noqa: E402
+from benchmarks import harness as H  # noqa: E402
+from benchmarks import models as M  # noqa: E402
 
 TARGET = 50.0
 
@@ -44,7 +45,7 @@ def inputs(setting: str, B: int, T: int):
     s = 0.5 * a + s  # correlated, like attention vs saliency
     mask = torch.ones(B, T, dtype=torch.bool)
     if setting == "sst2_lengths":
-        lengths = C.sst2_dev_batch(B)["mask"].sum(1).clamp(max=T)
+        lengths = M.sst2_dev_batch(B)["mask"].sum(1).clamp(max=T)
         mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
     elif setting == "ties":
         a, s = (a * 10).round() / 10, (s * 10).round() / 10
@@ -67,16 +68,16 @@ def blocks(fns: dict, block: int, rounds: int) -> dict:
 
 
 def main(argv=None) -> dict:
-    parser = C.common_args(__doc__.splitlines()[0])
+    parser = H.common_args(__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=50)
     parser.add_argument("--block", type=int, default=20, help="back-to-back calls of ours per round")
     args = parser.parse_args(argv)
-    threads = C.set_threads(args.threads)
+    threads = H.set_threads(args.threads)
     if args.quick:
         args.batch_size, args.repeats, args.block = 4, 2, 2
     from lightning_xai.metrics.functional import kendall_tau
 
-    result = {"benchmark": "kendall_tau", "command": C.command_line(), "env": C.environment(threads),
+    result = {"benchmark": "kendall_tau", "command": H.command_line(), "env": H.environment(threads),
               "shape": [args.batch_size, args.tokens], "block": args.block, "settings": {}}
     for setting in ("all_real", "sst2_lengths", "ties"):
         a, s, m = inputs(setting, args.batch_size, args.tokens)
@@ -84,8 +85,8 @@ def main(argv=None) -> dict:
                        block=args.block, rounds=args.repeats)
         tau, p = kendall_tau(a, s, m)
         ref_tau, ref_p = scipy_loop(a, s, m)
-        scipy = C.median(times["scipy"]["cold"] + times["scipy"]["warm"])
-        warm, cold = C.median(times["ours"]["warm"]), C.median(times["ours"]["cold"])
+        scipy = H.median(times["scipy"]["cold"] + times["scipy"]["warm"])
+        warm, cold = H.median(times["ours"]["warm"]), H.median(times["ours"]["cold"])
         result["settings"][setting] = {
             "seconds": {"ours_warm": warm, "ours_cold": cold, "scipy": scipy, "all": times},
             "speedup": scipy / warm, "speedup_cold": scipy / cold,
@@ -93,7 +94,7 @@ def main(argv=None) -> dict:
             "max_abs_diff_p": float(np.nanmax(np.abs(p.numpy() - ref_p))),
             "met": scipy / warm >= TARGET}
     result["markdown"] = markdown(result)
-    path = C.save("kendall", result, args.out)
+    path = H.save("kendall", result, args.out)
     print(result["markdown"])
     print(f"\nsaved {path}")
     return result
@@ -109,7 +110,7 @@ def markdown(r: dict) -> str:
         rows.append((name, sec["ours_warm"] * 1e3, sec["ours_cold"] * 1e3, sec["scipy"] * 1e3, s["speedup"],
                      s["speedup_cold"], "≥ 50×", "yes" if s["met"] else "**no**",
                      f"{s['max_abs_diff_tau']:.1e} / {s['max_abs_diff_p']:.1e}"))
-    lines.append(C.table(rows, ("setting", "ours ms (warm)", "ours ms (cold)", "scipy loop ms", "speed-up (warm)",
+    lines.append(H.table(rows, ("setting", "ours ms (warm)", "ours ms (cold)", "scipy loop ms", "speed-up (warm)",
                                 "speed-up (cold)", "target", "met?", "max abs diff τ / p vs scipy")))
     lines += ["", f"Warm = median of calls 2…{r['block']} of each block of back-to-back calls (timeit style; the "
               "target is judged on it); cold = the first call of each block, right after the scipy loop evicted "

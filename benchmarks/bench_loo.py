@@ -22,42 +22,42 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-from benchmarks import _common as C  # noqa: E402
 from benchmarks import captum_baselines as CB  # noqa: E402
-from benchmarks.bench_ig import load  # noqa: E402
+from benchmarks import harness as H  # noqa: E402
+from benchmarks import models as M  # noqa: E402
 
 SWEEP = (1, 4, 16, 64)
 TARGETS = {"reference": 3.0, "unpacked": 2.0, "minilm": 2.0}  # minilm: issue 18
 
 
 def main(argv=None) -> dict:
-    parser = C.common_args(__doc__.splitlines()[0])
+    parser = H.common_args(__doc__.splitlines()[0])
     parser.add_argument("--model", default="reference", choices=["reference", "unpacked", "minilm"])
     parser.add_argument("--weights", default="trained", choices=["trained", "random"],
                         help="reference weights trained 2 epochs on SST-2 (cached) or seeded random")
     parser.add_argument("--sweep", type=int, nargs="*", default=list(SWEEP))
     parser.add_argument("--sweep-repeats", type=int, default=2)
     args = parser.parse_args(argv)
-    threads = C.set_threads(args.threads)
+    threads = H.set_threads(args.threads)
     if args.quick:
         args.batch_size, args.repeats, args.sweep, args.sweep_repeats = min(args.batch_size, 8), 2, [4], 1
     warnings.filterwarnings("ignore", message="leave_one_out")
     from lightning_xai.attribution import attribute
 
-    model, batch, target = load(args.model, args.batch_size, args.weights)
-    result = {"benchmark": "leave_one_out", "command": C.command_line(), "env": C.environment(threads),
-              "model": args.model, "model_info": getattr(model, "bench_info", {}), "batch": C.batch_stats(batch)}
+    model, batch, target = M.model_batch_target(args.model, args.batch_size, args.weights)
+    result = {"benchmark": "leave_one_out", "command": H.command_line(), "env": H.environment(threads),
+              "model": args.model, "model_info": getattr(model, "bench_info", {}), "batch": M.batch_stats(batch)}
     captum = {f"captum_ppe{k}": (lambda k=k: CB.feature_ablation(model, batch, target, perturbations_per_eval=k))
               for k in args.sweep}
-    sweep = C.interleaved(captum, repeats=args.sweep_repeats, warmup=0)
-    best = min(sweep, key=lambda k: C.median(sweep[k]))
-    result["captum_sweep_seconds"] = {k: C.median(v) for k, v in sweep.items()}
+    sweep = H.interleaved(captum, repeats=args.sweep_repeats, warmup=0)
+    best = min(sweep, key=lambda k: H.median(sweep[k]))
+    result["captum_sweep_seconds"] = {k: H.median(v) for k, v in sweep.items()}
     result["captum_best"] = best
     fns = {"ours_delete": lambda: attribute(model, batch, "leave_one_out", target),
            "ours_pad": lambda: attribute(model, batch, "leave_one_out", target, mode="pad"),
            best: captum[best]}
-    times = C.interleaved(fns, repeats=args.repeats, warmup=1)
-    med = {k: C.median(v) for k, v in times.items()}
+    times = H.interleaved(fns, repeats=args.repeats, warmup=1)
+    med = {k: H.median(v) for k, v in times.items()}
     result["seconds"] = {k: {"median": med[k], "all": v} for k, v in times.items()}
     n = batch["input_ids"].shape[0]
     result["sentences_per_second"] = {k: n / v for k, v in med.items()}
@@ -69,7 +69,7 @@ def main(argv=None) -> dict:
     result["target"] = goal
     result["met"] = {k: v >= goal for k, v in result["ratios"].items()}
     result["markdown"] = markdown(result)
-    path = C.save(f"loo_{args.model}", result, args.out)
+    path = H.save(f"loo_{args.model}", result, args.out)
     print(result["markdown"])
     print(f"\nsaved {path}")
     return result
@@ -82,16 +82,16 @@ def markdown(r: dict) -> str:
              f"{r['env']['threads']} threads, {r['env']['utc']}, load {r['env']['loadavg_1_5_15']}.", "",
              f"Command: `{r['command']}`", ""]
     rows = [(k, med[k], r["sentences_per_second"][k]) for k in ("ours_delete", "ours_pad", best)]
-    lines.append(C.table(rows, ("configuration", "median s", "sentences/s")))
+    lines.append(H.table(rows, ("configuration", "median s", "sentences/s")))
     lines += ["", "Captum perturbations_per_eval sweep (median s): " + ", ".join(
-        f"{k[len('captum_ppe'):]}: {C.fmt(v)}" for k, v in r["captum_sweep_seconds"].items()),
+        f"{k[len('captum_ppe'):]}: {H.fmt(v)}" for k, v in r["captum_sweep_seconds"].items()),
         f"Max |ours_pad − Captum FeatureAblation| = {r['agreement_pad_vs_captum_max_abs']:.2e}.", ""]
     goal = r["target"]
-    trows = [C.target_row("delete (default) vs Captum best", r["ratios"]["delete_vs_captum_best"], f"≥ {goal:g}×",
+    trows = [H.target_row("delete (default) vs Captum best", r["ratios"]["delete_vs_captum_best"], f"≥ {goal:g}×",
                           r["met"]["delete_vs_captum_best"]),
-             C.target_row("pad vs Captum best", r["ratios"]["pad_vs_captum_best"], f"≥ {goal:g}×",
+             H.target_row("pad vs Captum best", r["ratios"]["pad_vs_captum_best"], f"≥ {goal:g}×",
                           r["met"]["pad_vs_captum_best"])]
-    lines.append(C.table(trows, ("ratio", "value", "target", "met?")))
+    lines.append(H.table(trows, ("ratio", "value", "target", "met?")))
     return "\n".join(lines)
 
 

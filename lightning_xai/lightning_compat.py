@@ -10,7 +10,8 @@ raises on objects of the other package).
 """
 from __future__ import annotations
 
-from typing import Tuple, Type
+from types import ModuleType
+from typing import TYPE_CHECKING, Optional, Tuple, Type
 
 import pytorch_lightning
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
@@ -19,12 +20,15 @@ __all__ = ["CALLBACK_BASES", "Callback", "MISCONFIGURATION_ERRORS", "is_overridd
 
 _PACKAGES = ("pytorch_lightning.", "lightning.pytorch.")
 
+_lightning_pytorch: Optional[ModuleType]
+_lightning_misconfiguration: Type[BaseException]
 try:  # pragma: no branch - depends on what is installed
     import lightning.pytorch as _lightning_pytorch
     from lightning.fabric.utilities.exceptions import MisconfigurationException as _LightningMisconfiguration
+    _lightning_misconfiguration = _LightningMisconfiguration
 except ImportError:  # pragma: no cover - lightning not installed
     _lightning_pytorch = None
-    _LightningMisconfiguration = MisconfigurationException
+    _lightning_misconfiguration = MisconfigurationException
 
 #: the Callback classes of the installed Lightning packages (``pytorch_lightning`` first)
 CALLBACK_BASES: Tuple[Type, ...] = (pytorch_lightning.Callback,) + (
@@ -32,20 +36,26 @@ CALLBACK_BASES: Tuple[Type, ...] = (pytorch_lightning.Callback,) + (
 
 #: ``MisconfigurationException`` of both packages (``lightning.fabric``'s is a class of its own), for ``except``
 MISCONFIGURATION_ERRORS: Tuple[Type[BaseException], ...] = tuple({MisconfigurationException,
-                                                                   _LightningMisconfiguration})
+                                                                   _lightning_misconfiguration})
 
 
-class Callback(*CALLBACK_BASES):  # type: ignore[misc]
-    """The base of every lightning_xai callback: a callback of both Lightning packages.
+if TYPE_CHECKING:
+    # mypy takes no bases from a computed tuple ("Invalid base class"): to a type checker, Callback is
+    # pytorch_lightning's, whose hooks and signatures lightning.pytorch's repeats.
+    class Callback(pytorch_lightning.Callback):
+        """The base of every lightning_xai callback (the class defined below at run time)."""
+else:
+    class Callback(*CALLBACK_BASES):
+        """The base of every lightning_xai callback: a callback of both Lightning packages.
 
-    Example:
-        >>> import pytorch_lightning
-        >>> isinstance(Callback(), pytorch_lightning.Callback)
-        True
-        >>> import lightning.pytorch
-        >>> isinstance(Callback(), lightning.pytorch.Callback)
-        True
-    """
+        Example:
+            >>> import pytorch_lightning
+            >>> isinstance(Callback(), pytorch_lightning.Callback)
+            True
+            >>> import lightning.pytorch
+            >>> isinstance(Callback(), lightning.pytorch.Callback)
+            True
+        """
 
 
 def is_overridden(name: str, instance: object) -> bool:

@@ -9,6 +9,11 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
+# every benchmark here trains or loads a model and runs its whole script (about 100 s together on 2 cores)
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))

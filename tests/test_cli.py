@@ -117,3 +117,27 @@ def test_console_scripts_exit_0_when_the_run_succeeds(monkeypatch):
         module = importlib.import_module(module_name)
         monkeypatch.setattr(module, "main", lambda *args, **kwargs: {"ran": name})  # what a finished run returns
         assert getattr(module, function)() is None, name
+
+
+PLAIN_CHECKPOINT = '''
+from pytorch_lightning.callbacks import Checkpoint
+
+
+class EveryEpochSaver(Checkpoint):
+    """A user's own checkpoint callback: a Checkpoint that is not a ModelCheckpoint (no best_model_path)."""
+'''
+
+
+def test_after_fit_tests_the_current_weights_when_the_checkpoint_callback_has_no_best_model(tmp_path, monkeypatch):
+    (tmp_path / "user_code.py").write_text(USER_MODULE)
+    (tmp_path / "user_checkpoint.py").write_text(PLAIN_CHECKPOINT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cli = XAICLI(pl.LightningModule, pl.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                 run=False, args=["--model", "user_code.BagOfWords", "--data", "user_code.NoSizes",
+                                  "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path),
+                                  "--trainer.callbacks", "user_checkpoint.EveryEpochSaver"])
+    assert type(cli.trainer.checkpoint_callback).__name__ == "EveryEpochSaver"
+    tested = []
+    monkeypatch.setattr(cli.trainer, "test", lambda *args, **kwargs: tested.append(kwargs["ckpt_path"]))
+    cli.after_fit()
+    assert tested == [None]

@@ -18,6 +18,10 @@ input-invariance check and LRP report that the model is not supported.
 * :class:`OverrideReplay` — score many ``attention_override`` variants of a batch's rows reusing everything
   computed before the point where the override acts (decision flip's fast path;
   :class:`~lightning_xai.adapters.HuggingFaceAdapter` runs only the last layer and the head).
+* :class:`TargetSequence` — the model explains *generation*: the explained output is a target token sequence
+  (``batch["labels"]``, -100 where nothing is explained), its maps cover the source/prompt tokens, and its output's
+  ``target_log_probs`` are the explained scores (:mod:`lightning_xai.attribution.targets`);
+  :class:`~lightning_xai.adapters.HuggingFaceAdapter` over a ``*ForCausalLM`` or an encoder–decoder has it.
 * :class:`TokenEncoder` — the hidden states are ``encoder(embeddings, input_mask)``, one module whose type has an
   LRP rule registered with :func:`~lightning_xai.attribution.lrp.register_lrp_encoder` (the models package
   registers the rules of its encoders when it is imported).
@@ -36,11 +40,13 @@ from torch import Tensor, nn
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
 
 __all__ = ["DeletionLogits", "EmbeddingShift", "HEAD_KINDS", "HeadKind", "LinearHead", "OverrideReplay", "OverrideScorer",
-           "ReferenceLogits", "TokenEncoder", "head_kind_of", "supports_attention_override"]
+           "ReferenceLogits", "TargetSequence", "TokenEncoder", "head_kind_of", "supports_attention_override",
+           "target_keys"]
 
 #: ``scorer(rows, attention_override) -> [N, C]`` logits of rows ``rows`` (``LongTensor[N]``) of a batch under an
 #: override (``None``: the model's own attention); see :class:`OverrideReplay`.
 OverrideScorer = Callable[[Tensor, Optional[Tensor]], Tensor]
+
 
 #: what a model's ``[B, C]`` logits are scores of (:class:`HeadKind`): one class of C under a softmax, C independent
 #: labels under a sigmoid each (multi-label), or C output values (regression)
@@ -185,6 +191,56 @@ class OverrideReplay(Protocol):
         full passes before they trust it (:func:`~lightning_xai.attribution.override_replay.override_scorer`).
         """
         ...
+
+
+@runtime_checkable
+class TargetSequence(Protocol):
+    """A model whose explained output is a target token sequence (generation), not a class.
+
+    The batch carries the target as ``labels`` (transformers' convention: -100 where nothing is explained). Every
+    explanation is over the source tokens (``token_mask``: the prompt of a causal LM, the encoder input of an
+    encoder–decoder) and explains ``ExplainOutput.target_log_probs``: by default their sum, the log-probability of
+    the whole target; ``target=k`` the ``k``-th target token's (see :mod:`lightning_xai.attribution.targets`).
+
+    Example:
+        >>> from torch import nn
+        >>> class Generator(nn.Module):
+        ...     def target_positions(self, batch):
+        ...         return batch["labels"] != -100
+        ...     def target_keys(self, batch):
+        ...         return ()
+        ...     def greedy_targets(self, batch, max_new_tokens=20):
+        ...         return batch
+        >>> isinstance(Generator(), TargetSequence), isinstance(nn.Linear(2, 2), TargetSequence)
+        (True, False)
+    """
+
+    def target_positions(self, batch: Batch) -> Tensor:
+        """``[B, S]`` bool: the positions of ``batch["labels"]`` that are explained (target tokens)."""
+        ...
+
+    def target_keys(self, batch: Batch) -> Tuple[str, ...]:
+        """The batch keys indexed by target step rather than by input token: ``()`` for a causal LM (its labels are
+        aligned with ``input_ids`` and shift with them when a token is deleted), ``("labels", ...)`` for an
+        encoder–decoder, whose target must stay as it is when source tokens are deleted or trimmed."""
+        ...
+
+    def greedy_targets(self, batch: Batch, max_new_tokens: int = 20) -> Batch:
+        """"Free decoding": ``batch`` with its target replaced by the model's own greedy output (each row's source or
+        prompt kept, up to ``max_new_tokens`` tokens generated, the end-of-sequence token included)."""
+        ...
+
+
+def target_keys(model: object, batch: Batch) -> Tuple[str, ...]:
+    """The keys of ``batch`` that batch surgery must leave as they are (:meth:`TargetSequence.target_keys`; ``()``
+    for any other model).
+
+    Example:
+        >>> from torch import nn
+        >>> target_keys(nn.Linear(2, 2), {"labels": None})
+        ()
+    """
+    return tuple(model.target_keys(batch)) if isinstance(model, TargetSequence) else ()
 
 
 @runtime_checkable

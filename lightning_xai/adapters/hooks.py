@@ -11,17 +11,29 @@
 Hooks live only for the duration of one call and are always removed. The attention module's output may be
 
 * ``[B, T]`` token weights (additive/dot attention over a sequence), or
-* ``[B, heads, T, T]`` self-attention probabilities: the reported attention is the ``query_index`` row averaged
-  over heads, and an override replaces that row for all heads.
+* ``[B, heads, T, T]`` self-attention probabilities: the reported attention is the pooled query row (see *Which
+  query row* below) averaged over heads, and an override replaces the pooled row(s) for all heads.
 
 If the module returns a tuple, ``attention_index`` says which element holds the weights. The reported
 ``attention`` is 0 outside the token mask and renormalised to sum to 1 over real tokens (as in
 :class:`~lightning_xai.adapters.HuggingFaceAdapter`); an override is used as given, 0 outside the token mask.
 
-Modules that compute attention weights *inside* their forward and return only the mixed values cannot be
+**PyTorch's own attention modules work unchanged**: name an ``nn.MultiheadAttention`` or an
+``nn.TransformerEncoderLayer`` (its ``self_attn`` is used). For the adapter's passes only, the module runs with
+``need_weights=True, average_attn_weights=False`` on PyTorch's slow path, and an override recomputes the pooled
+rows' outputs from the module's value and output projections; afterwards the fast path and the module are
+exactly as before (:mod:`lightning_xai.adapters.torch_attention`).
+
+Other modules that compute attention weights *inside* their forward and return only the mixed values cannot be
 overridden by a hook (the values are already mixed when the hook runs): name the submodule that produces the
 weights (refactor the softmax into its own module if needed), or use :class:`HuggingFaceAdapter` for
 ``transformers`` models.
+
+**Which query row** (self-attention only): the reported attention is what the classifier reads, so say where it
+pools — ``pooling="first"`` (row 0, a ``[CLS]`` token), ``pooling="mean"`` (the classifier averages the hidden
+states over the real tokens: the reported attention is the mean of the head-averaged query rows over the real
+tokens of the token mask, and an override replaces every real token's row, so that mean is the override), or
+``query_index=k`` (row ``k`` of every example). There is no default: a guess would silently describe another row.
 """
 from __future__ import annotations
 
@@ -32,6 +44,7 @@ from torch import Tensor, nn
 
 from lightning_xai.adapters.checks import check_token_ids
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError, check_embeddings
+from lightning_xai.adapters.torch_attention import MultiheadHooks, multihead_attention_of, pooled_rows, slow_attention
 
 __all__ = ["HookAdapter"]
 
@@ -59,7 +72,8 @@ class HookAdapter(nn.Module):
     Args:
         module: the model.
         embedding: dotted name of the module whose output is the ``[B, T, E]`` input embeddings.
-        attention: dotted name of the module whose output is the attention distribution.
+        attention: dotted name of the module whose output is the attention distribution, or of an
+            ``nn.MultiheadAttention`` / ``nn.TransformerEncoderLayer`` (used unchanged, see the module docstring).
         forward_fn: ``forward_fn(module, batch)`` runs the model on a batch; default ``module(batch["input_ids"])``.
         embedding_input: ``embedding_input(batch)`` is what the embedding module is called on in ``embed``;
             default ``batch["input_ids"]``.
@@ -68,7 +82,10 @@ class HookAdapter(nn.Module):
         mask_key: batch key of the ``[B, T]`` bool token mask (real tokens).
         attention_index: element of a tuple output holding the weights (``None``: the output is the weights).
         hidden: optional dotted name of a module whose ``[B, T, H]`` output is reported as ``hidden_states``.
-        query_index: the query row used for ``[B, heads, T, T]`` attention outputs.
+        pooling: for self-attention, where the classifier reads: ``"first"`` (row 0, ``[CLS]``) or ``"mean"`` (the
+            mean over the token mask's real tokens); see the module docstring.
+        query_index: for self-attention, an explicit query row instead of ``pooling`` (negative counts from the
+            end). Self-attention needs one of the two; ``[B, T]`` attention needs neither.
 
     Example — a user-style model (GRU encoder, additive attention in its own softmax module):
 
@@ -102,13 +119,33 @@ class HookAdapter(nn.Module):
         >>> torch.allclose(adapter(batch, attention_override=uniform).logits, out.logits)
         False
         >>> adapter.probe(batch)   # what the audit callbacks run once before their first audit: passes
+
+    Example — a textbook ``nn.TransformerEncoder`` classifier, unchanged (mean pooling over real tokens):
+
+        >>> class Encoder(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.emb = nn.Embedding(50, 8)
+        ...         layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, batch_first=True)
+        ...         self.encoder = nn.TransformerEncoder(layer, num_layers=2)
+        ...         self.out = nn.Linear(8, 2)
+        ...     def forward(self, ids, mask):
+        ...         h = self.encoder(self.emb(ids), src_key_padding_mask=~mask)
+        ...         return self.out((h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True))
+        >>> adapter = HookAdapter(Encoder().eval(), embedding="emb", attention="encoder.layers.1", pooling="mean",
+        ...                       forward_fn=lambda m, b: m(b["input_ids"], b["mask"]))
+        >>> out = adapter(batch)
+        >>> round(out.attention.sum().item(), 6), out.raw_attentions[0].shape
+        (1.0, torch.Size([1, 2, 4, 4]))
+        >>> adapter.probe(batch)
     """
 
     def __init__(self, module: nn.Module, embedding: str, attention: str, *,
                  forward_fn: Optional[Callable[[nn.Module, Batch], Any]] = None,
                  embedding_input: Optional[Callable[[Batch], Any]] = None,
                  logits_fn: Optional[Callable[[Any], Tensor]] = None, mask_key: str = "mask",
-                 attention_index: Optional[int] = None, hidden: Optional[str] = None, query_index: int = 0) -> None:
+                 attention_index: Optional[int] = None, hidden: Optional[str] = None,
+                 pooling: Optional[str] = None, query_index: Optional[int] = None) -> None:
         super().__init__()
         self.module = module
         self.embedding_name, self.attention_name, self.hidden_name = embedding, attention, hidden
@@ -116,12 +153,25 @@ class HookAdapter(nn.Module):
         object.__setattr__(self, "_embedding", self._submodule(embedding, "embedding"))
         object.__setattr__(self, "_attention", self._submodule(attention, "attention"))
         object.__setattr__(self, "_hidden", self._submodule(hidden, "hidden") if hidden is not None else None)
+        object.__setattr__(self, "_multihead", multihead_attention_of(self._attention, attention))
+        if self._multihead is not None and attention_index not in (None, 1):
+            raise ProtocolError(f"HookAdapter: {attention!r} is PyTorch attention, whose weights the adapter reads "
+                                "itself (element 1 of its output); leave attention_index=None.")
+        if pooling not in (None, "first", "mean"):
+            raise ValueError(f"HookAdapter(pooling={pooling!r}): use 'first' (row 0, [CLS]), 'mean' (the mean of "
+                             "the real tokens' rows), or query_index=<row> for another row.")
+        if pooling is not None and query_index is not None:
+            raise ValueError(f"HookAdapter: pooling={pooling!r} and query_index={query_index} both say which row "
+                             "the classifier reads; pass one.")
         self.forward_fn = forward_fn or _default_forward
         self.embedding_input = embedding_input or (lambda batch: batch["input_ids"])
         self.logits_fn = logits_fn or _logits_of
         self.mask_key = mask_key
         self.attention_index = attention_index
-        self.query_index = query_index
+        #: where the classifier reads self-attention: "first", "mean", "index" (``query_index``) or None (not said)
+        self.pooling = "index" if query_index is not None else pooling
+        #: the one query row read (0 for "first"); None for mean pooling
+        self.query_index = 0 if pooling == "first" else query_index
 
     def _submodule(self, name: str, role: str) -> nn.Module:
         try:
@@ -154,12 +204,6 @@ class HookAdapter(nn.Module):
 
     def _weights(self, output: Any) -> Tensor:
         weights = output if self.attention_index is None else output[self.attention_index]
-        if weights is None and isinstance(self._attention, nn.MultiheadAttention):
-            raise ProtocolError(
-                f"HookAdapter: the attention module {self.attention_name!r} (nn.MultiheadAttention) returned no "
-                "weights: it was called with need_weights=False (nn.TransformerEncoderLayer calls its self_attn so). "
-                "Even with need_weights=True its weights are a copy of what it mixes inside its forward, which an "
-                "override cannot reach: compute the softmax in a module of its own and name that module.")
         if not isinstance(weights, Tensor):
             raise ProtocolError(f"HookAdapter: the attention module {self.attention_name!r} returned "
                                 f"{type(output).__name__}; set attention_index= to the element holding the weights.")
@@ -171,6 +215,28 @@ class HookAdapter(nn.Module):
         items = list(output)
         items[self.attention_index] = weights
         return type(output)(items) if isinstance(output, tuple) else items
+
+    def _rows(self, weights: Tensor, mask: Tensor) -> Tensor:
+        """``[B, T]`` weight of each query row in what the classifier reads (self-attention ``weights``)."""
+        if self.pooling is None:
+            raise ProtocolError(
+                f"HookAdapter: the attention module {self.attention_name!r} gives self-attention "
+                f"{tuple(weights.shape)} ([B, heads, T, T]): say which query row the classifier reads — "
+                "pooling='first' (row 0, [CLS]), pooling='mean' (the mean over the real tokens), or query_index=<row>.")
+        if weights.shape[-1] != mask.shape[-1] or weights.shape[-2] != mask.shape[-1]:
+            raise ProtocolError(f"HookAdapter: attention weights of shape {tuple(weights.shape)} but the token mask "
+                                f"is {tuple(mask.shape)}; expected [B, heads, T, T].")
+        return pooled_rows(self.pooling, self.query_index, mask.to(weights.device)).to(weights.dtype)
+
+    def _override(self, weights: Tensor, override: Tensor, mask: Tensor) -> Tensor:
+        """``weights`` with the pooled row(s) replaced by ``override`` for every head."""
+        if weights.dim() == 2:
+            return override
+        if weights.dim() == 4:
+            rows = self._rows(weights, mask) > 0
+            return torch.where(rows[:, None, :, None], override[:, None, None, :].expand_as(weights), weights)
+        raise ProtocolError(f"HookAdapter: cannot override attention weights of shape {tuple(weights.shape)}; "
+                            "expected [B, T] or [B, heads, T, T].")
 
     def forward_from_embeddings(self, embeddings: Tensor, batch: Batch, *,
                                 attention_override: Optional[Tensor] = None) -> ExplainOutput:
@@ -189,25 +255,39 @@ class HookAdapter(nn.Module):
                                     f"{tuple(embeddings.shape)}.")
             return embeddings
 
+        def overridden(weights: Tensor) -> Tensor:
+            new = self._override(weights, attention_override.masked_fill(~mask, 0.0).to(weights.dtype), mask)
+            captured["weights"] = new
+            return new
+
         def on_attention(module: nn.Module, args: Any, output: Any) -> Any:
             calls.append(1)
             weights = self._weights(output)
             if attention_override is None:
                 captured["weights"] = weights
                 return None
-            new = self._override(weights, attention_override.masked_fill(~mask, 0.0).to(weights.dtype))
-            captured["weights"] = new
-            return self._replace(output, new)
+            return self._replace(output, overridden(weights))
 
-        def on_hidden(module: nn.Module, args: Any, output: Any) -> None:
-            captured["hidden"] = output[0] if isinstance(output, (tuple, list)) else output
+        def on_multihead(weights: Tensor) -> Any:
+            calls.append(1)
+            if attention_override is None:
+                captured["weights"] = weights
+                return None
+            return overridden(weights), self._rows(weights, mask) > 0
 
-        handles = [self._embedding.register_forward_hook(on_embedding),
-                   self._attention.register_forward_hook(on_attention)]
+        handles = [self._embedding.register_forward_hook(on_embedding)]
+        if self._multihead is None:
+            handles.append(self._attention.register_forward_hook(on_attention))
         if self._hidden is not None:
-            handles.append(self._hidden.register_forward_hook(on_hidden))
+            handles.append(self._hidden.register_forward_hook(
+                lambda module, args, output: captured.update(
+                    hidden=output[0] if isinstance(output, (tuple, list)) else output)))
         try:
-            logits = self.logits_fn(self.forward_fn(self.module, batch))
+            if self._multihead is None:
+                logits = self.logits_fn(self.forward_fn(self.module, batch))
+            else:
+                with MultiheadHooks(self._multihead, on_multihead), slow_attention():
+                    logits = self.logits_fn(self.forward_fn(self.module, batch))
         finally:
             for handle in handles:
                 handle.remove()
@@ -218,10 +298,14 @@ class HookAdapter(nn.Module):
             raise ProtocolError(f"HookAdapter: the attention module {self.attention_name!r} ran {len(calls)} times "
                                 "in one forward pass; name one specific module (e.g. the last layer's).")
         weights = captured["weights"]
-        raw = None
+        raw, extras = None, {}
         if weights.dim() == 4:
             raw = (weights,)
-            token = weights[:, :, self.query_index, :].mean(dim=1)
+            rows = self._rows(weights, mask)
+            read = weights.masked_fill(~(rows > 0)[:, None, :, None], 0.0)  # rows not read: 0, even a NaN row
+            token = torch.einsum("bq,bhqk->bk", rows, read) / weights.shape[1]
+            if self.pooling == "mean":
+                extras["query_mask"] = mask
         elif weights.dim() == 2:
             token = weights
         else:
@@ -236,25 +320,15 @@ class HookAdapter(nn.Module):
         else:
             token = attention_override.masked_fill(~mask, 0.0).to(token.dtype)
         return ExplainOutput(logits=logits, attention=token, hidden_states=captured.get("hidden"),
-                             raw_attentions=raw)
-
-    def _override(self, weights: Tensor, override: Tensor) -> Tensor:
-        if weights.dim() == 2:
-            return override
-        if weights.dim() == 4:
-            q = self.query_index
-            row = override.unsqueeze(1).expand(-1, weights.shape[1], -1).unsqueeze(2)
-            return torch.cat([weights[:, :, :q], row, weights[:, :, q + 1:]], dim=2)
-        raise ProtocolError(f"HookAdapter: cannot override attention weights of shape {tuple(weights.shape)}; "
-                            "expected [B, T] or [B, heads, T, T].")
+                             raw_attentions=raw, extras=extras)
 
     def probe(self, batch: Batch) -> None:
         """Check on one batch what the audits rely on: the attention module runs once and returns weights, and
         those weights feed the logits (an override reaches the output, attention gradients exist).
 
         Raises:
-            ProtocolError: naming the cause (e.g. ``nn.MultiheadAttention`` called with ``need_weights=False``, or a
-                module whose output the network does not consume).
+            ProtocolError: naming the cause (e.g. a module whose output the network does not consume, or
+                self-attention without ``pooling=`` / ``query_index=``).
         """
         mask = self.token_mask(batch)
         with torch.enable_grad():

@@ -7,19 +7,24 @@
 * :class:`ImpermissibleAttentionMonitor` — attention mass on impermissible tokens (deception audits).
 * :class:`SanityCheck` — saliency sanity checks (input invariance, parameter randomisation, completeness).
 * :class:`RandomStateCheckpoint` — checkpoints the global random states so a resumed run continues them (opt-in).
-* :class:`AuditCallback` — the shared machinery (cadence, fixed audit subset, non-invasiveness, state, logging).
+* :class:`AuditCallback` — the base class (cadence, fixed audit subset, non-invasiveness, state, logging), with
+  the result types: :class:`BatchResult` (what ``audit_batch`` returns), :class:`AuditPrediction` (the shared
+  prediction step), :class:`AuditExample` (one audited example), :class:`TokenPairs` (its strongest token-pair
+  interactions) and :class:`AuditResult` (one audit run).
+
+One module per callback; their shared machinery is the private package ``lightning_xai.callbacks._audit``.
+Constants and helpers live in their modules, e.g. ``lightning_xai.callbacks.attention_audit.DEFAULT_METHODS``.
 """
 from lightning_xai.callbacks.adversarial_search import AdversarialSearchAudit
-from lightning_xai.callbacks.attention_audit import (AGREEMENT_METRICS, DEFAULT_GRADIENT_METHODS, DEFAULT_METHODS,
-                                                     AttentionAudit)
+from lightning_xai.callbacks.attention_audit import AttentionAudit
 from lightning_xai.callbacks.attention_baselines import AttentionBaselines
+from lightning_xai.callbacks.base import (AuditCallback, AuditExample, AuditPrediction, AuditResult, BatchResult,
+                                          TokenPairs)
 from lightning_xai.callbacks.erasure_audit import ErasureAudit
-from lightning_xai.callbacks.base import (AuditCallback, AuditExample, AuditPrediction, AuditResult, audit_guard,
-                                          summarize_values)
 from lightning_xai.callbacks.impermissible import ImpermissibleAttentionMonitor
 from lightning_xai.callbacks.random_state import RandomStateCheckpoint
 from lightning_xai.callbacks.sanity import SanityCheck
 
-__all__ = ["AGREEMENT_METRICS", "DEFAULT_GRADIENT_METHODS", "DEFAULT_METHODS", "AdversarialSearchAudit", "AttentionAudit", "AttentionBaselines", "AuditCallback",
-           "AuditExample", "AuditPrediction", "AuditResult", "ErasureAudit", "ImpermissibleAttentionMonitor", "RandomStateCheckpoint", "SanityCheck", "audit_guard",
-           "summarize_values"]
+__all__ = ["AdversarialSearchAudit", "AttentionAudit", "AttentionBaselines", "AuditCallback", "AuditExample",
+           "AuditPrediction", "AuditResult", "BatchResult", "ErasureAudit", "ImpermissibleAttentionMonitor",
+           "RandomStateCheckpoint", "SanityCheck", "TokenPairs"]

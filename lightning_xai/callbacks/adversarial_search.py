@@ -9,8 +9,8 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.audits.adversarial import adversarial_attention_search, summarize_search
-from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction
-from lightning_xai.callbacks.undefined import defined_examples
+from lightning_xai.callbacks._audit.failures import defined_examples
+from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, BatchResult
 
 __all__ = ["AdversarialSearchAudit"]
 
@@ -104,13 +104,13 @@ class AdversarialSearchAudit(AuditCallback):
 
     def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
                     indices: List[int], prediction: Optional[AuditPrediction] = None
-                    ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+                    ) -> Tuple[BatchResult, Dict[str, Any]]:
         result = adversarial_attention_search(model, batch, num_candidates=self.num_candidates, steps=self.steps,
                                               lr=self.lr, max_output_change=self.max_output_change, seed=self.seed,
                                               **self.search_options)
-        found = {"maps": {"attention": result.original_attention, "adversarial_attention": result.attention},
-                 "values": {"max_jsd": result.max_jsd, "output_change": result.output_change,
-                            "found": result.found.double()}}
+        found = BatchResult(maps={"attention": result.original_attention, "adversarial_attention": result.attention},
+                            values={"max_jsd": result.max_jsd, "output_change": result.output_change,
+                                    "found": result.found.double()})
         return found, {}
 
     def histogram_keys(self, examples: List[AuditExample]) -> List[str]:

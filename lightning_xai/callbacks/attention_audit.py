@@ -14,13 +14,14 @@ from typing_extensions import override
 
 from lightning_xai.adapters.capabilities import DeletionLogits
 from lightning_xai.adapters.protocol import ExplainableModel
-from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, shared_input_gradients
-from lightning_xai.callbacks.base import AuditCallback, AuditPrediction
-from lightning_xai.callbacks.interactions import DEFAULT_TOP_PAIRS
-from lightning_xai.callbacks.names import check_names, check_options_of_methods
-from lightning_xai.metrics.registry import AGREEMENT_ALIASES, AGREEMENT_METRICS, resolve_agreement_metric
+from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, method_record, shared_input_gradients
+from lightning_xai.callbacks._audit.options import check_names, check_options_of_methods
+from lightning_xai.callbacks._audit.results import DEFAULT_TOP_PAIRS
+from lightning_xai.callbacks.base import AuditCallback, AuditPrediction, BatchResult
+from lightning_xai.metrics.registry import (AGREEMENT_ALIASES, AGREEMENT_METRICS, metric_label,
+                                            resolve_agreement_metric)
 
-__all__ = ["AttentionAudit", "AGREEMENT_METRICS", "DEFAULT_GRADIENT_METHODS", "DEFAULT_METHODS"]
+__all__ = ["AttentionAudit", "AGREEMENT_METRICS", "DEFAULT_GRADIENT_METHODS", "DEFAULT_METHODS", "DEFAULT_METHOD_OPTIONS"]
 
 
 #: Jain & Wallace's maps. Integrated Gradients is one argument away (``methods=(*DEFAULT_METHODS,
@@ -33,7 +34,11 @@ DEFAULT_METHODS: Tuple[str, ...] = ("gradient", "grad_x_input", "leave_one_out")
 #: Σ L_i shortened sentences per audit — on MiniLM fine-tuning that floor alone is ~5% of an SST-2 epoch at 256
 #: sentences, against ~2% for these two (benchmarks/README.md, "Audit share"). Name it in ``methods`` to include it.
 DEFAULT_GRADIENT_METHODS: Tuple[str, ...] = ("gradient", "grad_x_input")
-_SUMMARY_LABELS = {"kendall_tau": "Kendall τ", "jsd": "JSD", "topk_overlap": "top-k overlap"}
+#: Options the audit gives a method unless ``method_options`` says otherwise. Attention is non-negative, so agreement
+#: with it compares magnitudes: Jain & Wallace (2019, §3) define grad×input importance as |Σ_d ∂y/∂e_td · e_td|
+#: (``absolute=True``); the signed map ranks strongly negative tokens last and gives negative τ against attention.
+#: The signed map stays available: ``method_options={"grad_x_input": {"absolute": False}}``.
+DEFAULT_METHOD_OPTIONS: Dict[str, Dict[str, Any]] = {"grad_x_input": {"absolute": True}}
 
 
 def pair_name(first: str, second: str) -> str:
@@ -71,20 +76,22 @@ class AttentionAudit(AuditCallback):
             ``method_options={"integrated_gradients": {"n_steps": "auto"}}`` for its adaptive quadrature) when
             the cost — roughly 256 × 26 extra forward+backward passes per audit — is worth it. A method whose
             ``attribute`` returns a tuple (``integrated_hessians``: row sums and Γ; ``integrated_gradients`` with
-            ``return_convergence_delta=True``) is compared through its first element, the ``[B, T]`` map;
-            Integrated Hessians' Γ also gives the report its strongest token pairs (``top_pairs``).
+            ``return_convergence_delta=True``) is compared through its first element, the ``[B, T]`` map; the
+            ``[B, T, T]`` interactions of a method registered with ``returns="pairwise_interactions"`` (Integrated
+            Hessians' Γ) also give the report its strongest token pairs (``top_pairs``).
         metrics: agreement metrics of :mod:`lightning_xai.metrics.registry`: ``kendall_tau`` (τ-b, J&W),
             ``topk_kendall_tau``, ``spearman``, ``pearson``, ``jsd`` (maps as distributions of ``|score|``),
             ``topk_overlap``, or any name registered with ``register_agreement_metric``.
         pairs: which pairs to compare, as ``("attention", "gradient")`` tuples; default every pair.
         method_options: per-method keyword options for ``attribute``, e.g.
-            ``{"integrated_gradients": {"n_steps": 20}}``.
+            ``{"integrated_gradients": {"n_steps": 20}}``, over :data:`DEFAULT_METHOD_OPTIONS`: ``grad_x_input`` is
+            compared as Jain & Wallace's magnitude \|Σ_d g·e\| unless ``{"grad_x_input": {"absolute": False}}``.
         metric_options: per-metric keyword options, e.g. ``{"topk_overlap": {"k": 0.2}}``.
         impermissible_key: batch key of the impermissible-token mask; the shares are computed for batches that
             have it (``None``: never).
         top_pairs: with ``"integrated_hessians"`` in ``methods``, each example the report shows (see
             ``num_report_examples``) keeps its ``top_pairs`` strongest token pairs i ≠ j by ``|Γ_ij|`` and Γ over
-            their tokens (:class:`~lightning_xai.callbacks.interactions.TokenPairs`), drawn by
+            their tokens (:class:`~lightning_xai.callbacks._audit.results.TokenPairs`), drawn by
             :class:`~lightning_xai.reporting.AuditReport` as a heatmap; ``0``: none kept. Nothing is computed
             for it beyond Integrated Hessians itself.
         **kwargs: scheduling and subset options of :class:`~lightning_xai.callbacks.AuditCallback`
@@ -211,7 +218,7 @@ class AttentionAudit(AuditCallback):
         """
         rows = []
         for metric in self.metrics[: None if full else 1]:
-            label = _SUMMARY_LABELS.get(metric, metric)
+            label = metric_label(metric)
             for first, second in self.pairs:
                 key = f"{metric}/{pair_name(first, second)}"
                 if f"{key}/mean" in metrics:
@@ -224,7 +231,7 @@ class AttentionAudit(AuditCallback):
 
     def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
                     indices: List[int], prediction: Optional[AuditPrediction] = None
-                    ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+                    ) -> Tuple[BatchResult, Dict[str, Any]]:
         prediction = prediction or self.predict(model, batch)
         mask = model.token_mask(batch)
         maps: Dict[str, Tensor] = {"attention": prediction.attention}
@@ -232,10 +239,12 @@ class AttentionAudit(AuditCallback):
         with shared_input_gradients():  # gradient and grad×input: one backward pass between them
             for method in self.methods:
                 with self.map_precision(method):  # float32 for leave-one-out, IG under autocast ("auto")
-                    scores = attribute(model, batch, method, target=None, **self.method_options.get(method, {}))
-                if isinstance(scores, tuple):  # (map [B, T], extra): IG's convergence delta, Int. Hessians' [B, T, T]
-                    if method == "integrated_hessians" and self.top_pairs:  # Γ: the report's strongest pairs
-                        found.update(interactions=scores[1].detach().float(), interaction_pairs=self.top_pairs)
+                    options = {**DEFAULT_METHOD_OPTIONS.get(method, {}), **self.method_options.get(method, {})}
+                    scores = attribute(model, batch, method, target=None, **options)
+                if isinstance(scores, tuple):  # (map [B, T], extra): a convergence delta, pairwise interactions
+                    if method_record(method).has_interactions and self.top_pairs:  # the report's strongest pairs
+                        found.update(interactions=scores[1].detach().float(), interaction_pairs=self.top_pairs,
+                                     interaction_method=method)
                     scores = scores[0]
                 maps[method] = scores.detach().float()
         values: Dict[str, Tensor] = {}
@@ -252,10 +261,10 @@ class AttentionAudit(AuditCallback):
             impermissible = batch[self.impermissible_key]
             if (not isinstance(impermissible, Tensor) or impermissible.dtype != torch.bool
                     or impermissible.shape != mask.shape):
-                found = tuple(impermissible.shape) if isinstance(impermissible, Tensor) else type(impermissible)
+                got = tuple(impermissible.shape) if isinstance(impermissible, Tensor) else type(impermissible)
                 raise MisconfigurationException(
                     f"AttentionAudit: batch[{self.impermissible_key!r}] must be a bool tensor shaped like the token "
-                    f"mask {tuple(mask.shape)}, got {getattr(impermissible, 'dtype', None)} {found}; fix the "
+                    f"mask {tuple(mask.shape)}, got {getattr(impermissible, 'dtype', None)} {got}; fix the "
                     "collate function or set impermissible_key=None.")
             real = mask.to(maps["attention"].device).double()
             inside = impermissible.to(real.device).double() * real
@@ -264,4 +273,4 @@ class AttentionAudit(AuditCallback):
                 total = magnitude.sum(-1)
                 share = (magnitude * inside).sum(-1) / total
                 values[f"impermissible_share/{name}"] = torch.where(total > 0, share, torch.full_like(share, math.nan))
-        return {"maps": maps, "values": values, **found}, {}
+        return BatchResult(maps=maps, values=values, **found), {}

@@ -11,8 +11,9 @@ from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution.override_replay import override_scorer
 from lightning_xai.audits.baselines import (DEFAULT_MAX_ATTENTION_BINS, bin_by_max_attention, permutation_test,
                                             uniform_attention_evaluation, uniform_attention_summary)
-from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, summarize_values
-from lightning_xai.callbacks.undefined import defined_examples
+from lightning_xai.callbacks._audit.failures import defined_examples
+from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, BatchResult
+from lightning_xai.metrics import summarize_values
 
 __all__ = ["AttentionBaselines"]
 
@@ -70,10 +71,9 @@ class AttentionBaselines(AuditCallback):
 
     def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
                     indices: List[int], prediction: Optional[AuditPrediction] = None
-                    ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+                    ) -> Tuple[BatchResult, Dict[str, Any]]:
         prediction = prediction or self.predict(model, batch)
         values: Dict[str, torch.Tensor] = {}
-        found: Dict[str, Any] = {"maps": {"attention": prediction.attention}, "values": values}
         with torch.no_grad():  # one pass and one checked scorer of overrides serve both baselines
             replay = override_scorer(model, model.embed(batch), batch)
         if self.permutation:
@@ -85,7 +85,7 @@ class AttentionBaselines(AuditCallback):
             uni = uniform_attention_evaluation(model, batch, replay=replay)
             values["uniform/delta"] = uni["delta"]
             values["uniform/prediction"] = uni["uniform_pred"].double()
-        return found, {}
+        return BatchResult(maps={"attention": prediction.attention}, values=values), {}
 
     def summary_rows(self, metrics: Mapping[str, float], full: bool = False) -> List[Tuple[str, str]]:
         """Rows of the final table: uniform-attention accuracy/F1/flips, the permutation median ``|Δŷ|`` overall

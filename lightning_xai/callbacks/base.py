@@ -1,58 +1,47 @@
-"""The machinery every audit callback shares: when to run, on which examples, without touching training.
+"""The base class of every audit callback: when to run, on which examples, without touching training.
 
-An audit callback runs a measurement on a *fixed audit subset* — the same ``num_samples`` examples of one
-split every time, drawn once from ``seed`` — at a cadence (every ``n`` epochs at validation end and/or every
-``n`` optimizer steps), and in ``trainer.validate``/``trainer.test``. It is *non-invasive*: it saves and
-restores the global RNGs (python, numpy, torch, CUDA), every module's train/eval mode, every parameter's
-``requires_grad`` and ``.grad``, and works under Lightning's ``no_grad`` validation and the ``inference_mode`` of
-``validate``/``test``. Under DDP each process audits its shard of the subset; per-example results are gathered
-so every process holds (and logs) the numbers one process would compute. Results go to every logger, to
-``callback.history`` (checkpointed, so a resumed run continues it), and to ``callback.latest`` (per-example detail
-for :mod:`lightning_xai.reporting`). Each job lives in its own module: :mod:`~lightning_xai.callbacks.schedule` (when),
-:mod:`~lightning_xai.callbacks.subset` (which examples, batched within a token budget),
-:mod:`~lightning_xai.callbacks.guard` (non-invasiveness, precision), :mod:`~lightning_xai.callbacks.results`
-(the typed per-example result), :mod:`~lightning_xai.callbacks.distributed` (DDP gather),
-:mod:`~lightning_xai.callbacks.aggregation` (the logged scalars) and :mod:`~lightning_xai.callbacks.output`
-(history, loggers, progress bar). This module composes them into :class:`AuditCallback` and re-exports them.
+:class:`AuditCallback` holds its triggers, its state and its model lookup itself (Lightning hooks and private
+trigger methods, as Lightning's ``ModelCheckpoint``); the mechanics it calls live in the private package
+``lightning_xai.callbacks._audit``, one module per concept.
 """
 from __future__ import annotations
 
 import abc
 import inspect
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+import time
+from dataclasses import replace
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytorch_lightning as pl
 import torch
 from lightning_fabric.utilities.apply_func import move_data_to_device
-from pytorch_lightning.utilities.exceptions import MisconfigurationException
-from pytorch_lightning.utilities.rank_zero import rank_zero_warn
-from torch import Tensor
+from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lightning_xai.adapters.protocol import ExplainableModel
-from lightning_xai.adapters.resolve import ModelSpec
-from lightning_xai.attribution.batching import take_rows
-from lightning_xai.callbacks.aggregation import ValueAggregator, aggregate_values, summarize_values, value_names
-from lightning_xai.callbacks.budget import DEFAULT_EVERY_N_EPOCHS, DEFAULT_NUM_SAMPLES
-from lightning_xai.callbacks.cost import AuditCost
-from lightning_xai.callbacks.distributed import gather_examples, merge_extras, shared_failure
-from lightning_xai.callbacks.guard import AuditPrecision, audit_guard, precision_context
-from lightning_xai.callbacks.isolation import AuditFailures
-from lightning_xai.callbacks.options import check_audit_options, check_placement
-from lightning_xai.callbacks.output import (RunCounter, add_record, log_scalars, progress_bar, publish_scalars,
-                                            restored_history)
-from lightning_xai.callbacks.resolve import ModelLookup
-from lightning_xai.callbacks.results import AuditExample, AuditPrediction, AuditResult, collect_examples
-from lightning_xai.callbacks.schedule import AuditSchedule, check_cadence
-from lightning_xai.callbacks.subset import (AUDIT_TOKEN_BUDGET, AuditBatch, build_batches, draw_subset,
-                                            find_loader)
-from lightning_xai.callbacks.undefined import audit_finite_rows, mark_undefined, warn_undefined
+from lightning_xai.adapters.resolve import ModelResolver, ModelSpec
+from lightning_xai.attribution.registry import method_record
+from lightning_xai.callbacks._audit import model as lookup
+from lightning_xai.callbacks._audit.aggregation import ValueAggregator, aggregate_values, value_names
+from lightning_xai.callbacks._audit.budget import (DEFAULT_EVERY_N_EPOCHS, DEFAULT_NUM_SAMPLES, MIN_AUDIT_SECONDS,
+                                                   AuditCost, Default, Plan, describe, plan)
+from lightning_xai.callbacks._audit.distributed import agreed, gather_examples, merge_extras, shared_failure
+from lightning_xai.callbacks._audit.failures import AuditFailures, audit_finite_rows, mark_undefined, warn_undefined
+from lightning_xai.callbacks._audit.guard import AuditPrecision, audit_guard, precision_context
+from lightning_xai.callbacks._audit.options import check_audit_options, check_placement
+from lightning_xai.callbacks._audit.output import (RunCounter, add_record, log_scalars, progress_bar, publish_scalars,
+                                                   restored_history)
+from lightning_xai.callbacks._audit.results import (AuditExample, AuditPrediction, AuditResult, BatchResult,
+                                                    TokenPairs, collect_examples, example_tokens)
+from lightning_xai.callbacks._audit.schedule import audit_clocks, clock_mark, subset_size, training_since
+from lightning_xai.callbacks._audit.subset import (AUDIT_TOKEN_BUDGET, AuditBatch, build_batches, draw_subset,
+                                                   find_loader)
+from lightning_xai.lightning_compat import Callback
 
-__all__ = ["AUDIT_TOKEN_BUDGET", "AuditCallback", "AuditExample", "AuditPrediction", "AuditResult", "audit_guard",
-           "summarize_values"]
+__all__ = ["AuditCallback", "AuditExample", "AuditPrediction", "AuditResult", "BatchResult", "TokenPairs"]
 
 
-class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
+class AuditCallback(Callback, abc.ABC):
     """Base class of the audit callbacks: scheduling, audit subset, non-invasiveness, state, logging.
 
     Subclasses implement :meth:`audit_batch` (per-example results of one batch of the audit subset) and may
@@ -61,6 +50,17 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
     A subclass may define ``summary_rows(metrics, full) -> [(label, template)]`` to choose its rows of the final
     results table (:func:`lightning_xai.reporting.final_results`); reporting reads callbacks only through such
     attributes, so a new audit callback needs no change there.
+
+    **When it runs** (its private trigger methods): at the end of every ``every_n_epochs``-th epoch of ``fit``
+    (after its validation, or at the train epoch's end when none ran), after every ``every_n_train_steps``-th
+    optimizer step, and at the end of ``trainer.validate`` / ``trainer.test`` (``on_validate`` / ``on_test``);
+    never in the sanity check. A failing scheduled audit is reported and skipped (``strict`` re-raises). Its cost is
+    logged (``<prefix>/cost/seconds``, ``/cost/share`` of the epoch's training time). **Cost budget**
+    (``budget=0.05``; ``None``: off): after the first audit of ``fit`` the callback audits every ``k``-th epoch
+    (``k <= 10``), and only if that is not enough fewer examples (never below 128, the first ``N`` of the same
+    draw), to spend at most ``budget`` of the training time; what the user passed (``num_samples``, the cadence)
+    and audits under ``budget_min_seconds`` (5 s) are kept. The plan is logged (``<prefix>/budget/...``), printed
+    and checkpointed. ``limit_<split>_batches`` (and ``fast_dev_run``) cap the audit subset of that split.
 
     Args:
         every_n_epochs: audit at the end of every n-th validation epoch of ``fit`` (0 or ``None``: never).
@@ -78,17 +78,17 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
             or float16/bfloat16 weights) the precision-sensitive maps (leave-one-out, erasure, integrated
             gradients) are computed in float32, with a warning that says so (once); weights cast for this are put
             back bit for bit. ``"trainer"``: every map under the trainer's precision context (autocast for
-            ``*-mixed``); ``"32"``: every map in float32. See :class:`~lightning_xai.callbacks.guard.AuditPrecision`.
+            ``*-mixed``); ``"32"``: every map in float32.
         num_report_examples: how many audited examples keep their full maps for reports.
         strict: re-raise an exception raised inside a scheduled audit. By default (``False``) it is reported
             once per exception type (``rank_zero_warn``: the cause and what to try), the audit is skipped and
             training goes on, with every RNG, mode and gradient restored. Configuration errors found by the
             two-example probe before the first audit (:meth:`check_model`) always raise.
-        model: which model of the LightningModule to explain (:mod:`~lightning_xai.callbacks.resolve`): ``None``
-            finds it (the module itself, or the one ``transformers`` sequence classifier it holds), else an
-            attribute path (``"model"``) or a callable ``pl_module -> model``. tokenizer: gives the words of
-            reports and the special tokens (default: a ``tokenizer`` attribute of the module or DataModule).
-        budget: share of training time the audits may take (0.05; ``None``: off): see :class:`AuditSchedule`.
+        model: which model of the LightningModule to explain: ``None`` finds it (the module itself, or the one
+            ``transformers`` sequence classifier it holds), else an attribute path (``"model"``) or a callable
+            ``pl_module -> model``. tokenizer: gives the words of reports and the special tokens (default: a
+            ``tokenizer`` attribute of the module or DataModule).
+        budget: share of training time the audits may take (0.05; ``None``: off), see above.
 
     The logged scalars also land in ``trainer.callback_metrics`` (as 0-dim tensors), so ``ModelCheckpoint`` and
     ``EarlyStopping`` can monitor a faithfulness key, e.g.
@@ -103,8 +103,15 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
     """
 
     name: str = "audit"
-    #: a name in ``guard.PRECISION_SENSITIVE`` makes the whole :meth:`audit_batch` precision-sensitive
-    precision_map: str = ""
+    #: True: the whole :meth:`audit_batch` is precision-sensitive (computed in float32 under autocast with
+    #: ``precision="auto"``), as erasure is; a single map is when its method record says so (:meth:`map_precision`)
+    precision_sensitive: bool = False
+    #: True for audits that replace the model's attention (``attention_override``): checked before the first audit.
+    needs_attention_override: bool = False
+    #: the budget keeps the configured size and cadence of an audit that took less than this (seconds)
+    budget_min_seconds: float = MIN_AUDIT_SECONDS
+    tokenizer: Any = None
+    _resolver: Optional[ModelResolver] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -133,38 +140,35 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
     ) -> None:
         super().__init__()
         cls = type(self).__name__
-        self.init_lookup(model, tokenizer)
-        check_cadence(f"{cls}(every_n_epochs)", every_n_epochs, allow_zero=True)
-        check_cadence(f"{cls}(every_n_train_steps)", every_n_train_steps, allow_zero=False)
-        if not every_n_epochs and not every_n_train_steps and not on_validate and not on_test:
-            raise MisconfigurationException(
-                f"{cls} would never run: set every_n_epochs >= 1, every_n_train_steps >= 1, on_validate or on_test.")
-        check_audit_options(cls, num_samples=num_samples, dataloader=dataloader, batch_size=batch_size, seed=seed,
-                            precision=precision, num_report_examples=num_report_examples, strict=strict)
-        self.every_n_epochs = every_n_epochs or 0
+        self._resolver = lookup.model_resolver(model, tokenizer, cls)
+        self.tokenizer = tokenizer
+        check_audit_options(cls, every_n_epochs=every_n_epochs, every_n_train_steps=every_n_train_steps,
+                            on_validate=on_validate, on_test=on_test, num_samples=num_samples, dataloader=dataloader,
+                            batch_size=batch_size, seed=seed, precision=precision,
+                            num_report_examples=num_report_examples, strict=strict, budget=budget)
+        self.budget = None if budget is None else float(budget)
+        # a default the user did not pass (a budget.Default) may be changed by the budget; the user's own is kept
+        self._fixed_samples = not isinstance(num_samples, Default)
+        self._fixed_cadence = not isinstance(every_n_epochs or 0, Default) or bool(every_n_train_steps)
+        self.every_n_epochs = int(every_n_epochs or 0)
         self.every_n_train_steps = every_n_train_steps
-        self.init_budget(budget, num_samples)
-        self.dataloader = dataloader
-        self.batch_size = batch_size
-        self.seed = seed
-        self.on_validate = on_validate
-        self.on_test = on_test
+        self.num_samples = None if num_samples is None else int(num_samples)
+        self.plan: Optional[Plan] = None
+        self._cadence, self._cadence_offset, self._planned_samples = 1, 0, None
+        self._budget_mark: Optional[Tuple[float, float]] = None
+        self.dataloader, self.batch_size, self.seed = dataloader, batch_size, seed
+        self.on_validate, self.on_test = on_validate, on_test
         self.log_prefix = log_prefix or self.name
-        self.precision = precision
-        self._precision = AuditPrecision(cls, precision)
+        self.precision, self._precision = precision, AuditPrecision(cls, precision)
         self.num_report_examples = num_report_examples
-        self.strict = strict
-        self._failures = AuditFailures(cls, strict)
-        self._cost = AuditCost()
-        self._runs = RunCounter()
+        self.strict, self._failures = strict, AuditFailures(cls, strict)
+        self._cost, self._runs = AuditCost(), RunCounter()
         self.history: List[Dict[str, Any]] = []
         self.latest: Optional[AuditResult] = None
         self.version = 0  # bumps on every audit; reporters watch it
         self._subsets: Dict[str, List[int]] = {}
         self._batches: Dict[str, List[AuditBatch]] = {}
-        self._warned_no_logger = False
-        self._warned_undefined: Set[str] = set()
-        self._checked = False
+        self._warned_no_logger, self._warned_undefined, self._checked = False, set(), False
         self._last_step_audited: Optional[int] = None
         self._epoch_audited: Optional[int] = None
         self._aggregated: Optional[Dict[str, float]] = None
@@ -185,8 +189,10 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
 
     @override
     def state_dict(self) -> Dict[str, Any]:
+        # the budget's plan is checkpointed so that a resumed run audits the same subset at the same cadence
+        budget = {"plan": None if self.plan is None else vars(self.plan).copy(), "cadence_offset": self._cadence_offset}
         return {"history": [dict(r, metrics=dict(r["metrics"])) for r in self.history],
-                "subsets": {k: list(v) for k, v in self._subsets.items()}, "budget": self.budget_state()}
+                "subsets": {k: list(v) for k, v in self._subsets.items()}, "budget": budget}
 
     @override
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -194,9 +200,13 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
         self._runs.restored(self.history)
         saved = state_dict.get("subsets", {})
         self._restored_subsets = {k: list(v) for k, v in saved.items()}
-        self.load_budget_state(state_dict.get("budget"))
+        budget = state_dict.get("budget")
+        if budget and budget.get("plan"):
+            self.plan = Plan(**budget["plan"])
+            self._cadence, self._cadence_offset = self.plan.cadence, int(budget.get("cadence_offset", 0))
+            self._planned_samples = self.plan.num_samples
 
-    # --- setup: fail early on a model the audit cannot read -----------------------------------------------
+    # --- the Lightning hooks: setup, and the triggers of scheduled audits --------------------------------------
     @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         if trainer is not None:  # None: set up by hand (notebooks, tests)
@@ -206,6 +216,134 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
         self.explainable(pl_module)
         self._checked = False
         self._batches = {}
+
+    @override
+    def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if self.every_n_epochs or self.every_n_train_steps:  # a probe failing on one process raises on all
+            agreed(trainer, self._ensure_checked, trainer, pl_module, self.dataloader)
+
+    @override
+    def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        self._budget_mark = clock_mark(trainer.callbacks)
+
+    @override
+    def on_train_epoch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        self._cost.epoch_started()
+
+    @override
+    def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        n = self.every_n_train_steps
+        step = trainer.global_step
+        if n and step > 0 and step % n == 0 and step != self._last_step_audited:
+            self._last_step_audited = step
+            self._scheduled_audit(trainer, pl_module, "fit", self.dataloader)
+
+    @override
+    def on_validation_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if trainer.sanity_checking:
+            return
+        fn = trainer.state.fn
+        if fn == "fit":
+            self._epoch_audit(trainer, pl_module)
+        elif fn == "validate" and self.on_validate:
+            self._scheduled_audit(trainer, pl_module, "validate", "val")
+
+    @override
+    def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        # Runs after the epoch's validation: audits here only when no validation ran this epoch.
+        self._epoch_audit(trainer, pl_module)
+        self._epoch_cost(trainer)
+
+    @override
+    def on_test_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if self.on_test:
+            self._scheduled_audit(trainer, pl_module, "test", "test")
+
+    def _epoch_audit(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        epoch, every = trainer.current_epoch, self.every_n_epochs * self._cadence
+        if every and (epoch + 1 - self._cadence_offset) % every == 0 and self._epoch_audited != epoch:
+            self._epoch_audited = epoch
+            self._scheduled_audit(trainer, pl_module, "fit", self.dataloader)
+
+    def _scheduled_audit(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str, split: str
+                         ) -> Optional[AuditResult]:
+        """:meth:`run_audit`, isolated and clocked: the result, or ``None`` when the audit failed (and was
+        reported; with ``strict`` the exception propagates). The first audit of ``fit`` sets the budget's plan."""
+        start = time.perf_counter()
+        training = training_since(self._budget_mark, start, audit_clocks(trainer.callbacks)) if stage == "fit" else 0.0
+        try:  # every step agrees across processes (distributed.shared_failure): all report, or all raise
+            result = self.run_audit(trainer, pl_module, stage, split)
+            seconds = time.perf_counter() - start
+            self._cost.audited(seconds)
+            agreed(trainer, self._log, trainer, stage, {"cost/seconds": seconds})
+            if stage == "fit":
+                self._apply_budget(trainer, split, seconds, training)
+        except Exception as err:  # noqa: BLE001 - any failure of an audit is reported, training goes on
+            self._failures.report(err, stage, split, trainer.current_epoch, trainer.global_step)
+            return None
+        if stage == "fit":
+            self._budget_mark = clock_mark(trainer.callbacks)
+        if stage != "fit" and not self._cost.announced:
+            self._cost.announced = True
+            rank_zero_info(self._cost.announcement(type(self).__name__))
+        return result
+
+    def _epoch_cost(self, trainer: "pl.Trainer") -> None:
+        others = [getattr(c, "_cost", None) for c in trainer.callbacks]
+        spent = self._cost.epoch_ended([o for o in others if isinstance(o, AuditCost)])
+        if spent is None:
+            return
+        audits, training = spent
+        metrics: Dict[str, float] = {"cost/share": audits / training if training > 0 else float("nan")}
+        try:  # a logger failing on one process: reported (or raised) on every process alike
+            agreed(trainer, self._log, trainer, "fit", metrics)
+        except Exception as err:  # noqa: BLE001 - as a failed audit
+            self._failures.report(err, "fit", self.dataloader, trainer.current_epoch, trainer.global_step)
+            return
+        if not self._cost.announced:
+            self._cost.announced = True
+            rank_zero_info(self._cost.announcement(type(self).__name__, audits, training))
+
+    def _apply_budget(self, trainer: "pl.Trainer", split: str, seconds: float, training: float) -> None:
+        """After the first audit of ``fit``: size the subset and cadence to the budget, log the plan."""
+        audited = len(self._subsets.get(split, ()))
+        if self.budget is None or self.plan is not None or not audited or training <= 0 or trainer.fast_dev_run:
+            return
+        with shared_failure(trainer):  # a failure on one process: every process raises, none waits in the broadcast
+            limited = self._audit_size(trainer, split, self._loader(trainer, split)) != self.num_samples
+            cheap = seconds < self.budget_min_seconds
+            chosen = plan(seconds / audited, training, self.budget, audited,
+                          fixed_samples=self._fixed_samples or limited or cheap,
+                          fixed_cadence=self._fixed_cadence or cheap)
+        chosen = trainer.strategy.broadcast(chosen, src=0)  # every process audits the same subset, same cadence
+        self.plan = chosen
+        if chosen.cadence > 1:  # the next audit comes every_n_epochs * cadence epochs after this one
+            self._cadence, self._cadence_offset = chosen.cadence, trainer.current_epoch + 1
+        if chosen.num_samples < audited:
+            self._planned_samples = chosen.num_samples
+            self._subsets.pop(split, None)  # the first N of the same seeded draw: a subset of the first audit's
+            self._batches.pop(split, None)
+        measured = seconds / training
+        with shared_failure(trainer):  # logging the plan failed on one process: an audit failure on all
+            self._log(trainer, "fit", {"budget/num_samples": float(chosen.num_samples), "budget/share": measured,
+                                       "budget/every_n_epochs": float(self.every_n_epochs * chosen.cadence)})
+            unit = "epochs" if self.every_n_epochs else "scheduled steps"
+            rank_zero_info(describe(type(self).__name__, chosen, self.budget, measured, unit,
+                                    self.every_n_epochs or self.every_n_train_steps))
+
+    # --- the model: which one, its words, whether the audit can read it -----------------------------------------
+    def explainable(self, pl_module: Any) -> ExplainableModel:
+        """The module seen through the protocol (the module itself, the one ``transformers`` classifier it holds, or
+        the callback's ``model=``), or a :class:`MisconfigurationException` saying how to fix it."""
+        if self._resolver is None:
+            self._resolver = ModelResolver(owner=type(self).__name__)
+        return lookup.explainable_model(self._resolver, pl_module, type(self).__name__)
+
+    def example_tokens(self, trainer: Any, pl_module: Any, example: AuditExample) -> List[str]:
+        """The words of an audited example (see :func:`~lightning_xai.callbacks._audit.results.example_tokens`)."""
+        tokenizer = lookup.report_tokenizer(self._resolver, self.tokenizer, trainer, pl_module)
+        return example_tokens(trainer, pl_module, example, tokenizer=tokenizer)
 
     def check_model(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", split: str) -> None:
         """Run the model on two audit examples and check what the audit needs (called before the first audit).
@@ -217,56 +355,31 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
         """
         model = self.explainable(pl_module)
         batches = self._audit_batches(trainer, split)
-        if not batches:
-            return
-        _, _, batch = batches[0]
-        batch = move_data_to_device(batch, pl_module.device)
-        try:
-            with audit_guard(pl_module):
-                rows = model.token_mask(batch).shape[0]  # two examples show the shapes, without GBs of attention
-                batch = take_rows(batch, torch.arange(min(2, rows)), rows)
-                out = self.predict(model, batch).output
-                probe = getattr(model, "probe", None)
-                if callable(probe):
-                    probe(batch)
-        except MisconfigurationException:
-            raise
-        except Exception as err:
-            raise MisconfigurationException(
-                f"{type(self).__name__} cannot audit this model: its probe on the {split!r} split failed "
-                f"with {type(err).__name__}: {err}") from err
-        mask = model.token_mask(batch)
-        attention = getattr(out, "attention", None)
-        if not isinstance(attention, Tensor) or attention.shape != mask.shape:
-            shape = None if not isinstance(attention, Tensor) else tuple(attention.shape)
-            raise MisconfigurationException(
-                f"{type(self).__name__} needs the model's attention: forward_from_embeddings must return an "
-                f"ExplainOutput whose `attention` is a [B, T] tensor matching token_mask {tuple(mask.shape)}; got "
-                f"{shape}. Models without an attention layer cannot be audited for attention faithfulness.")
-        logits = getattr(out, "logits", None)
-        if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[0] != mask.shape[0]:
-            raise MisconfigurationException(f"{type(self).__name__} needs [B, C] logits from forward_from_embeddings.")
-        self.check_attention_override(model)
+        if batches:
+            batch = move_data_to_device(batches[0][2], pl_module.device)
+            lookup.probe_model(type(self).__name__, model, pl_module, batch, self.predict, split)
+            if self.needs_attention_override:
+                lookup.check_attention_override(type(self).__name__, model)
 
     def _ensure_checked(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", split: str) -> None:
         if not self._checked:
             self.check_model(trainer, pl_module, split)
             self._checked = True
 
-    @override
-    def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        if self.every_n_epochs or self.every_n_train_steps:
-            self._ensure_checked(trainer, pl_module, self.dataloader)
-
     # --- the audit subset ----------------------------------------------------------------------------------
     def _loader(self, trainer: "pl.Trainer", split: str) -> Any:
         return find_loader(trainer, split, type(self).__name__)
+
+    def _audit_size(self, trainer: "pl.Trainer", split: str, loader: Any) -> Optional[int]:
+        """Size of the audit subset of ``split``: the budget's plan, else ``num_samples``, capped by the trainer's
+        ``limit_<split>_batches``."""
+        return subset_size(self._planned_samples or self.num_samples, trainer, split, loader)
 
     def audit_indices(self, trainer: "pl.Trainer", split: str) -> List[int]:
         """The fixed audit subset of ``split``: ``num_samples`` dataset indices drawn once from ``seed`` (sorted)."""
         if split not in self._subsets:
             dataset = self._loader(trainer, split).dataset
-            chosen = draw_subset(dataset, self.audit_size(trainer, split, self._loader(trainer, split)), self.seed,
+            chosen = draw_subset(dataset, self._audit_size(trainer, split, self._loader(trainer, split)), self.seed,
                                  type(self).__name__, split)
             restored = getattr(self, "_restored_subsets", {}).get(split)
             if restored is not None and restored != chosen:
@@ -302,7 +415,7 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
                     for positions, indices, cpu_batch in batches:
                         batch = move_data_to_device(cpu_batch, pl_module.device)
                         found, extra = self._measure(trainer, pl_module, model, batch, indices, generator, context)
-                        aggregator.update(found.get("values", {}))
+                        aggregator.update(found.values)
                         examples.extend(collect_examples(model.token_mask(batch), batch, positions, indices, split,
                                                          found, self.num_report_examples))
                         extras.append(extra)
@@ -315,29 +428,31 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
         merged = merge_extras(trainer, extras)
         if type(self).aggregate is AuditCallback.aggregate:  # the same class on every process: same collectives
             self._aggregated = aggregator.compute(value_names(examples))
-        try:
-            metrics = self.aggregate(examples, merged)
-        finally:
-            self._aggregated = None
-        warn_undefined(type(self).__name__, split, examples, metrics, self._warned_undefined)
-        result = AuditResult(stage=stage, epoch=trainer.current_epoch, global_step=trainer.global_step, split=split,
-                             metrics=metrics, examples=examples, extras=merged, run=self._runs.run)
+        with shared_failure(trainer):  # aggregate and log; kept (history) only when they worked on every process
+            try:
+                metrics = self.aggregate(examples, merged)
+            finally:
+                self._aggregated = None
+            warn_undefined(type(self).__name__, split, examples, metrics, self._warned_undefined)
+            result = AuditResult(stage=stage, epoch=trainer.current_epoch, global_step=trainer.global_step,
+                                 split=split, metrics=metrics, examples=examples, extras=merged, run=self._runs.run)
+            self._log(trainer, stage, metrics)
         self.history = add_record(self.history, result.record())
-        self._log(trainer, stage, metrics)
         self.latest = result
         self.version += 1
         return result
 
     def _measure(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", model: ExplainableModel,
                  batch: Dict[str, Any], indices: List[int], generator: torch.Generator, context: Any
-                 ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+                 ) -> Tuple[BatchResult, Dict[str, Any]]:
         with precision_context(trainer, pl_module.device, context):
             prediction = self.predict(model, batch)
-            with self.map_precision(self.precision_map):
+            with self._precision.maps(self.name, self.precision_sensitive):
                 found, extra = audit_finite_rows(lambda b, i, p: self.audit_batch(
                     model, b, generator, i, prediction=p or self.predict(model, b)), batch, indices, prediction)
-        return mark_undefined({"prediction": prediction.prediction, "probability": prediction.probability, **found},
-                              prediction.finite, self.expected_values()), extra
+        found = replace(found, prediction=prediction.prediction if found.prediction is None else found.prediction,
+                        probability=prediction.probability if found.probability is None else found.probability)
+        return mark_undefined(found, prediction.finite, self.expected_values()), extra
 
     def _log(self, trainer: "pl.Trainer", stage: str, metrics: Dict[str, float]) -> None:
         prefix = self.log_prefix if stage == "fit" else f"{stage}/{self.log_prefix}"
@@ -347,10 +462,11 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
                            "callback.history (and written by lightning_xai.reporting.AuditReport if present).")
             self._warned_no_logger = True
 
-    def map_precision(self, name: str) -> Any:
-        """Context for computing map ``name`` in :meth:`audit_batch`: float32 for a precision-sensitive map
-        (``guard.PRECISION_SENSITIVE``) under autocast with ``precision="auto"``, else nothing."""
-        return self._precision.maps(name)
+    def map_precision(self, method: str) -> Any:
+        """Context for computing the map of attribution ``method`` in :meth:`audit_batch`: float32 when its
+        :class:`~lightning_xai.attribution.MethodRecord` says ``precision_sensitive`` and the audit runs under
+        autocast with ``precision="auto"``, else nothing."""
+        return self._precision.maps(method, method_record(method).precision_sensitive)
 
     def predict(self, model: ExplainableModel, batch: Dict[str, Any]) -> AuditPrediction:
         """The prediction step every audit shares: the protocol's forward pass (no gradients), softmax, argmax."""
@@ -371,15 +487,16 @@ class AuditCallback(ModelLookup, AuditSchedule, abc.ABC):
     @abc.abstractmethod
     def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
                     indices: List[int], prediction: Optional[AuditPrediction] = None
-                    ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+                    ) -> Tuple[BatchResult, Dict[str, Any]]:
         """Measure one batch (``indices``: the dataset indices of its rows; ``generator``: the audit's own RNG;
         ``prediction``: the shared prediction step's result — ``None`` when called directly, then use
         ``prediction or self.predict(model, batch)``).
 
         Returns:
-            ``(found, extra)``: ``found`` holds optional ``maps`` ``{name: [B, T]}`` and ``values`` ``{name: [B]}``
-            per-example scalars (``prediction``/``probability`` ``[B]`` come from the prediction step unless given
-            here); ``extra`` is merged over batches (and processes) and passed to :meth:`aggregate`.
+            ``(found, extra)``: ``found`` is a :class:`BatchResult` with the ``maps`` ``{name: [B, T]}`` and
+            per-example ``values`` ``{name: [B]}`` (``prediction``/``probability`` ``[B]`` come from the prediction
+            step unless given here); ``extra`` is merged over batches (and processes) and passed to
+            :meth:`aggregate`.
         """
 
     def aggregate(self, examples: List[AuditExample], extras: Dict[str, Any]) -> Dict[str, float]:

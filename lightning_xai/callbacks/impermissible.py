@@ -9,8 +9,9 @@ import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from lightning_xai.adapters.protocol import ExplainableModel
-from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, summarize_values
-from lightning_xai.callbacks.undefined import defined_examples
+from lightning_xai.callbacks._audit.failures import defined_examples
+from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, BatchResult
+from lightning_xai.metrics import summarize_values
 from lightning_xai.metrics.functional.plausibility import impermissible_mass
 
 __all__ = ["ImpermissibleAttentionMonitor"]
@@ -66,14 +67,14 @@ class ImpermissibleAttentionMonitor(AuditCallback):
 
     def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
                     indices: List[int], prediction: Optional[AuditPrediction] = None
-                    ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+                    ) -> Tuple[BatchResult, Dict[str, Any]]:
         prediction = prediction or self.predict(model, batch)
         if self.key not in batch:
             raise MisconfigurationException(f"ImpermissibleAttentionMonitor: the batch has no {self.key!r} key.")
         attention = prediction.attention
         mass = impermissible_mass(attention, batch[self.key])
-        return {"maps": {"attention": attention, "impermissible": batch[self.key].float()},
-                "values": {"mass": mass}}, {}
+        return BatchResult(maps={"attention": attention, "impermissible": batch[self.key].float()},
+                           values={"mass": mass}), {}
 
     def summary_rows(self, metrics: Mapping[str, float], full: bool = False) -> List[Tuple[str, str]]:
         """The final table's row: the attention mass on impermissible tokens (mean ± std).

@@ -19,7 +19,7 @@ from typing_extensions import override
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.audits.sanity import (DEFAULT_INVARIANCE_METHODS, DEFAULT_RANDOMIZATION_METHODS, MethodSpec,
                                          SanityTable, run_sanity_checks)
-from lightning_xai.callbacks.base import AuditCallback, AuditPrediction
+from lightning_xai.callbacks.base import AuditCallback, AuditPrediction, BatchResult
 
 __all__ = ["SanityCheck", "SANITY_CHECKS"]
 
@@ -106,7 +106,7 @@ class SanityCheck(AuditCallback):
     @override
     def on_fit_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         if self.at_fit_end:
-            self.scheduled_audit(trainer, pl_module, "fit", self.dataloader)
+            self._scheduled_audit(trainer, pl_module, "fit", self.dataloader)
 
     @override
     def run_audit(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str, split: str) -> Any:
@@ -115,12 +115,12 @@ class SanityCheck(AuditCallback):
 
     def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
                     indices: Optional[List[int]] = None, prediction: Optional[AuditPrediction] = None
-                    ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+                    ) -> Tuple[BatchResult, Dict[str, Any]]:
         tables = self._run(model, batch)
         self.tables.append(tables)
         values = {f"{check}/{key}": value for check, table in tables.items()
                   for key, value in table.per_example.items()}
-        return {"values": values}, {}
+        return BatchResult(values=values), {}
 
     def _run(self, model: ExplainableModel, batch: Dict[str, Any]) -> Dict[str, SanityTable]:
         options: Dict[str, Any] = {}

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytorch_lightning as pl
 import torch
@@ -210,7 +210,8 @@ class TextClassificationDataModule(SplitLoaders, pl.LightningDataModule):
     # --- Lightning hooks --------------------------------------------------------------------------------
     def setup(self, stage: Optional[str] = None) -> None:
         self.vocab  # noqa: B018 - build it before the loaders are asked for
-        wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("test",)}
+        wanted: Dict[Optional[str], Tuple[str, ...]] = {"fit": ("train", "val"), "validate": ("val",),
+                                                       "test": ("test",), "predict": ("test",)}
         for split in wanted.get(stage, SPLITS):
             if self._source_split(split) is not None:
                 self.examples(split)

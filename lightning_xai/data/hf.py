@@ -25,7 +25,7 @@ import os
 import sys
 import warnings
 from contextlib import ExitStack
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytorch_lightning as pl
 import torch
@@ -266,7 +266,8 @@ class HFTextClassificationDataModule(SplitLoaders, pl.LightningDataModule):
         return dataset
 
     def setup(self, stage: Optional[str] = None) -> None:
-        wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("test",)}
+        wanted: Dict[Optional[str], Tuple[str, ...]] = {"fit": ("train", "val"), "validate": ("val",),
+                                                       "test": ("test",), "predict": ("test",)}
         for split in wanted.get(stage, ("train", "val", "test")):
             try:
                 self.word_module.examples(split)

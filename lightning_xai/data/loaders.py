@@ -1,7 +1,7 @@
 """The loader hooks every data module of the package shares: one :class:`SplitLoaders` mixin, not three copies."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Union
 
 import torch
 from torch.utils.data import DataLoader
@@ -47,6 +47,14 @@ class SplitLoaders:
         [0, 1, 2, 3, 4, 5]
     """
 
+    if TYPE_CHECKING:  # what the host class provides (declared for mypy only: the lookup order stays the host's)
+        _training_generators: Dict[str, torch.Generator]
+        _restored_generators: Optional[Dict[str, Any]]
+
+        def dataset(self, split: str) -> Any: ...
+
+        def loader_settings(self) -> LoaderSettings: ...
+
     def has_split(self, split: str) -> bool:
         """Whether the module has data for ``split`` (all splits by default)."""
         return True
@@ -58,7 +66,7 @@ class SplitLoaders:
         settings = self.loader_settings()
         dataset = self.dataset(split)
         generator = torch.Generator().manual_seed(settings.seed) if shuffle else None
-        if shuffle:
+        if generator is not None:  # shuffle
             self._training_generators = {"shuffle": generator}
             if isinstance(getattr(dataset, "generator", None), torch.Generator):
                 self._training_generators["dataset"] = dataset.generator

@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Union
 
 __all__ = ["Example", "BUNDLED", "DATASET_SPLITS", "bundled_path", "read_split", "read_user_file",
            "jain_wallace_clean"]
@@ -126,27 +126,27 @@ def read_split(dataset: str, split: str) -> List[Example]:
     return _READERS[dataset](stems[split])
 
 
-def read_user_file(path: str, text_column: str = "sentence", label_column: str = "label",
+def read_user_file(path: Union[str, Path], text_column: str = "sentence", label_column: str = "label",
                    label_to_index: Optional[Dict[str, int]] = None) -> List[Example]:
     """Read a TSV (header row) or JSONL file of labelled texts.
 
     JSONL rows may also carry ``impermissible`` / ``rationale`` lists of 0/1, one per whitespace token.
     String labels are mapped with ``label_to_index``; integer-looking labels are used as they are.
     """
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"Data file {path} does not exist.")
-    if path.name.endswith((".jsonl", ".jsonl.gz", ".json")):
-        with _open_text(path) as handle:
+    file_path = Path(path)
+    if not file_path.exists():
+        raise FileNotFoundError(f"Data file {file_path} does not exist.")
+    if file_path.name.endswith((".jsonl", ".jsonl.gz", ".json")):
+        with _open_text(file_path) as handle:
             rows = [json.loads(line) for line in handle if line.strip()]
     else:
-        with _open_text(path) as handle:
+        with _open_text(file_path) as handle:
             rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
     examples = []
     for line_no, row in enumerate(rows, start=1):
         for column in (text_column, label_column):
             if column not in row:
-                raise ValueError(f"{path} row {line_no} has no {column!r} column (it has {sorted(row)}); set "
+                raise ValueError(f"{file_path} row {line_no} has no {column!r} column (it has {sorted(row)}); set "
                                  f"text_column/label_column to the names your file uses.")
         tokens = str(row[text_column]).strip().lower().split()
         raw = str(row[label_column]).strip()
@@ -155,8 +155,8 @@ def read_user_file(path: str, text_column: str = "sentence", label_column: str =
         elif re.fullmatch(r"-?\d+", raw):
             label = int(raw)
         else:
-            raise ValueError(f"{path} row {line_no}: label {raw!r} is not an integer and not a known label name.")
-        masks = {key: _check_mask([int(v) for v in row[key]], tokens, f"{path} row {line_no} '{key}'")
+            raise ValueError(f"{file_path} row {line_no}: label {raw!r} is not an integer and not a known label name.")
+        masks = {key: _check_mask([int(v) for v in row[key]], tokens, f"{file_path} row {line_no} '{key}'")
                  for key in ("impermissible", "rationale") if key in row}
         examples.append(Example(tokens, label, **masks))
     return examples

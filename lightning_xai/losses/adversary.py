@@ -8,19 +8,18 @@ from torch import Tensor, nn
 
 from lightning_xai.adapters.checks import vocabulary_size
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, ExplainOutput, as_explainable
-from lightning_xai.losses._common import (DeprecatedLam, FiniteGuard, check_weight, log_extra, renamed_lam,
-                                          require_finite, require_model)
+from lightning_xai.data.vocabulary import token_list
+from lightning_xai.losses._common import FiniteGuard, check_weight, log_extra, require_finite, require_model
 from lightning_xai.metrics.functional.divergence import jensen_shannon_divergence, kl_divergence, total_variation
 
 __all__ = ["ModelConsistentAdversary", "model_consistent_adversary_loss"]
 
 
 def model_consistent_adversary_loss(adv_logits: Tensor, base_probs: Tensor, adv_attention: Tensor,
-                                    base_attention: Tensor, weight: float = 1.0, *,
-                                    lam: Optional[float] = None) -> Dict[str, Tensor]:
+                                    base_attention: Tensor, weight: float = 1.0) -> Dict[str, Tensor]:
     """L = mean_b TVD(ŷ_adv, ŷ_base) − λ·mean_b KL(α_adv ‖ α_base), with the terms (KL, JSD, TVD) for logging.
 
-    λ is ``weight`` (``lam``: its deprecated name).
+    λ is ``weight``.
 
     Raises:
         ValueError: a weight that is not a finite number >= 0, or NaN or infinite logits or attention.
@@ -32,7 +31,7 @@ def model_consistent_adversary_loss(adv_logits: Tensor, base_probs: Tensor, adv_
         (-0.6931, 0.6931)
     """
     owner = "model_consistent_adversary_loss"
-    weight = check_weight(renamed_lam(weight, lam, owner), owner)
+    weight = check_weight(weight, owner)
     require_finite(owner, adv_logits=adv_logits, base_probs=base_probs,
                    adv_attention=adv_attention, base_attention=base_attention)
     return _adversary_terms(adv_logits, base_probs, adv_attention, base_attention, weight)
@@ -40,13 +39,13 @@ def model_consistent_adversary_loss(adv_logits: Tensor, base_probs: Tensor, adv_
 
 def _adversary_terms(adv_logits: Tensor, base_probs: Tensor, adv_attention: Tensor, base_attention: Tensor,
                      weight: float) -> Dict[str, Tensor]:
-    tvd = total_variation(adv_logits.softmax(-1), base_probs).mean()
-    kl = kl_divergence(adv_attention, base_attention).mean()
-    jsd = jensen_shannon_divergence(adv_attention, base_attention).mean()
+    tvd = total_variation(adv_logits.softmax(-1), base_probs, check=False).mean()
+    kl = kl_divergence(adv_attention, base_attention, check=False).mean()
+    jsd = jensen_shannon_divergence(adv_attention, base_attention, check=False).mean()
     return {"loss": tvd - weight * kl, "tvd": tvd, "kl": kl, "jsd": jsd}
 
 
-class ModelConsistentAdversary(FiniteGuard, DeprecatedLam, nn.Module):
+class ModelConsistentAdversary(FiniteGuard, nn.Module):
     """Wiegreffe & Pinter's model-consistent adversarial objective against a frozen base model.
 
     L = TVD(ŷ_adv, ŷ_base) − λ·KL(α_adv ‖ α_base), averaged over the batch, where TVD = ½Σ_c|p_c − q_c| over
@@ -69,7 +68,6 @@ class ModelConsistentAdversary(FiniteGuard, DeprecatedLam, nn.Module):
             ``transformers`` sequence classifier: see :func:`~lightning_xai.losses._common.require_model`).
         weight: λ, weight of the attention divergence.
         name: the logged name.
-        lam: deprecated name of ``weight`` (accepted with a ``DeprecationWarning``).
 
     Example:
         >>> import torch
@@ -84,10 +82,8 @@ class ModelConsistentAdversary(FiniteGuard, DeprecatedLam, nn.Module):
         (True, ['jsd', 'kl', 'tvd'])
     """
 
-    def __init__(self, base_model: ExplainableModel, weight: float = 1.0, name: str = "adversary", *,
-                 lam: Optional[float] = None) -> None:
+    def __init__(self, base_model: ExplainableModel, weight: float = 1.0, name: str = "adversary") -> None:
         super().__init__()
-        weight = renamed_lam(weight, lam, "ModelConsistentAdversary")
         base = as_explainable(require_model(base_model, "ModelConsistentAdversary"))  # or the model it holds
         weight = check_weight(weight, "ModelConsistentAdversary")
         self._base = (base,)  # a tuple keeps it out of this module's children and parameters
@@ -137,8 +133,8 @@ class ModelConsistentAdversary(FiniteGuard, DeprecatedLam, nn.Module):
             raise ValueError(f"ModelConsistentAdversary: the base model's embedding table has {sizes[0]} rows but "
                              f"the adversary's has {sizes[1]}: they read different vocabularies, so the same "
                              f"input_ids mean different words. {fix}")
-        words = getattr(base, "vocab", None), getattr(model, "vocab", None)
-        if all(isinstance(w, (list, tuple)) for w in words) and list(words[0]) != list(words[1]):
+        words = token_list(getattr(base, "vocab", None)), token_list(getattr(model, "vocab", None))  # list or dict
+        if None not in words and words[0] != words[1]:
             raise ValueError("ModelConsistentAdversary: the base model and the adversary carry different vocabulary "
                              f"lists (same size, other words): the same input_ids mean different words. {fix}")
 

@@ -1,14 +1,14 @@
 """Pruthi et al. (2020): train attention to hide impermissible tokens."""
 from __future__ import annotations
 
+import warnings
 from typing import Any, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
-from lightning_xai.losses._common import (DeprecatedLam, FiniteGuard, bool_batch_mask, check_weight, log_extra,
-                                          renamed_lam, require_finite)
+from lightning_xai.losses._common import FiniteGuard, bool_batch_mask, check_weight, log_extra, require_finite
 from lightning_xai.metrics.functional.plausibility import impermissible_mass
 
 __all__ = ["DeceptionPenalty", "deception_penalty", "impermissible_mass"]
@@ -36,21 +36,27 @@ def _neg_log_permissible(mass: Tensor, permissible: Optional[Tensor], eps: float
     return torch.where(share <= 0.5, small, large)
 
 
-def _penalty(mass: Tensor, permissible: Optional[Tensor], weight: float, reduction: str, eps: float) -> Tensor:
+def _penalty(mass: Tensor, permissible: Optional[Tensor], weight: float, reduction: str, eps: float,
+             dead: Optional[Tensor] = None) -> Tensor:
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}.")
     terms = _neg_log_permissible(mass, permissible, eps)
+    if dead is not None:
+        # rows without a permissible real token: the attention cannot lower their term, whose value is the
+        # constant −log eps with a zero gradient; under "max" it hid every other row's gradient. They count 0,
+        # like rows without impermissible tokens.
+        terms = terms.masked_fill(dead.view(-1, *([1] * (terms.dim() - 1))).to(terms.device), 0.0)
     if terms.numel() == 0:
         return mass.new_zeros(())
     return weight * (terms.mean() if reduction == "mean" else terms.max())
 
 
 def deception_penalty(mass: Tensor, weight: float = 1.0, reduction: str = "mean", eps: float = 1e-6, *,
-                      lam: Optional[float] = None, permissible: Optional[Tensor] = None) -> Tensor:
+                      permissible: Optional[Tensor] = None) -> Tensor:
     """Pruthi's penalty from impermissible attention masses ``mass`` (any shape, e.g. ``[B]`` or ``[B, heads]``).
 
-    ``mean``: −λ·mean log(1 − m); ``max``: −λ·min log(1 − m) (the largest single penalty); λ = ``weight``
-    (``lam``: its deprecated name). ``permissible``: the masses Σ_{j∉I} α_j summed directly (same shape as
+    ``mean``: −λ·mean log(1 − m); ``max``: −λ·min log(1 − m) (the largest single penalty); λ = ``weight``.
+    ``permissible``: the masses Σ_{j∉I} α_j summed directly (same shape as
     ``mass``; default 1 − m), which keeps 1 − m exact near m = 1; then the term is −log(p / (m + p)). Masses whose
     1 − m falls below ``eps`` count as 1 − eps in the value but keep a nonzero gradient.
 
@@ -62,12 +68,12 @@ def deception_penalty(mass: Tensor, weight: float = 1.0, reduction: str = "mean"
         >>> deception_penalty(m, weight=1.0), deception_penalty(m, weight=1.0, reduction="max")
         (tensor(0.3466), tensor(0.6931))
     """
-    weight = check_weight(renamed_lam(weight, lam, "deception_penalty"), "deception_penalty")
+    weight = check_weight(weight, "deception_penalty")
     require_finite("deception_penalty", mass=mass, permissible=permissible)
     return _penalty(mass, permissible, weight, reduction, eps)
 
 
-class DeceptionPenalty(FiniteGuard, DeprecatedLam, nn.Module):
+class DeceptionPenalty(FiniteGuard, nn.Module):
     """Pruthi et al.'s deception penalty R = −λ·log(1 − Σ_{i∈I} α_i) on the batch's ``impermissible`` tokens.
 
     Two kinds of attention are supported:
@@ -85,7 +91,9 @@ class DeceptionPenalty(FiniteGuard, DeprecatedLam, nn.Module):
     gradient (1 − m is the permissible mass summed directly, counted as at least ``eps`` in the value; see
     :func:`deception_penalty`); a batch with NaN or infinite attention gives a zero loss and a warning
     (:class:`~lightning_xai.losses._common.FiniteGuard`). Examples without any impermissible token contribute 0 and are
-    counted in :attr:`empty_examples` (and logged as ``train/<name>_empty`` under a Trainer); the mean
+    counted in :attr:`empty_examples` (and logged as ``train/<name>_empty`` under a Trainer); so do rows without
+    a permissible real token (every token of ``batch["mask"]`` impermissible: the attention cannot lower their
+    term, and under ``"max"`` its constant −log eps hid every other row's gradient), with a ``RuntimeWarning``; the mean
     impermissible mass of the last batch is kept in :attr:`last_mass` and logged as ``train/<name>_mass``.
 
     Args:
@@ -99,7 +107,6 @@ class DeceptionPenalty(FiniteGuard, DeprecatedLam, nn.Module):
         source: ``"auto"``, ``"attention"`` or ``"raw"``.
         eps: clamp margin below mass 1.
         name: the logged name (``train/<name>``).
-        lam: deprecated name of ``weight`` (accepted with a ``DeprecationWarning``).
 
     Example:
         >>> import torch
@@ -112,9 +119,8 @@ class DeceptionPenalty(FiniteGuard, DeprecatedLam, nn.Module):
 
     def __init__(self, weight: float = 1.0, reduction: str = "mean", layers: Union[int, Sequence[int]] = -1,
                  heads: Optional[Sequence[int]] = None, query: Optional[int] = None, source: str = "auto",
-                 eps: float = 1e-6, name: str = "deception", *, lam: Optional[float] = None) -> None:
+                 eps: float = 1e-6, name: str = "deception") -> None:
         super().__init__()
-        weight = renamed_lam(weight, lam, "DeceptionPenalty")
         if reduction not in _REDUCTIONS:
             raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}.")
         if source not in ("auto", "attention", "raw"):
@@ -172,7 +178,8 @@ class DeceptionPenalty(FiniteGuard, DeprecatedLam, nn.Module):
             raise ValueError(f"batch['impermissible'] has shape {tuple(impermissible.shape)} but the attention "
                              f"covers {(attention.shape[0], attention.shape[-1])} [B, T] positions; the mask must "
                              "be aligned with the attention's key positions (word pieces for transformers).")
-        return impermissible_mass(attention, impermissible), impermissible_mass(attention, ~impermissible)
+        return (impermissible_mass(attention, impermissible, check=False),
+                impermissible_mass(attention, ~impermissible, check=False))
 
     def forward(self, outputs: ExplainOutput, batch: Batch, model: Any = None) -> Tensor:
         mass, permissible = self._masses(outputs, batch)
@@ -180,7 +187,16 @@ class DeceptionPenalty(FiniteGuard, DeprecatedLam, nn.Module):
         self.empty_examples += empty
         self.seen_examples += int(batch["impermissible"].shape[0])
         self.last_mass = mass.detach().mean()
-        value = self.finite_or_zero(_penalty(mass, permissible, self.weight, self.reduction, self.eps), model,
+        real = batch.get("mask")
+        real = real.bool() if isinstance(real, Tensor) and real.shape == batch["impermissible"].shape else True
+        dead = ~(~batch["impermissible"].bool() & real).any(-1)  # no permissible real token
+        if bool(dead.any()):
+            warnings.warn(f"DeceptionPenalty: {int(dead.sum())} row(s) have no permissible real token (every token "
+                          "impermissible): the attention cannot lower their penalty, so they count 0 instead of "
+                          "the constant −log(eps) with a zero gradient.", RuntimeWarning, stacklevel=2)
+        else:
+            dead = None
+        value = self.finite_or_zero(_penalty(mass, permissible, self.weight, self.reduction, self.eps, dead), model,
                                     impermissible_mass=mass, permissible_mass=permissible)
         size = int(batch["impermissible"].shape[0])
         log_extra(model, f"train/{self.name}_mass", self.last_mass, size)

@@ -56,7 +56,7 @@ def _rationale_terms(attention: Tensor, rationale: Tensor, mask: Tensor, kind: s
         values = -torch.log((attention * inside).sum(-1) + _EPS)
     else:
         target = inside / count.clamp_min(1.0).unsqueeze(-1)
-        values = kl_divergence(target, attention, eps=_EPS)
+        values = kl_divergence(target, attention, eps=_EPS, check=False)
         if kind == "cross_entropy":
             values = values + torch.log(count.clamp_min(1.0))
     return torch.where(has, values, torch.zeros_like(values))

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from lightning_xai.adapters.checks import check_token_ids
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, check_embeddings
 from lightning_xai.attribution.targets import check_real_tokens
+from lightning_xai.data.vocabulary import token_list
 from lightning_xai.models.attention import build_attention, masked_softmax
 from lightning_xai.models.embeddings import EmbeddingInitReport, check_embedding_init, initialize_embedding
 from lightning_xai.models.encoders import LSTMEncoder, build_encoder
@@ -227,10 +228,10 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
             >>> bool(torch.allclose(fast, slow, atol=1e-6))
             True
         """
-        rnn = getattr(self.encoder, "rnn", None)
         if self.training or torch.is_grad_enabled() or embeddings.device.type != "cpu" \
-                or not isinstance(self.encoder, LSTMEncoder) or not supports_unrolling(rnn):
+                or not isinstance(self.encoder, LSTMEncoder) or not supports_unrolling(self.encoder.rnn):
             return None
+        rnn = self.encoder.rnn
         mask = self.token_mask(batch)
         T = mask.shape[1]
         lengths = self.input_mask(batch).sum(1)
@@ -309,7 +310,7 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if self.vocab is None and datamodule is not None and getattr(datamodule, "vocab", None) is not None:
-            self.vocab = list(datamodule.vocab.itos)
+            self.vocab = token_list(datamodule.vocab)  # a Vocabulary, a list, or a dict either way round
 
     def on_fit_start(self) -> None:
         # After setup() copied the vocabulary and after Lightning restored any checkpoint (which marks the

@@ -1,7 +1,7 @@
 """Wiegreffe & Pinter's diagnostic: a context-free MLP classifier pooled with attention from elsewhere.
 
-(It moved here from ``lightning_xai.audits.diagnostic``, which still re-exports it with a deprecation warning:
-the diagnostic MLP is a model, and the audit layer must not import the models.)
+(It lives with the models, not the audits: the diagnostic MLP is a model, and the audit layer must not import
+the models.)
 
 Each token is encoded alone (embedding → Linear(E, 128) → tanh, no context), then pooled with one of:
 (a) the MLP's own trained attention, (b) uniform attention, (c) attention imposed (frozen) from the audited
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import tempfile
 import warnings
-from typing import Any, Dict, Iterable, Mapping, Optional
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 import pytorch_lightning as pl
 import torch
@@ -66,7 +66,8 @@ class DiagnosticMLP(AttentionClassifier):
         # Lightning collects every __init__ argument as a hyperparameter; the source model is not one.
         for store in (self._hparams, getattr(self, "_hparams_initial", {})):
             store.pop("attention_source", None)
-        self._source = (as_explainable(attention_source),) if attention_source is not None else ()
+        self._source: Tuple[ExplainableModel, ...] = \
+            (as_explainable(attention_source),) if attention_source is not None else ()
         if attention_source is not None and isinstance(attention_source, torch.nn.Module):
             for p in attention_source.parameters():
                 p.requires_grad_(False)
@@ -173,7 +174,8 @@ def diagnostic_audit(
             # the best epoch's weights: Lightning's own checkpoint, in a folder that is gone afterwards
             best = ModelCheckpoint(dirpath=directory, monitor="val/acc", mode="max", save_top_k=1,
                                    save_weights_only=True)
-            kwargs = dict(max_epochs=epochs, logger=False, enable_progress_bar=False, enable_model_summary=False)
+            kwargs: Dict[str, Any] = dict(max_epochs=epochs, logger=False, enable_progress_bar=False,
+                                          enable_model_summary=False)
             kwargs.update(trainer_kwargs or {})
             kwargs["enable_checkpointing"] = True
             kwargs["callbacks"] = list(kwargs.get("callbacks", [])) + [best]

@@ -10,7 +10,7 @@ registers the LRP rules of :class:`LSTMEncoder` and :class:`MLPEncoder` with
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Dict, List, Optional, Union, cast
 
 import torch
 from torch import Tensor, nn
@@ -20,7 +20,7 @@ from lightning_xai.attribution.lrp import register_lrp_encoder
 from lightning_xai.attribution.lrp_rules import lstm_rule, per_token_rule
 from lightning_xai.models.lstm_unrolled import supports_unrolling, unrolled_lstm
 
-__all__ = ["ENCODERS", "build_encoder", "LSTMEncoder", "CNNEncoder", "MLPEncoder", "OrthogonalLSTMEncoder"]
+__all__ = ["ENCODERS", "Encoder", "build_encoder", "LSTMEncoder", "CNNEncoder", "MLPEncoder", "OrthogonalLSTMEncoder"]
 
 
 def _subtract_shift(weight: Tensor, bias: Optional[Tensor], shift: Tensor, what: str) -> None:
@@ -79,6 +79,10 @@ class OrthogonalLSTMEncoder(nn.Module):
         self.hidden_dim = hidden_dim
         self.output_dim = hidden_dim * len(self.cells)
 
+    def _lstm_cells(self) -> List[nn.LSTMCell]:
+        """``self.cells``, which holds ``nn.LSTMCell`` s (``nn.ModuleList`` types its items as ``nn.Module``)."""
+        return [cast(nn.LSTMCell, cell) for cell in self.cells]
+
     def _run(self, cell: nn.LSTMCell, inputs: Tensor, mask: Tensor) -> Tensor:
         batch, steps, _ = inputs.shape
         h = inputs.new_zeros(batch, self.hidden_dim)
@@ -101,20 +105,21 @@ class OrthogonalLSTMEncoder(nn.Module):
 
     def forward(self, embeddings: Tensor, input_mask: Tensor) -> Tensor:
         mask = input_mask.bool()
-        outputs = [self._run(self.cells[0], embeddings, mask)]
-        if len(self.cells) == 2:
+        cells = self._lstm_cells()
+        outputs = [self._run(cells[0], embeddings, mask)]
+        if len(cells) == 2:
             lengths = mask.sum(1, keepdim=True)
             positions = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)
             reverse = torch.where(positions < lengths, lengths - 1 - positions, positions)  # an involution
             index = reverse.unsqueeze(-1)
             flipped = embeddings.gather(1, index.expand(-1, -1, embeddings.shape[-1]))
-            backward = self._run(self.cells[1], flipped, mask)
+            backward = self._run(cells[1], flipped, mask)
             outputs.append(backward.gather(1, index.expand(-1, -1, backward.shape[-1])))
         return torch.cat(outputs, dim=-1)
 
     def compensate_input_shift(self, shift: Tensor) -> None:
         """Absorb a constant shift of every input vector into the input bias of each direction's cell."""
-        for cell in self.cells:
+        for cell in self._lstm_cells():
             _subtract_shift(cell.weight_ih, cell.bias_ih, shift, "LSTM cell")
 
 
@@ -149,7 +154,10 @@ class MLPEncoder(nn.Module):
         _subtract_shift(self.proj.weight, self.proj.bias, shift, "MLP encoder")
 
 
-ENCODERS = {
+#: the encoders of :data:`ENCODERS`: each maps ``(embeddings, input_mask)`` to ``[B, T, output_dim]``
+Encoder = Union[LSTMEncoder, OrthogonalLSTMEncoder, CNNEncoder, MLPEncoder]
+
+ENCODERS: Dict[str, Callable[[int, int], Encoder]] = {
     "bilstm": lambda e, h: LSTMEncoder(e, h, bidirectional=True),
     "lstm": lambda e, h: LSTMEncoder(e, h, bidirectional=False),
     "cnn": CNNEncoder,
@@ -159,7 +167,7 @@ ENCODERS = {
 }
 
 
-def build_encoder(name: str, embedding_dim: int, hidden_dim: int) -> nn.Module:
+def build_encoder(name: str, embedding_dim: int, hidden_dim: int) -> Encoder:
     """Build the encoder called ``name`` (one of :data:`ENCODERS`)."""
     if name not in ENCODERS:
         raise ValueError(f"Unknown encoder {name!r}; choose one of {sorted(ENCODERS)}.")

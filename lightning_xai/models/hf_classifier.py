@@ -55,7 +55,7 @@ class HFClassifier(ClassifierSteps, pl.LightningModule):
 
     Training loss: cross-entropy plus every objective of ``objectives``, each called
     ``objective(outputs, batch, model=self)`` and logged under ``train/<name>`` — the same convention as
-    :class:`~lightning_xai.models.AttentionClassifier` (e.g. ``DeceptionPenalty(lam=1.0, reduction="mean")`` reads
+    :class:`~lightning_xai.models.AttentionClassifier` (e.g. ``DeceptionPenalty(weight=1.0, reduction="mean")`` reads
     ``outputs.raw_attentions`` of the last layer). Optimiser: AdamW with linear warm-up and linear decay.
 
     Args:
@@ -99,6 +99,7 @@ class HFClassifier(ClassifierSteps, pl.LightningModule):
             raise ValueError(f"warmup_ratio must lie in [0, 1), got {warmup_ratio}.")
         self.save_hyperparameters(ignore=["model", "objectives", "tokenizer"])
         if model is None:
+            assert model_path is not None  # exactly one of model_path and model is given (checked above)
             model = load_hf_classifier(model_path, num_labels)
         labels = getattr(getattr(model, "config", None), "num_labels", num_labels)
         if labels != num_labels:

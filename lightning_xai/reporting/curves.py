@@ -8,13 +8,14 @@ histories into :data:`~lightning_xai.reporting.plots.Panel` s for
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from lightning_xai.reporting.plots import Panel
 
-__all__ = ["TrainingLog", "training_panels", "audit_panels", "erasure_panels", "agreement_panels"]
+__all__ = ["TrainingLog", "split_stage", "training_panels", "audit_panels", "erasure_panels", "agreement_panels"]
 
-_STAGES = ("train/", "val/", "valid/", "validation/", "test/")
+#: the stage words a training metric's name starts with, longest first (``validation_loss`` is not ``val`` + ``idation``)
+_STAGES = ("training", "train", "validation", "valid", "val", "test")
 _PAIR = re.compile(r"^(?P<metric>[^/]+)/(?P<pair>[^/]+_vs_[^/]+)$")
 _ERASURE = ("comprehensiveness", "sufficiency", "flipped", "fraction_removed", "attention_removed",
             "aopc_comprehensiveness", "aopc_sufficiency")
@@ -79,12 +80,25 @@ class TrainingLog:
         self.records.sort(key=lambda r: r["epoch"])
 
 
-def _base(key: str) -> str:
-    for prefix in _STAGES:
-        if key.startswith(prefix):
-            key = key[len(prefix):]
+def split_stage(key: str) -> Tuple[Optional[str], str]:
+    """``(stage, quantity)`` of a training metric's name, in the spellings Lightning users log: ``train/loss``,
+    ``train_loss``, ``val_acc``, ``valid/f1``, ``validation_loss``, ``test/acc`` (``_epoch`` dropped); the stage
+    is ``None`` for a name without one.
+
+    Example:
+        >>> [split_stage(k) for k in ("train_loss", "val/acc_epoch", "validation_loss", "lr")]
+        [('train', 'loss'), ('val', 'acc'), ('validation', 'loss'), (None, 'lr')]
+    """
+    stage = None
+    for word in _STAGES:
+        if key.startswith((word + "/", word + "_")) and len(key) > len(word) + 1:
+            stage, key = word, key[len(word) + 1:]
             break
-    return key[: -len("_epoch")] if key.endswith("_epoch") else key
+    return stage, key[: -len("_epoch")] if key.endswith("_epoch") else key
+
+
+def _base(key: str) -> str:
+    return split_stage(key)[1]
 
 
 def training_panels(records: Sequence[Mapping[str, Any]]) -> List[Panel]:
@@ -148,9 +162,9 @@ def audit_panels(audits: Sequence[Any]) -> List[Panel]:
         if agreement:
             preferred = [m for m in getattr(audit, "metrics", ()) or () if m in agreement]
             metric = (preferred or list(agreement))[0]
-            names = [names[0] for _, _, names, _ in agreement[metric] if "attention_vs_" in names[0]]
-            if names:
-                panels.append((f"{metric}: attention ↔ each method", history, names, metric))
+            pairs = [names[0] for _, _, names, _ in agreement[metric] if "attention_vs_" in names[0]]
+            if pairs:
+                panels.append((f"{metric}: attention ↔ each method", history, pairs, metric))
         erasure = erasure_panels(history)
         for title, records, names, measure in erasure:
             if measure in ("comprehensiveness", "flipped"):

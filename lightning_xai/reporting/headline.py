@@ -10,14 +10,14 @@ import math
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from lightning_xai.metrics.registry import metric_label
+from lightning_xai.reporting.curves import split_stage
 from lightning_xai.reporting.html import _esc
 
 __all__ = ["headline_sentences", "headline_html"]
 
 _PAIR = re.compile(r"^(?P<metric>[^/]+)/(?P<first>.+)_vs_(?P<second>[^/]+)/mean$")
 _ERASURE = ("comprehensiveness", "flipped")
-_NAMES = {"kendall_tau": "Kendall τ", "spearman": "Spearman ρ", "pearson": "Pearson r", "jsd": "JSD",
-          "topk_overlap": "top-k overlap", "topk_kendall_tau": "top-k Kendall τ"}
 
 
 def _finite(value: Any) -> bool:
@@ -30,8 +30,31 @@ def _where(record: Mapping[str, Any]) -> str:
 
 def _strength(tau: float) -> str:
     size = abs(tau)
-    word = "no" if size < 0.1 else "weak" if size < 0.3 else "moderate" if size < 0.5 else "strong"
-    return word + (" (negative)" if tau < 0 and size >= 0.1 else "")
+    return "no" if size < 0.1 else "weak" if size < 0.3 else "moderate" if size < 0.5 else "strong"
+
+
+def _verdict(values: Mapping[str, float], symbol: str) -> str:
+    """Agreement of attention with each method in words; the sign picks the word, never the size alone.
+
+    A positive correlation is agreement; a negative one ranks the tokens the other way round, which is never
+    called agreement (with a signed map it usually means the map's sign, not its size, decides the ranking).
+
+    Example:
+        >>> _verdict({"gradient": 0.574, "grad_x_input": -0.244}, "τ")
+        'strong agreement (largest τ 0.574, gradient); weak negative correlation with grad_x_input (τ -0.244: opposite rankings)'
+        >>> _verdict({"grad_x_input": -0.574}, "τ")
+        'no agreement; strong negative correlation with grad_x_input (τ -0.574: opposite rankings)'
+    """
+    best = max(values, key=lambda m: values[m])
+    worst = min(values, key=lambda m: values[m])
+    if values[best] >= 0.1:
+        words = f"{_strength(values[best])} agreement (largest {symbol} {values[best]:.3f}, {best})"
+    else:
+        words = "no agreement" + (f" (largest {symbol} {values[best]:.3f})" if values[worst] > -0.1 else "")
+    if values[worst] <= -0.1:
+        words += (f"; {_strength(values[worst])} negative correlation with {worst} ({symbol} {values[worst]:.3f}: "
+                  "opposite rankings)")
+    return words
 
 
 def _trend(history: Sequence[Mapping[str, Any]], key: str, label: str) -> Optional[str]:
@@ -57,7 +80,7 @@ def _agreement(audit: Any) -> Optional[List[str]]:
         return None
     preferred = [m for m in getattr(audit, "metrics", ()) or () if m in found]
     metric = (preferred or (["kendall_tau"] if "kendall_tau" in found else list(found)))[0]
-    name = _NAMES.get(metric, metric)
+    name = metric_label(metric)
     pairs = found[metric]
     with_attention = [second for first, second in pairs if first == "attention"]
     others = [(first, second) for first, second in pairs if first != "attention"]
@@ -72,8 +95,7 @@ def _agreement(audit: Any) -> Optional[List[str]]:
         parts.append(text)
     lines = []
     if with_attention:
-        strongest = max((metrics[f"{metric}/attention_vs_{m}/mean"] for m in with_attention), key=abs)
-        agree = (f"{_strength(strongest)} agreement (largest |{name.split()[-1]}| {abs(strongest):.3f})"
+        agree = (_verdict({m: metrics[f"{metric}/attention_vs_{m}/mean"] for m in with_attention}, name.split()[-1])
                  if metric.endswith(("tau", "spearman", "pearson")) else "")
         lines.append(f"Attention ↔ faithful maps, {name} at the latest audit ({_where(history[-1])})"
                      + (f" — {agree}" if agree else "") + ": " + "; ".join(parts) + ".")
@@ -84,8 +106,8 @@ def _agreement(audit: Any) -> Optional[List[str]]:
         best = max(others, key=lambda p: metrics[f"{metric}/{p[0]}_vs_{p[1]}/mean"])
         lines.append(f"For reference, the saliency maps agree with each other up to {name} "
                      f"{metrics[f'{metric}/{best[0]}_vs_{best[1]}/mean']:.3f} ({best[0]} ↔ {best[1]}).")
-    trends = [_trend(history, f"{metric}/attention_vs_{m}/mean", f"{name} attention ↔ {m}") for m in with_attention]
-    trends = [t for t in trends if t]
+    trends = [t for t in (_trend(history, f"{metric}/attention_vs_{m}/mean", f"{name} attention ↔ {m}")
+                          for m in with_attention) if t]
     lines.extend(["Trend since the first audit — " + " ".join(trends)] if trends
                  else ["Only one audit so far: no trend yet."])
     return lines
@@ -141,6 +163,40 @@ def _erasure(audit: Any) -> Optional[List[str]]:
     return lines
 
 
+def _epochs(numbers: Sequence[int]) -> str:
+    return ", ".join(str(n) for n in numbers[:12]) + (f" … ({len(numbers)} in all)" if len(numbers) > 12 else "")
+
+
+def _schedule(audit: Any, last_epoch: Optional[int]) -> Optional[str]:
+    """What the cost budget changed (an audit's ``plan``: ``cadence``, ``num_samples``, ``share``, ``fits``) and
+    which training epochs it left unaudited, read from the audit's ``fit`` records; ``None`` when it changed
+    nothing."""
+    plan = getattr(audit, "plan", None)
+    fit = [r for r in audit.history if r.get("stage") == "fit" and isinstance(r.get("epoch"), int)]
+    cadence, samples = getattr(plan, "cadence", 1), getattr(plan, "num_samples", None)
+    first_size = fit[0].get("num_examples") if fit else None
+    shrunk = isinstance(samples, int) and isinstance(first_size, int) and samples < first_size
+    if plan is None or not fit or (cadence <= 1 and not shrunk):
+        return None
+    audited = sorted({r["epoch"] for r in fit})
+    end = max(audited[-1], last_epoch if last_epoch is not None else audited[-1])
+    skipped = [e for e in range(audited[0], end + 1) if e not in audited]
+    budget = getattr(audit, "budget", None)
+    every = int(getattr(audit, "every_n_epochs", 0) or 0)
+    text = (f"{getattr(audit, 'log_prefix', type(audit).__name__)}: the cost budget"
+            + (f" ({budget:.0%} of training time)" if isinstance(budget, float) else "") + " changed the audit — ")
+    changes = []
+    if cadence > 1:
+        changes.append(f"every {every * cadence} epochs instead of every {every}" if every
+                       else f"every {cadence}-th scheduled step instead of every one")
+    if shrunk:
+        changes.append(f"{samples} examples instead of {first_size} after the first audit")
+    text += ", ".join(changes) + f" (predicted share {plan.share:.1%}" + ("" if plan.fits else ", still over it") + ")."
+    if every and skipped:
+        text += f" Epochs audited: {_epochs(audited)}; not audited: {_epochs(skipped)}."
+    return text
+
+
 def headline_sentences(audits: Sequence[Any], training: Sequence[Mapping[str, Any]] = ()) -> Dict[str, List[str]]:
     """The headline as plain sentences, by topic (``agreement``, ``erasure``, ``training``).
 
@@ -158,6 +214,11 @@ def headline_sentences(audits: Sequence[Any], training: Sequence[Mapping[str, An
         'gradient 0.310.'
         >>> "Attention beats random (+0.150)" in words["erasure"][1]
         True
+        >>> from types import SimpleNamespace
+        >>> Audit.plan, Audit.budget, Audit.every_n_epochs = SimpleNamespace(cadence=3, num_samples=256,
+        ...                                                                  share=0.04, fits=True), 0.05, 1
+        >>> headline_sentences([Audit()], [{"epoch": 4, "metrics": {"train_loss": 0.5}}])["training"]
+        ['Training, epoch 4: train_loss 0.5.', 'Audit schedule — Audit: the cost budget (5% of training time) changed the audit — every 3 epochs instead of every 1 (predicted share 4.0%). Epochs audited: 0; not audited: 1, 2, 3, 4.']
     """
     out: Dict[str, List[str]] = {"agreement": [], "erasure": [], "training": []}
     for audit in audits:
@@ -174,13 +235,18 @@ def headline_sentences(audits: Sequence[Any], training: Sequence[Mapping[str, An
                           "saliency method)."]
     if training:
         last = training[-1]
-        shown = [(k, v) for k, v in last["metrics"].items() if k.startswith(("val/", "valid/", "train/"))
-                 and ("acc" in k or "loss" in k or "f1" in k or "auroc" in k) and _finite(v)]
+        shown = [(k, v) for k, v in last["metrics"].items() if split_stage(k)[0] is not None
+                 and any(word in split_stage(k)[1] for word in ("acc", "loss", "f1", "auroc")) and _finite(v)]
         if shown:
             out["training"] = [f"Training, epoch {last['epoch']}: "
                                + ", ".join(f"{k} {v:.4g}" for k, v in sorted(shown)) + "."]
     if not out["training"]:
-        out["training"] = ["Absent: no training metric was logged (train/…, val/…)."]
+        out["training"] = ["Absent: no training metric was logged (train/loss, train_loss, val_acc, …)."]
+    last_epoch = max((r["epoch"] for r in training if isinstance(r.get("epoch"), int)), default=None)
+    for audit in audits:
+        line = _schedule(audit, last_epoch) if getattr(audit, "history", None) else None
+        if line:
+            out["training"].append("Audit schedule — " + line)
     return out
 
 

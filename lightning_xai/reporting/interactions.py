@@ -20,7 +20,7 @@ def pair_heatmap_html(tokens: Sequence[str], interactions: Any, title: Optional[
 
     Args:
         tokens: the example's words, one per real token (escaped here).
-        interactions: a :class:`~lightning_xai.callbacks.interactions.TokenPairs` (``positions``, ``gamma``,
+        interactions: a :class:`~lightning_xai.callbacks.TokenPairs` (``positions``, ``gamma``,
             ``pairs``).
         title: optional heading (escaped).
         anchor: optional element id of the block.
@@ -29,7 +29,7 @@ def pair_heatmap_html(tokens: Sequence[str], interactions: Any, title: Optional[
     ``data-j`` (real-token positions) and ``data-gamma``.
 
     Example:
-        >>> from lightning_xai.callbacks.interactions import TokenPairs
+        >>> from lightning_xai.callbacks import TokenPairs
         >>> out = pair_heatmap_html(["not", "<b>", "good"], TokenPairs([0, 2], [[0.1, -0.4], [-0.4, 0.3]],
         ...                                                             [(0, 2, -0.4)]))
         >>> 'data-gamma="-0.4"' in out, "not × good" in out, "<b>" in out

@@ -144,7 +144,8 @@ def plot_histograms(values: Mapping[str, Sequence[float]], path: str, title: str
     fig = Figure(figsize=(7, 4), layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
     for name, vals in clean.items():
-        ax.hist(vals, bins=edges, histtype="step", linewidth=1.5,
+        # matplotlib's stub types bins as int | Sequence[float] | str; hist documents (and takes) an array of edges
+        ax.hist(vals, bins=edges, histtype="step", linewidth=1.5,  # type: ignore[arg-type]
                 label=f"{_label(name)} (mean {float(np.mean(vals)):.3f})")
     ax.set_xlabel("per-example value")
     ax.set_ylabel("examples")

@@ -255,7 +255,8 @@ class AuditReport(Callback):
     @staticmethod
     def audits(trainer: "pl.Trainer") -> List[ReportableAudit]:
         """The audit callbacks of ``trainer`` (whatever has the :class:`ReportableAudit` attributes)."""
-        return [c for c in trainer.callbacks if isinstance(c, ReportableAudit)]
+        # Trainer.callbacks is set by Lightning's CallbackConnector; the Trainer class does not declare it
+        return [c for c in trainer.callbacks if isinstance(c, ReportableAudit)]  # type: ignore[attr-defined]
 
     @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
@@ -278,8 +279,36 @@ class AuditReport(Callback):
             return
         for audit in changed:
             self._seen[id(audit)] = audit.version
-        if not trainer.is_global_zero or not audits:
+        if not audits:
             return
+        failure: Optional[BaseException] = None
+        if trainer.is_global_zero:
+            try:
+                self._write(trainer, pl_module, audits, changed, final)
+            except Exception as err:  # noqa: BLE001 - agreed on below, then warned about or raised on every process
+                failure = err
+        self._agree_on_failure(trainer, audits, failure)
+
+    def _agree_on_failure(self, trainer: "pl.Trainer", audits: List[ReportableAudit],
+                          failure: Optional[BaseException]) -> None:
+        """Process 0 writes the report; the others learn whether it failed (a broadcast every process makes, so
+        none runs on into a collective process 0 left). A failure is warned about and training goes on, or —
+        when an audit callback is ``strict`` — raised on every process."""
+        shared = trainer.strategy.broadcast(None if failure is None else f"{type(failure).__name__}: {failure}", src=0)
+        if shared is None:
+            return
+        if any(getattr(audit, "strict", False) for audit in audits):
+            if failure is not None:
+                raise failure
+            raise RuntimeError(f"AuditReport: writing the report failed on process 0 ({shared}); raised on every "
+                               "process because an audit callback is strict")
+        pl.utilities.rank_zero.rank_zero_warn(
+            f"AuditReport: writing the report failed with {shared}; the report was not updated and training "
+            "continues (pass strict=True to the audit callbacks to raise instead).")
+
+    def _write(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", audits: List[ReportableAudit],
+               changed: List[ReportableAudit], final: bool) -> None:
+        """Process 0's part of :meth:`_refresh`: example tokens, W&B tables, the page (and, ``final``, its PNGs)."""
         for audit in changed:
             if audit.latest is None:
                 continue
@@ -293,7 +322,7 @@ class AuditReport(Callback):
                         prefix = audit.log_prefix if stage == "fit" else f"{stage}/{audit.log_prefix}"
                         log_audit_to_wandb(logger, prefix, audit.latest.examples, audit.latest.global_step)
         directory = self._directory or os.path.join(trainer.default_root_dir, "xai_report")
-        latest = [a.latest for a in audits if getattr(a, "latest", None) is not None]
+        latest = [a.latest for a in audits if a.latest is not None]
         last = max(latest, key=lambda r: r.global_step) if latest else None
         epoch, step = (last.epoch, last.global_step) if last else (trainer.current_epoch, trainer.global_step)
         subtitle = f"{type(pl_module).__name__}, latest audit: epoch {epoch}, step {step}"

@@ -1,13 +1,13 @@
 """Weights & Biases output of audits — the only place in lightning_xai that imports ``wandb`` (lazily).
 
 With a ``WandbLogger`` an audit is logged as: a ``wandb.Table`` of audited examples (tokens, label, prediction,
-probability, per-method token scores and per-example values), an HTML token-heatmap panel per method and one with
+probability, per-method token scores — ``scores/<method>``, one list of numbers per row, one per token — and
+per-example values), an HTML token-heatmap panel per method and one with
 all maps side by side (``wandb.Html``), and a histogram of every per-example value (``wandb.Histogram``).
 Nothing here runs — and ``wandb`` is never imported — without such a logger.
 """
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -66,7 +66,7 @@ def wandb_payload(prefix: str, examples: Sequence[Any], wandb_module: Any,
     table = wandb.Table(columns=columns)
     for e in detailed:
         row = [e.index, " ".join(e.tokens or []), e.label, e.prediction, e.probability]
-        row += [json.dumps([round(float(s), 6) for s in e.maps.get(m, [])]) for m in methods]
+        row += [[float(s) for s in e.maps.get(m, [])] for m in methods]  # numbers (a list per cell), not text
         row += [e.values.get(k) for k in value_names]
         table.add_data(*row)
     payload: Dict[str, Any] = {f"{prefix}/examples": table}

@@ -74,9 +74,8 @@ def rank_split(model: Any, dataset: Any, method: str, *, batch_size: int = 64, s
         if method == "random":
             scores = torch.rand(mask.shape, generator=generator, dtype=torch.float64)
         else:
-            scores = attribute(model, batch, method, **dict(method_options or {}))
-            if isinstance(scores, tuple):
-                scores = scores[0]
+            maps = attribute(model, batch, method, **dict(method_options or {}))
+            scores = maps[0] if isinstance(maps, tuple) else maps
         scores = scores.detach().double().masked_fill(~mask, float("-inf"))
         lengths = batch.get("input_mask", mask).sum(1).tolist()
         out.extend(row[:length] for row, length in zip(scores.tolist(), lengths))
@@ -151,6 +150,7 @@ def remove_and_retrain(datamodule: Any, make_model: Callable[[], pl.LightningMod
         result.base_accuracy[seed] = accuracy
         if base_model is None and seed == seeds[0]:
             base_model = model
+    assert base_model is not None  # seeds is not empty: the default is the seeds[0] model
     base_model.eval()
     datasets = {split: datamodule.dataset(split) for split in SPLITS}
     for name in rankings:

@@ -179,7 +179,7 @@ def test_deception_penalty_reads_the_decoder_row_the_head_pools():
         out = adapter(batch)
     last = torch.tensor([6, 4, 3])
     expected = out.raw_attentions[-1][torch.arange(3), :, last, 1]  # [B, heads]: the last real token's rows
-    masses = DeceptionPenalty(lam=1.0, reduction="mean").masses(out, batch)
+    masses = DeceptionPenalty(weight=1.0, reduction="mean").masses(out, batch)
     torch.testing.assert_close(masses.reshape(3, -1), expected)
     assert float(expected.min()) > 0  # row 0 (the old default) would give token 1 nothing in a causal model
 

@@ -129,7 +129,7 @@ def test_gradients_agree_with_captum(user_batch):
 def test_self_attention_outputs_use_the_query_row():
     torch.manual_seed(0)
     model = SelfAttentionModel().double()
-    adapter = HookAdapter(model, embedding="emb", attention="probs",
+    adapter = HookAdapter(model, embedding="emb", attention="probs", pooling="first",
                           forward_fn=lambda m, b: m(b["input_ids"], b["attention_mask"]))
     batch = {"input_ids": torch.tensor([[1, 4, 9, 2, 0]]), "attention_mask": torch.tensor([[True] * 4 + [False]]),
              "mask": torch.tensor([[False, True, True, False, False]])}

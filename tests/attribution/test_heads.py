@@ -1,7 +1,8 @@
 """Issue 30 item 3: heads other than a softmax classifier explained as what they compute, against hand autograd.
 
 A regression head (``num_labels=1``) has no probability: the softmax of one logit is the constant 1, so every map of
-it was exactly 0.0. Now ``output="probability"`` is refused by name and ``output="logit"`` explains the output value.
+it was exactly 0.0. Now ``output="probability"`` is refused by name, and the default (``output=None``) and
+``output="logit"`` explain the output value.
 A multi-label head (``problem_type="multi_label_classification"``) was explained through a softmax over its labels;
 now through each label's sigmoid, the probability the model itself reports.
 """
@@ -12,7 +13,7 @@ import torch
 
 from lightning_xai.adapters import HuggingFaceAdapter
 from lightning_xai.adapters.capabilities import HeadKind, head_kind_of
-from lightning_xai.attribution import attribute, take_rows
+from lightning_xai.attribution import attribute, gather_rows
 from lightning_xai.attribution.targets import (decisions, default_output, explained_quantity, label_targets,
                                                score_values)
 
@@ -54,15 +55,17 @@ def test_regression_maps_are_the_gradient_of_the_output_value():
     scores = attribute(adapter, batch, "gradient", output="logit")
     expected = _hand_gradient(adapter, batch, lambda logits: logits[:, 0])
     assert torch.allclose(scores, expected, atol=1e-10, rtol=1e-8)
+    assert torch.equal(attribute(adapter, batch, "gradient"), scores)  # the default explains the value too
     assert bool((scores[batch["mask"]] > 0).all())  # not the all-zero map of a softmax of one value
-    assert default_output(adapter) == "logit" and explained_quantity(adapter, "logit") == "regression output value"
+    assert default_output(adapter) == "logit" and explained_quantity(adapter) == "regression output value"
 
 
 @pytest.mark.parametrize("method,options", [("gradient", {}), ("integrated_gradients", {"n_steps": 8}),
                                             ("leave_one_out", {}), ("grad_x_input", {})])
 def test_a_probability_of_a_regression_head_is_refused_by_name(method, options):
-    with pytest.raises(ValueError, match="regression head.*output='logit'"):
-        attribute(_regression(), tiny_batch(), method, **options)
+    for output in ("probability", "log_probability"):
+        with pytest.raises(ValueError, match="regression head.*output='logit'"):
+            attribute(_regression(), tiny_batch(), method, output=output, **options)
 
 
 def test_regression_leave_one_out_is_the_change_of_the_output_value():
@@ -113,9 +116,9 @@ def test_each_predicted_label_is_explained_on_its_own():
     rows, labels = label_targets(logits, "sigmoid")
     assert torch.equal(torch.stack([rows, labels], 1), (logits.sigmoid() > 0.5).nonzero())
     assert rows.numel() >= 2  # the tiny model predicts several labels of some row
-    maps = attribute(adapter, take_rows(batch, rows, 2), "gradient", target=labels)
+    maps = attribute(adapter, gather_rows(batch, rows, 2), "gradient", target=labels)
     for i, (row, label) in enumerate(zip(rows.tolist(), labels.tolist())):
-        one = attribute(adapter, take_rows(batch, torch.tensor([row]), 2), "gradient", target=label)
+        one = attribute(adapter, gather_rows(batch, torch.tensor([row]), 2), "gradient", target=label)
         assert torch.allclose(maps[i], one[0], atol=1e-12)
 
 

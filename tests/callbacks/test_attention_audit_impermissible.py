@@ -127,7 +127,7 @@ def test_all_zero_map_gives_nan_and_no_masked_token_gives_zero():
         model.classifier.weight.zero_()
     audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",))
     found, _ = audit.audit_batch(model.eval(), batch, torch.Generator(), [0, 1, 2])
-    gradient = found["values"]["impermissible_share/gradient"]
+    gradient = found.values["impermissible_share/gradient"]
     assert all(math.isnan(v) for v in gradient.tolist())
-    attention = found["values"]["impermissible_share/attention"]
+    attention = found.values["impermissible_share/attention"]
     assert attention[1].item() == 0.0 and 0.0 < attention[0].item() < 1.0

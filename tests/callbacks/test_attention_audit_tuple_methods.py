@@ -25,6 +25,6 @@ def test_tuple_returning_methods_use_their_token_map(trained_model, sst2):
     maps["attention"] = audit.predict(trained_model, batch).attention
     for first, second in audit.pairs:
         expected = jensen_shannon(maps[first], maps[second], mask)
-        got = found["values"][f"jsd/{first}_vs_{second}"]
+        got = found.values[f"jsd/{first}_vs_{second}"]
         assert got.shape == (4,) and torch.isfinite(got).all()
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)

@@ -12,7 +12,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from lightning_xai.attribution import ATTRIBUTION_METHODS, register_method
 from lightning_xai.callbacks import AttentionAudit
-from lightning_xai.callbacks.budget import Plan, limited_size, plan
+from lightning_xai.callbacks._audit.budget import Plan, limited_size, plan
 from tests.callbacks.conftest import make_dm, make_model, make_trainer
 
 positive = st.floats(min_value=1e-4, max_value=1e3, allow_nan=False, allow_infinity=False)

@@ -10,8 +10,9 @@ import scipy.stats
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
-from lightning_xai.callbacks import (AttentionAudit, AttentionBaselines, ErasureAudit, ImpermissibleAttentionMonitor,
-                                     audit_guard, summarize_values)
+from lightning_xai.callbacks import AttentionAudit, AttentionBaselines, ErasureAudit, ImpermissibleAttentionMonitor
+from lightning_xai.callbacks._audit.guard import audit_guard
+from lightning_xai.metrics import summarize_values
 
 
 @pytest.mark.parametrize("make, message", [
@@ -69,7 +70,7 @@ class _HoldsABert(pl.LightningModule):
 def test_default_methods_follow_the_model():
     """Leave-one-out is a default only where the model scores deletions itself (DeletionLogits: the BiLSTM)."""
     from lightning_xai.adapters.capabilities import DeletionLogits
-    from lightning_xai.callbacks import DEFAULT_GRADIENT_METHODS, DEFAULT_METHODS
+    from lightning_xai.callbacks.attention_audit import DEFAULT_GRADIENT_METHODS, DEFAULT_METHODS
     from lightning_xai.models import AttentionClassifier
 
     bilstm = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4)

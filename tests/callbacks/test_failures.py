@@ -99,11 +99,11 @@ class _SelfAttentionNet(nn.Module):
 class _UserModule(pl.LightningModule):
     """A LightningModule that trains its network and shows it to the audits through a HookAdapter."""
 
-    def __init__(self, vocab_size: int, need_weights: bool) -> None:
+    def __init__(self, vocab_size: int, need_weights: bool, pooling=None) -> None:
         super().__init__()
         self.net = _SelfAttentionNet(vocab_size, need_weights)
         object.__setattr__(self, "adapter", HookAdapter(self.net, embedding="emb", attention="attn",
-                                                        attention_index=1,
+                                                        attention_index=1, pooling=pooling,
                                                         forward_fn=lambda m, b: m(b["input_ids"], b["mask"])))
 
     def token_mask(self, batch):
@@ -125,26 +125,49 @@ class _UserModule(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=1e-3)
 
 
-def test_multihead_attention_without_weights_is_named_at_setup(kit, tmp_path):
+def test_multihead_attention_without_its_pooling_is_named_at_setup(kit, tmp_path):
+    """Issue 30: nn.MultiheadAttention called with need_weights=False is audited unchanged, once the adapter is told
+    where the classifier reads (here: the mean over the real tokens); without it, setup names the options."""
     dm = kit.make_dm()
     pl.seed_everything(0, verbose=False)
     model = _UserModule(dm.vocab_size, need_weights=False)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     trainer = kit.make_trainer(tmp_path, [AttentionAudit(methods=("gradient",), num_samples=16)], max_epochs=1)
-    named = r"MultiheadAttention\) returned no weights.*need_weights=False"
+    named = r"self-attention .*pooling='first'.*pooling='mean'.*query_index"
     with pytest.raises(MisconfigurationException, match=named):
         trainer.fit(model, dm)
     assert trainer.global_step == 0  # caught before the first training step
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    pl.seed_everything(0, verbose=False)
+    said = _UserModule(dm.vocab_size, need_weights=False, pooling="mean")
+    audit = AttentionAudit(methods=("gradient",), num_samples=16)
+    kit.make_trainer(tmp_path, [audit], max_epochs=1).fit(said, dm)
+    assert [r["epoch"] for r in audit.history] == [0]
+
+
+class _UnusedSoftmaxNet(nn.Module):
+    """Attention weights computed for show: the logits read the plain mean of the embeddings."""
+
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.emb, self.score, self.attn, self.out = (nn.Embedding(vocab_size, 16), nn.Linear(16, 1),
+                                                     nn.Softmax(dim=-1), nn.Linear(16, 2))
+
+    def forward(self, ids, mask):
+        x = self.emb(ids)
+        self.shown = self.attn(self.score(x).squeeze(-1).masked_fill(~mask, float("-inf")))
+        return self.out((x * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True))
 
 
 def test_probe_refuses_attention_weights_that_do_not_feed_the_logits(kit):
     dm = kit.make_dm()
     batch = next(iter(dm.val_dataloader()))
     pl.seed_everything(0, verbose=False)
-    copied = _UserModule(dm.vocab_size, need_weights=True).adapter  # MHA's returned weights are a copy
+    unused = HookAdapter(_UnusedSoftmaxNet(dm.vocab_size), embedding="emb", attention="attn",
+                         forward_fn=lambda m, b: m(b["input_ids"], b["mask"]))
     with pytest.raises(ProtocolError, match="does not feed the logits"):
-        copied.probe(batch)
+        unused.probe(batch)
+    _UserModule(dm.vocab_size, need_weights=True, pooling="mean").adapter.probe(batch)  # MHA's weights now do
 
 
 def test_model_checkpoint_and_early_stopping_monitor_an_audit_key(kit, tmp_path):

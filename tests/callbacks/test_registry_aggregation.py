@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from lightning_xai.attribution import attribute
-from lightning_xai.callbacks import AGREEMENT_METRICS as CALLBACK_METRICS
-from lightning_xai.callbacks import AttentionAudit, summarize_values
-from lightning_xai.callbacks.aggregation import ValueAggregator
+from lightning_xai.callbacks import AttentionAudit
+from lightning_xai.callbacks._audit.aggregation import ValueAggregator
+from lightning_xai.callbacks.attention_audit import AGREEMENT_METRICS as CALLBACK_METRICS
 from lightning_xai.data import collate
-from lightning_xai.metrics import KendallTau
+from lightning_xai.metrics import KendallTau, summarize_values
 from lightning_xai.metrics.functional import kendall_tau
 from lightning_xai.metrics.registry import AGREEMENT_METRICS, register_agreement_metric
 

@@ -8,10 +8,11 @@ import pytest
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
-import lightning_xai.callbacks as callbacks_package
 from lightning_xai.attribution import explanation_context
-from lightning_xai.callbacks import AuditCallback, AuditPrediction, audit_guard
+from lightning_xai.callbacks import AuditCallback, AuditPrediction, BatchResult
 from lightning_xai.callbacks import base as callback_base
+from lightning_xai.callbacks._audit import subset as audit_subset
+from lightning_xai.callbacks._audit.guard import audit_guard
 from lightning_xai.data import collate
 from lightning_xai.models import AttentionClassifier
 
@@ -27,7 +28,8 @@ class _Confidence(AuditCallback):
 
     def audit_batch(self, model, batch, generator, indices, prediction=None):
         self.received.append(prediction)
-        return {"values": {"margin": prediction.probabilities.max(-1).values - prediction.probabilities.min(-1).values}}, {}
+        return BatchResult(values={"margin": prediction.probabilities.max(-1).values
+                                   - prediction.probabilities.min(-1).values}), {}
 
 
 def _loaders(dm):
@@ -57,7 +59,20 @@ def test_an_audit_batch_without_the_shared_prediction_is_refused_when_the_class_
             name = "old_style"
 
             def audit_batch(self, model, batch, generator, indices):
-                return {}, {}
+                return BatchResult(), {}
+
+
+def test_an_audit_batch_returning_a_dict_is_told_to_return_a_batch_result():
+    from types import SimpleNamespace
+
+    from lightning_xai.callbacks._audit.failures import audit_finite_rows
+
+    everything = SimpleNamespace(finite=torch.tensor([True, True]))
+    with pytest.raises(TypeError, match=r"returned a dict where it returns \(BatchResult, extra\).*BatchResult\(maps="):
+        audit_finite_rows(lambda b, i, p: ({"values": {}}, {}), {"x": torch.ones(2)}, [0, 1], everything)
+    found, extra = audit_finite_rows(lambda b, i, p: (BatchResult(values={"v": b["x"]}), {"k": 1}), {"x": torch.ones(2)},
+                                     [0, 1], everything)
+    assert found.values["v"].tolist() == [1.0, 1.0] and extra == {"k": 1}
 
 
 def test_no_subclass_repeats_the_forward_softmax_argmax():
@@ -108,7 +123,7 @@ def test_the_modules_own_dataloader_hooks_are_used(kit, tmp_path):
 
 
 def test_no_private_loop_attributes_are_read():
-    for module in (callback_base, callbacks_package.subset):
+    for module in (callback_base, audit_subset):
         assert "_data_source" not in inspect.getsource(module)
 
 
@@ -133,17 +148,14 @@ def test_the_erasure_gradient_ranking_has_one_honest_name(kit, tmp_path):
     from lightning_xai.audits.erasure import ranking_scores
     from lightning_xai.callbacks import ErasureAudit
 
-    with pytest.warns(DeprecationWarning, match="'gradient' is deprecated.*'attention_gradient'"):
-        old = ErasureAudit(rankings=("attention", "gradient"), num_samples=8, eraser=False)
-    assert old.rankings == ["attention", "attention_gradient"]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         new = ErasureAudit(rankings=("attention", "attention_gradient"), num_samples=8, eraser=False)
         assert ErasureAudit().rankings == ["attention", "attention_gradient", "random"]
-    assert old.state_key == new.state_key
+        # "gradient" is attribute()'s embedding gradient here as everywhere (its old meaning here was removed)
+        assert ErasureAudit(rankings=("gradient", "attention_gradient")).rankings == ["gradient", "attention_gradient"]
     with pytest.raises(MisconfigurationException, match="distinct"):
-        with pytest.warns(DeprecationWarning):
-            ErasureAudit(rankings=("gradient", "attention_gradient"))
+        ErasureAudit(rankings=("attention_gradient", "attention_gradient"))
 
     dm = kit.make_dm()
     model = kit.make_model(dm)

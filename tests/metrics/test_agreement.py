@@ -87,16 +87,16 @@ def test_kendall_exact_p_values_for_extreme_and_near_extreme_orders_beyond_33_to
 
 
 @pytest.mark.parametrize("variant", ["b", "c"])
-def test_kendall_pair_kernel_row_blocks_and_ties_in_some_blocks_only(monkeypatch, variant):
-    """Rows are processed in blocks; tie-group sizes are recounted only for blocks with ties. Splitting into
-    blocks of 7 rows must give scipy's values, bit-equal to one block."""
+def test_kendall_kernel_row_blocks_and_ties_in_some_blocks_only(monkeypatch, variant):
+    """Rows are processed in blocks (some with ties, some without). Splitting into blocks of 7 rows must give
+    scipy's values, bit-equal to one block."""
     import lightning_xai.metrics.functional.agreement as agreement
 
     x, y, mask = _ragged(40, 30, seed=21, ties=False)
     tied_x, tied_y, _ = _ragged(40, 30, seed=22, ties=True)
     x[10:14], y[10:14] = tied_x[10:14], tied_y[10:14]  # ties only in the second block of 7 rows
     whole = kendall_tau(x, y, mask, variant=variant)
-    monkeypatch.setattr(agreement, "_PAIR_BUDGET", 7 * 2 * 15 * 31)  # W = 31, K = 15: 7 rows per block
+    monkeypatch.setattr(agreement, "_BLOCK_ELEMENTS", 7 * 32)  # T = 30 padded to 32: 7 rows per block
     blocked = kendall_tau(x, y, mask, variant=variant)
     for ours, one in zip(blocked, whole):
         assert torch.equal(torch.nan_to_num(ours, 9.0), torch.nan_to_num(one, 9.0))

@@ -36,19 +36,20 @@ def _without(batch, row, positions):
 
 def test_regression_comprehensiveness_is_the_change_of_the_output_value():
     adapter, batch = _regression(), tiny_batch()
-    comp = comprehensiveness(adapter, batch, SCORES, k=1, output="logit")
+    comp = comprehensiveness(adapter, batch, SCORES, k=1)  # the default: the change of the output value
     with torch.no_grad():
         value = adapter(batch).logits[:, 0]
         expected = torch.stack([value[0] - adapter(_without(batch, 0, [2])).logits[0, 0],
                                 value[1] - adapter(_without(batch, 1, [1])).logits[0, 0]])
     assert torch.allclose(comp, expected, atol=1e-10)
     assert bool((comp != 0).all())  # not the 0.0 of a softmax of one value
+    assert torch.equal(comprehensiveness(adapter, batch, SCORES, k=1, output="logit"), comp)
 
 
 @pytest.mark.parametrize("measure", [comprehensiveness, sufficiency])
 def test_a_probability_of_a_regression_head_is_refused_by_name(measure):
     with pytest.raises(ValueError, match="regression head.*output='logit'"):
-        measure(_regression(), tiny_batch(), SCORES, k=1)
+        measure(_regression(), tiny_batch(), SCORES, k=1, output="probability")
 
 
 def test_decision_flip_of_a_regression_head_is_refused_by_name():

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_xai.callbacks import (AdversarialSearchAudit, AttentionAudit, AttentionBaselines, ErasureAudit,
                                      ImpermissibleAttentionMonitor)
-from lightning_xai.callbacks.subset import draw_subset, row_reader
+from lightning_xai.callbacks._audit.subset import draw_subset, row_reader
 from lightning_xai.data import collate
 
 _SPEC = importlib.util.spec_from_file_location("callbacks_kit", Path(__file__).parents[1] / "callbacks" / "conftest.py")

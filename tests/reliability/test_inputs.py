@@ -202,7 +202,8 @@ def test_five_times_attention_is_refused_by_attribute_and_impermissible_mass():
     impermissible = torch.tensor([[True, False, False, False], [False, True, False, False]])
     with torch.no_grad():
         attention = model.forward_from_embeddings(model.embed(batch), batch).attention
-    assert float(impermissible_mass(attention, impermissible).max()) > 1  # the silent wrong number of the issue
+    with pytest.raises(ValueError, match="does not sum to 1"):  # was a silent mass above 1 (issues 14, 29)
+        impermissible_mass(attention, impermissible)
     with pytest.raises(ValueError, match="sums to 5 over its real tokens"):
         impermissible_mass(attention, impermissible, token_mask=batch["mask"])
 

@@ -5,7 +5,7 @@ import ast
 import os
 
 import lightning_xai.reporting as reporting
-from lightning_xai.callbacks import AttentionAudit, AuditCallback
+from lightning_xai.callbacks import AttentionAudit, AuditCallback, BatchResult
 from lightning_xai.reporting import AuditReport, final_results
 from lightning_xai.reporting.protocol import ReportableAudit
 
@@ -20,7 +20,7 @@ class Confidence(AuditCallback):
     name = "confidence"
 
     def audit_batch(self, model, batch, generator, indices, prediction=None):
-        return {"values": {"top": prediction.probability}}, {}
+        return BatchResult(values={"top": prediction.probability}), {}
 
     def summary_rows(self, metrics, full=False):
         return [("top-class probability", "{top:mean_std}"), ("audited examples", "{n:int}")]

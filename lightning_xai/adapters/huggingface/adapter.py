@@ -148,6 +148,20 @@ class HuggingFaceAdapter(nn.Module):
         True
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> "HuggingFaceAdapter":
+        """A direct subclass whose ``explains(model)`` is True is built instead (a generator:
+        :mod:`~lightning_xai.adapters.huggingface.generation`), so ``HuggingFaceAdapter(model)`` fits any model."""
+        model = args[0] if args else kwargs.get("model")
+        if cls is HuggingFaceAdapter and model is not None:
+            cls = next((sub for sub in cls.__subclasses__() if sub.explains(model)), cls)
+        return super().__new__(cls)
+
+    @classmethod
+    def explains(cls, model: nn.Module) -> bool:
+        """Whether ``HuggingFaceAdapter(model)`` builds this subclass: never, unless a subclass claims its models by
+        overriding this (a subclass that only changes behaviour is built by name)."""
+        return False
+
     def __init__(self, model: nn.Module, tokenizer: Any = None, attention: Reduction = "cls_last_mean",
                  override_specials: str = "keep", query_index: Optional[int] = None, check: bool = True) -> None:
         super().__init__()

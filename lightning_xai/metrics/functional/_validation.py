@@ -7,7 +7,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-__all__ = ["check_maps", "check_mask", "resolve_k", "topk_mask"]
+__all__ = ["check_distributions", "check_maps", "check_mask", "resolve_k", "topk_mask"]
 
 
 def check_mask(mask: Tensor, shape: Tuple[int, ...], name: str = "mask") -> Tensor:
@@ -82,3 +82,59 @@ def topk_mask(scores: Tensor, mask: Tensor, k: Tensor) -> Tensor:
     rank = torch.empty_like(order)
     rank.scatter_(1, order, torch.arange(T, device=scores.device).expand_as(order).contiguous())
     return (rank < k.unsqueeze(1)) & mask
+
+
+def _rows(where: Tensor) -> list:
+    """The leading indices (as tuples, or ints for one leading dimension) of the first rows marked in ``where``."""
+    found = where.reshape(-1).nonzero()[:10].tolist() if where.dim() == 0 else where.nonzero()[:10].tolist()
+    return [r[0] if len(r) == 1 else tuple(r) for r in found]
+
+
+def check_distributions(*dists: Tensor, names: Tuple[str, ...] = ("p", "q")) -> None:
+    """Validate probability distributions over the last dimension: finite, non-negative, each summing to 1.
+
+    The leading dimensions must broadcast against each other and the last dimensions must be equal. Sums may
+    miss 1 by ``max(1e-3, 2·eps)`` of the dtype (softmax rounding in bf16); entries down to minus that are
+    accepted as rounding. Logits, raw scores and unnormalised masses are refused with the row and the fix. One
+    host synchronisation when the inputs are valid.
+    """
+    for tensor, name in zip(dists, names):
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of probabilities, got {type(tensor).__name__}.")
+        if not tensor.is_floating_point():
+            raise TypeError(f"{name} must be a floating tensor of probabilities, got {tensor.dtype}.")
+        if tensor.dim() == 0:
+            raise ValueError(f"{name} is a scalar; give distributions over the last dimension ([..., K]).")
+    shapes = [tuple(t.shape) for t in dists]
+    if len({shape[-1] for shape in shapes}) > 1:
+        raise ValueError(f"{' and '.join(names[:len(dists)])} have shapes {' and '.join(map(str, shapes))}: "
+                         "distributions over the last dimension need the same number of outcomes there.")
+    try:
+        torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        raise ValueError(f"{' and '.join(names[:len(dists)])} have shapes {' and '.join(map(str, shapes))}, whose "
+                         "leading dimensions do not broadcast; give equal shapes or size-1 dimensions "
+                         "(e.g. [B, K, T] against [B, 1, T]).") from None
+    with torch.no_grad():
+        flags = []
+        for tensor in dists:
+            tol = max(1e-3, 2 * torch.finfo(tensor.dtype).eps)
+            values = tensor.detach()
+            finite = torch.isfinite(values).all(-1)
+            negative = (values < -tol).any(-1)
+            off = (values.double().sum(-1) - 1.0).abs() > tol
+            flags.append((finite, negative, off))
+        if not bool(torch.stack([(~f | n | o).any() for f, n, o in flags]).any()):
+            return
+    for (finite, negative, off), tensor, name in zip(flags, dists, names):
+        fix = (f"{name} must hold probabilities over its last dimension (e.g. logits.softmax(-1)); "
+               f"normalise masses with {name} / {name}.sum(-1, keepdim=True)")
+        if not bool(finite.all()):
+            raise ValueError(f"{name} has NaN or inf in rows {_rows(~finite)}; {fix}.")
+        if bool(negative.any()):
+            raise ValueError(f"{name} has negative entries in rows {_rows(negative)} (logits or signed scores?); "
+                             f"{fix}.")
+        if bool(off.any()):
+            sums = tensor.detach().double().sum(-1)[off][:3].tolist()
+            raise ValueError(f"{name} does not sum to 1 in rows {_rows(off)} (sums {[round(v, 4) for v in sums]}); "
+                             f"{fix}.")

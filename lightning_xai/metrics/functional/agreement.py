@@ -31,87 +31,84 @@ from lightning_xai.metrics.functional.divergence import jensen_shannon_divergenc
 
 __all__ = ["jensen_shannon", "jw_top_k", "kendall_tau", "pearson", "spearman", "topk_kendall_tau", "topk_overlap"]
 
-# the pairwise signs are computed on blocks of at most this many elements ([rows, 2, K, W]; float32: 64 MiB)
-_PAIR_BUDGET = 1 << 24
-# dtypes whose values float32 holds exactly (float64 maps are checked value by value)
-_FLOAT32_EXACT = (torch.float32, torch.float16, torch.bfloat16)
+# rows are ranked in blocks of at most this many (row × padded width) elements; the kernel keeps a few int64
+# arrays of that size alive (16 MiB each), whatever T is
+_BLOCK_ELEMENTS = 1 << 21
 
 
-def _pair_stats(x: Tensor, y: Tensor, mask: Tensor, n: Tensor) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-    """Per row: C − D over pairs of real tokens, the tied pairs of x and of y, and (only when a row has ties) the
-    tie-group size of every token.
+def _dense_ranks(values: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """Per row: the 0-based dense rank of every value, the values sorted and the sorting permutation."""
+    ordered, order = torch.sort(values, dim=1, stable=True)
+    starts = torch.ones_like(ordered, dtype=torch.long)
+    starts[:, 1:] = (ordered[:, 1:] != ordered[:, :-1]).long()
+    ranks = torch.empty_like(starts).scatter_(1, order, torch.cumsum(starts, 1) - 1)
+    return ranks, starts, order
 
-    Pads are set to 0 and every unordered pair is visited once: with the width made odd (W = T | 1), the cyclic
-    shifts k = 1 … (W − 1)/2 pair token i with token (i + k) mod W, and each pair {i, j} occurs for exactly one
-    (i, k). One subtraction and one ``sign_`` over ``[B, 2, K, W]`` give both maps' signs; one batched matmul of
-    the signs with themselves gives Σ sx·sy (= C − D), Σ sx² and Σ sy² (the non-tied pairs) per row. A pair of a
-    real token i with a pad (value 0) adds sign(x_i)·sign(y_i) and |sign(x_i)|, which is subtracted in O(T).
-    All sums are of −1/0/+1 values: exact integers in float32 below 2^24 pairs.
 
-    Args:
-        x, y: ``[B, T]`` score maps; mask: ``[B, T]`` real tokens; n: ``[B]`` float64 real-token counts.
+def _group_stats(starts: Tensor, real: Tensor) -> Tensor:
+    """``[B, 4]`` float64 over the tie groups (runs of equal sorted values) of the real tokens: Σ t(t−1)/2 (tied
+    pairs), Σ t(t−1)(t−2), Σ t(t−1)(2t+5) and the number of groups. ``real`` is sorted like ``starts``."""
+    group = torch.cumsum(starts, 1) - 1
+    sizes = torch.zeros_like(group).scatter_add_(1, group, real.long()).double()
+    return torch.stack((sizes * (sizes - 1) / 2, sizes * (sizes - 1) * (sizes - 2),
+                        sizes * (sizes - 1) * (2 * sizes + 5), (sizes > 0).double()), 2).sum(1)
+
+
+def _inversions(sequence: Tensor) -> Tensor:
+    """Per row: the pairs i < j with ``sequence[i] > sequence[j]`` (int64 ``[B]``), by bottom-up merge sort.
+
+    Level w merges neighbouring sorted runs of w values: every value of a right run is inverted with the values
+    of its left run above it (a batched ``searchsorted``); the same searches place every value in the merged run
+    (left value i goes to i + #right values below it, right value j to j + #left values at most it). O(T log² T)
+    time, O(T) memory per row, every row of the block at once.
+    """
+    B, T = sequence.shape
+    width = 1 << max(0, (T - 1).bit_length())
+    runs = sequence.new_full((B, width), int(sequence.max()) + 1 if T else 0)  # a maximum at the end adds none
+    runs[:, :T] = sequence
+    total = torch.zeros(B, dtype=torch.long, device=sequence.device)
+    w = 1
+    while w < width:
+        pairs = runs.view(B, width // (2 * w), 2, w)
+        left, right = pairs[:, :, 0].contiguous(), pairs[:, :, 1].contiguous()
+        at_most = torch.searchsorted(left, right, right=True)  # values of the left run <= each right value
+        total += (w - at_most).sum((1, 2))
+        steps = torch.arange(w, device=runs.device)
+        places = torch.stack((steps + torch.searchsorted(right, left), steps + at_most), 2)
+        runs = torch.empty_like(runs).view(B, -1, 2 * w).scatter_(2, places.view(B, -1, 2 * w),
+                                                                   pairs.reshape(B, -1, 2 * w)).view(B, width)
+        w *= 2
+    return total
+
+
+def _rank_stats(x: Tensor, y: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """Per row, over its real tokens, in O(T log T) memory-light passes (Knight's algorithm): C − D, the tied
+    pairs of x and of y, and the tie statistics scipy's variance and τ-c need.
+
+    The tokens are sorted by (x, y); then every discordant pair is an inversion of the y order (pairs tied in x
+    are in ascending y), counted by merge sort; the pairs tied in both maps are the runs of equal (x, y).
+    C − D = n₀ − n₁ − n₂ + n₃ − 2D. Pads are moved after every real token (x = y = +inf) and add nothing.
 
     Returns:
-        ``(cmd [B], ties [B, 2], sizes [B, 2, T] or None)``, float64; ``sizes`` is None when no row has a tie.
+        ``(cmd [B], ties [B, 2], stats [B, 2, 4])`` float64; ``stats[:, i]`` holds map i's Σt(t−1)/2,
+        Σt(t−1)(t−2), Σt(t−1)(2t+5) and number of distinct values (:func:`_group_stats`).
     """
     B, T = x.shape
-    W = T | 1  # odd: shifts 1 … K cover every unordered pair exactly once
-    K = (W - 1) // 2
     real = mask.unsqueeze(1)
-    both = torch.stack((x, y), 1).masked_fill_(~real, 0.0)
-    # float32 keeps signs and sums exact if it holds every value (and the pair count stays below 2^24)
-    exact32 = W * K < (1 << 24) and (both.dtype in _FLOAT32_EXACT or torch.equal(both.float().double(), both))
-    dtype = torch.float32 if exact32 else torch.float64
-    doubled = both.new_zeros((B, 2, 2 * W), dtype=dtype)
-    doubled[:, :, :T] = both
-    doubled[:, :, W:W + T] = both
-    values, shifted = doubled[:, :, :W], doubled.unfold(2, W, 1)[:, :, 1:K + 1]  # shifted[.., k-1, i] = value i+k
-    rows = max(1, _PAIR_BUDGET // max(1, 2 * K * W))
-    block = torch.empty((min(rows, B), 2, K, W), dtype=dtype, device=x.device)
-
-    def signs_of(start: int, stop: int) -> Tensor:  # [rows, 2, K, W]: sign(value_i − value_{i+k})
-        return torch.sub(values[start:stop].unsqueeze(2), shifted[start:stop], out=block[:stop - start]).sign_()
-
-    grams = []
-    for start in range(0, B, rows):  # blocks of many instances each, not one per instance
-        stop = min(B, start + rows)
-        flat = signs_of(start, stop).view(stop - start, 2, K * W)
-        grams.append(torch.bmm(flat, flat.transpose(1, 2)))
-    token_signs = values.sign()  # [B, 2, W], 0 at pads
-    pads = W - n
-    # pairs (real i, pad j): their Σ sx·sy and Σ sx² are the Gram of the tokens' own signs, once per pad
-    gram = torch.cat(grams).double() - pads.view(B, 1, 1) * torch.bmm(token_signs, token_signs.transpose(1, 2)).double()
-    cmd = gram[:, 0, 1]
-    ties = (n * (n - 1) / 2).unsqueeze(1) - torch.diagonal(gram, dim1=1, dim2=2)
-    if not bool(ties.any()):
-        return cmd, ties, None
-    # tie-group sizes: #{j != i : x_j != x_i} over the full row = forward shifts + backward shifts
-    sizes = torch.zeros((B, 2, W), dtype=torch.float64, device=x.device)
-    tied_rows = ties.any(1)
-    for start in range(0, B, rows):
-        stop = min(B, start + rows)
-        if not bool(tied_rows[start:stop].any()):
-            continue
-        d = block if rows >= B else signs_of(start, stop)  # one block: it still holds these signs
-        twice = d.new_empty(d.shape[:3] + (2 * W,))  # |signs| twice along the row, for the backward shifts
-        ahead = torch.abs(d, out=twice[..., :W])
-        twice[..., W:] = ahead
-        # behind[.., k-1, i] = |sign(value_{i-k} − value_i)|: row k of `twice` read from column W − k on
-        behind = twice.as_strided(d.shape, (twice.stride(0), twice.stride(1), 2 * W - 1, 1),
-                                  twice.storage_offset() + W - 1)
-        sizes[start:stop] = (ahead.sum(2) + behind.sum(2)).double()
-    # group size of real token i (itself included) = n − #{real j : x_j != x_i}; a pad differs iff x_i != 0
-    sizes = n.view(B, 1, 1) - (sizes[:, :, :T] - pads.view(B, 1, 1) * token_signs[:, :, :T].abs().double())
-    return cmd, ties, sizes.masked_fill_(~real | ~tied_rows.view(B, 1, 1), 1.0)  # rows without ties: all 1
-
-
-def _tie_stats(sizes: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-    """From per-token tie-group sizes ``[B, 2, T]``: Σt(t−1)(t−2) and Σt(t−1)(2t+5) over groups, #distinct values."""
-    real = mask.unsqueeze(1).double()
-    t0 = ((sizes - 1) * (sizes - 2) * real).sum(2)
-    t1 = ((sizes - 1) * (2 * sizes + 5) * real).sum(2)
-    distinct = torch.floor((real / sizes).sum(2) + 0.5)
-    return t0, t1, distinct
+    both = torch.stack((x, y), 1).double().masked_fill(~real, float("inf"))  # pads last; reals are finite
+    ranks, starts, order = _dense_ranks(both.view(2 * B, T))
+    stats = _group_stats(starts, mask.repeat_interleave(2, 0).gather(1, order)).view(B, 2, 4)
+    ranks = ranks.view(B, 2, T)
+    key = ranks[:, 0] * (T + 1) + ranks[:, 1]  # lexicographic (x, y) as one integer
+    joint, order = torch.sort(key, dim=1, stable=True)
+    joint_starts = torch.ones_like(joint)
+    joint_starts[:, 1:] = (joint[:, 1:] != joint[:, :-1]).long()
+    both_tied = _group_stats(joint_starts, mask.gather(1, order))[:, 0]
+    discordant = _inversions(ranks[:, 1].gather(1, order)).double()
+    n = mask.sum(1).double()
+    ties = stats[:, :, 0]
+    cmd = n * (n - 1) / 2 - ties.sum(1) + both_tied - 2 * discordant
+    return cmd, ties, stats
 
 
 def kendall_tau(preds: Tensor, target: Tensor, mask: Tensor, variant: str = "b") -> Tuple[Tensor, Tensor]:
@@ -121,9 +118,10 @@ def kendall_tau(preds: Tensor, target: Tensor, mask: Tensor, variant: str = "b")
     (defaults ``method="auto"``, two-sided): τ-b = (C − D) / √((n₀ − n₁)(n₀ − n₂)) with n₀ = n(n−1)/2 and
     n₁, n₂ the tied pairs of each map. The p-value is exact (Kendall's null distribution) when there are no ties
     and n ≤ 33 or min(C, D) ≤ 1, else the normal approximation with the tie-corrected variance — scipy's rule.
-    Constant maps (and n = 1) give NaN, as in scipy. All instances are computed together from the pairwise signs
-    of all rows at once (one subtraction, one sign, one batched matmul per block of rows), never with a loop over
-    instances.
+    Constant maps (and n = 1) give NaN, as in scipy. All instances are computed together with Knight's
+    O(T log T) algorithm (sorts and a batched merge-sort inversion count per block of rows, never a loop over
+    instances), so memory grows linearly with T: a 100,000-token pair takes a few tens of MiB, not the
+    T² pairwise signs.
 
     Args:
         preds: ``[B, T]`` first score map (e.g. attention).
@@ -151,8 +149,12 @@ def kendall_tau(preds: Tensor, target: Tensor, mask: Tensor, variant: str = "b")
         return empty, empty.clone()
     n = mask.sum(1)
     nd = n.double()
-    cmd, ties, sizes = _pair_stats(preds, target, mask, nd)
-    tie_stats = None if sizes is None else _tie_stats(sizes, mask)  # only rows with ties need group sizes
+    parts = []
+    rows = max(1, _BLOCK_ELEMENTS // max(1, 1 << max(0, (preds.shape[1] - 1).bit_length())))
+    for start in range(0, preds.shape[0], rows):  # blocks of many instances each, not one per instance
+        stop = start + rows
+        parts.append(_rank_stats(preds[start:stop], target[start:stop], mask[start:stop]))
+    cmd, ties, stats = (torch.cat(part) for part in zip(*parts))
     tot = nd * (nd - 1) / 2
     untied = tot.unsqueeze(1) - ties  # [B, 2]: n₀ − n₁, n₀ − n₂
     undefined = (untied == 0).any(1)  # constant map, or n = 1 (tot = 0)
@@ -160,7 +162,7 @@ def kendall_tau(preds: Tensor, target: Tensor, mask: Tensor, variant: str = "b")
         denom = untied.sqrt().prod(1)  # √(n₀ − n₁)·√(n₀ − n₂), as scipy
         tau = cmd / denom.masked_fill(undefined, 1.0)
     else:
-        distinct = nd.unsqueeze(1) if tie_stats is None else tie_stats[2]
+        distinct = stats[:, :, 3]
         classes = distinct.min(1).values
         scale = nd ** 2 * (classes - 1) / classes
         tau = 2 * cmd / scale.masked_fill(undefined, 1.0)
@@ -182,14 +184,11 @@ def kendall_tau(preds: Tensor, target: Tensor, mask: Tensor, variant: str = "b")
     if not bool(exact.all()):
         # normal approximation with scipy's tie-corrected variance of C − D
         m = nd * (nd - 1)
-        if tie_stats is None:  # no ties: the tie corrections are all zero
-            var = m * (2 * nd + 5) / 18
-        else:
-            (x0, y0), (x1, y1) = (stat.unbind(1) for stat in tie_stats[:2])
-            xtie, ytie = ties.unbind(1)
-            safe_m = m.masked_fill(m == 0, 1.0)
-            safe_m2 = (safe_m * (nd - 2)).masked_fill(nd <= 2, 1.0)
-            var = (m * (2 * nd + 5) - x1 - y1) / 18 + 2 * xtie * ytie / safe_m + x0 * y0 / (9 * safe_m2)
+        (x0, y0), (x1, y1) = stats[:, :, 1].unbind(1), stats[:, :, 2].unbind(1)
+        xtie, ytie = ties.unbind(1)
+        safe_m = m.masked_fill(m == 0, 1.0)
+        safe_m2 = (safe_m * (nd - 2)).masked_fill(nd <= 2, 1.0)
+        var = (m * (2 * nd + 5) - x1 - y1) / 18 + 2 * xtie * ytie / safe_m + x0 * y0 / (9 * safe_m2)
         z = cmd / var.masked_fill(var <= 0, 1.0).sqrt()
         p_asym = torch.special.erfc(z.abs() / math.sqrt(2.0)).clamp(max=1.0)
         p = torch.where(exact, p, p_asym)
@@ -343,7 +342,8 @@ def jensen_shannon(preds: Tensor, target: Tensor, mask: Tensor, eps: float = 1e-
         raise ValueError(f"eps must be a finite number >= 0, got {eps}.")
     p, p_zero = _normalise(preds, mask)
     q, q_zero = _normalise(target, mask)
-    jsd = jensen_shannon_divergence(p, q, eps).clamp(0.0, math.log(2.0))
+    # p, q are normalised here (all-zero rows have no distribution: NaN below)
+    jsd = jensen_shannon_divergence(p, q, eps, check=False).clamp(0.0, math.log(2.0))
     return torch.where(p_zero | q_zero, torch.full_like(jsd, float("nan")), jsd)
 
 

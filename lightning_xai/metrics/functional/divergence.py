@@ -10,6 +10,13 @@ candidates against ``[B, 1, T]``) and their gradients stay finite where a distri
 ``eps = 0`` the exact divergences are torchmetrics' own (:func:`torchmetrics.functional.kl_divergence`,
 :func:`torchmetrics.functional.regression.jensen_shannon_divergence`, which renormalise their inputs and give
 ``0·log 0 = 0``); their gradients are NaN at zero-mass entries, so do not train through ``eps=0``.
+
+Inputs are checked (:func:`~lightning_xai.metrics.functional._validation.check_distributions`): NaN/inf, negative
+entries (logits), rows that do not sum to 1 and shapes that do not broadcast raise a ``ValueError`` naming the
+rows and the fix, instead of a number outside the divergence's range (the JSD of logits is not ≤ ln 2).
+``check=False`` skips them (one host synchronisation per call): for the training losses, which run every step
+on the model's own attention and turn a non-finite batch into a zero loss with a warning themselves
+(:class:`~lightning_xai.losses._common.FiniteGuard`), and for callers that normalised the inputs themselves.
 """
 from __future__ import annotations
 
@@ -17,6 +24,8 @@ import torch
 from torch import Tensor
 from torchmetrics.functional import kl_divergence as _tm_kl_divergence
 from torchmetrics.functional.regression import jensen_shannon_divergence as _tm_jensen_shannon_divergence
+
+from lightning_xai.metrics.functional._validation import check_distributions
 
 __all__ = ["EPS", "jensen_shannon_divergence", "kl_divergence", "total_variation"]
 
@@ -37,7 +46,7 @@ def _check_eps(eps: float) -> None:
         raise ValueError(f"eps must be >= 0 (0: the exact divergence), got {eps}.")
 
 
-def kl_divergence(p: Tensor, q: Tensor, eps: float = EPS) -> Tensor:
+def kl_divergence(p: Tensor, q: Tensor, eps: float = EPS, *, check: bool = True) -> Tensor:
     """KL(p ‖ q) = Σ p·(log(p+eps) − log(q+eps)) over the last dimension (Jain & Wallace's ``kld``).
 
     Zero entries of ``p`` (pads) contribute exactly 0. ``eps=0``: the exact KL (torchmetrics).
@@ -48,14 +57,27 @@ def kl_divergence(p: Tensor, q: Tensor, eps: float = EPS) -> Tensor:
         (0.1438, 0.1438)
     """
     _check_eps(eps)
+    if check:
+        check_distributions(p, q)
+    return _kl(p, q, eps)
+
+
+def _kl(p: Tensor, q: Tensor, eps: float) -> Tensor:
     if eps == 0.0:
         return _exact(_tm_kl_divergence, p, q)
     p = p.clamp(0.0, 1.0)
     q = q.clamp(0.0, 1.0)
-    return (p * (torch.log(p + eps) - torch.log(q + eps))).sum(-1)
+    log_q = torch.log(q + eps)
+    if q.requires_grad:
+        # the value keeps Jain & Wallace's eps, the gradient is the exact KL's d log q = dq / q: through
+        # log(q + eps) it is dq / (q + eps), which vanishes where q << eps (near one-hot attention: a loss of 8
+        # with no gradient at all); where q underflows to 0 no gradient is left either way
+        kept = q.clamp_min(torch.finfo(q.dtype).tiny)
+        log_q = log_q.detach() + (torch.log(kept) - torch.log(kept).detach())
+    return (p * (torch.log(p + eps) - log_q)).sum(-1)
 
 
-def jensen_shannon_divergence(p: Tensor, q: Tensor, eps: float = EPS) -> Tensor:
+def jensen_shannon_divergence(p: Tensor, q: Tensor, eps: float = EPS, *, check: bool = True) -> Tensor:
     """JSD(p, q) = ½KL(p‖m) + ½KL(q‖m), m = ½(p+q), natural log, over the last dimension (≤ ln 2).
 
     ``eps=0``: the exact JSD (torchmetrics), equal to ``scipy.spatial.distance.jensenshannon(p, q) ** 2``.
@@ -66,13 +88,15 @@ def jensen_shannon_divergence(p: Tensor, q: Tensor, eps: float = EPS) -> Tensor:
         0.6931
     """
     _check_eps(eps)
+    if check:
+        check_distributions(p, q)
     if eps == 0.0:
         return _exact(_tm_jensen_shannon_divergence, p, q)
     m = 0.5 * (p + q)
-    return 0.5 * (kl_divergence(p, m, eps) + kl_divergence(q, m, eps))
+    return 0.5 * (_kl(p, m, eps) + _kl(q, m, eps))
 
 
-def total_variation(p: Tensor, q: Tensor) -> Tensor:
+def total_variation(p: Tensor, q: Tensor, *, check: bool = True) -> Tensor:
     """TVD(p, q) = ½ Σ |p − q| over the last dimension (classes).
 
     For two classes this equals ``|p₁ − q₁|``, the single-output difference Jain & Wallace and Wiegreffe &
@@ -82,4 +106,6 @@ def total_variation(p: Tensor, q: Tensor) -> Tensor:
         >>> total_variation(torch.tensor([0.9, 0.1]), torch.tensor([0.7, 0.3]))
         tensor(0.2000)
     """
+    if check:
+        check_distributions(p, q)
     return 0.5 * (p - q).abs().sum(-1)

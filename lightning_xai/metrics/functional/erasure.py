@@ -19,8 +19,9 @@ from torch import Tensor
 
 from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
-from lightning_xai.attribution import explanation_context, resolve_target, take_rows
-from lightning_xai.attribution.targets import decisions, score_values, target_score
+from lightning_xai.attribution import explanation_context, gather_rows, resolve_target
+from lightning_xai.attribution.targets import (decisions, default_output, score_values, target_score,
+                                               warn_nonfinite_logits)
 from lightning_xai.attribution import batching
 from lightning_xai.attribution.batching import (_check_remove, _trim_padding, batch_shape, erase_tokens,
                                                 length_chunks, padding_trimmer, row_extents)
@@ -35,12 +36,13 @@ RANKINGS = ("attention", "random", "gradient", "grad_x_attention")
 
 def erasure_probabilities(model: ExplainableModel, batch: Batch, removals: Sequence[Tensor], target: Tensor, *,
                           max_rows: int = 1024, max_tokens: Optional[int] = None,
-                          output: str = "probability") -> Tensor:
+                          output: Optional[str] = None) -> Tensor:
     """``[K, B]``: probability of ``target`` after each of the ``K`` erasures in ``removals`` (``[B, T]`` bools).
 
     The probability under the model's head (:func:`~lightning_xai.attribution.targets.score_values`: a sigmoid's
-    for a multi-label model); ``output="logit"`` scores the logit instead, the output value of a regression model
-    (whose probability is refused by name).
+    for a multi-label model); ``output="logit"`` scores the logit instead. ``output=None`` is the head's default
+    (:func:`~lightning_xai.attribution.targets.default_output`): the output value of a regression model, whose
+    probability is refused by name.
 
     The ``K·B`` erased rows are built in one batch (rows repeated, then tokens deleted; an erasure that repeats
     another of the same row — two sizes that round to one rationale, two rankings that agree — is built and scored
@@ -58,6 +60,7 @@ def erasure_probabilities(model: ExplainableModel, batch: Batch, removals: Seque
             raise ValueError(f"{name} must be a positive int, got {value!r}.")
     model = as_explainable(model)
     head = head_kind_of(model)
+    output = default_output(model) if output is None else output
     score_values(torch.zeros(1, 1), output, head)  # refused before any pass: a probability of a regression head
     mask = model.token_mask(batch)
     B = mask.shape[0]
@@ -74,7 +77,7 @@ def erasure_probabilities(model: ExplainableModel, batch: Batch, removals: Seque
     unique, inverse = torch.unique(keys, dim=0, return_inverse=True)
     K_unique = unique.shape[0]
     rows_of = unique[:, 0]
-    erased = erase_tokens(model, take_rows(batch, rows_of, B), unique[:, 1:].bool())
+    erased = erase_tokens(model, gather_rows(batch, rows_of, B), unique[:, 1:].bool())
     width = batch_shape(model, erased)[1]
     targets = target.to(mask.device).index_select(0, rows_of)
     budget = max_tokens
@@ -87,7 +90,7 @@ def erasure_probabilities(model: ExplainableModel, batch: Batch, removals: Seque
         lengths = row_extents(erased, K_unique) if trim is _trim_padding else torch.full((K_unique,), width)
         for idx in length_chunks(lengths, budget, max_rows=max_rows):
             idx = idx.to(mask.device)
-            part = trim(take_rows(erased, idx, K_unique), (idx.numel(), width))
+            part = trim(gather_rows(erased, idx, K_unique), (idx.numel(), width))
             logits = model.forward_from_embeddings(model.embed(part), part).logits
             parts.append((idx, target_score(logits, targets[idx], output, head)))
     order = torch.cat([idx for idx, _ in parts])
@@ -171,7 +174,8 @@ def ranking_scores(model: ExplainableModel, batch: Batch, ranking: Union[str, Te
 @dataclass
 class DecisionFlipResult:
     """Per-instance outcome of :func:`decision_flip` (all ``[B]``, ``[R, B]`` for a stack of ``R`` rankings; −1
-    where the decision never flips).
+    where the decision never flips; a row whose logits are NaN or inf has no decision: its ``attention_removed``
+    and ``fraction_removed`` are NaN, ``items_removed`` −1 and ``flipped`` False, with a ``RuntimeWarning``).
 
     Attributes:
         items_removed: attention items zeroed when the argmax first changed (LongTensor), or −1.
@@ -260,6 +264,8 @@ def decision_flip(model: ExplainableModel, batch: Batch,
         emb = model.embed(safe)
         out, scorer = override_scorer(model, emb, safe)
         decision = decisions(out.logits, head)  # the argmax class; a multi-label model's set of labels
+        # rows with NaN/inf logits have no decision to flip: warned here, their results are NaN (below)
+        defined = None if warn_nonfinite_logits(out.logits) else torch.isfinite(out.logits.detach()).all(-1)
         alpha = out.attention.detach().masked_fill(~mask, 0.0)
         grad = None
         if any(isinstance(one, str) and one in ("gradient", "grad_x_attention") for one in entries):
@@ -314,7 +320,7 @@ def decision_flip(model: ExplainableModel, batch: Batch,
             if scorer is not None:
                 logits = scorer(rows, override)
             else:  # full passes, as wide as the chunk's longest row
-                part = trim(take_rows(safe, rows, B), (rows.numel(), T))
+                part = trim(gather_rows(safe, rows, B), (rows.numel(), T))
                 width = model.token_mask(part).shape[1]
                 logits = model.forward_from_embeddings(emb.index_select(0, rows)[:, :width], part,
                                                        attention_override=override[:, :width]).logits
@@ -329,6 +335,10 @@ def decision_flip(model: ExplainableModel, batch: Batch,
         mass = torch.where(flipped, mass_in_order.gather(1, index).squeeze(1), torch.full_like(alpha[:, 0], -1.0))
         fraction = torch.where(flipped, first_flip.double() / lengths.double(),
                                torch.full_like(first_flip, -1, dtype=torch.float64))
+        if defined is not None:
+            undefined = ~defined.repeat(R)
+            flipped, items = flipped & ~undefined, items.masked_fill(undefined, -1)
+            mass, fraction = mass.masked_fill(undefined, float("nan")), fraction.masked_fill(undefined, float("nan"))
     shape = (R, B) if stacked else (B,)
     return DecisionFlipResult(items_removed=items.view(shape), attention_removed=mass.view(shape),
                               fraction_removed=fraction.view(shape), flipped=flipped.view(shape),

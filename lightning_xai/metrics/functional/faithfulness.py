@@ -6,9 +6,9 @@ With ŷ the predicted class on the full input x (or a given ``target``) and r th
 * sufficiency = p(ŷ | x) − p(ŷ | r): the rationale alone should keep the prediction (lower is better);
 * AOPC: each averaged over the top-k bins {1, 5, 10, 20, 50}% of the real tokens.
 
-p is the model's probability under its head (a sigmoid's for a multi-label model); with ``output="logit"`` the logit,
-which for a regression model is its output value: comprehensiveness is then the change of that value, whose
-probability is refused by name (:func:`~lightning_xai.attribution.targets.score_values`).
+p is the model's probability under its head (a sigmoid's for a multi-label model); with ``output="logit"`` the logit.
+A regression model has no probability (asked for explicitly, it is refused by name): by default p is its output
+value, and comprehensiveness is the change of that value (:func:`~lightning_xai.attribution.targets.score_values`).
 
 Tokens are *deleted* (the sequence gets shorter, masks stay aligned; see
 :func:`lightning_xai.attribution.batching.erase_tokens`), never replaced. Conventions:
@@ -63,7 +63,7 @@ def _removals(scores: Tensor, mask: Tensor, k: Union[int, float]) -> Tuple[Tenso
 
 def erasure_scores(model: ExplainableModel, batch: Batch, scores: Tensor, ks: Sequence[Union[int, float]],
                    target: Any = None, *, max_rows: int = 1024, logits: Optional[Tensor] = None,
-                   output: str = "probability") -> Tuple[Tensor, Tensor]:
+                   output: Optional[str] = None) -> Tuple[Tensor, Tensor]:
     """Comprehensiveness and sufficiency for each k of ``ks``: two ``[len(ks), B]`` tensors.
 
     ``scores`` is one ``[B, T]`` map or a stack of ``R`` maps ``[R, B, T]`` (then both results are
@@ -74,8 +74,8 @@ def erasure_scores(model: ExplainableModel, batch: Batch, scores: Tensor, ks: Se
     eval-mode pass already made under the same precision (e.g. :func:`decision_flip`'s): the full pass is skipped.
     ``output``: the score whose change is measured, under the model's head
     (:func:`~lightning_xai.attribution.targets.score_values`): ``"probability"`` (a sigmoid's for a multi-label
-    model) or ``"logit"``; a regression model's probability is refused by name, ``output="logit"`` measures the
-    change of its output value, value(x) − value(x ∖ r).
+    model) or ``"logit"``; ``None`` (default) is the probability, and for a regression model the change of its output
+    value, value(x) − value(x ∖ r) (its probability, asked for explicitly, is refused by name).
 
     Example:
         >>> import torch
@@ -121,7 +121,7 @@ def erasure_scores(model: ExplainableModel, batch: Batch, scores: Tensor, ks: Se
 
 
 def comprehensiveness(model: ExplainableModel, batch: Batch, scores: Tensor, k: Union[int, float] = 0.2,
-                      target: Any = None, *, output: str = "probability") -> Tensor:
+                      target: Any = None, *, output: Optional[str] = None) -> Tensor:
     r"""``[B]`` ERASER comprehensiveness p(ŷ | x) − p(ŷ | x ∖ r), r = the top-k tokens of ``scores``.
 
     Args:
@@ -130,7 +130,8 @@ def comprehensiveness(model: ExplainableModel, batch: Batch, scores: Tensor, k: 
         scores: ``[B, T]`` token scores (higher = more important); pads are ignored.
         k: rationale size: an int number of tokens or a fraction in (0, 1] of each instance's real tokens.
         target: class whose probability is measured (default: the predicted class on the full input).
-        output: ``"probability"`` or ``"logit"`` (a regression model's output value); see :func:`erasure_scores`.
+        output: ``"probability"``, ``"logit"`` or ``None`` (the probability; a regression model's output value); see
+            :func:`erasure_scores`.
 
     Example:
         >>> import torch
@@ -144,7 +145,7 @@ def comprehensiveness(model: ExplainableModel, batch: Batch, scores: Tensor, k: 
 
 
 def sufficiency(model: ExplainableModel, batch: Batch, scores: Tensor, k: Union[int, float] = 0.2,
-                target: Any = None, *, output: str = "probability") -> Tensor:
+                target: Any = None, *, output: Optional[str] = None) -> Tensor:
     r"""``[B]`` ERASER sufficiency p(ŷ | x) − p(ŷ | r), r = the top-k tokens of ``scores`` (see
     :func:`comprehensiveness` for the arguments).
 
@@ -160,7 +161,7 @@ def sufficiency(model: ExplainableModel, batch: Batch, scores: Tensor, k: Union[
 
 
 def aopc(model: ExplainableModel, batch: Batch, scores: Tensor, bins: Sequence[Union[int, float]] = AOPC_BINS,
-         target: Any = None, *, output: str = "probability") -> Tuple[Tensor, Tensor]:
+         target: Any = None, *, output: Optional[str] = None) -> Tuple[Tensor, Tensor]:
     r"""``([B], [B])``: AOPC comprehensiveness and AOPC sufficiency — each the mean over ``bins`` of the
     per-bin value (ERASER's definition; bins default to {1, 5, 10, 20, 50}% of the real tokens).
 

@@ -20,7 +20,8 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.checks import check_attention_distribution
-from lightning_xai.metrics.functional._validation import check_mask, check_maps, resolve_k, topk_mask
+from lightning_xai.metrics.functional._validation import (check_distributions, check_mask, check_maps, resolve_k,
+                                                          topk_mask)
 
 __all__ = ["auprc", "binarize", "impermissible_mass", "iou_f1", "span_match_counts", "token_f1"]
 
@@ -185,15 +186,20 @@ def auprc(scores: Tensor, rationale: Tensor, mask: Tensor) -> Tensor:
     return torch.where(positives.squeeze(1) > 0, ap, torch.full_like(ap, float("nan")))
 
 
-def impermissible_mass(attention: Tensor, impermissible: Tensor, token_mask: Optional[Tensor] = None) -> Tensor:
+def impermissible_mass(attention: Tensor, impermissible: Tensor, token_mask: Optional[Tensor] = None, *,
+                       check: bool = True) -> Tensor:
     """Σ_{i∈I} α_i over the last dimension: the attention mass on a marked token set ``I`` (Pruthi et al.'s
     impermissible tokens, or a rationale). ``attention`` ``[..., T]``, ``impermissible`` bool ``[B, T]``.
 
     ``attention`` may carry extra middle dimensions (e.g. ``[B, heads, T]``); the mask broadcasts over them. The one
     implementation behind the deception penalty, the impermissible-attention monitor and ``HFClassifier``'s log.
-    With ``token_mask`` (``[B, T]`` real tokens) a ``[B, T]`` attention is first checked to be a distribution over
-    the real tokens (:func:`~lightning_xai.adapters.checks.check_attention_distribution`), so that a model returning
-    unnormalised weights gets a clear error instead of a mass above 1.
+    The attention is always checked to be a distribution, so that a model returning unnormalised weights gets a
+    clear error instead of a mass above 1: with ``token_mask`` (``[B, T]`` real tokens) a ``[B, T]`` attention over
+    the real tokens (:func:`~lightning_xai.adapters.checks.check_attention_distribution`), otherwise over the last
+    dimension (:func:`~lightning_xai.metrics.functional._validation.check_distributions`). ``impermissible`` must
+    be bool, or hold only 0 and 1 (an int mask holding 2 would count a token twice). ``check=False`` skips the
+    value checks (not the shapes): for the deception penalty, which runs every training step and guards
+    non-finite attention itself.
 
     Example:
         >>> impermissible_mass(torch.tensor([[0.2, 0.3, 0.5]]), torch.tensor([[True, False, True]]))
@@ -204,9 +210,21 @@ def impermissible_mass(attention: Tensor, impermissible: Tensor, token_mask: Opt
         ...
         ValueError: ExplainOutput.attention is not a distribution over the real tokens: row 0 sums to 5 over its real tokens (expected 1 within 0.001). The protocol's attention is softmax(scores) over the real tokens (token_mask), 0 elsewhere: return the normalised weights the model pools with (unnormalised scores go in attention_scores), renormalised over the real tokens if the model also attends to special tokens.
     """
-    if token_mask is not None and attention.dim() == 2:
+    if not isinstance(impermissible, Tensor) or impermissible.dim() != 2 or attention.dim() < 2 or \
+            (impermissible.shape[0], impermissible.shape[-1]) != (attention.shape[0], attention.shape[-1]):
+        raise ValueError(f"impermissible must be a [B, T] mask over the attention's [B, ..., T] = "
+                         f"{tuple(getattr(attention, 'shape', ()))}, got "
+                         f"{tuple(impermissible.shape) if isinstance(impermissible, Tensor) else type(impermissible)}.")
+    if check and impermissible.dtype != torch.bool:
+        rows = ((impermissible != 0) & (impermissible != 1)).any(-1).nonzero().flatten()
+        if rows.numel():
+            raise ValueError(f"impermissible holds values other than 0 and 1 in rows {rows.tolist()[:10]}; it is a "
+                             "mask of tokens (a value of 2 would count a token twice): pass impermissible.bool().")
+    if check and token_mask is not None and attention.dim() == 2:
         check_attention_distribution(attention, token_mask)
-    mask = impermissible.to(device=attention.device, dtype=attention.dtype)
+    elif check:
+        check_distributions(attention, names=("attention",))
+    mask = impermissible.to(device=attention.device, dtype=torch.bool).to(attention.dtype)
     while mask.dim() < attention.dim():
         mask = mask.unsqueeze(1)
     return (attention * mask).sum(-1)

@@ -1,21 +1,110 @@
-"""Validation of the options every audit callback shares: at ``__init__`` (its own options) and at ``setup`` (its
-place among the trainer's callbacks), each a :class:`MisconfigurationException` naming the option and the fix."""
+"""The names and options an audit callback is configured with, checked early: at ``__init__`` (its own options,
+the method and ranking names it is given) and at ``setup`` (its place among the trainer's callbacks), each a
+:class:`MisconfigurationException` naming the option and the fix — an unknown name fails now, not hours later.
+"""
 from __future__ import annotations
 
+import difflib
 import math
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
-from lightning_xai.callbacks.guard import PRECISION_OPTIONS
-from lightning_xai.callbacks.output import warn_spawned_history
-from lightning_xai.callbacks.subset import SPLITS
+from lightning_xai.attribution.core import ATTRIBUTION_METHODS, check_method_options
+from lightning_xai.callbacks._audit.guard import PRECISION_OPTIONS
+from lightning_xai.callbacks._audit.output import warn_spawned_history
+from lightning_xai.callbacks._audit.subset import SPLITS
 
-__all__ = ["check_audit_options", "check_monitors", "check_placement", "check_unique_prefix"]
+__all__ = ["check_audit_options", "check_budget", "check_cadence", "check_monitors", "check_names",
+           "check_options_of_methods", "check_placement", "check_unique_prefix"]
+
+def check_names(owner: str, kind: str, names: Sequence[str], known: Iterable[str], hint: str = "") -> None:
+    """Raise a :class:`MisconfigurationException` for the first of ``names`` not in ``known``, naming its close
+    matches (``difflib``) and every known name.
+
+    Args:
+        owner: the callback, as the message names it.
+        kind: what the names are (``"method"``, ``"ranking"``).
+        names: the configured names.
+        known: the accepted names.
+        hint: appended to the message (e.g. how to register a new name).
+
+    Example:
+        >>> check_names("AttentionAudit", "method", ["gradiant"], ["gradient", "leave_one_out"])
+        Traceback (most recent call last):
+        ...
+        lightning_fabric.utilities.exceptions.MisconfigurationException: AttentionAudit: unknown method 'gradiant'; did you mean 'gradient'? Known: ['gradient', 'leave_one_out'].
+    """
+    accepted = sorted(set(known))
+    for name in names:
+        if name not in accepted:
+            close = difflib.get_close_matches(name, accepted, n=3, cutoff=0.6)
+            suggestion = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else "."
+            raise MisconfigurationException(f"{owner}: unknown {kind} {name!r}{suggestion} Known: {accepted}{hint}.")
 
 
-def check_audit_options(cls: str, *, num_samples: Optional[int], dataloader: str, batch_size: Optional[int],
-                        seed: Any, precision: str, num_report_examples: Any, strict: Any) -> None:
+def check_options_of_methods(owner: str, method_options: Mapping[str, Mapping[str, Any]]) -> None:
+    """Raise a :class:`MisconfigurationException` for the first option of ``method_options`` (method name ->
+    ``attribute`` keyword options) that its method does not take, so a misspelled key fails at construction
+    rather than at the first audit. Names that are not attribution methods (an audit's own rankings) are skipped.
+
+    Example:
+        >>> check_options_of_methods("AttentionAudit", {"integrated_gradients": {"n_step": 8}})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        lightning_fabric.utilities.exceptions.MisconfigurationException: AttentionAudit(method_options): Method 'integrated_gradients' got unknown option(s) ['n_step'] ('n_step': did you mean 'n_steps'?); ...
+    """
+    for method, options in method_options.items():
+        if method not in ATTRIBUTION_METHODS:
+            continue
+        if not isinstance(options, Mapping):
+            raise MisconfigurationException(f"{owner}(method_options)[{method!r}] must be a dict of keyword options "
+                                            f"for attribute(), got {type(options).__name__}.")
+        try:
+            check_method_options(method, options)
+        except (TypeError, ValueError) as err:
+            raise MisconfigurationException(f"{owner}(method_options): {err}") from None
+
+
+def check_cadence(name: str, value: Optional[int], allow_zero: bool) -> None:
+    """A :class:`MisconfigurationException` unless ``value`` is ``None`` or a (non-negative / positive) int.
+
+    Example:
+        >>> check_cadence("every_n_epochs", 0, allow_zero=True)
+        >>> check_cadence("every_n_train_steps", 0, allow_zero=False)
+        Traceback (most recent call last):
+        ...
+        lightning_fabric.utilities.exceptions.MisconfigurationException: every_n_train_steps must be a positive int or None, got 0.
+    """
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
+        raise MisconfigurationException(
+            f"{name} must be {'a non-negative' if allow_zero else 'a positive'} int or None, got {value!r}.")
+
+
+def check_budget(owner: str, budget: Any) -> Optional[float]:
+    """``budget`` as a float (``None`` stays ``None``: no budget), or a :class:`MisconfigurationException`.
+
+    Example:
+        >>> check_budget("AttentionAudit", 0.05), check_budget("AttentionAudit", None)
+        (0.05, None)
+        >>> check_budget("AttentionAudit", 0)
+        Traceback (most recent call last):
+        ...
+        lightning_fabric.utilities.exceptions.MisconfigurationException: AttentionAudit(budget) must be a share of the training time > 0 (e.g. 0.05) or None (no budget), got 0.
+    """
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or
+                               not 0 < budget < float("inf")):
+        raise MisconfigurationException(f"{owner}(budget) must be a share of the training time "
+                                        f"> 0 (e.g. 0.05) or None (no budget), got {budget!r}.")
+    return None if budget is None else float(budget)
+
+
+def check_audit_options(cls: str, *, every_n_epochs: Optional[int] = None, every_n_train_steps: Optional[int] = None,
+                        on_validate: bool = True, on_test: bool = True, num_samples: Optional[int], dataloader: str,
+                        batch_size: Optional[int], seed: Any, precision: str, num_report_examples: Any, strict: Any,
+                        budget: Any = None) -> None:
     """Raise a :class:`MisconfigurationException` naming the first bad option of an audit callback ``cls``.
 
     Example:
@@ -24,7 +113,18 @@ def check_audit_options(cls: str, *, num_samples: Optional[int], dataloader: str
         Traceback (most recent call last):
         ...
         lightning_fabric.utilities.exceptions.MisconfigurationException: AttentionAudit(num_samples) must be a positive int or None (whole split), got 0.
+        >>> check_audit_options("AttentionAudit", every_n_epochs=0, on_validate=False, on_test=False, num_samples=8,
+        ...                     dataloader="val", batch_size=None, seed=0, precision="auto", num_report_examples=16,
+        ...                     strict=False)
+        Traceback (most recent call last):
+        ...
+        lightning_fabric.utilities.exceptions.MisconfigurationException: AttentionAudit would never run: set every_n_epochs >= 1, every_n_train_steps >= 1, on_validate or on_test.
     """
+    check_cadence(f"{cls}(every_n_epochs)", every_n_epochs, allow_zero=True)
+    check_cadence(f"{cls}(every_n_train_steps)", every_n_train_steps, allow_zero=False)
+    if not every_n_epochs and not every_n_train_steps and not on_validate and not on_test:
+        raise MisconfigurationException(
+            f"{cls} would never run: set every_n_epochs >= 1, every_n_train_steps >= 1, on_validate or on_test.")
     if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int)
                                     or num_samples < 1):
         raise MisconfigurationException(f"{cls}(num_samples) must be a positive int or None (whole split), "
@@ -42,6 +142,7 @@ def check_audit_options(cls: str, *, num_samples: Optional[int], dataloader: str
                                         f"got {num_report_examples!r}.")
     if not isinstance(strict, bool):
         raise MisconfigurationException(f"{cls}(strict) must be True or False, got {strict!r}.")
+    check_budget(cls, budget)
 
 
 def check_unique_prefix(callback: Any, callbacks: Iterable[Any]) -> None:
@@ -117,7 +218,7 @@ def check_monitors(callback: Any, callbacks: Iterable[Any], check_val_every_n_ep
 def check_placement(callback: Any, audits: Iterable[Any], trainer: Any, stage: str) -> None:
     """At ``setup``: ``callback``'s keys are its own among the trainer's ``audits`` (:func:`check_unique_prefix`),
     no monitor reads them before they exist (:func:`check_monitors`, for ``fit``), and under a spawning launcher
-    the user is told where the history lives (:func:`~lightning_xai.callbacks.output.warn_spawned_history`)."""
+    the user is told where the history lives (:func:`~lightning_xai.callbacks._audit.output.warn_spawned_history`)."""
     check_unique_prefix(callback, audits)
     if stage == "fit":
         check_monitors(callback, trainer.callbacks, trainer.check_val_every_n_epoch)

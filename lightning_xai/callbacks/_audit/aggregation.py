@@ -12,7 +12,7 @@ from typing import Dict, List, Mapping, Optional
 import torch
 from torch import Tensor
 
-from lightning_xai.callbacks.results import AuditExample
+from lightning_xai.callbacks._audit.results import AuditExample
 from lightning_xai.metrics._base import ValueMean, summarize_values
 
 __all__ = ["ValueAggregator", "aggregate_values", "summarize_values"]

@@ -101,7 +101,7 @@ def log_scalars(trainer: "pl.Trainer", prefix: str, metrics: Mapping[str, Any]) 
     """Send the numeric ``metrics`` (as ``prefix/key``) to every logger at ``trainer.global_step``.
 
     NaN values are sent as NaN: a metric undefined for a whole audit is logged as undefined, never dropped (the
-    audit warns about it, :func:`~lightning_xai.callbacks.undefined.warn_undefined`).
+    audit warns about it, :func:`~lightning_xai.callbacks._audit.failures.warn_undefined`).
 
     Returns:
         Whether the trainer has a logger (loggers are rank-zero only by construction).

@@ -1,16 +1,122 @@
-"""What an audit produces: a typed per-example result and the outcome of one run."""
+"""What an audit produces: the typed result of one audited batch, the typed per-example result, the strongest token
+pairs kept for the report, the outcome of one run.
+
+Integrated Hessians' interaction matrix Γ ``[T, T]`` of an example is quadratic in its length; a report shows only
+the ``k`` pairs of tokens i ≠ j with the largest ``|Γ_ij|`` and Γ over the few tokens they involve
+(:class:`TokenPairs`), so an example keeps at most ``(2k)²`` numbers.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
-from lightning_xai.callbacks.interactions import DEFAULT_TOP_PAIRS, TokenPairs, strongest_pairs
+from lightning_xai.data.vocabulary import token_list
 
-__all__ = ["AuditExample", "AuditPrediction", "AuditResult", "collect_examples", "example_tokens"]
+__all__ = ["AuditExample", "AuditPrediction", "AuditResult", "BatchResult", "DEFAULT_TOP_PAIRS", "TokenPairs",
+           "collect_examples", "example_tokens", "strongest_pairs"]
+
+#: pairs kept per shown example when an audit computes Integrated Hessians
+DEFAULT_TOP_PAIRS = 10
+
+
+@dataclass
+class TokenPairs:
+    """The ``k`` strongest off-diagonal entries of one example's interaction matrix Γ, and Γ over their tokens.
+
+    Attributes:
+        positions: the tokens involved, as positions among the example's real tokens (indices into
+            :attr:`AuditExample.token_ids`), ascending.
+        gamma: Γ restricted to ``positions`` (``gamma[a][b] = Γ[positions[a], positions[b]]``), diagonal included.
+        pairs: ``(i, j, Γ_ij)`` with ``i < j`` (real-token positions), strongest ``|Γ_ij|`` first.
+        method: the attribution method Γ comes from.
+
+    Example:
+        >>> TokenPairs([0, 2], [[0.5, -0.1], [-0.1, 0.2]], [(0, 2, -0.1)]).pairs
+        [(0, 2, -0.1)]
+    """
+
+    positions: List[int]
+    gamma: List[List[float]]
+    pairs: List[Tuple[int, int, float]]
+    method: str = field(default="integrated_hessians")
+
+
+def strongest_pairs(gamma: Tensor, k: int = DEFAULT_TOP_PAIRS,
+                    method: str = "integrated_hessians") -> Optional[TokenPairs]:
+    """The ``k`` token pairs ``i < j`` of ``gamma`` (``[n, n]`` over an example's real tokens) with the largest
+    ``|Γ_ij|``, skipping zero and non-finite entries; ``None`` when no pair is left (one token, an all-zero Γ).
+
+    Γ is symmetric off the diagonal up to quadrature error; a pair is ranked by, and keeps, its upper entry Γ_ij.
+
+    Example:
+        >>> g = torch.tensor([[1.0, 0.25, -0.5], [0.25, 2.0, 0.0], [-0.5, 0.0, 3.0]])
+        >>> top = strongest_pairs(g, k=2)
+        >>> top.pairs, top.positions
+        ([(0, 2, -0.5), (0, 1, 0.25)], [0, 1, 2])
+        >>> strongest_pairs(torch.ones(1, 1)) is None
+        True
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int; got {k!r}.")
+    gamma = gamma.detach().double().cpu()
+    n = gamma.shape[0]
+    rows, cols = torch.triu_indices(n, n, offset=1)
+    values = gamma[rows, cols]
+    keep = torch.isfinite(values) & (values != 0)
+    rows, cols, values = rows[keep], cols[keep], values[keep]
+    if not values.numel():
+        return None
+    order = values.abs().argsort(descending=True, stable=True)[:k]
+    pairs = [(int(rows[o]), int(cols[o]), float(values[o])) for o in order]
+    positions = sorted({p for i, j, _ in pairs for p in (i, j)})
+    index = torch.tensor(positions)
+    return TokenPairs(positions=positions, gamma=gamma[index][:, index].tolist(), pairs=pairs, method=method)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """What :meth:`~lightning_xai.callbacks.AuditCallback.audit_batch` measured on one batch of the audit subset
+    (``B`` rows, ``T`` tokens wide); every tensor has one row per example of the batch.
+
+    An ``audit_batch`` fills :attr:`maps` and :attr:`values` (and :attr:`interactions` for an interaction method);
+    the base class adds :attr:`prediction` and :attr:`probability` from the shared prediction step (unless the
+    audit set them) and :attr:`undefined` for rows without a defined result, then turns the rows into
+    :class:`AuditExample` s.
+
+    Attributes:
+        maps: per-map token scores ``{name: [B, T]}`` (e.g. ``"attention"``, ``"gradient"``), kept over the real
+            tokens for the examples a report shows (``num_report_examples``).
+        values: per-example scalars ``{name: [B]}``, averaged into the logged metrics; ``name/p_value`` holds the
+            p-values of ``name`` (its ``significant_fraction``).
+        prediction: ``[B]`` predicted class (``None``: the shared prediction step's).
+        probability: ``[B]`` probability of the predicted class (``None``: the shared prediction step's).
+        undefined: ``{row: cause}`` of the rows whose results are undefined (e.g. ``"non-finite logits"``); their
+            values are NaN and every aggregate leaves them out. Set by the base class.
+        interactions: ``[B, T, T]`` token-pair interactions Γ of an interaction method (Integrated Hessians), or
+            ``None``; each shown example keeps its :attr:`interaction_pairs` strongest pairs (:class:`TokenPairs`).
+        interaction_pairs: how many pairs of :attr:`interactions` a shown example keeps.
+        interaction_method: the attribution method :attr:`interactions` come from (its record returns
+            ``"pairwise_interactions"``).
+
+    Example:
+        >>> result = BatchResult(maps={"attention": torch.tensor([[0.7, 0.3]])}, values={"v": torch.tensor([0.5])})
+        >>> result.values["v"].tolist(), result.prediction is None, result.undefined
+        ([0.5], True, {})
+    """
+
+    maps: Mapping[str, Tensor] = field(default_factory=dict)
+    values: Mapping[str, Tensor] = field(default_factory=dict)
+    prediction: Optional[Tensor] = None
+    probability: Optional[Tensor] = None
+    undefined: Mapping[int, str] = field(default_factory=dict)
+    interactions: Optional[Tensor] = None
+    interaction_pairs: int = DEFAULT_TOP_PAIRS
+    interaction_method: str = "integrated_hessians"
 
 
 @dataclass
@@ -121,7 +227,7 @@ class AuditResult:
 
 
 def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence[int], indices: Sequence[int],
-                     split: str, found: Mapping[str, Any], num_report_examples: int) -> List[AuditExample]:
+                     split: str, found: BatchResult, num_report_examples: int) -> List[AuditExample]:
     """One :class:`AuditExample` per row of an audited batch.
 
     Args:
@@ -129,37 +235,36 @@ def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence
         batch: the batch (``input_ids`` and ``labels`` are read when present).
         positions / indices: the rows' positions in the audit subset and their dataset indices.
         split: the audited split.
-        found: ``prediction`` ``[B]``, ``probability`` ``[B]``, optional ``maps`` ``{name: [B, T]}``,
-            ``values`` ``{name: [B]}``, ``undefined`` ``{row: cause}`` (rows whose results are undefined) and
-            ``interactions`` ``[B, T, T]`` (Γ; the ``interaction_pairs`` strongest pairs are kept, default 10).
+        found: the batch's :class:`BatchResult`, its ``prediction`` and ``probability`` set.
         num_report_examples: rows whose position is below it keep their maps (and strongest pairs).
 
     Example:
-        >>> import torch
-        >>> found = {"prediction": torch.tensor([1]), "probability": torch.tensor([0.75]),
-        ...          "maps": {"attention": torch.tensor([[0.6, 0.4, 0.0]])}, "values": {"v": torch.tensor([0.5])}}
+        >>> found = BatchResult(prediction=torch.tensor([1]), probability=torch.tensor([0.75]),
+        ...                     maps={"attention": torch.tensor([[0.6, 0.4, 0.0]])}, values={"v": torch.tensor([0.5])})
         >>> e, = collect_examples(torch.tensor([[True, True, False]]), {"input_ids": torch.tensor([[3, 4, 0]])},
         ...                       [0], [9], "val", found, num_report_examples=1)
         >>> e.token_ids, e.maps["attention"], e.values
         ([3, 4], [0.6000000238418579, 0.4000000059604645], {'v': 0.5})
     """
+    if found.prediction is None or found.probability is None:
+        raise ValueError("collect_examples needs the prediction and probability of every row of the batch.")
     mask = mask.detach().cpu()
     ids = batch["input_ids"].detach().cpu() if "input_ids" in batch else None
     labels = batch.get("labels")
     labels = labels.detach().cpu().tolist() if isinstance(labels, Tensor) else [None] * len(indices)
-    pred = found["prediction"].detach().cpu().tolist()
-    prob = found["probability"].detach().float().cpu().tolist()
-    maps = {k: v.detach().float().cpu() for k, v in found.get("maps", {}).items()}
-    values = {k: v.detach().double().cpu().tolist() for k, v in found.get("values", {}).items()}
-    gamma = found.get("interactions")
-    gamma = gamma.detach().double().cpu() if isinstance(gamma, Tensor) else None
-    top = int(found.get("interaction_pairs", DEFAULT_TOP_PAIRS))
+    pred = found.prediction.detach().cpu().tolist()
+    prob = found.probability.detach().float().cpu().tolist()
+    maps = {k: v.detach().float().cpu() for k, v in found.maps.items()}
+    values = {k: v.detach().double().cpu().tolist() for k, v in found.values.items()}
+    gamma = found.interactions.detach().double().cpu() if isinstance(found.interactions, Tensor) else None
+    top = int(found.interaction_pairs)
+    method = found.interaction_method
     out = []
     for row, (pos, index) in enumerate(zip(positions, indices)):
         real = mask[row]
         keep_maps = pos < num_report_examples
-        undefined = found.get("undefined", {}).get(row)
-        pairs = (strongest_pairs(gamma[row][real][:, real], top)
+        undefined = found.undefined.get(row)
+        pairs = (strongest_pairs(gamma[row][real][:, real], top, method)
                  if keep_maps and gamma is not None and undefined is None else None)
         out.append(AuditExample(
             position=pos, index=index, split=split,
@@ -172,9 +277,11 @@ def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence
 
 
 def _vocabulary(owner: Any) -> Optional[Sequence[str]]:
-    vocab = getattr(owner, "vocab", None)
-    vocab = getattr(vocab, "itos", vocab)  # a lightning_xai.data.Vocabulary or a list of words
-    return vocab if isinstance(vocab, (list, tuple)) else None
+    try:  # a Vocabulary, a list of words, or a dict id -> token / token -> id (lightning_xai.data.token_list)
+        return token_list(getattr(owner, "vocab", None))
+    except ValueError as err:
+        rank_zero_warn(f"{type(owner).__name__}.vocab cannot name the tokens ({err}); the report shows ids.")
+        return None
 
 
 def example_tokens(trainer: Optional["pl.Trainer"], pl_module: Any, example: AuditExample,
@@ -184,7 +291,8 @@ def example_tokens(trainer: Optional["pl.Trainer"], pl_module: Any, example: Aud
     1. ``trainer.datamodule.tokens(split, index)`` (one word per real token);
     2. ``tokenizer.convert_ids_to_tokens`` (word pieces), the tokenizer given here — an audit callback passes
        its ``tokenizer=``, else the LightningModule's or DataModule's ``tokenizer`` attribute;
-    3. a vocabulary: a ``vocab`` attribute (a list of words, or a :class:`~lightning_xai.data.Vocabulary`) of
+    3. a vocabulary: a ``vocab`` attribute (a list of words, a dict id -> word or word -> id, or a
+       :class:`~lightning_xai.data.Vocabulary`; :func:`~lightning_xai.data.vocabulary.token_list`) of
        the LightningModule or the DataModule;
     4. the ids, as strings.
 

@@ -1,4 +1,4 @@
-"""Shared harness of the benchmarks: threads, the SST-2 batch, the models, timing, peak memory, reporting.
+"""The benchmarks' harness: command line, timing, peak memory, result files and the tables of the README.
 
 Every benchmark compares configurations *in one run, on the same model and batch*; timings are interleaved
 (round-robin, the order rotated every round) so that load from other processes on a shared machine hits every
@@ -7,12 +7,13 @@ configuration alike, and the figure of merit is the ratio of medians.
 Peak memory is the growth of the process's peak resident set size (``VmHWM`` in ``/proc/self/status``,
 reset through ``/proc/self/clear_refs``) while one call runs, measured in a fresh subprocess per
 configuration so that memory freed by an earlier configuration and kept by the allocator cannot hide a peak.
+
+The models and data the benchmarks run on are in :mod:`benchmarks.models`; this module knows none of them.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import hashlib
 import json
 import os
 import platform
@@ -31,18 +32,7 @@ RESULTS = HERE / "results"
 README = HERE / "README.md"
 
 
-def update_block(marker: str, block: str, readme: Path = README) -> bool:
-    """Replace the text between ``<!-- marker -->`` and ``<!-- /marker -->`` in ``readme``; False if absent."""
-    if not readme.exists():
-        return False
-    text = readme.read_text()
-    pattern = re.compile(rf"(<!-- {re.escape(marker)} -->\n)(.*?)(<!-- /{re.escape(marker)} -->)", re.S)
-    if not pattern.search(text):
-        return False
-    readme.write_text(pattern.sub(lambda m: m.group(1) + block.rstrip() + "\n" + m.group(3), text))
-    return True
-
-
+# --- command line ------------------------------------------------------------------------------------------------
 def set_threads(threads: Optional[int] = None) -> int:
     """Use ``threads`` intra-op threads (default: ``$OMP_NUM_THREADS`` or 1) and return the number set."""
     import torch
@@ -63,114 +53,7 @@ def common_args(description: str) -> argparse.ArgumentParser:
     return parser
 
 
-# --- data ----------------------------------------------------------------------------------------------------
-_DM = {}
-
-
-def datamodule(name: str = "sst2"):
-    from lightning_xai.data import TextClassificationDataModule
-
-    if name not in _DM:
-        dm = TextClassificationDataModule(name, batch_size=32, seed=0)
-        dm.setup("fit")
-        _DM[name] = dm
-    return _DM[name]
-
-
-def sst2_dev_batch(n: int = 256) -> Dict[str, Any]:
-    """The first ``n`` SST-2 dev sentences in file order (unsorted, as a user's loader would give them)."""
-    from lightning_xai.data import collate
-
-    dataset = datamodule("sst2").dataset("val")
-    return collate([dataset[i] for i in range(min(n, len(dataset)))])
-
-
-def batch_stats(batch: Dict[str, Any]) -> Dict[str, Any]:
-    mask = batch["mask"]
-    return {"sentences": int(mask.shape[0]), "max_len": int(mask.shape[1]), "real_tokens": int(mask.sum()),
-            "padded_positions": int(mask.numel())}
-
-
-# --- models ----------------------------------------------------------------------------------------------------
-REFERENCE_CONFIG = {"embedding_dim": 300, "hidden_dim": 128, "encoder": "bilstm", "attention": "tanh",
-                    "embedding_std": 1.0, "epochs": 2, "seed": 0}
-
-
-def reference_model(train: bool = True):
-    """The reference AttentionClassifier (embedding 300, packed BiLSTM 128/direction, tanh attention).
-
-    ``train=True``: trained for ``REFERENCE_CONFIG['epochs']`` epochs on the bundled SST-2 train split (batch 32,
-    the model's default Adam, seed 0), cached under ``benchmarks/.cache``. ``train=False``: seeded random weights.
-    Returned in eval mode with a ``bench_info`` dict attribute (dev accuracy, how it was made).
-    """
-    import torch
-
-    from lightning_xai.models import AttentionClassifier
-
-    dm = datamodule("sst2")
-    cfg = dict(REFERENCE_CONFIG)
-    torch.manual_seed(cfg["seed"])
-    model = AttentionClassifier(dm.vocab_size, dm.num_classes, encoder=cfg["encoder"], attention=cfg["attention"],
-                                embedding_dim=cfg["embedding_dim"], hidden_dim=cfg["hidden_dim"],
-                                embedding_std=cfg["embedding_std"], vocab=dm.vocab.itos)
-    info: Dict[str, Any] = {"weights": "seeded random (torch.manual_seed(0))", **cfg}
-    if train:
-        info.update(trained_once("reference_sst2", cfg, model, dm, model,
-                                 f"trained {cfg['epochs']} epochs on SST-2 train (batch 32, seed 0)"))
-    model.eval()
-    model.bench_info = info
-    return model
-
-
-def trained_once(name: str, cfg: Dict[str, Any], module: Any, dm: Any, weights: Any, describe: str) -> Dict[str, Any]:
-    """Train ``module`` on ``dm`` for ``cfg['epochs']`` epochs from seed ``cfg['seed']`` in a real ``Trainer``, once:
-    ``weights``' state (the module or the model inside it) is cached as ``benchmarks/.cache/<name>_<hash of cfg>.pt``
-    with its dev accuracy, and later calls load it into ``weights``. Returns the info dict (``weights`` =
-    ``describe``, ``dev_acc``, ``train_seconds`` and ``cfg``)."""
-    import pytorch_lightning as pl
-    import torch
-
-    key = hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
-    path = CACHE / f"{name}_{key}.pt"
-    if path.exists():
-        saved = torch.load(path, map_location="cpu", weights_only=False)
-        weights.load_state_dict(saved["state_dict"])
-        return saved["info"]
-    CACHE.mkdir(parents=True, exist_ok=True)
-    pl.seed_everything(cfg["seed"], verbose=False)
-    started = time.perf_counter()
-    trainer = pl.Trainer(max_epochs=cfg["epochs"], logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(CACHE / "trainer"))
-    trainer.fit(module, datamodule=dm)
-    metrics = trainer.validate(module, datamodule=dm, verbose=False)[0]
-    info = {"weights": describe, "dev_acc": round(float(metrics["val/acc"]), 4),
-            "train_seconds": round(time.perf_counter() - started, 1), **cfg}
-    torch.save({"state_dict": weights.state_dict(), "info": info}, path)
-    return info
-
-
-def unpacked_model(reference=None):
-    """The reference weights run by an *unpacked* BiLSTM (the LSTM reads the pads), as users often write it."""
-    from benchmarks.models import UnpackedBiLSTMClassifier
-
-    reference = reference if reference is not None else reference_model()
-    model = UnpackedBiLSTMClassifier.from_reference(reference).eval()
-    model.bench_info = {**reference.bench_info, "encoder": "bilstm, unpacked (reads pads)"}
-    return model
-
-
-def minilm_model():
-    """MiniLM through HuggingFaceAdapter, or ``None`` (with the reason) if the adapter is not available."""
-    try:
-        from lightning_xai.adapters import HuggingFaceAdapter  # noqa: F401
-    except ImportError as err:
-        return None, f"HuggingFaceAdapter not available ({err})"
-    from benchmarks.models import build_minilm
-
-    return build_minilm()
-
-
-# --- timing --------------------------------------------------------------------------------------------------
+# --- timing ------------------------------------------------------------------------------------------------------
 def interleaved(fns: Dict[str, Callable[[], Any]], repeats: int = 5, warmup: int = 1) -> Dict[str, List[float]]:
     """Time every function ``repeats`` times, round-robin with a rotating order; ``warmup`` untimed calls first."""
     names = list(fns)
@@ -191,8 +74,9 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
-# --- peak memory ---------------------------------------------------------------------------------------------
-def _status_kb(field: str) -> int:
+# --- peak memory -------------------------------------------------------------------------------------------------
+def proc_status_kb(field: str) -> int:
+    """The ``field`` line of ``/proc/self/status`` (``VmRSS``, ``VmHWM``, ...), in KiB."""
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(field + ":"):
@@ -211,9 +95,9 @@ def peak_rss_delta_mb(fn: Callable[[], Any]) -> float:
 
     gc.collect()
     reset_peak_rss()
-    before = _status_kb("VmRSS")
+    before = proc_status_kb("VmRSS")
     fn()
-    return (_status_kb("VmHWM") - before) / 1024.0
+    return (proc_status_kb("VmHWM") - before) / 1024.0
 
 
 def available_mb() -> float:
@@ -238,7 +122,7 @@ def memory_in_subprocess(module: str, config: str, extra: Sequence[str] = (), ti
     raise RuntimeError(f"memory run of {config} printed no PEAK_RSS_DELTA_MB:\n{proc.stdout[-2000:]}")
 
 
-# --- reporting ---------------------------------------------------------------------------------------------
+# --- result files and README tables ------------------------------------------------------------------------------
 def environment(threads: int) -> Dict[str, Any]:
     import torch
 
@@ -289,3 +173,15 @@ def table(rows: List[Sequence[Any]], header: Sequence[str]) -> str:
 
 def target_row(what: str, value: float, target: str, met: Optional[bool]) -> Tuple[str, str, str, str]:
     return (what, fmt(value), target, "n/a" if met is None else ("yes" if met else "**no**"))
+
+
+def update_block(marker: str, block: str, readme: Path = README) -> bool:
+    """Replace the text between ``<!-- marker -->`` and ``<!-- /marker -->`` in ``readme``; False if absent."""
+    if not readme.exists():
+        return False
+    text = readme.read_text()
+    pattern = re.compile(rf"(<!-- {re.escape(marker)} -->\n)(.*?)(<!-- /{re.escape(marker)} -->)", re.S)
+    if not pattern.search(text):
+        return False
+    readme.write_text(pattern.sub(lambda m: m.group(1) + block.rstrip() + "\n" + m.group(3), text))
+    return True
