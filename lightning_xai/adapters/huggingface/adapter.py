@@ -181,7 +181,6 @@ class HuggingFaceAdapter(nn.Module):
         self.attention_name = attention if isinstance(attention, str) else getattr(attention, "__name__", "callable")
         # a reference, not a registered submodule: it already lives inside ``model`` (no duplicate state_dict keys)
         object.__setattr__(self, "_embedding", self._find_embedding(model))
-        self._position_offset = position_offset(model)  # RoBERTa-style position ids start at padding_idx + 1
         try:
             detected = detect_pooling(model)
         except ProtocolError:
@@ -269,7 +268,7 @@ class HuggingFaceAdapter(nn.Module):
         embeddings skip ``padding_idx + 1`` position ids (:func:`~lightning_xai.adapters.huggingface.inputs.
         position_offset`)."""
         limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
-        return None if limit is None else int(limit) - self._position_offset
+        return None if limit is None else int(limit) - self._positions_skipped()
 
     def embed(self, batch: Batch) -> Tensor:
         """``[B, T, E]`` word embeddings of ``batch["input_ids"]`` (graph-connected to the embedding table)."""
@@ -279,7 +278,7 @@ class HuggingFaceAdapter(nn.Module):
         ids = batch["input_ids"]
         check_token_ids(ids, self._embedding.num_embeddings, "Tokenizer/model mismatch: input_ids")
         check_sequence_length(ids.shape[1], getattr(getattr(self.model, "config", None), "max_position_embeddings",
-                                                    None), self._position_offset)
+                                                    None), self._positions_skipped())
         return self._embedding(ids)
 
     def token_mask(self, batch: Batch) -> Tensor:
@@ -297,6 +296,12 @@ class HuggingFaceAdapter(nn.Module):
             raise KeyError("Batch has no 'attention_mask' (1 at every non-pad position, special tokens included); "
                            "collate with lightning_xai.data.hf.WordPieceCollator or the tokenizer's padding.")
         return batch["attention_mask"]
+
+    def _positions_skipped(self) -> int:
+        """:func:`~lightning_xai.adapters.huggingface.inputs.position_offset` of the model, found once."""
+        if "_position_offset" not in self.__dict__:  # set on first use: subclasses may build without __init__
+            self._position_offset = position_offset(self.model)
+        return self._position_offset
 
     def _check_inputs(self, batch: Batch) -> None:
         """The protocol boundary's checks of a batch (see :meth:`forward_from_embeddings`)."""
@@ -355,7 +360,8 @@ class HuggingFaceAdapter(nn.Module):
             rows = override_rows(attention_override, attention_mask.bool(), mask, self.override_specials)
             state = OverrideState(self._attention_modules[-1], qmask, rows, calls=self._last_module_calls())
             token = active_override().set(state)
-        hook = native_override(self._attention_modules[-1]) if token is not None and self._native else nullcontext()
+        hook = native_override(self._attention_modules[-1]) if token is not None and getattr(self, "_native", False) \
+            else nullcontext()
         try:  # un-checkpointed: a checkpointed layer would recompute in backward outside these contexts
             with recording_attention(self.model), unchecked_layers(self.model), hook:
                 if self._head_pooling == "last":  # the head reads the query row: query_index= moves it too
