@@ -20,7 +20,7 @@ from torch import Tensor
 from lightning_xai.adapters.capabilities import target_keys
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
 
-__all__ = ["batch_shape", "take_rows", "repeat_rows", "remove_tokens", "erase_tokens", "replace_input_ids",
+__all__ = ["batch_shape", "gather_rows", "repeat_rows", "remove_tokens", "erase_tokens", "replace_input_ids",
            "pad_embeddings", "row_extents", "length_chunks", "padding_trimmer", "CPU_PASS_TOKENS"]
 
 #: Padded tokens (rows × width) per forward pass of length-sorted variants on CPU. MiniLM (1 thread) costs about
@@ -37,8 +37,9 @@ def batch_shape(model: ExplainableModel, batch: Batch) -> Tuple[int, int]:
     return int(mask.shape[0]), int(mask.shape[1])
 
 
-def take_rows(batch: Batch, rows: Tensor, batch_size: int) -> Dict[str, Any]:
-    """The batch made of rows ``rows`` (a LongTensor, repeats allowed) of ``batch``.
+def gather_rows(batch: Batch, rows: Tensor, batch_size: int) -> Dict[str, Any]:
+    """The batch made of rows ``rows`` (a LongTensor, repeats allowed) of ``batch``: a subset, a reordering or
+    copies of its rows (paths, variants), the batch size given, so nothing is guessed from the values.
 
     Args:
         batch: the original batch with ``batch_size`` examples.
@@ -47,7 +48,7 @@ def take_rows(batch: Batch, rows: Tensor, batch_size: int) -> Dict[str, Any]:
 
     Example:
         >>> b = {"input_ids": torch.tensor([[1, 2], [3, 0]]), "labels": torch.tensor([0, 1]), "name": "x"}
-        >>> take_rows(b, torch.tensor([1, 1, 0]), 2)["input_ids"].tolist()
+        >>> gather_rows(b, torch.tensor([1, 1, 0]), 2)["input_ids"].tolist()
         [[3, 0], [3, 0], [1, 2]]
     """
     out: Dict[str, Any] = {}
@@ -64,7 +65,7 @@ def take_rows(batch: Batch, rows: Tensor, batch_size: int) -> Dict[str, Any]:
 
 
 def repeat_rows(batch: Batch, times: int, batch_size: int, *, interleave: bool = False) -> Dict[str, Any]:
-    """The batch with each of its ``batch_size`` rows repeated ``times`` times (through :func:`take_rows`).
+    """The batch with each of its ``batch_size`` rows repeated ``times`` times (through :func:`gather_rows`).
 
     Tiled by default (rows ``0 … B−1``, then again: variant ``k`` of row ``b`` is row ``k·B + b``); with
     ``interleave`` each row's copies are adjacent (row ``b·times + k``), as ``Tensor.repeat_interleave``.
@@ -77,7 +78,7 @@ def repeat_rows(batch: Batch, times: int, batch_size: int, *, interleave: bool =
     if isinstance(times, bool) or not isinstance(times, int) or times < 1:
         raise ValueError(f"times must be a positive int, got {times!r}.")
     rows = torch.arange(batch_size)
-    return take_rows(batch, rows.repeat_interleave(times) if interleave else rows.repeat(times), batch_size)
+    return gather_rows(batch, rows.repeat_interleave(times) if interleave else rows.repeat(times), batch_size)
 
 
 def remove_tokens(batch: Batch, remove: Tensor, *, fill: int = 0, keep: Collection[str] = ()) -> Dict[str, Any]:
@@ -216,7 +217,7 @@ def padding_trimmer(model: Any, batch: Batch, batch_size: int) -> Callable[[dict
         return trim
     width = present.shape[1]
     rows = (extents == extents.min()).nonzero().flatten()[:4]  # the rows a pass cuts most
-    whole = take_rows(batch, rows, batch_size)
+    whole = gather_rows(batch, rows, batch_size)
     cut = trim(whole, (rows.numel(), width))
     if _present(cut, rows.numel()).shape[1] == width:
         return trim
@@ -270,7 +271,7 @@ def length_chunks(lengths: Union[Tensor, Sequence[int]], max_tokens: int, *, max
     many rows; a variant longer than the budget gets a pass of its own). Where to cut is chosen to minimise
     the padded tokens plus ``pass_cost`` per pass (a dynamic programme over the distinct lengths): a pass that
     mixes short and long variants pays padding, one more pass pays its fixed cost. Run each pass trimmed to its
-    own longest width (:func:`take_rows`, then the trailing-padding trim of :func:`erase_tokens`): with
+    own longest width (:func:`gather_rows`, then the trailing-padding trim of :func:`erase_tokens`): with
     ``lengths`` from :func:`row_extents` that width is the pass's last length, so short variants stop paying
     for long ones.
 

@@ -6,12 +6,10 @@ are a detached leaf and the parameters are frozen (faster); with ``create_graph=
 connected to the embedding table and every map is differentiable w.r.t. all parameters.
 
 Integrated Gradients lives in :mod:`~lightning_xai.attribution.integrated_gradients` (its quadrature rules in
-:mod:`~lightning_xai.attribution.quadrature`), SmoothGrad in :mod:`~lightning_xai.attribution.smooth_grad`; their
-names stay importable from here.
+:mod:`~lightning_xai.attribution.quadrature`), SmoothGrad in :mod:`~lightning_xai.attribution.smooth_grad`.
 """
 from __future__ import annotations
 
-import importlib
 from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator, List, Optional, Tuple
 
@@ -19,13 +17,12 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.checks import check_attention_distribution
+from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
-from lightning_xai.attribution.core import register_method
+from lightning_xai.attribution.registry import register_method
 from lightning_xai.attribution.targets import explained_attention, resolve_target, target_score
 
-__all__ = ["IG_AUTO_TOKEN_RTOL", "IG_RULES", "GRADIENT_METHODS", "auto_internal_batch_size", "shared_input_gradients",
-           "ig_nodes", "gauss_kronrod_nodes", "attention_map", "gradient_map", "grad_x_input_map",
-           "integrated_gradients_map", "smooth_grad_map"]
+__all__ = ["auto_internal_batch_size", "shared_input_gradients", "attention_map", "gradient_map", "grad_x_input_map"]
 
 REDUCTIONS = ("l2", "abs_sum")
 #: elements of the ``[rows, T, E]`` embedding block handled per forward/backward pass by default
@@ -140,7 +137,7 @@ def _compute_input_gradients(model: ExplainableModel, batch: Batch, embeddings: 
             override = model.forward_from_embeddings(inputs.detach(), batch).attention.detach()
     out = model.forward_from_embeddings(inputs, batch, attention_override=override)
     target = resolve_target(out, target)
-    score = target_score(out, target, output)
+    score = target_score(out, target, output, head_kind_of(model))
     (grad,) = torch.autograd.grad(score.sum(), inputs, create_graph=create_graph)
     return grad, inputs, target
 
@@ -200,17 +197,3 @@ def _grad_x_input(model: ExplainableModel, batch: Batch, target: Any, *, create_
                   output: Optional[str] = None, absolute: bool = False, detach_attention: bool = False) -> Tensor:
     return grad_x_input_map(model, batch, _embed(model, batch, create_graph), target, create_graph=create_graph,
                             output=output, absolute=absolute, detach_attention=detach_attention)
-
-
-
-# names that moved to the modules built on this one; imported on first use (a static import would be a circle)
-_MOVED = {"IG_RULES": "quadrature", "ig_nodes": "quadrature", "gauss_kronrod_nodes": "quadrature",
-          "BASELINES": "integrated_gradients", "IG_AUTO_TOKEN_RTOL": "integrated_gradients",
-          "integrated_gradients_map": "integrated_gradients", "_baseline": "integrated_gradients",
-          "GRADIENT_METHODS": "smooth_grad", "smooth_grad_map": "smooth_grad"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        return getattr(importlib.import_module(f"lightning_xai.attribution.{_MOVED[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

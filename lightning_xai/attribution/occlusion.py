@@ -9,12 +9,13 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.capabilities import DeletionLogits, target_keys
+from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution import batching
 from lightning_xai.attribution.batching import (_keep_width, length_chunks, pad_embeddings, padding_trimmer,
-                                                remove_tokens, row_extents, take_rows)
-from lightning_xai.attribution.core import register_method
+                                                remove_tokens, row_extents, gather_rows)
 from lightning_xai.attribution.gradients import _rows_per_pass
+from lightning_xai.attribution.registry import register_method
 from lightning_xai.attribution.targets import resolve_target, target_score
 
 __all__ = ["LOO_MODES", "leave_one_out", "occlusion_batch"]
@@ -43,7 +44,7 @@ def occlusion_batch(batch: Batch, rows: Tensor, positions: Tensor, batch_size: i
         >>> v["input_ids"].tolist(), v["labels"].tolist()
         ([[6, 7], [5, 7], [5, 6]], [1, 1, 1])
     """
-    variants = take_rows(batch, rows, batch_size)
+    variants = gather_rows(batch, rows, batch_size)
     width = next(v.shape[1] for v in batch.values() if isinstance(v, Tensor) and v.dim() >= 2
                  and v.shape[0] == batch_size)
     remove = torch.zeros(rows.numel(), width, dtype=torch.bool, device=rows.device)
@@ -51,7 +52,7 @@ def occlusion_batch(batch: Batch, rows: Tensor, positions: Tensor, batch_size: i
     return remove_tokens(variants, remove, keep=keep)
 
 
-@register_method("leave_one_out", resolves_target=True)
+@register_method("leave_one_out", resolves_target=True, precision_sensitive=True)
 def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
                   mode: str = "delete", signed: bool = False, internal_batch_size: Union[int, str, None] = "auto",
                   output: Optional[str] = None, pad_token_id: Optional[int] = None) -> Tensor:
@@ -103,7 +104,7 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
         embeddings = model.embed(batch)
         logits = model.forward_from_embeddings(embeddings, batch)
         target = resolve_target(logits, target)
-        full = target_score(logits, target, output)
+        full = target_score(logits, target, output, head_kind_of(model))
         keep = target_keys(model, batch)
         rows, positions = mask.nonzero(as_tuple=True)
         E = embeddings.shape[-1]
@@ -128,7 +129,7 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
             out = model.deletion_logits(embeddings, batch, rows[chosen], positions[chosen]) \
                 if isinstance(model, DeletionLogits) else None
             if out is not None:
-                parts.append((chosen, target_score(out, target.index_select(0, rows[chosen]), output)))
+                parts.append((chosen, target_score(out, target.index_select(0, rows[chosen]), output, head_kind_of(model))))
                 chosen = chosen[:0]
         if chosen.numel() or bool(by_pad.any()):  # full passes remain: trim them only where the logits allow
             trim = padding_trimmer(model, batch, B)  # the identity for a model that reads its padding
@@ -139,14 +140,14 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
                 k = chosen[c.to(chosen.device)]
                 variants = trim(occlusion_batch(batch, rows[k], positions[k], B, keep=keep), (k.numel(), T - 1))
                 out = model.forward_from_embeddings(model.embed(variants), variants)
-                parts.append((k, target_score(out, target.index_select(0, rows[k]), output)))
+                parts.append((k, target_score(out, target.index_select(0, rows[k]), output, head_kind_of(model))))
         if bool(by_pad.any()):
             pads = pad_embeddings(model, batch, embeddings, pad_token_id=pad_token_id)
             chosen = by_pad.nonzero().flatten()
             for c in length_chunks(extents[chosen], max_tokens, max_rows=max_rows):
                 k = chosen[c.to(chosen.device)]
                 r, p = rows[k], positions[k]
-                sub = trim(take_rows(batch, r, B), (k.numel(), T))
+                sub = trim(gather_rows(batch, r, B), (k.numel(), T))
                 width = next(v.shape[1] for v in sub.values() if isinstance(v, Tensor) and v.dim() >= 2
                              and v.shape[0] == k.numel())
                 # one copy of the rows (cut to the pass's width), then overwrite the single occluded vector each
@@ -154,7 +155,7 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
                 where = (torch.arange(k.numel(), device=x.device), p)
                 x = x.index_put(where, pads[r, p]) if create_graph else x.contiguous().index_put_(where, pads[r, p])
                 out = model.forward_from_embeddings(x, sub)
-                parts.append((k, target_score(out, target.index_select(0, r), output)))
+                parts.append((k, target_score(out, target.index_select(0, r), output, head_kind_of(model))))
         for k, values in parts:
             occluded = occluded.index_copy(0, k, values)
         change = full.index_select(0, rows) - occluded

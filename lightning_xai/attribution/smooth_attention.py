@@ -1,7 +1,7 @@
 """Smooth attention (Ding & Koehn 2019): the attention distribution averaged over Gaussian-noised embeddings.
 
 The attention twin of SmoothGrad, with the same noise convention as ``smooth_grad``
-(:func:`~lightning_xai.attribution.gradients.smooth_grad_map`): every real token's embedding gets
+(:func:`~lightning_xai.attribution.smooth_grad.smooth_grad_map`): every real token's embedding gets
 N(0, σ²) noise, σ = ``noise_level``·(max − min) of the row's real-token embedding entries (or ``stdev``), pads and
 special tokens are left as they are, and the draws come from a generator seeded with ``seed`` (one draw of
 shape ``[B, T, E]`` per sample, so the noise does not depend on how samples are grouped into passes).
@@ -15,10 +15,11 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
-from lightning_xai.attribution.batching import take_rows
-from lightning_xai.attribution.core import register_method, resolve_target
+from lightning_xai.attribution.batching import gather_rows
+from lightning_xai.attribution.core import resolve_target
 from lightning_xai.attribution.targets import explained_attention
 from lightning_xai.attribution.gradients import _rows_per_pass
+from lightning_xai.attribution.registry import register_method
 
 __all__ = ["noise_scale", "smooth_attention_map"]
 
@@ -103,7 +104,7 @@ def smooth_attention_map(model: ExplainableModel, batch: Batch, embeddings: Tens
             k = min(per_pass, n_samples - first)
             eps = noise[first:first + k].to(embeddings) if noise is not None else _draw(embeddings, sigma, generator, k)
             noisy = (embeddings.unsqueeze(0) + eps * real).reshape(k * N, T, E)
-            sub = batch if k == 1 else take_rows(batch, torch.arange(N, device=embeddings.device).repeat(k), N)
+            sub = batch if k == 1 else gather_rows(batch, torch.arange(N, device=embeddings.device).repeat(k), N)
             out = model.forward_from_embeddings(noisy, sub)
             attention = explained_attention(out, None if target is None else target.repeat(k))
             part = attention.reshape(k, N, T).sum(0)

@@ -9,9 +9,9 @@ from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution.batching import repeat_rows
-from lightning_xai.attribution.core import register_method
 from lightning_xai.attribution.gradients import _embed, _rows_per_pass, grad_x_input_map, gradient_map
 from lightning_xai.attribution.integrated_gradients import integrated_gradients_map
+from lightning_xai.attribution.registry import register_method
 from lightning_xai.attribution.targets import resolve_target
 
 __all__ = ["GRADIENT_METHODS", "smooth_grad_map"]

@@ -14,13 +14,14 @@ from typing_extensions import override
 
 from lightning_xai.adapters.capabilities import DeletionLogits
 from lightning_xai.adapters.protocol import ExplainableModel
-from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, shared_input_gradients
+from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, method_record, shared_input_gradients
 from lightning_xai.callbacks._audit.generation import (check_decoding, check_generation_methods, decoded_batch,
                                                       is_generator_model, per_step_agreement)
 from lightning_xai.callbacks._audit.options import check_names, check_options_of_methods
 from lightning_xai.callbacks._audit.results import DEFAULT_TOP_PAIRS
 from lightning_xai.callbacks.base import AuditCallback, AuditPrediction, BatchResult
-from lightning_xai.metrics.registry import AGREEMENT_ALIASES, AGREEMENT_METRICS, resolve_agreement_metric
+from lightning_xai.metrics.registry import (AGREEMENT_ALIASES, AGREEMENT_METRICS, metric_label,
+                                            resolve_agreement_metric)
 
 __all__ = ["AttentionAudit", "AGREEMENT_METRICS", "DEFAULT_GRADIENT_METHODS", "DEFAULT_METHODS", "DEFAULT_METHOD_OPTIONS"]
 
@@ -40,7 +41,6 @@ DEFAULT_GRADIENT_METHODS: Tuple[str, ...] = ("gradient", "grad_x_input")
 #: (``absolute=True``); the signed map ranks strongly negative tokens last and gives negative τ against attention.
 #: The signed map stays available: ``method_options={"grad_x_input": {"absolute": False}}``.
 DEFAULT_METHOD_OPTIONS: Dict[str, Dict[str, Any]] = {"grad_x_input": {"absolute": True}}
-_SUMMARY_LABELS = {"kendall_tau": "Kendall τ", "jsd": "JSD", "topk_overlap": "top-k overlap"}
 
 
 def pair_name(first: str, second: str) -> str:
@@ -92,8 +92,9 @@ class AttentionAudit(AuditCallback):
             ``method_options={"integrated_gradients": {"n_steps": "auto"}}`` for its adaptive quadrature) when
             the cost — roughly 256 × 26 extra forward+backward passes per audit — is worth it. A method whose
             ``attribute`` returns a tuple (``integrated_hessians``: row sums and Γ; ``integrated_gradients`` with
-            ``return_convergence_delta=True``) is compared through its first element, the ``[B, T]`` map;
-            Integrated Hessians' Γ also gives the report its strongest token pairs (``top_pairs``).
+            ``return_convergence_delta=True``) is compared through its first element, the ``[B, T]`` map; the
+            ``[B, T, T]`` interactions of a method registered with ``returns="pairwise_interactions"`` (Integrated
+            Hessians' Γ) also give the report its strongest token pairs (``top_pairs``).
         metrics: agreement metrics of :mod:`lightning_xai.metrics.registry`: ``kendall_tau`` (τ-b, J&W),
             ``topk_kendall_tau``, ``spearman``, ``pearson``, ``jsd`` (maps as distributions of ``|score|``),
             ``topk_overlap``, or any name registered with ``register_agreement_metric``.
@@ -255,7 +256,7 @@ class AttentionAudit(AuditCallback):
         """
         rows = []
         for metric in self.metrics[: None if full else 1]:
-            label = _SUMMARY_LABELS.get(metric, metric)
+            label = metric_label(metric)
             for first, second in self.pairs:
                 key = f"{metric}/{pair_name(first, second)}"
                 if f"{key}/mean" in metrics:
@@ -278,9 +279,10 @@ class AttentionAudit(AuditCallback):
                 with self.map_precision(method):  # float32 for leave-one-out, IG under autocast ("auto")
                     options = {**DEFAULT_METHOD_OPTIONS.get(method, {}), **self.method_options.get(method, {})}
                     scores = attribute(model, batch, method, target=None, **options)
-                if isinstance(scores, tuple):  # (map [B, T], extra): IG's convergence delta, Int. Hessians' [B, T, T]
-                    if method == "integrated_hessians" and self.top_pairs:  # Γ: the report's strongest pairs
-                        found.update(interactions=scores[1].detach().float(), interaction_pairs=self.top_pairs)
+                if isinstance(scores, tuple):  # (map [B, T], extra): a convergence delta, pairwise interactions
+                    if method_record(method).has_interactions and self.top_pairs:  # the report's strongest pairs
+                        found.update(interactions=scores[1].detach().float(), interaction_pairs=self.top_pairs,
+                                     interaction_method=method)
                     scores = scores[0]
                 maps[method] = scores.detach().float()
         values: Dict[str, Tensor] = {}
@@ -299,10 +301,10 @@ class AttentionAudit(AuditCallback):
             impermissible = batch[self.impermissible_key]
             if (not isinstance(impermissible, Tensor) or impermissible.dtype != torch.bool
                     or impermissible.shape != mask.shape):
-                found = tuple(impermissible.shape) if isinstance(impermissible, Tensor) else type(impermissible)
+                got = tuple(impermissible.shape) if isinstance(impermissible, Tensor) else type(impermissible)
                 raise MisconfigurationException(
                     f"AttentionAudit: batch[{self.impermissible_key!r}] must be a bool tensor shaped like the token "
-                    f"mask {tuple(mask.shape)}, got {getattr(impermissible, 'dtype', None)} {found}; fix the "
+                    f"mask {tuple(mask.shape)}, got {getattr(impermissible, 'dtype', None)} {got}; fix the "
                     "collate function or set impermissible_key=None.")
             real = mask.to(maps["attention"].device).double()
             inside = impermissible.to(real.device).double() * real

@@ -21,7 +21,7 @@ from lightning_xai.adapters.capabilities import supports_attention_override
 from lightning_xai.adapters.checks import check_logits
 from lightning_xai.adapters.protocol import ExplainableModel, ProtocolError
 from lightning_xai.adapters.resolve import ModelResolver, ModelSpec, find_tokenizer
-from lightning_xai.attribution.batching import take_rows
+from lightning_xai.attribution.batching import gather_rows
 from lightning_xai.callbacks._audit.guard import audit_guard
 
 __all__ = ["check_attention_override", "check_probe_output", "explainable_model", "model_resolver", "probe_model",
@@ -78,7 +78,7 @@ def probe_model(owner: str, model: ExplainableModel, pl_module: torch.nn.Module,
     try:
         with audit_guard(pl_module):
             rows = model.token_mask(batch).shape[0]  # two examples show the shapes, without GBs of attention
-            batch = take_rows(batch, torch.arange(min(2, rows)), rows)
+            batch = gather_rows(batch, torch.arange(min(2, rows)), rows)
             out = predict(model, batch).output
             probe = getattr(model, "probe", None)
             if callable(probe):

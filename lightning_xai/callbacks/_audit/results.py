@@ -100,6 +100,8 @@ class BatchResult:
         interactions: ``[B, T, T]`` token-pair interactions Γ of an interaction method (Integrated Hessians), or
             ``None``; each shown example keeps its :attr:`interaction_pairs` strongest pairs (:class:`TokenPairs`).
         interaction_pairs: how many pairs of :attr:`interactions` a shown example keeps.
+        interaction_method: the attribution method :attr:`interactions` come from (its record returns
+            ``"pairwise_interactions"``).
 
     Example:
         >>> result = BatchResult(maps={"attention": torch.tensor([[0.7, 0.3]])}, values={"v": torch.tensor([0.5])})
@@ -114,6 +116,7 @@ class BatchResult:
     undefined: Mapping[int, str] = field(default_factory=dict)
     interactions: Optional[Tensor] = None
     interaction_pairs: int = DEFAULT_TOP_PAIRS
+    interaction_method: str = "integrated_hessians"
 
 
 @dataclass
@@ -273,12 +276,13 @@ def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence
     values = {k: v.detach().double().cpu().tolist() for k, v in found.values.items()}
     gamma = found.interactions.detach().double().cpu() if isinstance(found.interactions, Tensor) else None
     top = int(found.interaction_pairs)
+    method = found.interaction_method
     out = []
     for row, (pos, index) in enumerate(zip(positions, indices)):
         real = mask[row]
         keep_maps = pos < num_report_examples
         undefined = found.undefined.get(row)
-        pairs = (strongest_pairs(gamma[row][real][:, real], top)
+        pairs = (strongest_pairs(gamma[row][real][:, real], top, method)
                  if keep_maps and gamma is not None and undefined is None else None)
         out.append(AuditExample(
             position=pos, index=index, split=split,
