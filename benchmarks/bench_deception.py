@@ -2,7 +2,7 @@
 
 The reference AttentionClassifier (embedding 300, packed BiLSTM 128/direction, tanh attention) is trained with a
 real ``pl.Trainer`` on the bundled ``sst_wiki`` train split (batch 32, which has the ``impermissible`` masks),
-from the same initial weights and on the same batches, once with ``objectives=[DeceptionPenalty(lam=1.0)]`` and
+from the same initial weights and on the same batches, once with ``objectives=[DeceptionPenalty(weight=1.0)]`` and
 once without. A callback times every optimisation step (``on_train_batch_start`` → ``on_train_batch_end``:
 forward, losses, backward, optimiser step, logging). Runs alternate (plain, penalty, plain, ...) and the first
 ``--skip`` steps of each run are dropped; the figure is the ratio of median step times.
@@ -66,7 +66,7 @@ def main(argv=None) -> dict:
     def run(penalty: bool):
         model = copy.deepcopy(initial)
         if penalty:
-            model.objectives.append(DeceptionPenalty(lam=1.0))
+            model.objectives.append(DeceptionPenalty(weight=1.0))
         timer = StepTimer()
         trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                              enable_model_summary=False, callbacks=[timer], num_sanity_val_steps=0,
@@ -101,7 +101,7 @@ def markdown(r: dict) -> str:
              f"alternating runs × {r['steps_per_run']} steps each; {r['env']['threads']} threads, {r['env']['utc']}, "
              f"load {r['env']['loadavg_1_5_15']}.", "", f"Command: `{r['command']}`", ""]
     lines.append(H.table([("plain CE", med["plain"] * 1e3, "", "", ""),
-                          ("CE + DeceptionPenalty(lam=1)", med["deception"] * 1e3, r["overhead"] * 100, "≤ 5%",
+                          ("CE + DeceptionPenalty(weight=1)", med["deception"] * 1e3, r["overhead"] * 100, "≤ 5%",
                            "yes" if r["met"] else "**no**")],
                          ("training step", "median ms", "overhead %", "target", "met?")))
     return "\n".join(lines)

@@ -147,7 +147,7 @@ def train_adversary(dm, base: AttentionClassifier, lam: float, epochs: int, seed
     path = C.RUNS / f"{tag}.pt"
     frozen = copy.deepcopy(base)
     adversary = AdversaryClassifier(dm.vocab_size, dm.num_classes, vocab=dm.vocab.itos, attention="tanh", lr=lr,
-                                    objectives=[ModelConsistentAdversary(frozen, lam=lam)], **C.MODEL_KWARGS)
+                                    objectives=[ModelConsistentAdversary(frozen, weight=lam)], **C.MODEL_KWARGS)
     if path.exists():
         adversary.load_state_dict(torch.load(path, map_location="cpu"))
         print(f"[{tag}] loaded cached weights")

@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python examples/deception_bilstm.py --tasks pronoun --lams 0 0.1 1
 
 For each task, BiLSTM models (Pruthi's scorer: Linear(2H, 1)) are trained with the same seed: without penalty
-(λ = 0) and with ``DeceptionPenalty(lam=λ)`` added to the cross-entropy through
+(λ = 0) and with ``DeceptionPenalty(weight=λ)`` added to the cross-entropy through
 ``AttentionClassifier(objectives=[...])``. Two callbacks audit them:
 
 * ``ImpermissibleAttentionMonitor`` follows the attention mass on the impermissible tokens on the whole dev split
@@ -47,12 +47,12 @@ class LambdaWarmup(pl.Callback):
         self.penalty = penalty
         self.delay = delay
         self.steps = steps
-        self.target = penalty.lam
+        self.target = penalty.weight
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
         k = trainer.global_step - self.delay
         factor = 0.0 if k < 0 else min(1.0, (k + 1) / self.steps) if self.steps else 1.0
-        self.penalty.lam = self.target * factor
+        self.penalty.weight = self.target * factor
 
 
 def train_loader(dm, limit: Optional[int], batch_size: int, seed: int = 0) -> DataLoader:
@@ -72,7 +72,7 @@ def uniform_share(batches) -> float:
 
 
 def run_one(task: str, dm, lam: float, args, train, val, test) -> Dict[str, Any]:
-    penalty = DeceptionPenalty(lam=lam) if lam > 0 else None
+    penalty = DeceptionPenalty(weight=lam) if lam > 0 else None
     options = dict(C.MODEL_KWARGS, hidden_dim=args.hidden_dim, lr=args.lr)
     if args.embedding_init == "minilm":
         options.update(embedding_init="minilm", embedding_rms=0.2, embedding_oov="zero")

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import adversary_sst2 as A  # noqa: E402
 import losses_common as C  # noqa: E402
 
-from lightning_xai.audits.diagnostic import diagnostic_audit  # noqa: E402
+from lightning_xai.models.diagnostic import diagnostic_audit  # noqa: E402
 from lightning_xai.audits.seed_variance import seed_variance  # noqa: E402
 
 

@@ -122,7 +122,7 @@ def run(lam, args, tokenizer, path):
     pl.seed_everything(args.seed, verbose=False)
     datamodule = HFTextClassificationDataModule(tokenizer, "pronoun", batch_size=args.batch_size,
                                                 train_limit=args.train_limit, seed=args.seed)
-    penalty = DeceptionPenalty(lam=lam, reduction=args.reduction) if lam > 0 else None
+    penalty = DeceptionPenalty(weight=lam, reduction=args.reduction) if lam > 0 else None
     model = HFClassifier(model_path=path, num_labels=2, lr=args.lr, warmup_ratio=args.warmup_ratio,
                          objectives=[penalty] if penalty is not None else [], tokenizer=tokenizer)
     trainer = pl.Trainer(max_epochs=args.epochs, logger=False, enable_checkpointing=False,

@@ -8,6 +8,9 @@ input-invariance check and LRP report that the model is not supported.
 
 * :class:`DeletionLogits` — score "row ``r`` without token ``p``" variants faster than re-running them
   (leave-one-out's fast path; the reference BiLSTM reuses its recurrent states).
+* :class:`HeadKind` — what the logits are scores of: ``"softmax"`` (one class of ``C``, the default of a model
+  without it), ``"sigmoid"`` (independent labels, multi-label) or ``"regression"`` (output values, no classes);
+  read with :func:`head_kind_of` by every score, prediction and target function.
 * :class:`EmbeddingShift` — shift every input embedding by a constant vector and compensate it inside, so
   the model computes the same function (Kindermans et al.'s input-invariance check).
 * :class:`LinearHead` — the logits are an affine map of the attention-pooled hidden states, ``head(Σ_t α_t h_t)``
@@ -15,13 +18,18 @@ input-invariance check and LRP report that the model is not supported.
 * :class:`OverrideReplay` — score many ``attention_override`` variants of a batch's rows reusing everything
   computed before the point where the override acts (decision flip's fast path;
   :class:`~lightning_xai.adapters.HuggingFaceAdapter` runs only the last layer and the head).
+* :class:`TargetSequence` — the model explains *generation*: the explained output is a target token sequence
+  (``batch["labels"]``, -100 where nothing is explained), its maps cover the source/prompt tokens, and its output's
+  ``target_log_probs`` are the explained scores (:mod:`lightning_xai.attribution.targets`);
+  :class:`~lightning_xai.adapters.HuggingFaceAdapter` over a ``*ForCausalLM`` or an encoder–decoder has it.
 * :class:`TokenEncoder` — the hidden states are ``encoder(embeddings, input_mask)``, one module whose type has an
   LRP rule registered with :func:`~lightning_xai.attribution.lrp.register_lrp_encoder` (the models package
   registers the rules of its encoders when it is imported).
 
 And one flag, read by :func:`supports_attention_override`: a model that cannot take ``attention_override`` says so
 with ``overridable = False`` (:class:`~lightning_xai.adapters.HuggingFaceAdapter` over a family that computes
-attention in its own modeling file, e.g. DeBERTa-v2), so the audits that replace attention refuse it at setup.
+attention in its own modeling file and that it cannot hook, e.g. DeBERTa v1), so the audits that replace attention
+refuse it at setup.
 """
 from __future__ import annotations
 
@@ -31,12 +39,61 @@ from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
 
-__all__ = ["DeletionLogits", "EmbeddingShift", "LinearHead", "OverrideReplay", "OverrideScorer", "ReferenceLogits", "TokenEncoder",
-           "supports_attention_override"]
+__all__ = ["DeletionLogits", "EmbeddingShift", "HEAD_KINDS", "HeadKind", "LinearHead", "OverrideReplay", "OverrideScorer",
+           "ReferenceLogits", "TargetSequence", "TokenEncoder", "head_kind_of", "supports_attention_override",
+           "target_keys"]
 
 #: ``scorer(rows, attention_override) -> [N, C]`` logits of rows ``rows`` (``LongTensor[N]``) of a batch under an
 #: override (``None``: the model's own attention); see :class:`OverrideReplay`.
 OverrideScorer = Callable[[Tensor, Optional[Tensor]], Tensor]
+
+
+#: what a model's ``[B, C]`` logits are scores of (:class:`HeadKind`): one class of C under a softmax, C independent
+#: labels under a sigmoid each (multi-label), or C output values (regression)
+HEAD_KINDS = ("softmax", "sigmoid", "regression")
+
+
+@runtime_checkable
+class HeadKind(Protocol):
+    """A model that says what its logits are: ``head_kind`` is one of :data:`HEAD_KINDS`.
+
+    A model without it is a softmax classifier (what every reference model is).
+    :class:`~lightning_xai.adapters.HuggingFaceAdapter` reads ``config.problem_type`` and ``config.num_labels``
+    the way ``transformers`` chooses its loss: ``"regression"`` (or no problem type and one label) is
+    ``"regression"``, ``"multi_label_classification"`` is ``"sigmoid"``, anything else ``"softmax"``.
+
+    Example:
+        >>> from torch import nn
+        >>> class Scorer(nn.Linear):
+        ...     head_kind = "regression"
+        >>> isinstance(Scorer(2, 1), HeadKind), isinstance(nn.Linear(2, 1), HeadKind)
+        (True, False)
+    """
+
+    @property
+    def head_kind(self) -> str:
+        """``"softmax"``, ``"sigmoid"`` or ``"regression"``."""
+        ...
+
+
+def head_kind_of(model: object) -> str:
+    """The model's :class:`HeadKind` (``"softmax"`` when it does not say), checked against :data:`HEAD_KINDS`.
+
+    Example:
+        >>> from torch import nn
+        >>> head_kind_of(nn.Linear(2, 2))
+        'softmax'
+        >>> class Odd(nn.Module):
+        ...     head_kind = "ordinal"
+        >>> head_kind_of(Odd())
+        Traceback (most recent call last):
+        ...
+        ValueError: Odd.head_kind is 'ordinal'; expected one of ['softmax', 'sigmoid', 'regression'].
+    """
+    kind = getattr(model, "head_kind", "softmax")
+    if kind not in HEAD_KINDS:
+        raise ValueError(f"{type(model).__name__}.head_kind is {kind!r}; expected one of {list(HEAD_KINDS)}.")
+    return kind
 
 
 @runtime_checkable
@@ -134,6 +191,56 @@ class OverrideReplay(Protocol):
         full passes before they trust it (:func:`~lightning_xai.attribution.override_replay.override_scorer`).
         """
         ...
+
+
+@runtime_checkable
+class TargetSequence(Protocol):
+    """A model whose explained output is a target token sequence (generation), not a class.
+
+    The batch carries the target as ``labels`` (transformers' convention: -100 where nothing is explained). Every
+    explanation is over the source tokens (``token_mask``: the prompt of a causal LM, the encoder input of an
+    encoder–decoder) and explains ``ExplainOutput.target_log_probs``: by default their sum, the log-probability of
+    the whole target; ``target=k`` the ``k``-th target token's (see :mod:`lightning_xai.attribution.targets`).
+
+    Example:
+        >>> from torch import nn
+        >>> class Generator(nn.Module):
+        ...     def target_positions(self, batch):
+        ...         return batch["labels"] != -100
+        ...     def target_keys(self, batch):
+        ...         return ()
+        ...     def greedy_targets(self, batch, max_new_tokens=20):
+        ...         return batch
+        >>> isinstance(Generator(), TargetSequence), isinstance(nn.Linear(2, 2), TargetSequence)
+        (True, False)
+    """
+
+    def target_positions(self, batch: Batch) -> Tensor:
+        """``[B, S]`` bool: the positions of ``batch["labels"]`` that are explained (target tokens)."""
+        ...
+
+    def target_keys(self, batch: Batch) -> Tuple[str, ...]:
+        """The batch keys indexed by target step rather than by input token: ``()`` for a causal LM (its labels are
+        aligned with ``input_ids`` and shift with them when a token is deleted), ``("labels", ...)`` for an
+        encoder–decoder, whose target must stay as it is when source tokens are deleted or trimmed."""
+        ...
+
+    def greedy_targets(self, batch: Batch, max_new_tokens: int = 20) -> Batch:
+        """"Free decoding": ``batch`` with its target replaced by the model's own greedy output (each row's source or
+        prompt kept, up to ``max_new_tokens`` tokens generated, the end-of-sequence token included)."""
+        ...
+
+
+def target_keys(model: object, batch: Batch) -> Tuple[str, ...]:
+    """The keys of ``batch`` that batch surgery must leave as they are (:meth:`TargetSequence.target_keys`; ``()``
+    for any other model).
+
+    Example:
+        >>> from torch import nn
+        >>> target_keys(nn.Linear(2, 2), {"labels": None})
+        ()
+    """
+    return tuple(model.target_keys(batch)) if isinstance(model, TargetSequence) else ()
 
 
 @runtime_checkable

@@ -5,6 +5,12 @@ autograd graph, (2) run the rest of the network from those embeddings, optionall
 distribution replaced, and (3) say which positions are real tokens. Attribution, audits, metrics,
 callbacks and losses only ever talk to a model through this protocol.
 
+A model that explains *generation* (a causal LM or an encoder–decoder producing a target sequence) speaks the
+same protocol: its token mask covers the source (prompt) tokens, ``attention`` is the target's attention over them,
+and its output carries the log-probabilities of the target tokens (``target_log_probs``), which is what the
+attribution methods explain for it (:mod:`lightning_xai.attribution.targets`); it says so with the
+:class:`~lightning_xai.adapters.capabilities.TargetSequence` capability.
+
 Optional capabilities (a fast path for leave-one-out's deletions, an embedding shift for the input-invariance
 check, a linear head, an encoder with an LRP rule) are small ``runtime_checkable`` protocols of their own in
 :mod:`lightning_xai.adapters.capabilities`; the generic layers ask for those, never for a model class.
@@ -30,13 +36,19 @@ class ExplainOutput:
     """What an explainable forward pass returns.
 
     Attributes:
-        logits: ``[B, C]`` unnormalised class scores.
+        logits: ``[B, C]`` unnormalised class scores. For a model that explains generation
+            (:class:`~lightning_xai.adapters.capabilities.TargetSequence`): the model's own next-token scores
+            ``[B, S, V]`` (not what is explained; see ``target_log_probs``).
         attention: ``[B, T]`` the token distribution the model attends with: sums to 1 over real tokens,
             0 on pads and special tokens. For transformers a chosen reduction of the raw maps.
         hidden_states: ``[B, T, H]`` the encoder outputs the attention pools (``None`` if not available).
         attention_scores: ``[B, T]`` pre-softmax scores (``-inf`` on masked positions) when the model has them.
         raw_attentions: per-layer ``[B, heads, T, T]`` maps for multi-head models.
         extras: anything else an adapter wants to expose (e.g. the pooled context vector).
+        target_log_probs: generation only, ``[B, K]``: ``log p(y_k | y_<k, source)`` of the ``k``-th target token of
+            each row (its target tokens in order: the positions where ``labels != -100``), 0 where ``target_steps``
+            is False. ``None`` for classifiers. What gradient methods differentiate for a generation model.
+        target_steps: generation only, ``[B, K]`` bool: True where row ``b`` has a ``k``-th target token.
     """
 
     logits: Tensor
@@ -45,6 +57,8 @@ class ExplainOutput:
     attention_scores: Optional[Tensor] = None
     raw_attentions: Optional[Tuple[Tensor, ...]] = None
     extras: dict = field(default_factory=dict)
+    target_log_probs: Optional[Tensor] = None
+    target_steps: Optional[Tensor] = None
 
 
 @runtime_checkable

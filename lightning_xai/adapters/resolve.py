@@ -6,13 +6,15 @@ A LightningModule is seen by the audits and losses as:
 2. the model named explicitly: an attribute path (``"backbone.classifier"``), an ``nn.Module``, or a callable
    ``pl_module -> model``; or a mapping ``{"model": <one of those, or None>, **adapter options}`` that also carries
    options for the adapter built on the way (``{"model": "net", "query_index": 0}``, ``{"attention": "rollout"}``);
-3. otherwise the one explainable submodule or ``transformers`` sequence classifier it holds (searched
+3. otherwise the one explainable submodule, ``transformers`` sequence classifier or generator it holds (searched
    top-down; a classifier inside an explainable adapter counts once). None, or several, is an error naming them.
 
 A ``transformers`` sequence classifier (a ``PreTrainedModel`` whose class is one of transformers'
 ``*ForSequenceClassification`` models), bare or wrapped (PEFT, ``torch.compile``, DDP/FSDP:
 :mod:`~lightning_xai.adapters.huggingface.unwrap`), is wrapped in a :class:`~lightning_xai.adapters.HuggingFaceAdapter`
-built with the tokenizer :func:`find_tokenizer` finds and the adapter options given (:data:`ADAPTER_OPTIONS`). The adapter lives in the :class:`ModelResolver` (the
+built with the tokenizer :func:`find_tokenizer` finds; so is a ``transformers`` model that generates (a causal LM,
+an encoder–decoder: :func:`~lightning_xai.adapters.huggingface.is_generator`), for which the adapter is a
+:class:`~lightning_xai.adapters.huggingface.HuggingFaceGenerationAdapter`, and the adapter options given (:data:`ADAPTER_OPTIONS`). The adapter lives in the :class:`ModelResolver` (the
 callback's or loss's), never in the LightningModule: no duplicate state_dict keys, and checkpoints load in code
 that has never heard of lightning_xai.
 """
@@ -27,7 +29,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from torch import nn
 
-from lightning_xai.adapters.huggingface import HuggingFaceAdapter
+from lightning_xai.adapters.huggingface import HuggingFaceAdapter, is_generator
 from lightning_xai.adapters.huggingface.unwrap import unwrap
 from lightning_xai.adapters.protocol import ExplainableModel, ProtocolError, as_explainable
 
@@ -102,6 +104,11 @@ def is_sequence_classifier(module: Any) -> bool:
     return any(cls.__name__.endswith("ForSequenceClassification") for cls in type(module).__mro__)
 
 
+def _explained_transformer(module: Any) -> bool:
+    """A ``transformers`` model the resolver wraps in an adapter: a sequence classifier or a generator."""
+    return is_sequence_classifier(module) or is_generator(module)
+
+
 def find_tokenizer(holder: Any, tokenizer: Any = None) -> Any:
     """The tokenizer to use: ``tokenizer`` if given, else ``holder.tokenizer``, else the ``tokenizer`` of the
     DataModule of the trainer ``holder`` is attached to (``None`` when there is none).
@@ -125,7 +132,7 @@ def _candidates(module: nn.Module, prefix: str = "") -> List[Tuple[str, nn.Modul
     found: List[Tuple[str, nn.Module]] = []
     for name, child in module.named_children():
         path = f"{prefix}{name}"
-        if isinstance(child, ExplainableModel) or is_sequence_classifier(child):
+        if isinstance(child, ExplainableModel) or _explained_transformer(child):
             found.append((path, child))
         else:
             found.extend(_candidates(child, f"{path}."))
@@ -194,7 +201,7 @@ class ModelResolver:
             if self._called is None or self._called[0] is not holder:
                 self._called = (holder, spec(holder))
             return self._called[1]
-        if isinstance(holder, ExplainableModel) or is_sequence_classifier(holder) or not isinstance(holder, nn.Module):
+        if isinstance(holder, ExplainableModel) or _explained_transformer(holder) or not isinstance(holder, nn.Module):
             return holder
         found = _candidates(holder)
         if len(found) == 1:
@@ -219,7 +226,7 @@ class ModelResolver:
                     f"for a transformers classifier, but {type(target).__name__} is explainable itself; give them "
                     "to its own constructor instead.")
             return target
-        if is_sequence_classifier(target):
+        if _explained_transformer(target):
             given, adapter = self._adapters.get(id(target), (None, None))
             if adapter is None or given is not target:
                 try:

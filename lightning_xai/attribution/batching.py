@@ -5,18 +5,22 @@ A batch is a mapping of named values. Every tensor whose first dimension is the 
 per-example value and follows its rows; every tensor whose first two dimensions are ``[B, T]`` (ids, masks,
 ``impermissible``, ``rationale``, ...) is a per-token value and follows its tokens. Anything else (scalars,
 strings, tensors of another leading size) is passed through unchanged. Lists/tuples of length ``B`` are
-treated as per-example values too.
+treated as per-example values too. The keys a generation model names as its target
+(:func:`~lightning_xai.adapters.capabilities.target_keys`: an encoder–decoder's ``labels``, which may be as wide as
+the source by chance) are per-example values only: ``keep=`` leaves them out of token surgery.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+import functools
+from typing import Any, Callable, Collection, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
+from lightning_xai.adapters.capabilities import target_keys
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
 
-__all__ = ["batch_shape", "take_rows", "repeat_rows", "remove_tokens", "erase_tokens", "replace_input_ids",
+__all__ = ["batch_shape", "gather_rows", "repeat_rows", "remove_tokens", "erase_tokens", "replace_input_ids",
            "pad_embeddings", "row_extents", "length_chunks", "padding_trimmer", "CPU_PASS_TOKENS"]
 
 #: Padded tokens (rows × width) per forward pass of length-sorted variants on CPU. MiniLM (1 thread) costs about
@@ -33,8 +37,9 @@ def batch_shape(model: ExplainableModel, batch: Batch) -> Tuple[int, int]:
     return int(mask.shape[0]), int(mask.shape[1])
 
 
-def take_rows(batch: Batch, rows: Tensor, batch_size: int) -> Dict[str, Any]:
-    """The batch made of rows ``rows`` (a LongTensor, repeats allowed) of ``batch``.
+def gather_rows(batch: Batch, rows: Tensor, batch_size: int) -> Dict[str, Any]:
+    """The batch made of rows ``rows`` (a LongTensor, repeats allowed) of ``batch``: a subset, a reordering or
+    copies of its rows (paths, variants), the batch size given, so nothing is guessed from the values.
 
     Args:
         batch: the original batch with ``batch_size`` examples.
@@ -43,7 +48,7 @@ def take_rows(batch: Batch, rows: Tensor, batch_size: int) -> Dict[str, Any]:
 
     Example:
         >>> b = {"input_ids": torch.tensor([[1, 2], [3, 0]]), "labels": torch.tensor([0, 1]), "name": "x"}
-        >>> take_rows(b, torch.tensor([1, 1, 0]), 2)["input_ids"].tolist()
+        >>> gather_rows(b, torch.tensor([1, 1, 0]), 2)["input_ids"].tolist()
         [[3, 0], [3, 0], [1, 2]]
     """
     out: Dict[str, Any] = {}
@@ -60,7 +65,7 @@ def take_rows(batch: Batch, rows: Tensor, batch_size: int) -> Dict[str, Any]:
 
 
 def repeat_rows(batch: Batch, times: int, batch_size: int, *, interleave: bool = False) -> Dict[str, Any]:
-    """The batch with each of its ``batch_size`` rows repeated ``times`` times (through :func:`take_rows`).
+    """The batch with each of its ``batch_size`` rows repeated ``times`` times (through :func:`gather_rows`).
 
     Tiled by default (rows ``0 … B−1``, then again: variant ``k`` of row ``b`` is row ``k·B + b``); with
     ``interleave`` each row's copies are adjacent (row ``b·times + k``), as ``Tensor.repeat_interleave``.
@@ -73,10 +78,10 @@ def repeat_rows(batch: Batch, times: int, batch_size: int, *, interleave: bool =
     if isinstance(times, bool) or not isinstance(times, int) or times < 1:
         raise ValueError(f"times must be a positive int, got {times!r}.")
     rows = torch.arange(batch_size)
-    return take_rows(batch, rows.repeat_interleave(times) if interleave else rows.repeat(times), batch_size)
+    return gather_rows(batch, rows.repeat_interleave(times) if interleave else rows.repeat(times), batch_size)
 
 
-def remove_tokens(batch: Batch, remove: Tensor, *, fill: int = 0) -> Dict[str, Any]:
+def remove_tokens(batch: Batch, remove: Tensor, *, fill: int = 0, keep: Collection[str] = ()) -> Dict[str, Any]:
     """Delete the positions where ``remove`` is True from every per-token value, shifting the rest left.
 
     Every ``[B, T, ...]`` tensor of the batch (``input_ids``, ``mask``, ``input_mask``, ``impermissible``,
@@ -87,6 +92,7 @@ def remove_tokens(batch: Batch, remove: Tensor, *, fill: int = 0) -> Dict[str, A
         batch: a batch whose per-token tensors are ``[B, T, ...]``.
         remove: ``[B, T]`` bool, True where a token is deleted.
         fill: value of the freed trailing positions.
+        keep: keys left as they are (not per-token even when ``[B, T]``-shaped).
 
     Example:
         >>> b = {"input_ids": torch.tensor([[5, 6, 7], [8, 9, 0]]),
@@ -105,7 +111,7 @@ def remove_tokens(batch: Batch, remove: Tensor, *, fill: int = 0) -> Dict[str, A
     freed = torch.arange(width, device=remove.device).unsqueeze(0) >= kept.unsqueeze(1)
     out: Dict[str, Any] = {}
     for key, value in batch.items():
-        if isinstance(value, Tensor) and value.dim() >= 2 and tuple(value.shape[:2]) == (B, T):
+        if key not in keep and isinstance(value, Tensor) and value.dim() >= 2 and tuple(value.shape[:2]) == (B, T):
             index = order.to(value.device).view(B, width, *([1] * (value.dim() - 2))).expand(
                 B, width, *value.shape[2:])
             moved = value.gather(1, index)
@@ -153,8 +159,9 @@ def erase_tokens(model: ExplainableModel, batch: Batch, remove: Tensor) -> dict:
     emptied = ((mask & ~remove.to(mask.device)).sum(1) == 0).nonzero().flatten()
     if emptied.numel():
         raise ValueError(f"remove deletes every real token of rows {emptied.tolist()[:10]}; keep at least one token.")
-    out = remove_tokens(batch, remove.to(mask.device))
-    return _trim_padding(out, tuple(mask.shape))
+    keep = target_keys(model, batch)
+    out = remove_tokens(batch, remove.to(mask.device), keep=keep)
+    return _trim_padding(out, tuple(mask.shape), keep=keep)
 
 
 def _present(batch: Batch, batch_size: int) -> Optional[Tensor]:
@@ -164,9 +171,10 @@ def _present(batch: Batch, batch_size: int) -> Optional[Tensor]:
                 None)
 
 
-def _trim_padding(batch: dict, shape: tuple) -> dict:
+def _trim_padding(batch: dict, shape: tuple, keep: Collection[str] = ()) -> dict:
     """Drop trailing columns that are padding in every row, read from the batch's own non-pad indicator
-    (``input_mask``, else ``attention_mask``, else ``mask``); other batches are returned unchanged."""
+    (``input_mask``, else ``attention_mask``, else ``mask``); other batches are returned unchanged. ``keep``: keys
+    left as they are."""
     B, T = shape
     present = _present(batch, B)
     if present is None or present.shape[1] == 0:
@@ -176,16 +184,22 @@ def _trim_padding(batch: dict, shape: tuple) -> dict:
     width = int(columns.max()) + 1 if columns.numel() else width_now
     if width == width_now:
         return batch
-    return {key: value[:, :width] if isinstance(value, Tensor) and value.dim() >= 2
+    return {key: value[:, :width] if key not in keep and isinstance(value, Tensor) and value.dim() >= 2
             and tuple(value.shape[:2]) == (B, width_now) else value for key, value in batch.items()}
+
+
+def _keep_width(batch: dict, shape: tuple) -> dict:
+    """The trimmer of a model that reads its padding: every pass keeps the batch's width."""
+    return batch
 
 
 def padding_trimmer(model: Any, batch: Batch, batch_size: int) -> Callable[[dict, tuple], dict]:
     """:func:`_trim_padding` if cutting trailing padding leaves the model's logits unchanged, else the identity.
 
     Checked on (up to 4 of) the rows that lose the most columns: their logits at the batch's width and trimmed must
-    agree (relative 1e-4). A model that reads its padding (an LSTM run over the pads) keeps the full width, so
-    trimmed passes never change its numbers.
+    agree (relative 1e-4; a generation model's target log-probabilities). A model that reads its padding (an LSTM
+    run over the pads) keeps the full width (:func:`_keep_width`), so trimmed passes never change its numbers. A
+    generation model's target keys are never trimmed.
 
     Example:
         >>> from lightning_xai.models import AttentionClassifier
@@ -197,21 +211,30 @@ def padding_trimmer(model: Any, batch: Batch, batch_size: int) -> Callable[[dict
     """
     extents = row_extents(batch, batch_size)
     present = _present(batch, batch_size)
+    keep = target_keys(model, batch)
+    trim = functools.partial(_trim_padding, keep=keep) if keep else _trim_padding
     if present is None or not extents.numel():
-        return _trim_padding
+        return trim
     width = present.shape[1]
     rows = (extents == extents.min()).nonzero().flatten()[:4]  # the rows a pass cuts most
-    whole = take_rows(batch, rows, batch_size)
-    cut = _trim_padding(whole, (rows.numel(), width))
+    whole = gather_rows(batch, rows, batch_size)
+    cut = trim(whole, (rows.numel(), width))
     if _present(cut, rows.numel()).shape[1] == width:
-        return _trim_padding
+        return trim
     with torch.no_grad():
-        a = model.forward_from_embeddings(model.embed(whole), whole).logits
-        b = model.forward_from_embeddings(model.embed(cut), cut).logits
+        a = _compared(model.forward_from_embeddings(model.embed(whole), whole))
+        b = _compared(model.forward_from_embeddings(model.embed(cut), cut))
     if not bool(torch.isfinite(a).all() & torch.isfinite(b).all()):
-        return lambda part, shape: part  # NaN logits (a diverged model) cannot show the trim is safe: keep the width
+        return _keep_width  # NaN logits (a diverged model) cannot show the trim is safe: keep the width
     same = bool(torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-5 * float(a.abs().max().clamp_min(1))))
-    return _trim_padding if same else (lambda part, shape: part)
+    return trim if same else _keep_width
+
+
+def _compared(output: Any) -> Tensor:
+    """What a trimmed pass must reproduce: a generator's target log-probabilities (its next-token logits are as
+    wide as the batch), else the logits."""
+    values = getattr(output, "target_log_probs", None)
+    return output.logits if values is None else values
 
 
 def row_extents(batch: Batch, batch_size: int) -> Tensor:
@@ -248,7 +271,7 @@ def length_chunks(lengths: Union[Tensor, Sequence[int]], max_tokens: int, *, max
     many rows; a variant longer than the budget gets a pass of its own). Where to cut is chosen to minimise
     the padded tokens plus ``pass_cost`` per pass (a dynamic programme over the distinct lengths): a pass that
     mixes short and long variants pays padding, one more pass pays its fixed cost. Run each pass trimmed to its
-    own longest width (:func:`take_rows`, then the trailing-padding trim of :func:`erase_tokens`): with
+    own longest width (:func:`gather_rows`, then the trailing-padding trim of :func:`erase_tokens`): with
     ``lengths`` from :func:`row_extents` that width is the pass's last length, so short variants stop paying
     for long ones.
 

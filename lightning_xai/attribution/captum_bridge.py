@@ -3,17 +3,20 @@
 Captum is never imported here: any object with an ``.attribute(inputs, target=..., additional_forward_args=...)``
 method and a ``forward_func`` attribute works. Its forward function is swapped, for the duration of the call,
 for one over input embeddings that returns class probabilities (or logits), and the ``[B, T, E]`` result is
-reduced to ``[B, T]``.
+reduced to ``[B, T]``. For a generation model the function returns one column, the explained score of each row's
+target (:func:`~lightning_xai.attribution.targets.target_score`: a log-probability by default), and Captum's target
+is that column; the resolved targets travel with the rows as an additional forward argument.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
+from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
-from lightning_xai.attribution.targets import OUTPUTS, resolve_target
+from lightning_xai.attribution.targets import OUTPUTS, resolve_target, score_values, target_score
 
 __all__ = ["captum_attribute"]
 
@@ -49,13 +52,13 @@ def _holders(method: Any) -> List[Any]:
 
 
 def captum_attribute(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
-                     captum_method: Any = None, output: str = "probability", reduction: str = "sum",
+                     captum_method: Any = None, output: Optional[str] = None, reduction: str = "sum",
                      **captum_options: Any) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Run ``captum_method.attribute`` on the embeddings of ``batch`` and reduce over E (see :func:`attribute`)."""
     if create_graph:
         raise ValueError("create_graph=True is not available for Captum attribution objects (Captum detaches its "
                          "gradients); use a built-in method name such as 'gradient' or 'integrated_gradients'.")
-    if output not in OUTPUTS:
+    if output is not None and output not in OUTPUTS:
         raise ValueError(f"Unknown output {output!r}; choose one of {list(OUTPUTS)}.")
     if reduction not in CAPTUM_REDUCTIONS:
         raise ValueError(f"Unknown reduction {reduction!r}; choose one of {list(CAPTUM_REDUCTIONS)}.")
@@ -70,25 +73,32 @@ def captum_attribute(model: ExplainableModel, batch: Batch, target: Any, *, crea
     B = mask.shape[0]
     with torch.no_grad():
         embeddings = model.embed(batch).detach()
-        target = resolve_target(model.forward_from_embeddings(embeddings, batch).logits, target)
+        out = model.forward_from_embeddings(embeddings, batch)
+        target = resolve_target(out, target)
+    generation = getattr(out, "target_log_probs", None) is not None
+    head = head_kind_of(model)
+    classes = ("logit" if head == "regression" else "probability") if output is None else output
+    if not generation:
+        score_values(torch.zeros(1, 1), classes, head)  # a probability of a regression head: refused before Captum
     # per-example tensors travel as additional_forward_args so Captum expands them the way it expands inputs
     keys = [k for k, v in batch.items() if isinstance(v, Tensor) and v.dim() >= 1 and v.shape[0] == B]
     fixed: Dict[str, Any] = {k: v for k, v in batch.items() if k not in keys}
+    values_in = tuple(batch[k] for k in keys) + ((target,) if generation else ())
 
     def forward(emb: Tensor, *values: Tensor) -> Tensor:
         sub = dict(fixed)
         sub.update(zip(keys, values))
-        logits = model.forward_from_embeddings(emb, sub).logits
-        if output == "probability":
-            return logits.softmax(dim=-1)
-        return logits.log_softmax(dim=-1) if output == "log_probability" else logits
+        scored = model.forward_from_embeddings(emb, sub)
+        if generation:  # one column: each row's explained log-probability (never a softmax over classes)
+            return target_score(scored, values[-1], output).unsqueeze(1)
+        return score_values(scored.logits, classes, head)
 
     saved = [(holder, holder.forward_func) for holder in holders]
     try:
         for holder, _ in saved:
             holder.forward_func = forward
-        result = captum_method.attribute(embeddings, target=target, additional_forward_args=tuple(batch[k] for k in keys),
-                                         **captum_options)
+        result = captum_method.attribute(embeddings, target=torch.zeros_like(target) if generation else target,
+                                         additional_forward_args=values_in, **captum_options)
     finally:
         for holder, func in saved:
             holder.forward_func = func

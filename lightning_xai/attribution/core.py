@@ -1,4 +1,4 @@
-"""The one verb, :func:`attribute`, and its method registry.
+"""The one verb, :func:`attribute`, over the methods of :mod:`lightning_xai.attribution.registry`.
 
 The target helpers (:func:`resolve_target`, :func:`target_score`, ...) live in
 :mod:`lightning_xai.attribution.targets` and are re-exported here; Captum objects are run by
@@ -7,95 +7,36 @@ The target helpers (:func:`resolve_target`, :func:`target_score`, ...) live in
 from __future__ import annotations
 
 import difflib
-import importlib
-import importlib.util
 import inspect
-import sys
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union, overload
 
 import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, as_explainable
+from lightning_xai.attribution.batching import gather_rows
 from lightning_xai.attribution.captum_bridge import captum_attribute
 from lightning_xai.attribution.context import explanation_context
+from lightning_xai.attribution.registry import (ATTRIBUTION_METHODS, PAIRWISE_INTERACTIONS, SCORES, SCORES_AND_DELTA,
+                                                AttributionFn, MethodRecord, method_record, register_method)
 from lightning_xai.attribution.targets import (OUTPUTS, check_token_mask, predicted_class, resolve_target,
                                                target_probabilities, target_score)
 
-__all__ = ["ATTRIBUTION_METHODS", "AttributionFn", "attribute", "check_method_options", "register_method", "resolve_target",
-           "predicted_class", "target_probabilities", "check_token_mask", "target_score", "NORMALIZATIONS",
-           "OUTPUTS"]
-
-AttributionFn = Callable[..., Union[Tensor, Tuple[Tensor, ...]]]
-
-#: name -> attribution function. Add entries with :func:`register_method`.
-ATTRIBUTION_METHODS: Dict[str, AttributionFn] = {}
-_RESOLVES_TARGET: set = set()
-#: sibling modules that register methods when imported (loaded on first use if they exist)
-_PLUGIN_MODULES: Tuple[str, ...] = ("lightning_xai.attribution.lrp", "lightning_xai.attribution.smooth_attention",
-                                     "lightning_xai.attribution.interactions",
-                                     "lightning_xai.attribution.context_mixing")
-_plugins_loaded = False
+__all__ = ["ATTRIBUTION_METHODS", "AttributionFn", "attribute", "check_method_options", "method_record",
+           "register_method", "resolve_target", "predicted_class", "target_probabilities", "check_token_mask",
+           "target_score", "NORMALIZATIONS", "OUTPUTS"]
 
 NORMALIZATIONS = ("l1", "max_abs")
 
 
-def register_method(name: str, *, resolves_target: bool = False) -> Callable[[AttributionFn], AttributionFn]:
-    """Register an attribution function under ``name`` so ``attribute(..., method=name)`` finds it.
-
-    The function is called as ``fn(model, batch, target, *, create_graph, **options)`` inside
-    :func:`explanation_context` (grad enabled, model in eval mode, parameters frozen unless
-    ``create_graph``), with a batch whose inference tensors were cloned and whose rows all have a real token.
-    ``target`` is a validated ``LongTensor[B]`` — unless ``resolves_target=True``, in which case the function
-    receives the caller's raw ``target`` (``None``/int/tensor) and must call :func:`resolve_target` on the
-    logits it computes anyway (this saves a forward pass). It returns a ``[B, T]`` map, or a tuple whose first
-    element is the map; :func:`attribute` zeroes non-tokens and applies ``normalize``.
-
-    Args:
-        name: the method's string name; re-registering a name replaces it.
-        resolves_target: see above.
-
-    Example:
-        >>> @register_method("constant_one")
-        ... def constant_one(model, batch, target, *, create_graph=False):
-        ...     return torch.ones(model.token_mask(batch).shape)
-        >>> "constant_one" in ATTRIBUTION_METHODS
-        True
-        >>> del ATTRIBUTION_METHODS["constant_one"]
-    """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"A method name must be a non-empty string; got {name!r}.")
-
-    def decorator(fn: AttributionFn) -> AttributionFn:
-        ATTRIBUTION_METHODS[name] = fn
-        if resolves_target:
-            _RESOLVES_TARGET.add(name)
-        else:
-            _RESOLVES_TARGET.discard(name)
-        return fn
-
-    return decorator
-
-
-def _load_plugins() -> None:
-    global _plugins_loaded
-    if _plugins_loaded:
-        return
-    _plugins_loaded = True
-    for module in _PLUGIN_MODULES:
-        if module not in sys.modules and importlib.util.find_spec(module) is not None:
-            importlib.import_module(module)
-
-
-def _lookup(method: Any) -> Tuple[AttributionFn, bool, Dict[str, Any]]:
+def _lookup(method: Any) -> Tuple[MethodRecord, Dict[str, Any]]:
     if isinstance(method, str):
-        _load_plugins()
-        if method not in ATTRIBUTION_METHODS:
-            raise ValueError(f"Unknown attribution method {method!r}; known methods: "
-                             f"{sorted(ATTRIBUTION_METHODS)}. A Captum attribution object is accepted too.")
-        return ATTRIBUTION_METHODS[method], method in _RESOLVES_TARGET, {}
+        return method_record(method), {}
     if callable(getattr(method, "attribute", None)):
-        return captum_attribute, True, {"captum_method": method}
+        has_delta = callable(getattr(method, "has_convergence_delta", None)) and bool(method.has_convergence_delta())
+        record = MethodRecord(type(method).__name__, captum_attribute, resolves_target=True,
+                              returns=SCORES_AND_DELTA if has_delta else SCORES)
+        return record, {"captum_method": method}
     raise TypeError(f"method must be a method name ({sorted(ATTRIBUTION_METHODS)}) or an attribution object "
                     f"with an .attribute(...) method (e.g. captum.attr.Saliency); got {type(method).__name__}.")
 
@@ -140,11 +81,24 @@ def check_method_options(method: str, options: Mapping[str, Any]) -> None:
         ...
         TypeError: Method 'integrated_gradients' got unknown option(s) ['n_step'] ('n_step': did you mean 'n_steps'?); it accepts [...].
     """
-    fn, _, _ = _lookup(method)
+    record, _ = _lookup(method)
     normalize = options.get("normalize")
     if normalize is not None and normalize not in NORMALIZATIONS:
         raise ValueError(f"Unknown normalize {normalize!r}; choose one of {list(NORMALIZATIONS)} or None.")
-    _check_options(fn, method, options, also=("normalize", "create_graph"))
+    _check_options(record.function, method, options, also=("normalize", "create_graph"))
+
+
+def _check_returns(record: MethodRecord, rest: Tuple[Any, ...], shape: Tuple[int, ...]) -> None:
+    """The result has the shape the method's record declares (a wrong fact would mislead every caller)."""
+    if record.returns == SCORES and rest:
+        raise RuntimeError(f"Method {record.name!r} returned a tuple of {1 + len(rest)}, but it is registered with "
+                           f"returns={SCORES!r} (a [B, T] map only); register it with the returns= that describes "
+                           "its result.")
+    if record.returns == PAIRWISE_INTERACTIONS and (
+            not rest or not isinstance(rest[0], Tensor) or tuple(rest[0].shape) != (*shape, shape[-1])):
+        found = tuple(rest[0].shape) if rest and isinstance(rest[0], Tensor) else "nothing"
+        raise RuntimeError(f"Method {record.name!r} is registered with returns={PAIRWISE_INTERACTIONS!r}, so its "
+                           f"second result must be [B, T, T] = {(*shape, shape[-1])} interactions; got {found}.")
 
 
 def _normalize(scores: Tensor, mode: str) -> Tensor:
@@ -165,13 +119,45 @@ def _empty_result(mask: Tensor, name: str, options: Mapping[str, Any]) -> Tensor
     return torch.zeros(mask.shape, dtype=torch.get_default_dtype(), device=mask.device)
 
 
+@overload
+def attribute(model: Any, batch: Batch, method: Literal["integrated_hessians"], target: Any = None, *,
+              create_graph: bool = False, normalize: Optional[str] = None,
+              **options: Any) -> Tuple[Tensor, ...]: ...  # (map, interactions[, delta])
+
+
+@overload
+def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = None, *,
+              create_graph: bool = False, normalize: Optional[str] = None, return_convergence_delta: Literal[True],
+              **options: Any) -> Tuple[Tensor, ...]: ...  # (map, delta[, n_steps])
+
+
+@overload
+def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = None, *,
+              create_graph: bool = False, normalize: Optional[str] = None, return_n_steps: Literal[True],
+              **options: Any) -> Tuple[Tensor, ...]: ...  # (map[, delta], n_steps)
+
+
+@overload
+def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = None, *,
+              create_graph: bool = False, normalize: Optional[str] = None,
+              return_convergence_delta: Literal[False] = False, return_n_steps: Literal[False] = False,
+              **options: Any) -> Tensor: ...
+
+
+@overload
+def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = None, *,
+              create_graph: bool = False, normalize: Optional[str] = None,
+              **options: Any) -> Union[Tensor, Tuple[Tensor, ...]]: ...
+
+
 def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = None, *,
               create_graph: bool = False, normalize: Optional[str] = None,
               **options: Any) -> Union[Tensor, Tuple[Tensor, ...]]:
     """Token attributions ``[B, T]`` for ``batch`` from any :class:`ExplainableModel`.
 
     Methods (options in brackets, defaults first; every gradient method also takes
-    ``output="probability"|"logit"|"log_probability"``, the score that is differentiated):
+    ``output="probability"|"logit"|"log_probability"``, the score that is differentiated; ``None``, the default, is
+    ``"probability"`` for a classifier and ``"log_probability"`` for generation):
 
     * ``"attention"``: the model's own attention distribution.
     * ``"gradient"``: ∂ score / ∂ embedding reduced over E [``reduction="l2"|"abs_sum"``,
@@ -187,7 +173,7 @@ def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = 
       ``n_steps="auto"``: per-row adaptive Gauss–Kronrod (G7/K15, halving the intervals whose \\|K15 − G7\\|
       is largest) until every token's error estimate is within ``max(token_atol, token_rtol·Σ_t|IG_t|)`` and
       \\|delta\\| within ``max(rtol·|F(x) − F(x′)|, atol)``, at most ``max_steps`` gradient evaluations a row
-      (see :func:`~lightning_xai.attribution.gradients.integrated_gradients_map`). With ``start_steps`` given
+      (see :func:`~lightning_xai.attribution.integrated_gradients.integrated_gradients_map`). With ``start_steps`` given
       (or a Riemann rule): the completeness-only scheme, ``start_steps`` nodes then twice the nodes for the
       rows whose \\|delta\\| misses the tolerance, up to ``max_steps``.
     * ``"smooth_grad"``: mean map of a gradient method over noisy embeddings [``n_samples=30``,
@@ -205,15 +191,22 @@ def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = 
         model: an :class:`ExplainableModel` (reference model or adapter).
         batch: a dict batch (e.g. from :class:`TextClassificationDataModule`).
         method: a method name or an attribution object.
-        target: ``None`` (predicted class), an int, or ``LongTensor[B]``.
+        target: ``None`` (predicted class), an int, or ``LongTensor[B]``. For a generation model
+            (:class:`~lightning_xai.adapters.capabilities.TargetSequence`): ``None`` explains the log-probability of
+            the whole target (the batch's ``labels``), an int ``k`` (or ``LongTensor[B]``) the ``k``-th target
+            token's, and ``"steps"`` returns one map per step, ``[B, K, T]`` (see
+            :mod:`lightning_xai.attribution.targets`).
         create_graph: keep the graph so the map is differentiable w.r.t. model parameters (for losses).
             Only for methods built from differentiable ops (not Captum objects).
         normalize: ``None`` (default: raw values), ``"l1"`` (divide by Σ\\|·\\| per row) or ``"max_abs"``.
         **options: method options (see above).
 
     Returns:
-        ``[B, T]`` float map, exactly 0 where ``model.token_mask(batch)`` is False; with
-        ``return_convergence_delta``/``return_n_steps`` a tuple ``(map, delta[B][, n_steps[B]])``. An empty batch
+        ``[B, T]`` float map, exactly 0 where ``model.token_mask(batch)`` is False (``[B, K, T]`` with
+        ``target="steps"``, 0 at steps a row does not have); what else comes back is the method record's
+        ``returns`` (:func:`method_record`): with ``return_convergence_delta``/``return_n_steps`` a tuple
+        ``(map, delta[B][, n_steps[B]])``, for a ``"pairwise_interactions"`` method (Integrated Hessians)
+        ``(map, interactions[B, T, T])``. An empty batch
         (B = 0) gives an empty ``[0, T]`` map without running the model (a ValueError with ``return_*`` options).
         Non-finite logits give a RuntimeWarning naming the rows; their maps are NaN, never a finite wrong map.
 
@@ -233,21 +226,25 @@ def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = 
         raise TypeError(f"batch must be a mapping of named tensors (a dict); got {type(batch).__name__}.")
     if normalize is not None and normalize not in NORMALIZATIONS:
         raise ValueError(f"Unknown normalize {normalize!r}; choose one of {list(NORMALIZATIONS)} or None.")
-    fn, resolves_target, extra = _lookup(method)
-    name = method if isinstance(method, str) else type(method).__name__
+    record, extra = _lookup(method)
+    name = record.name
     if not extra:
-        _check_options(fn, name, options)
+        _check_options(record.function, name, options)
     with explanation_context(model, batch, freeze_parameters=not create_graph) as batch:
         mask = check_token_mask(model, batch)
         if mask.shape[0] == 0:  # B = 0: nothing to explain, an empty map (as torchmetrics' update is a no-op)
             return _empty_result(mask, name, options)
-        if not resolves_target:
+        if isinstance(target, str):
+            return _per_step(model, batch, method, target, create_graph=create_graph, normalize=normalize,
+                             **options)
+        if not record.resolves_target:
             with torch.no_grad():
-                logits = model.forward_from_embeddings(model.embed(batch), batch).logits
-            target = resolve_target(logits, target)
-        result = fn(model, batch, target, create_graph=create_graph, **extra, **options)
+                out = model.forward_from_embeddings(model.embed(batch), batch)
+            target = resolve_target(out, target)
+        result = record.function(model, batch, target, create_graph=create_graph, **extra, **options)
         # post-process inside the context: under a caller's no_grad/inference_mode the graph must survive
         scores, rest = (result[0], tuple(result[1:])) if isinstance(result, tuple) else (result, ())
+        _check_returns(record, rest, tuple(mask.shape))
         if not isinstance(scores, Tensor) or tuple(scores.shape) != tuple(mask.shape):
             raise RuntimeError(f"Method {name!r} returned {getattr(scores, 'shape', type(scores))}; an attribution "
                                f"method must return a [B, T] = {tuple(mask.shape)} map.")
@@ -260,3 +257,33 @@ def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = 
             scores = _normalize(scores, normalize)
     return (scores, *rest) if rest else scores
 
+
+
+def _per_step(model: Any, batch: Batch, method: Any, target: str, **options: Any) -> Union[Tensor, Tuple[Tensor, ...]]:
+    """``target="steps"``: one :func:`attribute` call per target step ``k`` on the rows that have one, stacked into
+    ``[B, K, T]`` (``[B, K]`` for the extra per-row results), 0 where a row has no ``k``-th step."""
+    if target != "steps":
+        raise ValueError(f"Unknown target {target!r}: the only string target is 'steps' (one map per target step of a "
+                         "generation model); otherwise give None, an int or a LongTensor[B].")
+    with torch.no_grad():
+        out = model.forward_from_embeddings(model.embed(batch), batch)
+    steps = getattr(out, "target_steps", None)
+    if steps is None:
+        raise ValueError(f"target='steps' explains each step of a generated target, but {type(model).__name__} "
+                         "explains classes (its output has no target_steps); give a class or None.")
+    B, K = steps.shape
+    parts: List[Tuple[Tensor, Union[Tensor, Tuple[Tensor, ...]]]] = []
+    for k in range(K):
+        rows = steps[:, k].nonzero().flatten()
+        sub = gather_rows(batch, rows, B)
+        parts.append((rows, attribute(model, sub, method, k, **options)))
+    width = len(parts[0][1]) if parts and isinstance(parts[0][1], tuple) else 0
+    stacked: List[Tensor] = []
+    for i in range(max(width, 1)):
+        pieces = [(rows, result[i] if width else result) for rows, result in parts]
+        first = pieces[0][1]
+        full = first.new_zeros((B, K) + tuple(first.shape[1:]))
+        for k, (rows, piece) in enumerate(pieces):
+            full = full.index_put((rows, torch.full_like(rows, k)), piece.to(full.dtype))
+        stacked.append(full)
+    return tuple(stacked) if width else stacked[0]

@@ -6,12 +6,10 @@ are a detached leaf and the parameters are frozen (faster); with ``create_graph=
 connected to the embedding table and every map is differentiable w.r.t. all parameters.
 
 Integrated Gradients lives in :mod:`~lightning_xai.attribution.integrated_gradients` (its quadrature rules in
-:mod:`~lightning_xai.attribution.quadrature`), SmoothGrad in :mod:`~lightning_xai.attribution.smooth_grad`; their
-names stay importable from here.
+:mod:`~lightning_xai.attribution.quadrature`), SmoothGrad in :mod:`~lightning_xai.attribution.smooth_grad`.
 """
 from __future__ import annotations
 
-import importlib
 from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator, List, Optional, Tuple
 
@@ -19,13 +17,12 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.checks import check_attention_distribution
+from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
-from lightning_xai.attribution.core import register_method
-from lightning_xai.attribution.targets import resolve_target, target_score
+from lightning_xai.attribution.registry import register_method
+from lightning_xai.attribution.targets import explained_attention, resolve_target, target_score
 
-__all__ = ["IG_AUTO_TOKEN_RTOL", "IG_RULES", "GRADIENT_METHODS", "auto_internal_batch_size", "shared_input_gradients",
-           "ig_nodes", "gauss_kronrod_nodes", "attention_map", "gradient_map", "grad_x_input_map",
-           "integrated_gradients_map", "smooth_grad_map"]
+__all__ = ["auto_internal_batch_size", "shared_input_gradients", "attention_map", "gradient_map", "grad_x_input_map"]
 
 REDUCTIONS = ("l2", "abs_sum")
 #: elements of the ``[rows, T, E]`` embedding block handled per forward/backward pass by default
@@ -107,7 +104,7 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def _input_gradients(model: ExplainableModel, batch: Batch, embeddings: Tensor, target: Any, *, output: str,
+def _input_gradients(model: ExplainableModel, batch: Batch, embeddings: Tensor, target: Any, *, output: Optional[str],
                      create_graph: bool, detach_attention: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     """``(grad [N, T, E], inputs the grad is w.r.t., resolved target)`` of the target score.
 
@@ -128,7 +125,7 @@ def _input_gradients(model: ExplainableModel, batch: Batch, embeddings: Tensor, 
 
 
 def _compute_input_gradients(model: ExplainableModel, batch: Batch, embeddings: Tensor, target: Any, *,
-                             output: str, create_graph: bool,
+                             output: Optional[str], create_graph: bool,
                              detach_attention: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     if create_graph and embeddings.requires_grad:
         inputs = embeddings
@@ -138,9 +135,9 @@ def _compute_input_gradients(model: ExplainableModel, batch: Batch, embeddings: 
     if detach_attention:
         with torch.no_grad():
             override = model.forward_from_embeddings(inputs.detach(), batch).attention.detach()
-    logits = model.forward_from_embeddings(inputs, batch, attention_override=override).logits
-    target = resolve_target(logits, target)
-    score = target_score(logits, target, output)
+    out = model.forward_from_embeddings(inputs, batch, attention_override=override)
+    target = resolve_target(out, target)
+    score = target_score(out, target, output, head_kind_of(model))
     (grad,) = torch.autograd.grad(score.sum(), inputs, create_graph=create_graph)
     return grad, inputs, target
 
@@ -155,7 +152,7 @@ def _safe_l2(grad: Tensor) -> Tensor:
 
 # --- kernels: (model, batch, embeddings, target) -> [N, T]; reused by SmoothGrad on noisy embeddings ------------
 def gradient_map(model: ExplainableModel, batch: Batch, embeddings: Tensor, target: Any, *,
-                 create_graph: bool = False, reduction: str = "l2", output: str = "probability",
+                 create_graph: bool = False, reduction: str = "l2", output: Optional[str] = None,
                  detach_attention: bool = False) -> Tensor:
     """‖∂ score/∂e_t‖₂ (``"l2"``) or Σ_E \\|∂ score/∂e_t\\| (``"abs_sum"``) for each token."""
     if reduction not in REDUCTIONS:
@@ -166,7 +163,7 @@ def gradient_map(model: ExplainableModel, batch: Batch, embeddings: Tensor, targ
 
 
 def grad_x_input_map(model: ExplainableModel, batch: Batch, embeddings: Tensor, target: Any, *,
-                     create_graph: bool = False, output: str = "probability", absolute: bool = False,
+                     create_graph: bool = False, output: Optional[str] = None, absolute: bool = False,
                      detach_attention: bool = False) -> Tensor:
     """Σ_E (∂ score/∂e_t)·e_t (Jain & Wallace: ``output="probability"``, ``absolute=True``, ``detach_attention=True``)."""
     grad, inputs, _ = _input_gradients(model, batch, embeddings, target, output=output, create_graph=create_graph,
@@ -179,37 +176,24 @@ def grad_x_input_map(model: ExplainableModel, batch: Batch, embeddings: Tensor, 
 # --- registered methods ---------------------------------------------------------------------------------------
 @register_method("attention", resolves_target=True)
 def attention_map(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False) -> Tensor:
-    """The model's attention distribution ``[B, T]`` (``target`` is only validated)."""
+    """The model's attention distribution ``[B, T]`` (``target`` is only validated; for generation a target step
+    selects that step's attention row, :func:`~lightning_xai.attribution.targets.explained_attention`)."""
     with nullcontext() if create_graph else torch.no_grad():
         out = model.forward_from_embeddings(model.embed(batch), batch)
-    resolve_target(out.logits, target)
-    check_attention_distribution(out.attention, model.token_mask(batch), source=f"{type(model).__name__}'s attention")
-    return out.attention
+    attention = explained_attention(out, resolve_target(out, target))
+    check_attention_distribution(attention, model.token_mask(batch), source=f"{type(model).__name__}'s attention")
+    return attention
 
 
 @register_method("gradient", resolves_target=True)
 def _gradient(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
-              reduction: str = "l2", output: str = "probability", detach_attention: bool = False) -> Tensor:
+              reduction: str = "l2", output: Optional[str] = None, detach_attention: bool = False) -> Tensor:
     return gradient_map(model, batch, _embed(model, batch, create_graph), target, create_graph=create_graph,
                         reduction=reduction, output=output, detach_attention=detach_attention)
 
 
 @register_method("grad_x_input", resolves_target=True)
 def _grad_x_input(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
-                  output: str = "probability", absolute: bool = False, detach_attention: bool = False) -> Tensor:
+                  output: Optional[str] = None, absolute: bool = False, detach_attention: bool = False) -> Tensor:
     return grad_x_input_map(model, batch, _embed(model, batch, create_graph), target, create_graph=create_graph,
                             output=output, absolute=absolute, detach_attention=detach_attention)
-
-
-
-# names that moved to the modules built on this one; imported on first use (a static import would be a circle)
-_MOVED = {"IG_RULES": "quadrature", "ig_nodes": "quadrature", "gauss_kronrod_nodes": "quadrature",
-          "BASELINES": "integrated_gradients", "IG_AUTO_TOKEN_RTOL": "integrated_gradients",
-          "integrated_gradients_map": "integrated_gradients", "_baseline": "integrated_gradients",
-          "GRADIENT_METHODS": "smooth_grad", "smooth_grad_map": "smooth_grad"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        return getattr(importlib.import_module(f"lightning_xai.attribution.{_MOVED[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,11 +14,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
-from lightning_xai.attribution.batching import pad_embeddings, take_rows
-from lightning_xai.attribution.core import register_method
+from lightning_xai.attribution.batching import gather_rows, pad_embeddings
 from lightning_xai.attribution.gradients import _embed, _rows_per_pass
 from lightning_xai.attribution.quadrature import IG_RULES, gauss_kronrod_nodes, ig_nodes
+from lightning_xai.attribution.registry import SCORES_AND_DELTA, register_method
 from lightning_xai.attribution.targets import resolve_target, target_score
 
 __all__ = ["BASELINES", "IG_AUTO_TOKEN_RTOL", "integrated_gradients_map"]
@@ -47,7 +48,7 @@ def _baseline(model: ExplainableModel, batch: Batch, embeddings: Tensor, baselin
 
 
 def _ig_path(model: ExplainableModel, batch: Batch, embeddings: Tensor, base: Tensor, target: Tensor,
-             alphas: np.ndarray, weights: np.ndarray, *, output: str, create_graph: bool, rows: int) -> Tensor:
+             alphas: np.ndarray, weights: np.ndarray, *, output: Optional[str], create_graph: bool, rows: int) -> Tensor:
     """Σ_E (e − e′)·Σ_k w_k ∂F/∂e(e′ + α_k(e − e′)), all (step, row) pairs batched ``rows`` at a time."""
     B = embeddings.shape[0]
     alpha = torch.as_tensor(alphas, dtype=embeddings.dtype, device=embeddings.device)
@@ -62,14 +63,14 @@ def _ig_path(model: ExplainableModel, batch: Batch, embeddings: Tensor, base: Te
         key = (start % B, stop - start)
         if key not in cache:
             row = torch.arange(start, stop, device=embeddings.device) % B
-            cache = {key: (row, take_rows(batch, row, B))}  # keep only the latest layout
+            cache = {key: (row, gather_rows(batch, row, B))}  # keep only the latest layout
         row, sub = cache[key]
         step = torch.arange(start, stop, device=embeddings.device) // B
         x = base.index_select(0, row) + alpha[step].view(-1, 1, 1) * diff.index_select(0, row)
         if not create_graph:
             x = x.detach().requires_grad_(True)
-        logits = model.forward_from_embeddings(x, sub).logits
-        score = target_score(logits, target.index_select(0, row), output)
+        out = model.forward_from_embeddings(x, sub)
+        score = target_score(out, target.index_select(0, row), output, head_kind_of(model))
         (grad,) = torch.autograd.grad(score.sum(), x, create_graph=create_graph)
         weighted = grad * weight[step].view(-1, 1, 1)
         if create_graph:
@@ -81,7 +82,7 @@ def _ig_path(model: ExplainableModel, batch: Batch, embeddings: Tensor, base: Te
 
 
 def _ig_integrand(model: ExplainableModel, batch: Batch, embeddings: Tensor, base: Tensor, target: Tensor,
-                  row: Tensor, alpha: Tensor, *, output: str, create_graph: bool, rows: int) -> Tensor:
+                  row: Tensor, alpha: Tensor, *, output: Optional[str], create_graph: bool, rows: int) -> Tensor:
     """``[P, T]``: Σ_E (e − e′)·∂F/∂e(e′ + α_p(e − e′)) of row ``row[p]`` at ``alpha[p]``, ``rows`` pairs per pass."""
     B = embeddings.shape[0]
     diff = embeddings - base
@@ -92,8 +93,8 @@ def _ig_integrand(model: ExplainableModel, batch: Batch, embeddings: Tensor, bas
         x = base.index_select(0, r) + alpha[start:start + rows].view(-1, 1, 1) * d
         if not create_graph:
             x = x.detach().requires_grad_(True)
-        logits = model.forward_from_embeddings(x, take_rows(batch, r, B)).logits
-        score = target_score(logits, target.index_select(0, r), output)
+        out = model.forward_from_embeddings(x, gather_rows(batch, r, B))
+        score = target_score(out, target.index_select(0, r), output, head_kind_of(model))
         (grad,) = torch.autograd.grad(score.sum(), x, create_graph=create_graph)
         f = (d * grad).sum(-1)
         pieces.append(f if create_graph else f.detach())
@@ -101,7 +102,7 @@ def _ig_integrand(model: ExplainableModel, batch: Batch, embeddings: Tensor, bas
 
 
 def _ig_gauss_kronrod(model: ExplainableModel, batch: Batch, embeddings: Tensor, base: Tensor, target: Tensor,
-                      gap: Tensor, mask: Tensor, *, output: str, create_graph: bool, rows: int, rtol: float,
+                      gap: Tensor, mask: Tensor, *, output: Optional[str], create_graph: bool, rows: int, rtol: float,
                       atol: float, token_rtol: float, token_atol: float,
                       max_steps: int) -> Tuple[Tensor, Tensor, Tensor]:
     """Per-row globally adaptive G7/K15 on [0, 1]; returns ``(map [N, T], n_steps [N], converged [N] bool)``.
@@ -176,7 +177,7 @@ def _ig_gauss_kronrod(model: ExplainableModel, batch: Batch, embeddings: Tensor,
 def integrated_gradients_map(model: ExplainableModel, batch: Batch, embeddings: Tensor, target: Any, *,
                              create_graph: bool = False, n_steps: Union[int, str] = 50, baseline: Any = "zero",
                              rule: str = "gauss_legendre", internal_batch_size: Union[int, str, None] = "auto",
-                             output: str = "probability", rtol: float = 0.01, atol: float = 1e-6,
+                             output: Optional[str] = None, rtol: float = 0.01, atol: float = 1e-6,
                              max_steps: int = 256, start_steps: Optional[int] = None,
                              token_rtol: float = IG_AUTO_TOKEN_RTOL, token_atol: float = 1e-7, pad_token_id: Optional[int] = None,
                              warn_threshold: float = 0.05) -> Tuple[Tensor, Tensor, Tensor]:
@@ -221,17 +222,17 @@ def integrated_gradients_map(model: ExplainableModel, batch: Batch, embeddings: 
     mask = model.token_mask(batch)
     base = _baseline(model, batch, embeddings, baseline, pad_token_id)
     with torch.no_grad():
-        logits_x = model.forward_from_embeddings(embeddings, batch).logits
-        target = resolve_target(logits_x, target)
-        gap = target_score(logits_x, target, output) - target_score(
-            model.forward_from_embeddings(base, batch).logits, target, output)
+        out_x = model.forward_from_embeddings(embeddings, batch)
+        target = resolve_target(out_x, target)
+        gap = target_score(out_x, target, output, head_kind_of(model)) - target_score(
+            model.forward_from_embeddings(base, batch), target, output, head_kind_of(model))
 
     def run(idx: Optional[Tensor], n: int) -> Tensor:
         alphas, weights = ig_nodes(n, rule)
         if idx is None:
             return _ig_path(model, batch, embeddings, base, target, alphas, weights, output=output,
                             create_graph=create_graph, rows=rows)
-        return _ig_path(model, take_rows(batch, idx, N), embeddings.index_select(0, idx), base.index_select(0, idx),
+        return _ig_path(model, gather_rows(batch, idx, N), embeddings.index_select(0, idx), base.index_select(0, idx),
                         target.index_select(0, idx), alphas, weights, output=output, create_graph=create_graph,
                         rows=rows)
 
@@ -310,12 +311,12 @@ def _precision_hint(embeddings: Tensor, scores: Tensor) -> str:
             "callbacks do this by default, precision='auto')")
 
 
-@register_method("integrated_gradients", resolves_target=True)
+@register_method("integrated_gradients", resolves_target=True, precision_sensitive=True, returns=SCORES_AND_DELTA)
 def _integrated_gradients(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
                           n_steps: Union[int, str] = 50, baseline: Any = "zero", rule: str = "gauss_legendre",
                           internal_batch_size: Union[int, str, None] = "auto",
                           return_convergence_delta: bool = False, return_n_steps: bool = False,
-                          output: str = "probability", rtol: float = 0.01, atol: float = 1e-6,
+                          output: Optional[str] = None, rtol: float = 0.01, atol: float = 1e-6,
                           max_steps: int = 256, start_steps: Optional[int] = None, token_rtol: float = IG_AUTO_TOKEN_RTOL,
                           token_atol: float = 1e-7, pad_token_id: Optional[int] = None,
                           warn_threshold: float = 0.05) -> Union[Tensor, Tuple[Tensor, ...]]:

@@ -27,12 +27,14 @@ from typing import Any, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
-from lightning_xai.attribution.batching import take_rows
-from lightning_xai.attribution.core import attribute, register_method, resolve_target, target_score
+from lightning_xai.attribution.batching import gather_rows
+from lightning_xai.attribution.core import attribute, resolve_target, target_score
 from lightning_xai.attribution.gradients import _rows_per_pass
 from lightning_xai.attribution.integrated_gradients import _baseline
 from lightning_xai.attribution.quadrature import ig_nodes
+from lightning_xai.attribution.registry import PAIRWISE_INTERACTIONS, register_method
 
 __all__ = ["integrated_hessians", "integrated_hessians_map"]
 
@@ -44,8 +46,8 @@ def _inner_ig(model: ExplainableModel, batch: Batch, z: Tensor, base: Tensor, ta
     L = betas.numel()
     path = base + betas.view(L, 1, 1, 1, 1) * (z - base).unsqueeze(0)  # [L, K, N, T, E]
     rows = torch.arange(N, device=z.device).repeat(L * K)
-    logits = model.forward_from_embeddings(path.reshape(L * K * N, T, E), take_rows(batch, rows, N)).logits
-    score = target_score(logits, target.index_select(0, rows), output)
+    logits = model.forward_from_embeddings(path.reshape(L * K * N, T, E), gather_rows(batch, rows, N)).logits
+    score = target_score(logits, target.index_select(0, rows), output, head_kind_of(model))
     (grad,) = torch.autograd.grad(score.sum(), path, create_graph=create_graph)
     averaged = (grad * weights.view(L, 1, 1, 1, 1)).sum(0)  # ∫ ∂F dβ at each z, [K, N, T, E]
     return ((z - base) * averaged).sum(-1)
@@ -141,7 +143,7 @@ def integrated_hessians(model: Any, batch: Batch, target: Any = None, *, n_steps
     return (result[1], result[2]) if return_convergence_delta else result[1]
 
 
-@register_method("integrated_hessians", resolves_target=True)
+@register_method("integrated_hessians", resolves_target=True, precision_sensitive=True, returns=PAIRWISE_INTERACTIONS)
 def _integrated_hessians(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
                          n_steps: int = 16, inner_steps: Optional[int] = None, baseline: Any = "zero",
                          output: str = "probability", pad_token_id: Optional[int] = None,

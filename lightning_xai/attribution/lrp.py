@@ -43,8 +43,8 @@ from torch import Tensor, nn
 
 from lightning_xai.adapters.capabilities import LinearHead, TokenEncoder
 from lightning_xai.adapters.protocol import Batch, as_explainable
-from lightning_xai.attribution.core import register_method
 from lightning_xai.attribution.lrp_rules import _safe_div, _sign, lrp_linear, lstm_forward, lstm_rule, per_token_rule
+from lightning_xai.attribution.registry import SCORES_AND_DELTA, register_method
 from lightning_xai.attribution.targets import resolve_target
 
 __all__ = ["LRP_ENCODER_RULES", "EncoderRule", "lrp", "lrp_linear", "lstm_forward", "lstm_rule", "per_token_rule",
@@ -216,7 +216,7 @@ def lrp(
     return relevance
 
 
-@register_method("lrp", resolves_target=True)
+@register_method("lrp", resolves_target=True, returns=SCORES_AND_DELTA)
 def _lrp_method(model: Any, batch: Batch, target: Any, *, create_graph: bool = False, eps: float = 1e-3,
                 bias_factor: float = 0.0, return_convergence_delta: bool = False,
                 dtype: Optional[torch.dtype] = torch.float64) -> Union[Tensor, Tuple[Tensor, Tensor]]:

@@ -3,18 +3,19 @@ from __future__ import annotations
 
 import warnings
 from contextlib import nullcontext
-from typing import Any, Optional, Union
+from typing import Any, Collection, Optional, Union
 
 import torch
 from torch import Tensor
 
-from lightning_xai.adapters.capabilities import DeletionLogits
+from lightning_xai.adapters.capabilities import DeletionLogits, target_keys
+from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution import batching
-from lightning_xai.attribution.batching import (_trim_padding, length_chunks, pad_embeddings, padding_trimmer,
-                                                remove_tokens, row_extents, take_rows)
-from lightning_xai.attribution.core import register_method
+from lightning_xai.attribution.batching import (_keep_width, length_chunks, pad_embeddings, padding_trimmer,
+                                                remove_tokens, row_extents, gather_rows)
 from lightning_xai.attribution.gradients import _rows_per_pass
+from lightning_xai.attribution.registry import register_method
 from lightning_xai.attribution.targets import resolve_target, target_score
 
 __all__ = ["LOO_MODES", "leave_one_out", "occlusion_batch"]
@@ -27,11 +28,14 @@ def _parameters(model: Any) -> list:
     return list(model.parameters()) if isinstance(model, torch.nn.Module) else []
 
 
-def occlusion_batch(batch: Batch, rows: Tensor, positions: Tensor, batch_size: int) -> dict:
+def occlusion_batch(batch: Batch, rows: Tensor, positions: Tensor, batch_size: int, *,
+                    keep: Collection[str] = ()) -> dict:
     """One variant per ``(rows[k], positions[k])``: row ``rows[k]`` of ``batch`` with that token deleted.
 
     Every per-token value (``input_ids``, ``mask``, ``input_mask``, ``impermissible``, ``rationale``, ...) loses
-    the same position and shifts left, so the masks shrink with the ids; per-example values are repeated.
+    the same position and shifts left, so the masks shrink with the ids; per-example values are repeated. The keys
+    in ``keep`` (an encoder–decoder's target, :func:`~lightning_xai.adapters.capabilities.target_keys`) only follow
+    their rows.
 
     Example:
         >>> b = {"input_ids": torch.tensor([[5, 6, 7]]), "mask": torch.ones(1, 3, dtype=torch.bool),
@@ -40,18 +44,18 @@ def occlusion_batch(batch: Batch, rows: Tensor, positions: Tensor, batch_size: i
         >>> v["input_ids"].tolist(), v["labels"].tolist()
         ([[6, 7], [5, 7], [5, 6]], [1, 1, 1])
     """
-    variants = take_rows(batch, rows, batch_size)
+    variants = gather_rows(batch, rows, batch_size)
     width = next(v.shape[1] for v in batch.values() if isinstance(v, Tensor) and v.dim() >= 2
                  and v.shape[0] == batch_size)
     remove = torch.zeros(rows.numel(), width, dtype=torch.bool, device=rows.device)
     remove[torch.arange(rows.numel(), device=rows.device), positions] = True
-    return remove_tokens(variants, remove)
+    return remove_tokens(variants, remove, keep=keep)
 
 
-@register_method("leave_one_out", resolves_target=True)
+@register_method("leave_one_out", resolves_target=True, precision_sensitive=True)
 def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
                   mode: str = "delete", signed: bool = False, internal_batch_size: Union[int, str, None] = "auto",
-                  output: str = "probability", pad_token_id: Optional[int] = None) -> Tensor:
+                  output: Optional[str] = None, pad_token_id: Optional[int] = None) -> Tensor:
     """``[B, T]``: score(x) − score(x without token t) for every real token t (\\|·\\| unless ``signed``).
 
     ``mode="delete"`` removes the token (the sequence gets one shorter, as in Jain & Wallace);
@@ -69,7 +73,9 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
 
     In delete mode a model with the :class:`~lightning_xai.adapters.capabilities.DeletionLogits` capability
     scores the variants itself (the reference BiLSTM reuses its recurrent states); ``None`` from it means:
-    re-run the shortened rows. A row with a single real token cannot be deleted into an empty sequence: in
+    re-run the shortened rows. For a generation model the source (prompt) tokens are deleted and the target is
+    scored on each shortened source (a causal LM's labels shift with its ``input_ids``; an encoder–decoder's target
+    keys stay as they are). A row with a single real token cannot be deleted into an empty sequence: in
     delete mode its token is scored in pad mode instead, with a warning.
 
     Precision: the scores are differences of probabilities close to each other, which bf16/fp16 rounding
@@ -96,9 +102,10 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
     B, T = mask.shape
     with nullcontext() if create_graph else torch.no_grad():
         embeddings = model.embed(batch)
-        logits = model.forward_from_embeddings(embeddings, batch).logits
+        logits = model.forward_from_embeddings(embeddings, batch)
         target = resolve_target(logits, target)
-        full = target_score(logits, target, output)
+        full = target_score(logits, target, output, head_kind_of(model))
+        keep = target_keys(model, batch)
         rows, positions = mask.nonzero(as_tuple=True)
         E = embeddings.shape[-1]
         per_pass = _rows_per_pass(internal_batch_size, T, E, embeddings.device, forward_only=True)
@@ -122,33 +129,33 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
             out = model.deletion_logits(embeddings, batch, rows[chosen], positions[chosen]) \
                 if isinstance(model, DeletionLogits) else None
             if out is not None:
-                parts.append((chosen, target_score(out, target.index_select(0, rows[chosen]), output)))
+                parts.append((chosen, target_score(out, target.index_select(0, rows[chosen]), output, head_kind_of(model))))
                 chosen = chosen[:0]
         if chosen.numel() or bool(by_pad.any()):  # full passes remain: trim them only where the logits allow
             trim = padding_trimmer(model, batch, B)  # the identity for a model that reads its padding
-            extents = row_extents(batch, B) if trim is _trim_padding else torch.full((B,), T, dtype=torch.long)
+            extents = row_extents(batch, B) if trim is not _keep_width else torch.full((B,), T, dtype=torch.long)
             extents = extents.to(rows.device).index_select(0, rows)
         if chosen.numel():  # deletions re-run in full: a deleted token shortens its row by one (the rest shifts left)
             for c in length_chunks(extents[chosen] - 1, max_tokens, max_rows=max_rows):
                 k = chosen[c.to(chosen.device)]
-                variants = trim(occlusion_batch(batch, rows[k], positions[k], B), (k.numel(), T - 1))
-                out = model.forward_from_embeddings(model.embed(variants), variants).logits
-                parts.append((k, target_score(out, target.index_select(0, rows[k]), output)))
+                variants = trim(occlusion_batch(batch, rows[k], positions[k], B, keep=keep), (k.numel(), T - 1))
+                out = model.forward_from_embeddings(model.embed(variants), variants)
+                parts.append((k, target_score(out, target.index_select(0, rows[k]), output, head_kind_of(model))))
         if bool(by_pad.any()):
             pads = pad_embeddings(model, batch, embeddings, pad_token_id=pad_token_id)
             chosen = by_pad.nonzero().flatten()
             for c in length_chunks(extents[chosen], max_tokens, max_rows=max_rows):
                 k = chosen[c.to(chosen.device)]
                 r, p = rows[k], positions[k]
-                sub = trim(take_rows(batch, r, B), (k.numel(), T))
+                sub = trim(gather_rows(batch, r, B), (k.numel(), T))
                 width = next(v.shape[1] for v in sub.values() if isinstance(v, Tensor) and v.dim() >= 2
                              and v.shape[0] == k.numel())
                 # one copy of the rows (cut to the pass's width), then overwrite the single occluded vector each
                 x = embeddings.index_select(0, r)[:, :width]
                 where = (torch.arange(k.numel(), device=x.device), p)
                 x = x.index_put(where, pads[r, p]) if create_graph else x.contiguous().index_put_(where, pads[r, p])
-                out = model.forward_from_embeddings(x, sub).logits
-                parts.append((k, target_score(out, target.index_select(0, r), output)))
+                out = model.forward_from_embeddings(x, sub)
+                parts.append((k, target_score(out, target.index_select(0, r), output, head_kind_of(model))))
         for k, values in parts:
             occluded = occluded.index_copy(0, k, values)
         change = full.index_select(0, rows) - occluded

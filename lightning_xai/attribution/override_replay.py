@@ -22,7 +22,7 @@ from torch import Tensor
 
 from lightning_xai.adapters.capabilities import LinearHead, OverrideReplay, OverrideScorer
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, ExplainOutput
-from lightning_xai.attribution.batching import take_rows
+from lightning_xai.attribution.batching import gather_rows
 
 __all__ = ["REPLAY_RTOL", "REPLAY_ATOL", "override_scorer"]
 
@@ -90,7 +90,7 @@ def override_scorer(model: ExplainableModel, embeddings: Tensor, batch: Batch
         rows = torch.arange(min(B, 2), device=mask.device)
         real = mask.index_select(0, rows)
         uniform = real.to(out.attention.dtype) / real.sum(1, keepdim=True).clamp(min=1).to(out.attention.dtype)
-        full = model.forward_from_embeddings(embeddings.index_select(0, rows), take_rows(batch, rows, B),
+        full = model.forward_from_embeddings(embeddings.index_select(0, rows), gather_rows(batch, rows, B),
                                              attention_override=uniform).logits
         if not _close(scorer(rows, uniform), full):
             return out, None

@@ -1,7 +1,7 @@
 """Smooth attention (Ding & Koehn 2019): the attention distribution averaged over Gaussian-noised embeddings.
 
 The attention twin of SmoothGrad, with the same noise convention as ``smooth_grad``
-(:func:`~lightning_xai.attribution.gradients.smooth_grad_map`): every real token's embedding gets
+(:func:`~lightning_xai.attribution.smooth_grad.smooth_grad_map`): every real token's embedding gets
 N(0, σ²) noise, σ = ``noise_level``·(max − min) of the row's real-token embedding entries (or ``stdev``), pads and
 special tokens are left as they are, and the draws come from a generator seeded with ``seed`` (one draw of
 shape ``[B, T, E]`` per sample, so the noise does not depend on how samples are grouped into passes).
@@ -15,9 +15,11 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
-from lightning_xai.attribution.batching import take_rows
-from lightning_xai.attribution.core import register_method, resolve_target
+from lightning_xai.attribution.batching import gather_rows
+from lightning_xai.attribution.core import resolve_target
+from lightning_xai.attribution.targets import explained_attention
 from lightning_xai.attribution.gradients import _rows_per_pass
+from lightning_xai.attribution.registry import register_method
 
 __all__ = ["noise_scale", "smooth_attention_map"]
 
@@ -54,7 +56,7 @@ def smooth_attention_map(model: ExplainableModel, batch: Batch, embeddings: Tens
                          noise_level: float = 0.15, stdev: Optional[float] = None, seed: Optional[int] = 0,
                          generator: Optional[torch.Generator] = None, noise: Optional[Tensor] = None,
                          internal_batch_size: Union[int, str, None] = "auto",
-                         create_graph: bool = False) -> Tensor:
+                         create_graph: bool = False, target: Optional[Tensor] = None) -> Tensor:
     """Mean ``[B, T]`` attention of the model over ``n_samples`` noisy copies of ``embeddings``.
 
     Args:
@@ -69,6 +71,8 @@ def smooth_attention_map(model: ExplainableModel, batch: Batch, embeddings: Tens
         noise: ``[n_samples, B, T, E]`` explicit noise, added as it is (only on real tokens).
         internal_batch_size: noisy rows per forward pass (``"auto"``: sized like the gradient methods' passes).
         create_graph: keep the graph (the mean stays differentiable w.r.t. parameters).
+        target: a resolved ``LongTensor[B]`` target; for a generation model a step ``k`` averages that step's
+            attention row (:func:`~lightning_xai.attribution.targets.explained_attention`), else it is unused.
 
     Example:
         >>> from lightning_xai.models import AttentionClassifier
@@ -100,8 +104,10 @@ def smooth_attention_map(model: ExplainableModel, batch: Batch, embeddings: Tens
             k = min(per_pass, n_samples - first)
             eps = noise[first:first + k].to(embeddings) if noise is not None else _draw(embeddings, sigma, generator, k)
             noisy = (embeddings.unsqueeze(0) + eps * real).reshape(k * N, T, E)
-            sub = batch if k == 1 else take_rows(batch, torch.arange(N, device=embeddings.device).repeat(k), N)
-            part = model.forward_from_embeddings(noisy, sub).attention.reshape(k, N, T).sum(0)
+            sub = batch if k == 1 else gather_rows(batch, torch.arange(N, device=embeddings.device).repeat(k), N)
+            out = model.forward_from_embeddings(noisy, sub)
+            attention = explained_attention(out, None if target is None else target.repeat(k))
+            part = attention.reshape(k, N, T).sum(0)
             total = part if total is None else total + part
     return total / n_samples
 
@@ -114,9 +120,9 @@ def _smooth_attention(model: ExplainableModel, batch: Batch, target: Any, *, cre
                       internal_batch_size: Union[int, str, None] = "auto") -> Tensor:
     with nullcontext() if create_graph else torch.no_grad():
         embeddings = model.embed(batch)
-        resolve_target(model.forward_from_embeddings(embeddings, batch).logits, target)  # validated only
+        target = resolve_target(model.forward_from_embeddings(embeddings, batch), target)
     if not create_graph:
         embeddings = embeddings.detach()
     return smooth_attention_map(model, batch, embeddings, n_samples=n_samples, noise_level=noise_level, stdev=stdev,
                                 seed=seed, generator=generator, noise=noise, internal_batch_size=internal_batch_size,
-                                create_graph=create_graph)
+                                create_graph=create_graph, target=target)

@@ -9,9 +9,9 @@ from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution.batching import repeat_rows
-from lightning_xai.attribution.core import register_method
 from lightning_xai.attribution.gradients import _embed, _rows_per_pass, grad_x_input_map, gradient_map
 from lightning_xai.attribution.integrated_gradients import integrated_gradients_map
+from lightning_xai.attribution.registry import register_method
 from lightning_xai.attribution.targets import resolve_target
 
 __all__ = ["GRADIENT_METHODS", "smooth_grad_map"]
@@ -48,7 +48,7 @@ def smooth_grad_map(model: ExplainableModel, batch: Batch, embeddings: Tensor, t
     N, T, E = embeddings.shape
     mask = model.token_mask(batch)
     with torch.no_grad():
-        target = resolve_target(model.forward_from_embeddings(embeddings, batch).logits, target)
+        target = resolve_target(model.forward_from_embeddings(embeddings, batch), target)
     if noise is not None:
         if tuple(noise.shape) != (n_samples, N, T, E):
             raise ValueError(f"noise must have shape (n_samples, B, T, E) = {(n_samples, N, T, E)}; got "

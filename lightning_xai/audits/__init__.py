@@ -3,12 +3,8 @@
 Permuted/uniform attention (:mod:`~lightning_xai.audits.baselines`), the erasure decision flip
 (:mod:`~lightning_xai.audits.erasure`), the adversarial attention search, seed variance and the sanity checks. The
 diagnostic MLP (``DiagnosticMLP``, ``diagnostic_audit``, ``evaluate_classifier``) is a model and lives in
-:mod:`lightning_xai.models.diagnostic`; its names here still work, with a ``DeprecationWarning``.
+:mod:`lightning_xai.models.diagnostic`.
 """
-import importlib
-import warnings
-from typing import Any
-
 from lightning_xai.audits.adversarial import (AdversarialSearchResult, adversarial_attention_search,
                                               jensen_shannon_divergence, kl_divergence, summarize_search,
                                               total_variation)
@@ -24,15 +20,3 @@ __all__ = ["RANKINGS", "DecisionFlipResult", "attention_gradient", "decision_fli
            "shifted_model",
            "AdversarialSearchResult", "adversarial_attention_search", "jensen_shannon_divergence", "kl_divergence",
            "summarize_search", "total_variation", "SeedVarianceResult", "attention_divergence", "seed_variance"]
-
-_MOVED_TO_MODELS = ("DiagnosticMLP", "diagnostic_audit", "evaluate_classifier")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED_TO_MODELS:
-        warnings.warn(f"lightning_xai.audits.{name} is deprecated; import it from lightning_xai.models.diagnostic.",
-                      DeprecationWarning, stacklevel=2)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # the shim's own warning: one is enough
-            return getattr(importlib.import_module("lightning_xai.audits.diagnostic"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,7 +22,7 @@ every name importable from one place.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, Sequence
+from typing import Any, Callable, Dict, Sequence
 
 import torch
 from torch import Tensor
@@ -32,29 +32,10 @@ from lightning_xai.attribution import attribute, explanation_context, predicted_
 from lightning_xai.audits.input_invariance import DEFAULT_INVARIANCE_METHODS, input_invariance, shifted_model
 from lightning_xai.audits.randomization import DEFAULT_RANDOMIZATION_METHODS, model_randomization
 from lightning_xai.audits.sanity_table import MethodSpec, SanityTable
-from lightning_xai.metrics.functional.agreement import kendall_tau
 
 __all__ = ["DEFAULT_INVARIANCE_METHODS", "DEFAULT_RANDOMIZATION_METHODS", "MethodSpec", "SanityTable",
-           "completeness", "input_invariance", "kendall_tau_b", "model_randomization", "run_sanity_checks",
+           "completeness", "input_invariance", "model_randomization", "run_sanity_checks",
            "shifted_model"]
-
-
-def kendall_tau_b(a: Tensor, b: Tensor, mask: Tensor) -> Tensor:
-    """Deprecated: per-row Kendall τ-b of ``a`` and ``b`` over ``mask``; use
-    :func:`lightning_xai.metrics.functional.kendall_tau` (which also returns the p-values).
-
-    Example:
-        >>> import warnings
-        >>> a = torch.tensor([[1.0, 2.0, 3.0, 0.0]])
-        >>> with warnings.catch_warnings():
-        ...     warnings.simplefilter("ignore", DeprecationWarning)
-        ...     kendall_tau_b(a, torch.tensor([[3.0, 2.0, 1.0, 9.0]]), torch.tensor([[True, True, True, False]]))
-        tensor([-1.])
-    """
-    warnings.warn("lightning_xai.audits.sanity.kendall_tau_b is deprecated; use "
-                  "lightning_xai.metrics.functional.kendall_tau(a, b, mask)[0].", DeprecationWarning, stacklevel=2)
-    dtype = a.dtype if a.is_floating_point() else torch.get_default_dtype()
-    return kendall_tau(a.detach().double(), b.detach().double(), mask)[0].to(dtype)
 
 
 def completeness(
@@ -131,8 +112,8 @@ def run_sanity_checks(model: Any, batch: Batch, *, checks: Sequence[str] = ("inp
         >>> sorted(run_sanity_checks(model, batch, checks=["completeness"], completeness_n_steps=(8,)))
         ['completeness']
     """
-    functions = {"input_invariance": input_invariance, "model_randomization": model_randomization,
-                 "completeness": completeness}
+    functions: Dict[str, Callable[..., SanityTable]] = {
+        "input_invariance": input_invariance, "model_randomization": model_randomization, "completeness": completeness}
     unknown = [c for c in checks if c not in functions]
     if unknown:
         raise ValueError(f"Unknown sanity check(s) {unknown}; choose from {sorted(functions)}.")

@@ -3,6 +3,7 @@
 * :class:`AttentionAudit` — agreement of attention with saliency maps, and of the maps with each other.
 * :class:`ErasureAudit` — Serrano & Smith's decision flips and ERASER comprehensiveness/sufficiency/AOPC.
 * :class:`AttentionBaselines` — Jain & Wallace's permutation test and Wiegreffe & Pinter's uniform attention.
+* :class:`AlignmentAudit` — AER of the word alignments a generator's attention and saliency maps induce.
 * :class:`AdversarialSearchAudit` — Jain & Wallace's per-instance adversarial attention search (JSD distribution).
 * :class:`ImpermissibleAttentionMonitor` — attention mass on impermissible tokens (deception audits).
 * :class:`SanityCheck` — saliency sanity checks (input invariance, parameter randomisation, completeness).
@@ -16,6 +17,7 @@ One module per callback; their shared machinery is the private package ``lightni
 Constants and helpers live in their modules, e.g. ``lightning_xai.callbacks.attention_audit.DEFAULT_METHODS``.
 """
 from lightning_xai.callbacks.adversarial_search import AdversarialSearchAudit
+from lightning_xai.callbacks.alignment_audit import AlignmentAudit
 from lightning_xai.callbacks.attention_audit import AttentionAudit
 from lightning_xai.callbacks.attention_baselines import AttentionBaselines
 from lightning_xai.callbacks.base import (AuditCallback, AuditExample, AuditPrediction, AuditResult, BatchResult,
@@ -25,6 +27,6 @@ from lightning_xai.callbacks.impermissible import ImpermissibleAttentionMonitor
 from lightning_xai.callbacks.random_state import RandomStateCheckpoint
 from lightning_xai.callbacks.sanity import SanityCheck
 
-__all__ = ["AdversarialSearchAudit", "AttentionAudit", "AttentionBaselines", "AuditCallback", "AuditExample",
+__all__ = ["AdversarialSearchAudit", "AlignmentAudit", "AttentionAudit", "AttentionBaselines", "AuditCallback", "AuditExample",
            "AuditPrediction", "AuditResult", "BatchResult", "ErasureAudit", "ImpermissibleAttentionMonitor",
            "RandomStateCheckpoint", "SanityCheck", "TokenPairs"]

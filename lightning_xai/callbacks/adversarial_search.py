@@ -74,6 +74,8 @@ class AdversarialSearchAudit(AuditCallback):
 
     name = "adversarial_search"
     needs_attention_override = True  # the adversarial attentions are fed back as overrides
+    refuses_generation = ("the search constrains the change of the output distribution over classes (TVD), which a "
+                          "target sequence does not have")
     _SEARCH_OPTIONS = ("init_std", "output_penalty", "output_tolerance", "diversity_weight", "fixed_hidden")
 
     def __init__(self, num_candidates: int = 5, steps: int = 500, lr: float = 0.01, max_output_change: float = 0.05,

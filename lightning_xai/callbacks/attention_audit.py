@@ -14,11 +14,14 @@ from typing_extensions import override
 
 from lightning_xai.adapters.capabilities import DeletionLogits
 from lightning_xai.adapters.protocol import ExplainableModel
-from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, shared_input_gradients
+from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, method_record, shared_input_gradients
+from lightning_xai.callbacks._audit.generation import (check_decoding, check_generation_methods, decoded_batch,
+                                                      is_generator_model, per_step_agreement)
 from lightning_xai.callbacks._audit.options import check_names, check_options_of_methods
 from lightning_xai.callbacks._audit.results import DEFAULT_TOP_PAIRS
 from lightning_xai.callbacks.base import AuditCallback, AuditPrediction, BatchResult
-from lightning_xai.metrics.registry import AGREEMENT_ALIASES, AGREEMENT_METRICS, resolve_agreement_metric
+from lightning_xai.metrics.registry import (AGREEMENT_ALIASES, AGREEMENT_METRICS, metric_label,
+                                            resolve_agreement_metric)
 
 __all__ = ["AttentionAudit", "AGREEMENT_METRICS", "DEFAULT_GRADIENT_METHODS", "DEFAULT_METHODS", "DEFAULT_METHOD_OPTIONS"]
 
@@ -38,7 +41,6 @@ DEFAULT_GRADIENT_METHODS: Tuple[str, ...] = ("gradient", "grad_x_input")
 #: (``absolute=True``); the signed map ranks strongly negative tokens last and gives negative τ against attention.
 #: The signed map stays available: ``method_options={"grad_x_input": {"absolute": False}}``.
 DEFAULT_METHOD_OPTIONS: Dict[str, Dict[str, Any]] = {"grad_x_input": {"absolute": True}}
-_SUMMARY_LABELS = {"kendall_tau": "Kendall τ", "jsd": "JSD", "topk_overlap": "top-k overlap"}
 
 
 def pair_name(first: str, second: str) -> str:
@@ -64,6 +66,20 @@ class AttentionAudit(AuditCallback):
     over the audited examples. A deceptive model (Pruthi et al., 2020) drives the attention's share to ~0 while
     gradient or leave-one-out shares stay high: saliency still sees the tokens the model uses.
 
+    **Generation.** On a generator (a ``transformers`` causal LM or encoder–decoder the module holds, seen through
+    :class:`~lightning_xai.adapters.huggingface.HuggingFaceGenerationAdapter`) the maps are over the *source* tokens
+    (the encoder input, a causal LM's prompt) and explain the log-probability of the whole target,
+    ``Σ_k log p(y_k | y_<k, source)``; the attention is the mean of the target steps' attention rows (cross-attention
+    of an encoder–decoder). Batches carry the target as ``labels`` (``[B, T]`` aligned with ``input_ids`` for a causal
+    LM, ``[B, S]`` for an encoder–decoder; -100 where nothing is explained). ``decoding="force"`` (default) explains
+    those labels; ``decoding="free"`` the model's own greedy output (up to ``max_new_tokens`` tokens), decoded anew
+    at every audit. ``per_step=True`` also compares each target step's attention row with each method's map of that
+    step's log-probability, over the ``(example, step)`` pairs that exist; an example's value is the mean over its
+    steps, logged under ``per_step/``: ``attention_audit/per_step/kendall_tau/attention_vs_gradient/mean`` (no
+    p-values). Methods that read a classifier's ``[B, C]`` logits (``lrp``, ``attnlrp``, ``integrated_hessians``,
+    the context-mixing methods) are refused at setup. A report shows the source tokens; an example's ``label`` is
+    ``None``, its ``prediction`` -1 and its ``probability`` that of the whole target.
+
     Args:
         methods: attribution methods compared with attention (any name :func:`~lightning_xai.attribution.attribute`
             accepts). ``None`` (default) picks them at setup from the model: Jain & Wallace's gradient,
@@ -76,8 +92,9 @@ class AttentionAudit(AuditCallback):
             ``method_options={"integrated_gradients": {"n_steps": "auto"}}`` for its adaptive quadrature) when
             the cost — roughly 256 × 26 extra forward+backward passes per audit — is worth it. A method whose
             ``attribute`` returns a tuple (``integrated_hessians``: row sums and Γ; ``integrated_gradients`` with
-            ``return_convergence_delta=True``) is compared through its first element, the ``[B, T]`` map;
-            Integrated Hessians' Γ also gives the report its strongest token pairs (``top_pairs``).
+            ``return_convergence_delta=True``) is compared through its first element, the ``[B, T]`` map; the
+            ``[B, T, T]`` interactions of a method registered with ``returns="pairwise_interactions"`` (Integrated
+            Hessians' Γ) also give the report its strongest token pairs (``top_pairs``).
         metrics: agreement metrics of :mod:`lightning_xai.metrics.registry`: ``kendall_tau`` (τ-b, J&W),
             ``topk_kendall_tau``, ``spearman``, ``pearson``, ``jsd`` (maps as distributions of ``|score|``),
             ``topk_overlap``, or any name registered with ``register_agreement_metric``.
@@ -93,6 +110,10 @@ class AttentionAudit(AuditCallback):
             their tokens (:class:`~lightning_xai.callbacks._audit.results.TokenPairs`), drawn by
             :class:`~lightning_xai.reporting.AuditReport` as a heatmap; ``0``: none kept. Nothing is computed
             for it beyond Integrated Hessians itself.
+        decoding: for a generator, ``"force"`` (explain the batch's ``labels``) or ``"free"`` (explain the model's
+            greedy output); a classifier takes only ``"force"``.
+        max_new_tokens: the longest greedy output free decoding explains.
+        per_step: for a generator, also compare the maps of every target step (see above).
         **kwargs: scheduling and subset options of :class:`~lightning_xai.callbacks.AuditCallback`
             (``every_n_epochs=1``, ``every_n_train_steps=None``, ``num_samples=256``, ``dataloader="val"``,
             ``seed=0``, ...).
@@ -118,9 +139,15 @@ class AttentionAudit(AuditCallback):
         metric_options: Optional[Mapping[str, Mapping[str, Any]]] = None,
         impermissible_key: Optional[str] = "impermissible",
         top_pairs: int = DEFAULT_TOP_PAIRS,
+        decoding: str = "force",
+        max_new_tokens: int = 20,
+        per_step: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        check_decoding("AttentionAudit", decoding, max_new_tokens)
+        if not isinstance(per_step, bool):
+            raise MisconfigurationException(f"AttentionAudit(per_step) must be a bool, got {per_step!r}.")
         self._auto_methods = methods is None
         methods = DEFAULT_METHODS if methods is None else methods
         if isinstance(methods, str) or isinstance(metrics, str):
@@ -174,6 +201,7 @@ class AttentionAudit(AuditCallback):
         self.metric_options = metric_options
         self.impermissible_key = impermissible_key
         self.top_pairs = top_pairs
+        self.decoding, self.max_new_tokens, self.per_step = decoding, max_new_tokens, per_step
 
     def _use_methods(self, methods: Sequence[str]) -> None:
         self.methods = list(methods)
@@ -183,10 +211,13 @@ class AttentionAudit(AuditCallback):
     @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         super().setup(trainer, pl_module, stage)
+        model = self.explainable(pl_module)
+        check_generation_methods("AttentionAudit", model, self.methods, decoding=self.decoding,
+                                 per_step=self.per_step)
         if not self._auto_methods:
             return
         named = {m for pair in self._requested_pairs or () for m in pair} | set(self.method_options)
-        if isinstance(self.explainable(pl_module), DeletionLogits) or "leave_one_out" in named:
+        if isinstance(model, DeletionLogits) or "leave_one_out" in named:
             chosen = DEFAULT_METHODS
         else:
             chosen = DEFAULT_GRADIENT_METHODS
@@ -195,9 +226,15 @@ class AttentionAudit(AuditCallback):
                            "methods=('gradient', 'grad_x_input', 'leave_one_out') to include it.")
         self._use_methods(chosen)
 
+    def audit_inputs(self, model: ExplainableModel, batch: Dict[str, Any]) -> Dict[str, Any]:
+        """The batch itself, or for ``decoding="free"`` the batch with the model's greedy output as its target."""
+        return decoded_batch(model, batch, self.decoding, self.max_new_tokens)
+
     def _state_config(self) -> Dict[str, Any]:
         methods = "auto" if self._auto_methods else tuple(self.methods)  # the same key before and after setup
-        return dict(super()._state_config(), methods=methods, metrics=tuple(self.metrics))
+        generation = {k: v for k, v, default in (("decoding", self.decoding, "force"), ("per_step", self.per_step, False))
+                      if v != default}  # only when not the defaults: existing checkpoints keep their keys
+        return dict(super()._state_config(), methods=methods, metrics=tuple(self.metrics), **generation)
 
     def expected_values(self) -> List[str]:
         """Every pair's metric (and p-value): NaN for undefined examples, so no metric silently disappears."""
@@ -205,6 +242,8 @@ class AttentionAudit(AuditCallback):
         for (first, second), metric in itertools.product(self.pairs, self.metrics):
             key = f"{metric}/{pair_name(first, second)}"
             names += [key, f"{key}/p_value"] if AGREEMENT_METRICS[metric][1] else [key]
+            if self.per_step:
+                names.append(f"per_step/{key}")
         return names
 
     def summary_rows(self, metrics: Mapping[str, float], full: bool = False) -> List[Tuple[str, str]]:
@@ -217,7 +256,7 @@ class AttentionAudit(AuditCallback):
         """
         rows = []
         for metric in self.metrics[: None if full else 1]:
-            label = _SUMMARY_LABELS.get(metric, metric)
+            label = metric_label(metric)
             for first, second in self.pairs:
                 key = f"{metric}/{pair_name(first, second)}"
                 if f"{key}/mean" in metrics:
@@ -240,12 +279,15 @@ class AttentionAudit(AuditCallback):
                 with self.map_precision(method):  # float32 for leave-one-out, IG under autocast ("auto")
                     options = {**DEFAULT_METHOD_OPTIONS.get(method, {}), **self.method_options.get(method, {})}
                     scores = attribute(model, batch, method, target=None, **options)
-                if isinstance(scores, tuple):  # (map [B, T], extra): IG's convergence delta, Int. Hessians' [B, T, T]
-                    if method == "integrated_hessians" and self.top_pairs:  # Γ: the report's strongest pairs
-                        found.update(interactions=scores[1].detach().float(), interaction_pairs=self.top_pairs)
+                if isinstance(scores, tuple):  # (map [B, T], extra): a convergence delta, pairwise interactions
+                    if method_record(method).has_interactions and self.top_pairs:  # the report's strongest pairs
+                        found.update(interactions=scores[1].detach().float(), interaction_pairs=self.top_pairs,
+                                     interaction_method=method)
                     scores = scores[0]
                 maps[method] = scores.detach().float()
         values: Dict[str, Tensor] = {}
+        if self.per_step and is_generator_model(model):
+            values.update(self._per_step_values(model, batch, prediction, mask))
         for first, second in self.pairs:
             for metric in self.metrics:
                 fn, has_p = AGREEMENT_METRICS[metric]
@@ -259,10 +301,10 @@ class AttentionAudit(AuditCallback):
             impermissible = batch[self.impermissible_key]
             if (not isinstance(impermissible, Tensor) or impermissible.dtype != torch.bool
                     or impermissible.shape != mask.shape):
-                found = tuple(impermissible.shape) if isinstance(impermissible, Tensor) else type(impermissible)
+                got = tuple(impermissible.shape) if isinstance(impermissible, Tensor) else type(impermissible)
                 raise MisconfigurationException(
                     f"AttentionAudit: batch[{self.impermissible_key!r}] must be a bool tensor shaped like the token "
-                    f"mask {tuple(mask.shape)}, got {getattr(impermissible, 'dtype', None)} {found}; fix the "
+                    f"mask {tuple(mask.shape)}, got {getattr(impermissible, 'dtype', None)} {got}; fix the "
                     "collate function or set impermissible_key=None.")
             real = mask.to(maps["attention"].device).double()
             inside = impermissible.to(real.device).double() * real
@@ -272,3 +314,18 @@ class AttentionAudit(AuditCallback):
                 share = (magnitude * inside).sum(-1) / total
                 values[f"impermissible_share/{name}"] = torch.where(total > 0, share, torch.full_like(share, math.nan))
         return BatchResult(maps=maps, values=values, **found), {}
+
+    def _per_step_values(self, model: ExplainableModel, batch: Dict[str, Any], prediction: AuditPrediction,
+                         mask: Tensor) -> Dict[str, Tensor]:
+        """``per_step/<metric>/<pair>`` ``[B]``: every pair's metric over each row's target steps (see the class)."""
+        out = prediction.output
+        step_maps: Dict[str, Tensor] = {"attention": out.extras["step_attention"].detach().float()}
+        with shared_input_gradients():
+            for method in self.methods:
+                with self.map_precision(method):
+                    options = {**DEFAULT_METHOD_OPTIONS.get(method, {}), **self.method_options.get(method, {})}
+                    scores = attribute(model, batch, method, target="steps", **options)
+                step_maps[method] = (scores[0] if isinstance(scores, tuple) else scores).detach().float()
+        metrics = {metric: AGREEMENT_METRICS[metric][0] for metric in self.metrics}
+        found = per_step_agreement(step_maps, out.target_steps, mask, self.pairs, metrics, self.metric_options)
+        return {f"per_step/{key}": value for key, value in found.items()}

@@ -46,6 +46,9 @@ class AttentionBaselines(AuditCallback):
 
     name = "attention_baselines"
     needs_attention_override = True  # the permuted and uniform attentions are fed back as overrides
+    refuses_generation = ("its baselines are scored by the output distribution over classes (JSD, decision flips); "
+                          "Vashishth et al.'s generation variant (the change in the target's log-probability and in "
+                          "the greedy token under uniform or permuted attention rows) is not implemented")
 
     def __init__(self, num_permutations: int = 100,
                  max_attention_bins: Sequence[float] = DEFAULT_MAX_ATTENTION_BINS,

@@ -1,7 +1,6 @@
 """Erasure faithfulness while a model trains: Serrano & Smith's decision flips and ERASER's deletion metrics."""
 from __future__ import annotations
 
-import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
@@ -20,8 +19,6 @@ __all__ = ["ERASURE_RANKINGS", "ErasureAudit"]
 #: the erasure audit's own rankings, by the name it logs them under -> the ranking of :mod:`lightning_xai.audits.erasure`
 ERASURE_RANKINGS: Dict[str, str] = {"attention": "attention", "random": "random", "attention_gradient": "gradient",
                                     "grad_x_attention": "grad_x_attention"}
-#: old names -> new names (a ``DeprecationWarning`` says so)
-_RENAMED = {"gradient": "attention_gradient"}
 
 
 def _is_size(value: Any) -> bool:
@@ -51,9 +48,8 @@ class ErasureAudit(AuditCallback):
     Rankings: ``"attention"``, ``"random"``, ``"attention_gradient"`` (∂ logit / ∂α, Serrano & Smith's
     gradient w.r.t. the attention weights), ``"grad_x_attention"`` (α · ∂ logit / ∂α), or any other
     :func:`~lightning_xai.attribution.attribute` method name (its token map is the ranking, e.g.
-    ``"integrated_gradients"``, ``"leave_one_out"``). ``"gradient"`` used to name ∂ logit / ∂α here while
-    ``attribute``'s ``"gradient"`` is ‖∂p/∂e‖ (the embedding gradient), both logged as ``gradient/…``: it still
-    means ∂ logit / ∂α, with a ``DeprecationWarning``, and is logged as ``attention_gradient/…``.
+    ``"integrated_gradients"``, ``"leave_one_out"``; ``"gradient"`` is ``attribute``'s ‖∂p/∂e‖, the embedding
+    gradient).
 
     Args:
         rankings: the rankings compared.
@@ -72,7 +68,10 @@ class ErasureAudit(AuditCallback):
     """
 
     name = "erasure_audit"
-    precision_map = "erasure"  # under autocast with precision="auto", erasure runs in float32
+    refuses_generation = ("comprehensiveness, sufficiency and decision flips are computed from the predicted "
+                          "class's probability; the generation variant (the target's log-probability erased, a flip "
+                          "when the greedy token at a step changes) is not implemented")
+    precision_sensitive = True  # under autocast with precision="auto", erasure runs in float32
 
     def __init__(self, rankings: Sequence[str] = ("attention", "attention_gradient", "random"),
                  k: Union[int, float] = 0.2, aopc_bins: Sequence[Union[int, float]] = (),
@@ -81,7 +80,7 @@ class ErasureAudit(AuditCallback):
         super().__init__(**kwargs)
         if isinstance(rankings, str):
             raise MisconfigurationException("ErasureAudit(rankings) is a list of names, not a string.")
-        rankings = [self._renamed(str(r)) for r in rankings]
+        rankings = [str(r) for r in rankings]
         if not rankings or len(set(rankings)) != len(rankings):
             raise MisconfigurationException(f"ErasureAudit(rankings) must be non-empty and distinct, got {rankings}.")
         check_names("ErasureAudit", "ranking", rankings, [*ERASURE_RANKINGS, *ATTRIBUTION_METHODS],
@@ -111,16 +110,6 @@ class ErasureAudit(AuditCallback):
             raise MisconfigurationException(f"ErasureAudit: method_options for {stray}, which are not in rankings "
                                             f"{rankings}.")
         check_options_of_methods("ErasureAudit", self.method_options)
-
-    @staticmethod
-    def _renamed(ranking: str) -> str:
-        if ranking in _RENAMED:
-            warnings.warn(f"ErasureAudit ranking {ranking!r} is deprecated: it is ∂ logit / ∂α (the gradient w.r.t. "
-                          f"the attention weights), not attribute()'s {ranking!r} (‖∂p/∂e‖); it is now named "
-                          f"{_RENAMED[ranking]!r} and logged under '{_RENAMED[ranking]}/...'. Pass "
-                          f"{_RENAMED[ranking]!r} instead.", DeprecationWarning, stacklevel=3)
-            return _RENAMED[ranking]
-        return ranking
 
     def _state_config(self) -> Dict[str, Any]:
         config = dict(super()._state_config(), rankings=tuple(self.rankings), k=self.k)

@@ -54,6 +54,8 @@ class SanityCheck(AuditCallback):
     """
 
     name = "sanity"
+    refuses_generation = ("its input-invariance check needs the EmbeddingShift capability, and its randomisation "
+                          "and completeness checks have not been made to explain a target sequence")
 
     def __init__(
         self,

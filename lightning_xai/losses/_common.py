@@ -67,47 +67,6 @@ def as_float(mask: Tensor, like: Tensor) -> Tensor:
     return mask.to(device=like.device, dtype=like.dtype)
 
 
-def renamed_lam(weight: float, lam: Optional[float], owner: str, default: float = 1.0) -> float:
-    """The loss strength ``weight``, or the value of its deprecated name ``lam`` (with a ``DeprecationWarning``).
-
-    Every loss calls its strength ``weight``; ``DeceptionPenalty`` and ``ModelConsistentAdversary`` (and their
-    functions) called it ``lam`` until issue 13, and still accept it.
-
-    Example:
-        >>> import warnings
-        >>> with warnings.catch_warnings(record=True) as caught:
-        ...     warnings.simplefilter("always")
-        ...     value = renamed_lam(1.0, 0.1, "DeceptionPenalty")
-        >>> value, caught[0].category.__name__
-        (0.1, 'DeprecationWarning')
-    """
-    if lam is None:
-        return float(weight)
-    if weight != default:
-        raise TypeError(f"{owner} got weight={weight} and lam={lam}; lam is the deprecated name of weight, pass "
-                        "weight only.")
-    warnings.warn(f"{owner}: lam= is deprecated, use weight= (the name of the strength in every loss).",
-                  DeprecationWarning, stacklevel=3)
-    return float(lam)
-
-
-class DeprecatedLam:
-    """Mixin: ``loss.lam`` reads and sets ``loss.weight``, with a ``DeprecationWarning`` (the old attribute name)."""
-
-    weight: float
-
-    @property
-    def lam(self) -> float:
-        """Deprecated name of ``weight``."""
-        warnings.warn(f"{type(self).__name__}.lam is deprecated; use .weight.", DeprecationWarning, stacklevel=2)
-        return self.weight
-
-    @lam.setter
-    def lam(self, value: float) -> None:
-        warnings.warn(f"{type(self).__name__}.lam is deprecated; use .weight.", DeprecationWarning, stacklevel=2)
-        self.weight = float(value)
-
-
 def bool_batch_mask(batch: Batch, key: str, owner: str, hint: str) -> Tensor:
     """``batch[key]``, checked to be a bool tensor; ``hint`` says what the key holds and where it comes from."""
     if key not in batch:
@@ -223,6 +182,6 @@ class FiniteGuard:
         return zero_loss(model, value)
 
 
-__all__ = ["DeprecatedLam", "FiniteGuard", "as_float", "batch_size_of", "bool_batch_mask", "check_weight",
-           "ensure_scalar", "log_extra", "nonfinite", "renamed_lam", "require_finite", "require_model", "token_mask",
+__all__ = ["FiniteGuard", "as_float", "batch_size_of", "bool_batch_mask", "check_weight",
+           "ensure_scalar", "log_extra", "nonfinite", "require_finite", "require_model", "token_mask",
            "zero_loss"]

@@ -9,19 +9,17 @@ from torch import Tensor, nn
 from lightning_xai.adapters.checks import vocabulary_size
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, ExplainOutput, as_explainable
 from lightning_xai.data.vocabulary import token_list
-from lightning_xai.losses._common import (DeprecatedLam, FiniteGuard, check_weight, log_extra, renamed_lam,
-                                          require_finite, require_model)
+from lightning_xai.losses._common import FiniteGuard, check_weight, log_extra, require_finite, require_model
 from lightning_xai.metrics.functional.divergence import jensen_shannon_divergence, kl_divergence, total_variation
 
 __all__ = ["ModelConsistentAdversary", "model_consistent_adversary_loss"]
 
 
 def model_consistent_adversary_loss(adv_logits: Tensor, base_probs: Tensor, adv_attention: Tensor,
-                                    base_attention: Tensor, weight: float = 1.0, *,
-                                    lam: Optional[float] = None) -> Dict[str, Tensor]:
+                                    base_attention: Tensor, weight: float = 1.0) -> Dict[str, Tensor]:
     """L = mean_b TVD(ŷ_adv, ŷ_base) − λ·mean_b KL(α_adv ‖ α_base), with the terms (KL, JSD, TVD) for logging.
 
-    λ is ``weight`` (``lam``: its deprecated name).
+    λ is ``weight``.
 
     Raises:
         ValueError: a weight that is not a finite number >= 0, or NaN or infinite logits or attention.
@@ -33,7 +31,7 @@ def model_consistent_adversary_loss(adv_logits: Tensor, base_probs: Tensor, adv_
         (-0.6931, 0.6931)
     """
     owner = "model_consistent_adversary_loss"
-    weight = check_weight(renamed_lam(weight, lam, owner), owner)
+    weight = check_weight(weight, owner)
     require_finite(owner, adv_logits=adv_logits, base_probs=base_probs,
                    adv_attention=adv_attention, base_attention=base_attention)
     return _adversary_terms(adv_logits, base_probs, adv_attention, base_attention, weight)
@@ -47,7 +45,7 @@ def _adversary_terms(adv_logits: Tensor, base_probs: Tensor, adv_attention: Tens
     return {"loss": tvd - weight * kl, "tvd": tvd, "kl": kl, "jsd": jsd}
 
 
-class ModelConsistentAdversary(FiniteGuard, DeprecatedLam, nn.Module):
+class ModelConsistentAdversary(FiniteGuard, nn.Module):
     """Wiegreffe & Pinter's model-consistent adversarial objective against a frozen base model.
 
     L = TVD(ŷ_adv, ŷ_base) − λ·KL(α_adv ‖ α_base), averaged over the batch, where TVD = ½Σ_c|p_c − q_c| over
@@ -70,7 +68,6 @@ class ModelConsistentAdversary(FiniteGuard, DeprecatedLam, nn.Module):
             ``transformers`` sequence classifier: see :func:`~lightning_xai.losses._common.require_model`).
         weight: λ, weight of the attention divergence.
         name: the logged name.
-        lam: deprecated name of ``weight`` (accepted with a ``DeprecationWarning``).
 
     Example:
         >>> import torch
@@ -85,10 +82,8 @@ class ModelConsistentAdversary(FiniteGuard, DeprecatedLam, nn.Module):
         (True, ['jsd', 'kl', 'tvd'])
     """
 
-    def __init__(self, base_model: ExplainableModel, weight: float = 1.0, name: str = "adversary", *,
-                 lam: Optional[float] = None) -> None:
+    def __init__(self, base_model: ExplainableModel, weight: float = 1.0, name: str = "adversary") -> None:
         super().__init__()
-        weight = renamed_lam(weight, lam, "ModelConsistentAdversary")
         base = as_explainable(require_model(base_model, "ModelConsistentAdversary"))  # or the model it holds
         weight = check_weight(weight, "ModelConsistentAdversary")
         self._base = (base,)  # a tuple keeps it out of this module's children and parameters

@@ -8,8 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
-from lightning_xai.losses._common import (DeprecatedLam, FiniteGuard, bool_batch_mask, check_weight, log_extra,
-                                          renamed_lam, require_finite)
+from lightning_xai.losses._common import FiniteGuard, bool_batch_mask, check_weight, log_extra, require_finite
 from lightning_xai.metrics.functional.plausibility import impermissible_mass
 
 __all__ = ["DeceptionPenalty", "deception_penalty", "impermissible_mass"]
@@ -53,11 +52,11 @@ def _penalty(mass: Tensor, permissible: Optional[Tensor], weight: float, reducti
 
 
 def deception_penalty(mass: Tensor, weight: float = 1.0, reduction: str = "mean", eps: float = 1e-6, *,
-                      lam: Optional[float] = None, permissible: Optional[Tensor] = None) -> Tensor:
+                      permissible: Optional[Tensor] = None) -> Tensor:
     """Pruthi's penalty from impermissible attention masses ``mass`` (any shape, e.g. ``[B]`` or ``[B, heads]``).
 
-    ``mean``: −λ·mean log(1 − m); ``max``: −λ·min log(1 − m) (the largest single penalty); λ = ``weight``
-    (``lam``: its deprecated name). ``permissible``: the masses Σ_{j∉I} α_j summed directly (same shape as
+    ``mean``: −λ·mean log(1 − m); ``max``: −λ·min log(1 − m) (the largest single penalty); λ = ``weight``.
+    ``permissible``: the masses Σ_{j∉I} α_j summed directly (same shape as
     ``mass``; default 1 − m), which keeps 1 − m exact near m = 1; then the term is −log(p / (m + p)). Masses whose
     1 − m falls below ``eps`` count as 1 − eps in the value but keep a nonzero gradient.
 
@@ -69,12 +68,12 @@ def deception_penalty(mass: Tensor, weight: float = 1.0, reduction: str = "mean"
         >>> deception_penalty(m, weight=1.0), deception_penalty(m, weight=1.0, reduction="max")
         (tensor(0.3466), tensor(0.6931))
     """
-    weight = check_weight(renamed_lam(weight, lam, "deception_penalty"), "deception_penalty")
+    weight = check_weight(weight, "deception_penalty")
     require_finite("deception_penalty", mass=mass, permissible=permissible)
     return _penalty(mass, permissible, weight, reduction, eps)
 
 
-class DeceptionPenalty(FiniteGuard, DeprecatedLam, nn.Module):
+class DeceptionPenalty(FiniteGuard, nn.Module):
     """Pruthi et al.'s deception penalty R = −λ·log(1 − Σ_{i∈I} α_i) on the batch's ``impermissible`` tokens.
 
     Two kinds of attention are supported:
@@ -108,7 +107,6 @@ class DeceptionPenalty(FiniteGuard, DeprecatedLam, nn.Module):
         source: ``"auto"``, ``"attention"`` or ``"raw"``.
         eps: clamp margin below mass 1.
         name: the logged name (``train/<name>``).
-        lam: deprecated name of ``weight`` (accepted with a ``DeprecationWarning``).
 
     Example:
         >>> import torch
@@ -121,9 +119,8 @@ class DeceptionPenalty(FiniteGuard, DeprecatedLam, nn.Module):
 
     def __init__(self, weight: float = 1.0, reduction: str = "mean", layers: Union[int, Sequence[int]] = -1,
                  heads: Optional[Sequence[int]] = None, query: Optional[int] = None, source: str = "auto",
-                 eps: float = 1e-6, name: str = "deception", *, lam: Optional[float] = None) -> None:
+                 eps: float = 1e-6, name: str = "deception") -> None:
         super().__init__()
-        weight = renamed_lam(weight, lam, "DeceptionPenalty")
         if reduction not in _REDUCTIONS:
             raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}.")
         if source not in ("auto", "attention", "raw"):

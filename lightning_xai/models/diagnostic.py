@@ -1,7 +1,7 @@
 """Wiegreffe & Pinter's diagnostic: a context-free MLP classifier pooled with attention from elsewhere.
 
-(It moved here from ``lightning_xai.audits.diagnostic``, which still re-exports it with a deprecation warning:
-the diagnostic MLP is a model, and the audit layer must not import the models.)
+(It lives with the models, not the audits: the diagnostic MLP is a model, and the audit layer must not import
+the models.)
 
 Each token is encoded alone (embedding → Linear(E, 128) → tanh, no context), then pooled with one of:
 (a) the MLP's own trained attention, (b) uniform attention, (c) attention imposed (frozen) from the audited

@@ -55,7 +55,7 @@ class HFClassifier(ClassifierSteps, pl.LightningModule):
 
     Training loss: cross-entropy plus every objective of ``objectives``, each called
     ``objective(outputs, batch, model=self)`` and logged under ``train/<name>`` — the same convention as
-    :class:`~lightning_xai.models.AttentionClassifier` (e.g. ``DeceptionPenalty(lam=1.0, reduction="mean")`` reads
+    :class:`~lightning_xai.models.AttentionClassifier` (e.g. ``DeceptionPenalty(weight=1.0, reduction="mean")`` reads
     ``outputs.raw_attentions`` of the last layer). Optimiser: AdamW with linear warm-up and linear decay.
 
     Args:

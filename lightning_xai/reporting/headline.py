@@ -10,6 +10,7 @@ import math
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from lightning_xai.metrics.registry import metric_label
 from lightning_xai.reporting.curves import split_stage
 from lightning_xai.reporting.html import _esc
 
@@ -17,8 +18,6 @@ __all__ = ["headline_sentences", "headline_html"]
 
 _PAIR = re.compile(r"^(?P<metric>[^/]+)/(?P<first>.+)_vs_(?P<second>[^/]+)/mean$")
 _ERASURE = ("comprehensiveness", "flipped")
-_NAMES = {"kendall_tau": "Kendall τ", "spearman": "Spearman ρ", "pearson": "Pearson r", "jsd": "JSD",
-          "topk_overlap": "top-k overlap", "topk_kendall_tau": "top-k Kendall τ"}
 
 
 def _finite(value: Any) -> bool:
@@ -81,7 +80,7 @@ def _agreement(audit: Any) -> Optional[List[str]]:
         return None
     preferred = [m for m in getattr(audit, "metrics", ()) or () if m in found]
     metric = (preferred or (["kendall_tau"] if "kendall_tau" in found else list(found)))[0]
-    name = _NAMES.get(metric, metric)
+    name = metric_label(metric)
     pairs = found[metric]
     with_attention = [second for first, second in pairs if first == "attention"]
     others = [(first, second) for first, second in pairs if first != "attention"]

@@ -57,7 +57,7 @@ def test_deception_penalty_moves_attention_off_the_pronouns(tokenizer, tmp_path)
     masses = {}
     for lam in (0.0, 10.0):
         pl.seed_everything(0, verbose=False)
-        objectives = [DeceptionPenalty(lam=lam, reduction="mean")] if lam else []
+        objectives = [DeceptionPenalty(weight=lam, reduction="mean")] if lam else []
         module = HFClassifier(model=_vocab_bert(0), lr=3e-3, warmup_ratio=0.0, objectives=objectives)
         _trainer(tmp_path, max_epochs=2).fit(module, train)
         masses[lam] = _impermissible_mass(module, val)

@@ -10,7 +10,7 @@ import lightning_xai.adapters.huggingface.packing as packing
 import lightning_xai.adapters.huggingface.replay as replay
 from lightning_xai.adapters import HuggingFaceAdapter
 from lightning_xai.adapters.huggingface.replay import layer_stack, override_replay
-from lightning_xai.attribution import take_rows
+from lightning_xai.attribution import gather_rows
 
 pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoModelForSequenceClassification  # noqa: E402
@@ -60,7 +60,7 @@ def _scored_shapes(adapter, batch, rows, override=None):
 @torch.no_grad()
 def _check_against_full_passes(adapter, batch, rows, scorer):
     emb = adapter.embed(batch)
-    part = take_rows(batch, rows, batch["input_ids"].shape[0])
+    part = gather_rows(batch, rows, batch["input_ids"].shape[0])
     heads = adapter.model.config.num_attention_heads
     for override in (*_overrides(adapter.token_mask(batch), rows, heads), None):
         full = adapter.forward_from_embeddings(emb[rows], part, attention_override=override).logits

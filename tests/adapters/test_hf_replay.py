@@ -9,7 +9,7 @@ import torch
 from lightning_xai.adapters import HuggingFaceAdapter
 from lightning_xai.adapters.capabilities import OverrideReplay
 from lightning_xai.adapters.huggingface.replay import layer_stack, override_replay
-from lightning_xai.attribution import take_rows
+from lightning_xai.attribution import gather_rows
 
 pytest.importorskip("transformers")
 from tests.adapters.test_families import family_batch, family_model  # noqa: E402
@@ -46,7 +46,7 @@ def test_scorer_equals_full_passes_with_the_same_override(name, left):
     batch = family_batch(name, left)
     assert isinstance(adapter, OverrideReplay)
     rows = torch.tensor([2, 0, 0, 1, 2])  # repeats and any order
-    part = take_rows(batch, rows, 3)
+    part = gather_rows(batch, rows, 3)
     with torch.no_grad():
         emb = adapter.embed(batch)
         out, scorer = adapter.override_replay(emb, batch)
@@ -118,5 +118,5 @@ def test_scorer_runs_short_rows_in_narrow_passes():
         widths.clear()
         fast = scorer(rows, tokens)
         assert sorted(widths) == [3, 6, 14]  # reach (W/2, W], (W/4, W/2], (W/8, W/4] of the widest row run apart
-        full = adapter.forward_from_embeddings(emb[rows], take_rows(batch, rows, 4), attention_override=tokens).logits
+        full = adapter.forward_from_embeddings(emb[rows], gather_rows(batch, rows, 4), attention_override=tokens).logits
     assert torch.allclose(fast, full, rtol=0, atol=1e-10)

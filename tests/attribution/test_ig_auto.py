@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from lightning_xai.attribution import attribute
-from lightning_xai.attribution.batching import take_rows
-from lightning_xai.attribution.gradients import gauss_kronrod_nodes
+from lightning_xai.attribution.batching import gather_rows
+from lightning_xai.attribution.quadrature import gauss_kronrod_nodes
 
 
 # --- the quadrature pair ---------------------------------------------------------------------------------------
@@ -108,12 +108,12 @@ def test_auto_refines_rows_independently(model64, batch16):
     # any subset of rows, in any order, gets the same map and the same step counts as in the full batch
     rows = torch.tensor([12, 2, 7, 0])
     assert steps[rows].unique().numel() > 1
-    sub_scores, sub_steps = attribute(model64, take_rows(batch16, rows, 16), "integrated_gradients",
+    sub_scores, sub_steps = attribute(model64, gather_rows(batch16, rows, 16), "integrated_gradients",
                                       baseline=base[rows], **options)
     torch.testing.assert_close(sub_scores, scores[rows], rtol=1e-9, atol=1e-12)
     assert torch.equal(sub_steps, steps[rows])
     # one row alone likewise
-    one_scores, one_steps = attribute(model64, take_rows(batch16, rows[:1], 16), "integrated_gradients",
+    one_scores, one_steps = attribute(model64, gather_rows(batch16, rows[:1], 16), "integrated_gradients",
                                       baseline=base[rows[:1]], **options)
     torch.testing.assert_close(one_scores[0], scores[12], rtol=1e-9, atol=1e-12)
     assert int(one_steps[0]) == int(steps[12])

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, explanation_context
-from lightning_xai.attribution.gradients import ig_nodes, integrated_gradients_map
+from lightning_xai.attribution.integrated_gradients import integrated_gradients_map
 from lightning_xai.attribution.interactions import integrated_hessians
+from lightning_xai.attribution.quadrature import ig_nodes
 from lightning_xai.models import AttentionClassifier
 
 

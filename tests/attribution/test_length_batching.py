@@ -348,7 +348,7 @@ def test_a_model_that_scores_its_own_deletions_runs_no_trimming_check(monkeypatc
 
     reference = _reference()
     several = torch.tensor([i for i, n in enumerate(LENGTHS) if n > 1])  # a one-token row is scored by a pad pass
-    batch = batching.take_rows(_batch("reference"), several, len(LENGTHS))
+    batch = batching.gather_rows(_batch("reference"), several, len(LENGTHS))
     expected = attribute(reference, batch, "leave_one_out")
     monkeypatch.setattr(occlusion, "padding_trimmer", lambda *args: pytest.fail("padding check, no full pass left"))
     calls = []

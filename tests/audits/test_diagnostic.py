@@ -9,7 +9,7 @@ import torch
 from scipy.spatial.distance import jensenshannon
 from torch.utils.data import DataLoader, Subset
 
-from lightning_xai.audits.diagnostic import DiagnosticMLP, diagnostic_audit, evaluate_classifier
+from lightning_xai.models.diagnostic import DiagnosticMLP, diagnostic_audit, evaluate_classifier
 from lightning_xai.audits.seed_variance import seed_variance
 from lightning_xai.data import collate
 from lightning_xai.models import AttentionClassifier

@@ -148,17 +148,14 @@ def test_the_erasure_gradient_ranking_has_one_honest_name(kit, tmp_path):
     from lightning_xai.audits.erasure import ranking_scores
     from lightning_xai.callbacks import ErasureAudit
 
-    with pytest.warns(DeprecationWarning, match="'gradient' is deprecated.*'attention_gradient'"):
-        old = ErasureAudit(rankings=("attention", "gradient"), num_samples=8, eraser=False)
-    assert old.rankings == ["attention", "attention_gradient"]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         new = ErasureAudit(rankings=("attention", "attention_gradient"), num_samples=8, eraser=False)
         assert ErasureAudit().rankings == ["attention", "attention_gradient", "random"]
-    assert old.state_key == new.state_key
+        # "gradient" is attribute()'s embedding gradient here as everywhere (its old meaning here was removed)
+        assert ErasureAudit(rankings=("gradient", "attention_gradient")).rankings == ["gradient", "attention_gradient"]
     with pytest.raises(MisconfigurationException, match="distinct"):
-        with pytest.warns(DeprecationWarning):
-            ErasureAudit(rankings=("gradient", "attention_gradient"))
+        ErasureAudit(rankings=("attention_gradient", "attention_gradient"))
 
     dm = kit.make_dm()
     model = kit.make_model(dm)

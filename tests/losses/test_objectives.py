@@ -29,7 +29,7 @@ def _trainer(tmp_path, steps):
 
 def test_trainer_logs_each_objective(wiki, tmp_path):
     torch.manual_seed(0)
-    objectives = [DeceptionPenalty(lam=0.1), ConicityLoss(weight=0.5), ErasureFaithfulnessLoss(fraction=0.2),
+    objectives = [DeceptionPenalty(weight=0.1), ConicityLoss(weight=0.5), ErasureFaithfulnessLoss(fraction=0.2),
                   AttentionAlignmentLoss("gradient", weight=0.1)]
     model = AttentionClassifier(wiki.vocab_size, 2, embedding_dim=16, hidden_dim=8, attention="linear",
                                 objectives=objectives)
@@ -53,7 +53,7 @@ class UserModule(pl.LightningModule):
     def __init__(self, vocab_size):
         super().__init__()
         self.net = AttentionClassifier(vocab_size, 2, embedding_dim=16, hidden_dim=8, attention="linear")
-        self.penalty = DeceptionPenalty(lam=1.0)
+        self.penalty = DeceptionPenalty(weight=1.0)
 
     def training_step(self, batch, batch_idx):
         outputs = self.net(batch)

@@ -150,16 +150,16 @@ def test_a_stack_of_maps_gives_each_maps_own_scores_and_scores_a_shared_erasure_
     maps = torch.stack([saliency, attention, saliency])  # the third map repeats the first: nothing new to score
     ks = [0.2, *AOPC_BINS]  # 0.2 twice, as ErasureAudit asks (its k and its AOPC bin)
     scored = []
-    real_take = erasure.take_rows
+    real_take = erasure.gather_rows
 
     def counting(batch, rows, size):
         scored.append(int(rows.numel()))
         return real_take(batch, rows, size)
 
-    monkeypatch.setattr(erasure, "take_rows", counting)
+    monkeypatch.setattr(erasure, "gather_rows", counting)
     comp, suff = erasure_scores(trained_model, sst2_batch, maps, ks)
-    built = scored[0]  # the first take_rows builds the erased rows to score
-    monkeypatch.setattr(erasure, "take_rows", real_take)
+    built = scored[0]  # the first gather_rows builds the erased rows to score
+    monkeypatch.setattr(erasure, "gather_rows", real_take)
     assert comp.shape == suff.shape == (3, len(ks), sst2_batch["mask"].shape[0])
     for r, one in enumerate(maps):
         alone_comp, alone_suff = erasure_scores(trained_model, sst2_batch, one, ks)

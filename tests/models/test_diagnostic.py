@@ -1,8 +1,6 @@
 """Issue 13: the diagnostic MLP lives in models (audits must not import models); the best epoch is kept by
 Lightning's ModelCheckpoint. Oracle: a callback that snapshots the weights after every validation."""
 import copy
-import importlib
-import sys
 
 import pytest
 import pytorch_lightning as pl
@@ -38,15 +36,3 @@ def test_the_first_best_validation_epoch_is_restored(sst2, tmp_path):
     model.load_state_dict(snapshots.epochs[best][1])
     assert results["trained"]["acc"] == evaluate_classifier(model, test)["acc"]
     assert not list(tmp_path.rglob("*.ckpt"))  # the checkpoint folder was temporary
-
-
-def test_old_import_paths_warn_and_give_the_same_objects():
-    with pytest.warns(DeprecationWarning, match="lightning_xai.models.diagnostic"):
-        from lightning_xai.audits import DiagnosticMLP as OldMLP
-    assert OldMLP is DiagnosticMLP
-    sys.modules.pop("lightning_xai.audits.diagnostic", None)
-    with pytest.warns(DeprecationWarning, match="lightning_xai.audits.diagnostic is deprecated"):
-        old = importlib.import_module("lightning_xai.audits.diagnostic")
-    assert old.diagnostic_audit is diagnostic_audit and old.evaluate_classifier is evaluate_classifier
-    with pytest.raises(AttributeError):
-        importlib.import_module("lightning_xai.audits").no_such_name  # noqa: B018

@@ -4,6 +4,8 @@ protocol.
 One module per concern; :mod:`.families` is the one place that knows facts about model families:
 
 * :mod:`.adapter` — :class:`HuggingFaceAdapter`, the protocol on a sequence classifier;
+* :mod:`.generation` — :class:`HuggingFaceGenerationAdapter`, what :class:`HuggingFaceAdapter` builds for a causal LM
+  or an encoder–decoder (the explained output is a target sequence; :mod:`.steps` finds its steps);
 * :mod:`.families` — the family table: pooling, attention dispatch, shared layers, layer layouts;
 * :mod:`.pooling` — where the head reads (the table, else a probe of the model's behaviour);
 * :mod:`.attention` — the registered eager attention with a replaceable query row;
@@ -13,7 +15,8 @@ One module per concern; :mod:`.families` is the one place that knows facts about
 """
 from lightning_xai.adapters.huggingface.adapter import (ATTENTION_IMPLEMENTATION, HuggingFaceAdapter,
                                                         attention_rollout, register_attention_implementation)
+from lightning_xai.adapters.huggingface.generation import HuggingFaceGenerationAdapter, is_generator
 from lightning_xai.adapters.huggingface.reductions import Reduction
 
-__all__ = ["ATTENTION_IMPLEMENTATION", "HuggingFaceAdapter", "Reduction", "attention_rollout",
-           "register_attention_implementation"]
+__all__ = ["ATTENTION_IMPLEMENTATION", "HuggingFaceAdapter", "HuggingFaceGenerationAdapter", "Reduction",
+           "attention_rollout", "is_generator", "register_attention_implementation"]

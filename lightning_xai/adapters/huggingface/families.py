@@ -8,11 +8,16 @@ Every family fact the Hugging Face code uses lives here and nowhere else:
   family without an entry, or with ``pooling=None``, is probed: :func:`~lightning_xai.adapters.huggingface.pooling.
   probe_pooling` watches which position's hidden state moves the logits.
 * **native attention** — the modeling file computes attention itself instead of dispatching through transformers'
-  ``AttentionInterface`` (DeBERTa): maps come from ``output_attentions``, overrides are refused.
+  ``AttentionInterface`` (DeBERTa): maps come from ``output_attentions``; overrides go through a hook on the attention
+  dropout where :mod:`~lightning_xai.adapters.huggingface.native` recognises the module (DeBERTa-v2/v3), and are
+  refused otherwise (DeBERTa v1).
 * **shared layers** — one set of layer modules runs several times (ALBERT: ``num_hidden_layers`` layers share
   ``num_hidden_groups`` groups): an override must replace the last call of the shared attention module only.
 * **layout** — where one transformer block keeps its value projection, output projection and post-residual norm,
   and how the block continues after the output projection (:class:`Layout`; read by the context-mixing methods).
+* **embedding scale** — an encoder that multiplies its word embeddings by a factor only when it looks them up itself
+  (Marian, Pegasus: ``inputs_embeds`` skip it): the attribute of ``model.get_encoder()`` holding the factor, which the
+  generation adapter's ``embed`` applies so that running from embeddings computes the model's own function.
 * **AttnLRP rules** — whether the AttnLRP rules of :mod:`lightning_xai.attribution.context_mixing.attnlrp` cover the
   family's attention and MLP (separate q/k/v projections; post-LN encoders, pre-RMSNorm gated-MLP decoders).
 
@@ -103,6 +108,7 @@ class Family:
         shared_layers: ``num_hidden_layers`` layers run ``num_hidden_groups`` shared groups of modules.
         layout: the block layout, or ``None`` (matched against :data:`LAYOUTS`).
         attnlrp: AttnLRP's rules cover the family (it has a layout then).
+        embedding_scale: the encoder attribute holding a factor it applies to looked-up word embeddings only.
     """
 
     pooling: Optional[str] = None
@@ -112,6 +118,7 @@ class Family:
     shared_layers: bool = False
     layout: Optional[Layout] = None
     attnlrp: bool = False
+    embedding_scale: Optional[str] = None
 
 
 _FIRST = Family("first")
@@ -137,6 +144,9 @@ FAMILIES: Dict[str, Family] = {
     # decoders: the classifier reads each row's last non-pad token
     **{name: _DECODER_LRP for name in ("llama", "qwen2", "mistral", "qwen3", "gemma")},
     **{name: _LAST for name in ("gpt2", "phi3")},
+    # encoder–decoders whose encoder scales looked-up word embeddings only (inputs_embeds skip the factor)
+    **{name: Family(embedding_scale="embed_scale") for name in ("marian", "pegasus", "blenderbot-small", "mvp",
+                                                                "fsmt")},
 }
 
 

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from lightning_xai.adapters.protocol import Batch, ProtocolError
 from lightning_xai.attribution.context_mixing._hf_internals import (Trace, mix_vectors, normalise_rows, rollout_rows,
                                                                      traced_layers)
-from lightning_xai.attribution.core import register_method
+from lightning_xai.attribution.registry import register_method
 
 __all__ = ["alti", "alti_transformed_vectors", "alti_matrix"]
 

@@ -16,7 +16,8 @@ from torch import Tensor
 from lightning_xai.adapters.protocol import Batch
 from lightning_xai.attribution.context_mixing._hf_internals import (layer_index, mix_vectors, query_positions,
                                                                      trace)
-from lightning_xai.attribution.core import register_method, resolve_target
+from lightning_xai.attribution.core import resolve_target
+from lightning_xai.attribution.registry import register_method
 
 __all__ = ["attention_norm"]
 

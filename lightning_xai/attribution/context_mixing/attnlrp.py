@@ -46,7 +46,8 @@ from lightning_xai.adapters.huggingface.families import FAMILIES
 from lightning_xai.adapters.protocol import Batch, ProtocolError
 from lightning_xai.attribution.context_mixing._attnlrp_rules import BiasTerm, attnlrp_rules
 from lightning_xai.attribution.context_mixing._hf_internals import adapter_model
-from lightning_xai.attribution.core import register_method, resolve_target, target_score
+from lightning_xai.attribution.core import resolve_target, target_score
+from lightning_xai.attribution.registry import SCORES_AND_DELTA, register_method
 
 __all__ = ["ATTNLRP_FAMILIES", "attnlrp", "attnlrp_absorbed"]
 
@@ -148,7 +149,7 @@ def attnlrp_absorbed(model: Any, batch: Batch, target: Any = None) -> Tuple[Tens
     return relevance.sum(-1).detach(), score.detach(), absorbed.detach()
 
 
-@register_method("attnlrp", resolves_target=True)
+@register_method("attnlrp", resolves_target=True, returns=SCORES_AND_DELTA)
 def attnlrp(model: Any, batch: Batch, target: Any = None, *, create_graph: bool = False,
             return_convergence_delta: bool = False) -> Any:
     """``[B, T]`` AttnLRP relevance of the target logit at the input word embeddings (summed over the embedding).

@@ -25,7 +25,8 @@ from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch
 from lightning_xai.attribution.context_mixing._hf_internals import pad_mask, query_weights
-from lightning_xai.attribution.core import register_method, resolve_target
+from lightning_xai.attribution.core import resolve_target
+from lightning_xai.attribution.registry import register_method
 
 __all__ = ["FLOW_SCALE", "SOLVERS", "attention_flow", "flow_capacities", "max_flow_value"]
 

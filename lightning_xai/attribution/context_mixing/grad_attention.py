@@ -14,7 +14,8 @@ from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch
 from lightning_xai.attribution.context_mixing._hf_internals import adapter_model, query_weights
-from lightning_xai.attribution.core import register_method, resolve_target, target_score
+from lightning_xai.attribution.core import resolve_target, target_score
+from lightning_xai.attribution.registry import register_method
 
 __all__ = ["grad_attention"]
 

@@ -19,7 +19,7 @@ from lightning_xai.adapters.protocol import Batch
 from lightning_xai.attribution.context_mixing._hf_internals import (Trace, block_tail, head_outputs, normalise_rows,
                                                                      rerun_layer, rollout_rows, tail_reproduces,
                                                                      traced_layers)
-from lightning_xai.attribution.core import register_method
+from lightning_xai.attribution.registry import register_method
 
 __all__ = ["TAIL_ROWS", "value_zeroing", "value_zeroing_matrix"]
 

@@ -26,10 +26,11 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_debug, rank_zero_war
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import ProtocolError
+from lightning_xai.attribution.batching import gather_rows
 from lightning_xai.callbacks._audit.results import AuditExample, BatchResult
 
 __all__ = ["AuditFailures", "NONFINITE_LOGITS", "audit_finite_rows", "defined_examples", "failure_fix",
-           "mark_undefined", "spread_rows", "take_rows", "warn_undefined"]
+           "mark_undefined", "spread_rows", "keep_rows", "warn_undefined"]
 
 def failure_fix(err: BaseException) -> str:
     """What to try for an exception raised inside an audit.
@@ -98,24 +99,17 @@ class AuditFailures:
 NONFINITE_LOGITS = "non-finite logits"
 
 
-def take_rows(batch: Mapping[str, Any], rows: Tensor) -> Dict[str, Any]:
-    """The ``rows`` (``[b]`` indices) of a collated batch: every tensor or list whose first dimension is the
-    batch's is indexed, anything else kept.
+def keep_rows(batch: Mapping[str, Any], rows: Tensor) -> Dict[str, Any]:
+    """Only the ``rows`` (``[b]`` indices) of a collated batch, its size read from its first tensor: every tensor
+    or list whose first dimension is the batch's is indexed, anything else kept (through
+    :func:`~lightning_xai.attribution.batching.gather_rows`).
 
     Example:
-        >>> take_rows({"input_ids": torch.tensor([[3, 4], [5, 0]]), "ids": ["a", "b"], "n": 2}, torch.tensor([1]))
+        >>> keep_rows({"input_ids": torch.tensor([[3, 4], [5, 0]]), "ids": ["a", "b"], "n": 2}, torch.tensor([1]))
         {'input_ids': tensor([[5, 0]]), 'ids': ['b'], 'n': 2}
     """
     size = next(v.shape[0] for v in batch.values() if isinstance(v, Tensor) and v.dim())
-    out: Dict[str, Any] = {}
-    for key, value in batch.items():
-        if isinstance(value, Tensor) and value.dim() and value.shape[0] == size:
-            out[key] = value[rows.to(value.device)]
-        elif isinstance(value, list) and len(value) == size:
-            out[key] = [value[i] for i in rows.tolist()]
-        else:
-            out[key] = value
-    return out
+    return gather_rows(batch, rows, size)
 
 
 def _spread(value: Tensor, rows: Tensor, size: int) -> Tensor:
@@ -171,7 +165,7 @@ def audit_finite_rows(audit: Callable[[Dict[str, Any], List[int], Optional[Any]]
     if not bool(finite.any()):
         return BatchResult(), {}
     rows = finite.nonzero().flatten()
-    found, extra = _batch_result(audit(take_rows(batch, rows), [indices[i] for i in rows.tolist()], None))
+    found, extra = _batch_result(audit(keep_rows(batch, rows), [indices[i] for i in rows.tolist()], None))
     return spread_rows(found, rows, len(indices)), extra
 
 

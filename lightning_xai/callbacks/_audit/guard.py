@@ -11,14 +11,11 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 
 from lightning_xai.attribution.context import explanation_context, preserved_rng_state
 
-__all__ = ["AuditPrecision", "PRECISION_OPTIONS", "PRECISION_SENSITIVE", "audit_guard", "float32_weights",
-           "precision_context", "reduced_precision"]
+__all__ = ["AuditPrecision", "PRECISION_OPTIONS", "audit_guard", "float32_weights", "precision_context",
+           "reduced_precision"]
 
 #: values of the audit callbacks' ``precision`` argument
 PRECISION_OPTIONS = ("auto", "trainer", "32")
-#: maps that reduced precision changes beyond the noise (leave-one-out: per-sentence τ with the float32 map of
-#: median 0.66 under bf16 autocast; gradient and grad×input stay ≥ 0.96): computed in float32 with ``"auto"``
-PRECISION_SENSITIVE = frozenset({"leave_one_out", "integrated_gradients", "integrated_hessians", "erasure"})
 _REDUCED = (torch.float16, torch.bfloat16)
 
 
@@ -127,8 +124,9 @@ class AuditPrecision:
     """The precision policy of one audit callback (its ``precision`` argument, see
     :class:`~lightning_xai.callbacks.base.AuditCallback`).
 
-    ``"auto"`` (the default): under reduced precision the maps in :data:`PRECISION_SENSITIVE` are computed in
-    float32 — under autocast (``*-mixed``) those maps run with autocast off; with float16/bfloat16 weights
+    ``"auto"`` (the default): under reduced precision the precision-sensitive maps (their method's
+    :class:`~lightning_xai.attribution.MethodRecord` says ``precision_sensitive``, or the whole audit is, as
+    erasure) are computed in float32 — under autocast (``*-mixed``) those maps run with autocast off; with float16/bfloat16 weights
     (``*-true``, or a model cast by the user) the whole audit runs on float32 copies of the weights, the
     originals put back bit for bit afterwards — and it says so once. ``"trainer"``: every map under the trainer's
     precision. ``"32"``: every map in float32 (the weights cast as for ``"auto"``).
@@ -163,20 +161,21 @@ class AuditPrecision:
             finally:
                 self._float32_maps = None
 
-    def maps(self, name: str) -> ContextManager[Any]:
-        """The context of computing map ``name``: float32 for a precision-sensitive map under ``"auto"`` autocast."""
-        if self._float32_maps is None or name not in PRECISION_SENSITIVE:
+    def maps(self, name: str, sensitive: bool) -> ContextManager[Any]:
+        """The context of computing map ``name``: float32 under ``"auto"`` autocast when ``sensitive`` (the map's
+        method record says ``precision_sensitive``, or the whole audit is)."""
+        if self._float32_maps is None or not sensitive:
             return contextlib.nullcontext()
-        self._say(str(self._reduced), False)  # said when a map is first switched, not for audits without one
+        self._say(str(self._reduced), False, name)  # said when a map is first switched, not for audits without one
         return _float32_context(self._float32_maps)
 
-    def _say(self, reduced: str, cast: bool) -> None:
+    def _say(self, reduced: str, cast: bool, name: str = "") -> None:
         if self._warned:
             return
         self._warned = True
         how = ("every map is computed on float32 copies of the weights (put back bit for bit after the audit)"
-               if cast else f"the precision-sensitive maps ({', '.join(sorted(PRECISION_SENSITIVE))}) are "
-               "computed in float32 (autocast off for them)")
+               if cast else f"the precision-sensitive maps (here {name}; see precision_sensitive= of "
+               "lightning_xai.attribution.register_method) are computed in float32 (autocast off for them)")
         rank_zero_warn(f"{self.owner}: the model runs in reduced precision ({reduced}); {how}, because "
                        "leave-one-out, erasure and integrated-gradient maps change beyond the noise in bfloat16/"
                        f"float16. Pass {self.owner}(precision='trainer') to audit in the trainer's precision "

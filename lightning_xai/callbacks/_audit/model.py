@@ -21,7 +21,7 @@ from lightning_xai.adapters.capabilities import supports_attention_override
 from lightning_xai.adapters.checks import check_logits
 from lightning_xai.adapters.protocol import ExplainableModel, ProtocolError
 from lightning_xai.adapters.resolve import ModelResolver, ModelSpec, find_tokenizer
-from lightning_xai.attribution.batching import take_rows
+from lightning_xai.attribution.batching import gather_rows
 from lightning_xai.callbacks._audit.guard import audit_guard
 
 __all__ = ["check_attention_override", "check_probe_output", "explainable_model", "model_resolver", "probe_model",
@@ -78,7 +78,7 @@ def probe_model(owner: str, model: ExplainableModel, pl_module: torch.nn.Module,
     try:
         with audit_guard(pl_module):
             rows = model.token_mask(batch).shape[0]  # two examples show the shapes, without GBs of attention
-            batch = take_rows(batch, torch.arange(min(2, rows)), rows)
+            batch = gather_rows(batch, torch.arange(min(2, rows)), rows)
             out = predict(model, batch).output
             probe = getattr(model, "probe", None)
             if callable(probe):
@@ -94,7 +94,8 @@ def probe_model(owner: str, model: ExplainableModel, pl_module: torch.nn.Module,
 
 
 def check_probe_output(owner: str, out: Any, mask: Tensor) -> None:
-    """Refuse a forward pass without a ``[B, T]`` attention matching ``mask`` or without ``[B, C]`` logits.
+    """Refuse a forward pass without a ``[B, T]`` attention matching ``mask`` or without ``[B, C]`` logits (a
+    generator's output — one with ``target_log_probs`` — needs ``[B, K]`` ``target_log_probs`` and ``target_steps``).
 
     Example:
         >>> from types import SimpleNamespace
@@ -111,9 +112,20 @@ def check_probe_output(owner: str, out: Any, mask: Tensor) -> None:
             f"{owner} needs the model's attention: forward_from_embeddings must return an "
             f"ExplainOutput whose `attention` is a [B, T] tensor matching token_mask {tuple(mask.shape)}; got "
             f"{shape}. Models without an attention layer cannot be audited for attention faithfulness.")
+    log_probs = getattr(out, "target_log_probs", None)
+    if log_probs is not None:  # a generator (TargetSequence): the explained scores are its target log-probabilities
+        steps = getattr(out, "target_steps", None)
+        if (not isinstance(log_probs, Tensor) or log_probs.dim() != 2 or log_probs.shape[0] != mask.shape[0]
+                or not isinstance(steps, Tensor) or steps.shape != log_probs.shape):
+            raise MisconfigurationException(
+                f"{owner} needs a generator's target_log_probs and target_steps as [B, K] tensors from "
+                f"forward_from_embeddings; got {getattr(log_probs, 'shape', None)} and {getattr(steps, 'shape', None)}.")
+        return
     logits = getattr(out, "logits", None)
     if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[0] != mask.shape[0]:
-        raise MisconfigurationException(f"{owner} needs [B, C] logits from forward_from_embeddings.")
+        raise MisconfigurationException(
+            f"{owner} needs [B, C] logits from forward_from_embeddings (or, for a generator, target_log_probs: "
+            "a transformers *ForCausalLM or encoder–decoder seen through HuggingFaceAdapter).")
 
 
 def report_tokenizer(resolver: Optional[ModelResolver], tokenizer: Any, trainer: Any, pl_module: Any) -> Any:

@@ -100,6 +100,8 @@ class BatchResult:
         interactions: ``[B, T, T]`` token-pair interactions Γ of an interaction method (Integrated Hessians), or
             ``None``; each shown example keeps its :attr:`interaction_pairs` strongest pairs (:class:`TokenPairs`).
         interaction_pairs: how many pairs of :attr:`interactions` a shown example keeps.
+        interaction_method: the attribution method :attr:`interactions` come from (its record returns
+            ``"pairwise_interactions"``).
 
     Example:
         >>> result = BatchResult(maps={"attention": torch.tensor([[0.7, 0.3]])}, values={"v": torch.tensor([0.5])})
@@ -114,6 +116,7 @@ class BatchResult:
     undefined: Mapping[int, str] = field(default_factory=dict)
     interactions: Optional[Tensor] = None
     interaction_pairs: int = DEFAULT_TOP_PAIRS
+    interaction_method: str = "integrated_hessians"
 
 
 @dataclass
@@ -161,11 +164,16 @@ class AuditExample:
 class AuditPrediction:
     """The model's prediction on an audited batch: computed once by the base class, handed to ``audit_batch``.
 
+    For a generator (an output carrying ``target_log_probs``, see
+    :class:`~lightning_xai.adapters.capabilities.TargetSequence`) there is no class: ``probabilities`` are the
+    ``[B, K]`` probabilities of the target tokens (0 at steps a row does not have), ``prediction`` is -1 and
+    ``probability`` is the probability of the whole target, ``exp Σ_k log p(y_k | y_<k, source)``.
+
     Attributes:
         output: the protocol's ``forward_from_embeddings`` output (``logits`` ``[B, C]``, ``attention`` ``[B, T]``).
-        probabilities: ``[B, C]`` float32 softmax of the logits.
-        prediction: ``[B]`` predicted class (argmax).
-        probability: ``[B]`` probability of the predicted class.
+        probabilities: ``[B, C]`` float32 softmax of the logits (a generator's: ``[B, K]``, see above).
+        prediction: ``[B]`` predicted class (argmax; -1 for a generator).
+        probability: ``[B]`` probability of the predicted class (a generator's: of its target).
 
     Example:
         >>> import torch
@@ -182,14 +190,26 @@ class AuditPrediction:
 
     @classmethod
     def from_output(cls, output: Any) -> "AuditPrediction":
-        """Softmax, argmax and the top probability of ``output.logits``."""
+        """Softmax, argmax and the top probability of ``output.logits`` (a generator's: see the class docstring)."""
+        log_probs = getattr(output, "target_log_probs", None)
+        if log_probs is not None:
+            steps = output.target_steps.to(log_probs.device)
+            per_step = log_probs.detach().float().masked_fill(~steps, 0.0)
+            return cls(output=output, probabilities=per_step.exp().masked_fill(~steps, 0.0),
+                       prediction=torch.full(steps.shape[:1], -1, dtype=torch.long, device=steps.device),
+                       probability=per_step.sum(-1).exp())
         probabilities = output.logits.detach().float().softmax(-1)
         top = probabilities.max(-1)
         return cls(output=output, probabilities=probabilities, prediction=top.indices, probability=top.values)
 
     @property
     def finite(self) -> Tensor:
-        """``[B]`` bool: the rows whose logits are all finite (the others' results are undefined)."""
+        """``[B]`` bool: the rows whose logits are all finite (a generator's: whose target log-probabilities are);
+        the others' results are undefined."""
+        log_probs = getattr(self.output, "target_log_probs", None)
+        if log_probs is not None:
+            steps = self.output.target_steps.to(log_probs.device)
+            return (torch.isfinite(log_probs.detach()) | ~steps).all(-1)
         return torch.isfinite(self.output.logits.detach()).all(-1)
 
     @property
@@ -229,7 +249,7 @@ def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence
 
     Args:
         mask: ``[B, T]`` real-token mask of the batch.
-        batch: the batch (``input_ids`` and ``labels`` are read when present).
+        batch: the batch (``input_ids`` and ``labels`` are read when present; ``labels`` only as ``[B]`` classes).
         positions / indices: the rows' positions in the audit subset and their dataset indices.
         split: the audited split.
         found: the batch's :class:`BatchResult`, its ``prediction`` and ``probability`` set.
@@ -247,20 +267,22 @@ def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence
         raise ValueError("collect_examples needs the prediction and probability of every row of the batch.")
     mask = mask.detach().cpu()
     ids = batch["input_ids"].detach().cpu() if "input_ids" in batch else None
-    labels = batch.get("labels")
-    labels = labels.detach().cpu().tolist() if isinstance(labels, Tensor) else [None] * len(indices)
+    labels = batch.get("labels")  # a class per row; a generator's [B, S] target sequence is not a label
+    labels = labels.detach().cpu().tolist() if isinstance(labels, Tensor) and labels.dim() == 1 \
+        else [None] * len(indices)
     pred = found.prediction.detach().cpu().tolist()
     prob = found.probability.detach().float().cpu().tolist()
     maps = {k: v.detach().float().cpu() for k, v in found.maps.items()}
     values = {k: v.detach().double().cpu().tolist() for k, v in found.values.items()}
     gamma = found.interactions.detach().double().cpu() if isinstance(found.interactions, Tensor) else None
     top = int(found.interaction_pairs)
+    method = found.interaction_method
     out = []
     for row, (pos, index) in enumerate(zip(positions, indices)):
         real = mask[row]
         keep_maps = pos < num_report_examples
         undefined = found.undefined.get(row)
-        pairs = (strongest_pairs(gamma[row][real][:, real], top)
+        pairs = (strongest_pairs(gamma[row][real][:, real], top, method)
                  if keep_maps and gamma is not None and undefined is None else None)
         out.append(AuditExample(
             position=pos, index=index, split=split,

@@ -1,5 +1,5 @@
 """Under DDP a failure on one process, at any stage of an audit, is agreed on by every process: none is left waiting
-in a collective (2 CPU processes, gloo; the failures are injected by tests/callbacks/ddp_failure_script.py)."""
+in a collective (2 CPU processes, gloo; the failures are injected by tests/reliability/ddp_failure_script.py)."""
 from __future__ import annotations
 
 import json
