@@ -37,8 +37,8 @@ __all__ = ["jensen_shannon", "jw_top_k", "kendall_tau", "pearson", "spearman", "
 # signs (rows × 2 × T²/2; float32 or float64, and as many again for the tie-group sizes)
 _BLOCK_ELEMENTS = 1 << 21
 # rows of at most this many tokens take the pairwise path (_pair_stats), longer ones Knight's. Measured on 256 rows
-# (1 thread, interleaved): pairwise 10-20x faster at T = 50, at par with Knight at T = 128 with ties or float64
-# maps, slower from T = 192 on (see benchmarks/README.md, "Kendall τ")
+# (1 thread, interleaved): pairwise 2-19x faster up to T = 112, at par with Knight at T = 128 with ties or float64
+# maps, slower from T = 192 on (benchmarks/README.md, "Kendall τ: vectorised vs a scipy loop")
 _PAIRWISE_MAX_T = 128
 
 
