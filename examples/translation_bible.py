@@ -159,7 +159,7 @@ def run(settings: ModelSettings = ModelSettings(), *, test_verses: Optional[int]
     splits = {s: read_alignments(s) for s in ("train", "val", "test")}
     val, test = splits["val"][:val_verses], splits["test"][:test_verses]
     heavy_verses = min(heavy_verses, len(test))
-    model, source_vocab, target_vocab, cached = train_or_load(settings, splits["train"], splits["val"], cache)
+    model, source_vocab, target_vocab, cached = train_or_load(settings, splits["train"], splits["val"], cache, log)
     trained = time.time()
     log(f"model {'loaded from cache' if cached else 'trained'} in {trained - start:.0f} s")
     model.eval()
@@ -229,8 +229,11 @@ def main() -> None:
     parser.add_argument("--ig-steps", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=ModelSettings.epochs)
     parser.add_argument("--eflomal", action="store_true", help="also run the eflomal baseline (pip install eflomal)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: on a shared CPU, more threads mostly spin)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     out = run(ModelSettings(epochs=args.epochs), test_verses=args.test_verses, heavy_verses=args.heavy_verses, smooth_samples=args.smooth_samples,
               ig_steps=args.ig_steps, eflomal=args.eflomal)
     print(f"\n{out['parameters']:,} parameters, vocab {out['vocab']}, {out['test_verses']} test verses; "

@@ -20,7 +20,7 @@ import random
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import pytorch_lightning as pl
 import torch
@@ -136,6 +136,17 @@ def build_model(settings: ModelSettings, source_size: int, target_size: int) -> 
     return MarianMTModel(config)
 
 
+class EpochLog(pl.Callback):
+    """Prints the validation figures after every epoch (the Trainer's progress bar and logger are off)."""
+
+    def __init__(self, log: Callable[[str], None]):
+        self.write = log
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        metrics = {k: round(float(v), 4) for k, v in trainer.callback_metrics.items()}
+        self.write(f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}, step {trainer.global_step}: {metrics}")
+
+
 class TranslationModule(pl.LightningModule):
     """The Marian model, trained with label-smoothed cross-entropy, AdamW and linear warm-up then 1/√step decay."""
 
@@ -196,7 +207,7 @@ def evaluate_force_decoding(model: torch.nn.Module, pairs: Sequence[Tuple[List[i
 
 
 def train_or_load(settings: ModelSettings, train: Sequence[AlignedVerse], val: Sequence[AlignedVerse],
-                  cache: Optional[Path] = CACHE, log_dir: Optional[Path] = None,
+                  cache: Optional[Path] = CACHE, log: Callable[[str], None] = print,
                   ) -> Tuple[torch.nn.Module, WordVocab, WordVocab, bool]:
     """The trained model (eval mode), the two vocabularies, and whether it came from the cache."""
     train = list(train)[:settings.train_verses] if settings.train_verses else list(train)
@@ -214,8 +225,7 @@ def train_or_load(settings: ModelSettings, train: Sequence[AlignedVerse], val: S
     val_pairs = [encode(v, source_vocab, target_vocab) for v in val]
     trainer = pl.Trainer(max_epochs=settings.epochs, accelerator="cpu", devices=1, logger=False,
                          enable_checkpointing=False, enable_model_summary=False, gradient_clip_val=1.0,
-                         enable_progress_bar=False, default_root_dir=str(log_dir) if log_dir else None,
-                         num_sanity_val_steps=0)
+                         enable_progress_bar=False, num_sanity_val_steps=0, callbacks=[EpochLog(log)])
     trainer.fit(module, loader(train_pairs, settings.batch_tokens, shuffle=True, seed=settings.seed),
                 loader(val_pairs, 4000, shuffle=False))
     module.model.eval()
