@@ -147,7 +147,7 @@ def best_heads_on_val(model, verses: Sequence[AlignedVerse], encoded: Sequence) 
             for layer in range(1, layers + 1)}, aer
 
 
-def run(settings: ModelSettings = ModelSettings(), *, test_verses: Optional[int] = None,
+def run(settings: Optional[ModelSettings] = None, *, test_verses: Optional[int] = None,
         val_verses: Optional[int] = None, heavy_verses: int = 100, smooth_samples: int = 10, ig_steps: int = 16,
         eflomal: bool = False, cache: Optional[Path] = CACHE, log: Callable[[str], None] = print) -> Dict:
     """Train (or load) the model and score every method; returns the figures as a dict (see :func:`report`).
@@ -155,6 +155,7 @@ def run(settings: ModelSettings = ModelSettings(), *, test_verses: Optional[int]
     ``out["force"]`` / ``out["free"]``: the cheap methods and baselines on all ``test_verses`` test verses;
     ``out["force_subset"]`` / ``out["free_subset"]``: every method on the first ``heavy_verses`` of them.
     """
+    settings = settings or ModelSettings()
     start = time.time()
     splits = {s: read_alignments(s) for s in ("train", "val", "test")}
     val, test = splits["val"][:val_verses], splits["test"][:test_verses]
