@@ -97,7 +97,7 @@ def pooled_rows(pooling: str, query_index: Optional[int], mask: Tensor) -> Tenso
     if pooling == "first":
         index = 0
     elif query_index is None:
-        raise ValueError(f"pooled_rows(pooling={pooling!r}) needs query_index (the row the classifier reads); got None.")
+        raise TypeError(f"pooled_rows(pooling={pooling!r}) needs query_index (the row the classifier reads); got None.")
     else:
         index = int(query_index)
     if not -T <= index < T:

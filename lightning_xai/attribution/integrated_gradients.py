@@ -276,8 +276,8 @@ def integrated_gradients_map(model: ExplainableModel, batch: Batch, embeddings: 
             warnings.warn(f"n_steps='auto': {unconverged} of {N} rows missed the completeness tolerance "
                           f"(rtol={rtol}) at max_steps={max_steps}; raise max_steps.", RuntimeWarning, stacklevel=4)
     else:
-        if isinstance(n_steps, str):  # the only string is "auto" (attribute checks it; a direct call may not)
-            raise ValueError(f"n_steps must be a positive int or 'auto'; got {n_steps!r}.")
+        if isinstance(n_steps, str):  # not "auto": ig_nodes' own error, raised before run() would get it
+            raise ValueError(f"n_steps must be a positive int (or 'auto'); got {n_steps!r}.")
         scores = run(None, n_steps).masked_fill(~mask, 0.0)
         steps = torch.full((N,), int(n_steps), dtype=torch.long, device=embeddings.device)
     delta = scores.detach().sum(1) - gap
