@@ -8,6 +8,9 @@ input-invariance check and LRP report that the model is not supported.
 
 * :class:`DeletionLogits` — score "row ``r`` without token ``p``" variants faster than re-running them
   (leave-one-out's fast path; the reference BiLSTM reuses its recurrent states).
+* :class:`HeadKind` — what the logits are scores of: ``"softmax"`` (one class of ``C``, the default of a model
+  without it), ``"sigmoid"`` (independent labels, multi-label) or ``"regression"`` (output values, no classes);
+  read with :func:`head_kind_of` by every score, prediction and target function.
 * :class:`EmbeddingShift` — shift every input embedding by a constant vector and compensate it inside, so
   the model computes the same function (Kindermans et al.'s input-invariance check).
 * :class:`LinearHead` — the logits are an affine map of the attention-pooled hidden states, ``head(Σ_t α_t h_t)``
@@ -25,7 +28,8 @@ input-invariance check and LRP report that the model is not supported.
 
 And one flag, read by :func:`supports_attention_override`: a model that cannot take ``attention_override`` says so
 with ``overridable = False`` (:class:`~lightning_xai.adapters.HuggingFaceAdapter` over a family that computes
-attention in its own modeling file, e.g. DeBERTa-v2), so the audits that replace attention refuse it at setup.
+attention in its own modeling file and that it cannot hook, e.g. DeBERTa v1), so the audits that replace attention
+refuse it at setup.
 """
 from __future__ import annotations
 
@@ -35,12 +39,61 @@ from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
 
-__all__ = ["DeletionLogits", "EmbeddingShift", "LinearHead", "OverrideReplay", "OverrideScorer", "ReferenceLogits",
-           "TargetSequence", "TokenEncoder", "supports_attention_override", "target_keys"]
+__all__ = ["DeletionLogits", "EmbeddingShift", "HEAD_KINDS", "HeadKind", "LinearHead", "OverrideReplay", "OverrideScorer",
+           "ReferenceLogits", "TargetSequence", "TokenEncoder", "head_kind_of", "supports_attention_override",
+           "target_keys"]
 
 #: ``scorer(rows, attention_override) -> [N, C]`` logits of rows ``rows`` (``LongTensor[N]``) of a batch under an
 #: override (``None``: the model's own attention); see :class:`OverrideReplay`.
 OverrideScorer = Callable[[Tensor, Optional[Tensor]], Tensor]
+
+
+#: what a model's ``[B, C]`` logits are scores of (:class:`HeadKind`): one class of C under a softmax, C independent
+#: labels under a sigmoid each (multi-label), or C output values (regression)
+HEAD_KINDS = ("softmax", "sigmoid", "regression")
+
+
+@runtime_checkable
+class HeadKind(Protocol):
+    """A model that says what its logits are: ``head_kind`` is one of :data:`HEAD_KINDS`.
+
+    A model without it is a softmax classifier (what every reference model is).
+    :class:`~lightning_xai.adapters.HuggingFaceAdapter` reads ``config.problem_type`` and ``config.num_labels``
+    the way ``transformers`` chooses its loss: ``"regression"`` (or no problem type and one label) is
+    ``"regression"``, ``"multi_label_classification"`` is ``"sigmoid"``, anything else ``"softmax"``.
+
+    Example:
+        >>> from torch import nn
+        >>> class Scorer(nn.Linear):
+        ...     head_kind = "regression"
+        >>> isinstance(Scorer(2, 1), HeadKind), isinstance(nn.Linear(2, 1), HeadKind)
+        (True, False)
+    """
+
+    @property
+    def head_kind(self) -> str:
+        """``"softmax"``, ``"sigmoid"`` or ``"regression"``."""
+        ...
+
+
+def head_kind_of(model: object) -> str:
+    """The model's :class:`HeadKind` (``"softmax"`` when it does not say), checked against :data:`HEAD_KINDS`.
+
+    Example:
+        >>> from torch import nn
+        >>> head_kind_of(nn.Linear(2, 2))
+        'softmax'
+        >>> class Odd(nn.Module):
+        ...     head_kind = "ordinal"
+        >>> head_kind_of(Odd())
+        Traceback (most recent call last):
+        ...
+        ValueError: Odd.head_kind is 'ordinal'; expected one of ['softmax', 'sigmoid', 'regression'].
+    """
+    kind = getattr(model, "head_kind", "softmax")
+    if kind not in HEAD_KINDS:
+        raise ValueError(f"{type(model).__name__}.head_kind is {kind!r}; expected one of {list(HEAD_KINDS)}.")
+    return kind
 
 
 @runtime_checkable

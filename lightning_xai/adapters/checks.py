@@ -17,8 +17,8 @@ from torch import Tensor, nn
 from lightning_xai.adapters.capabilities import ReferenceLogits
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 
-__all__ = ["ATTENTION_ATOL", "LOGITS_RTOL", "check_attention_distribution", "check_logits", "check_token_ids",
-           "evaluating", "vocabulary_size"]
+__all__ = ["ATTENTION_ATOL", "LOGITS_RTOL", "check_attention_distribution", "check_attention_mask", "check_logits",
+           "check_sequence_length", "check_token_ids", "evaluating", "vocabulary_size"]
 
 #: how far (absolute) a row's attention may sum from 1 over its real tokens, and leak onto other positions
 ATTENTION_ATOL = 1e-3
@@ -49,6 +49,76 @@ def check_token_ids(ids: Tensor, vocab_size: int, source: str = "input_ids") -> 
                      f"0..{vocab_size - 1}): the batch was encoded with another vocabulary than the model's. "
                      "Encode it with the model's vocabulary (the data module the model was built with: "
                      "vocab_size=dm.vocab_size, or the checkpoint's tokenizer).")
+
+
+def check_attention_mask(attention_mask: Any, input_ids: Tensor, mask: Any = None) -> None:
+    """Raise a ValueError unless ``attention_mask`` (and the real-token ``mask``, when given) agree with ``input_ids``.
+
+    The same ``[B, T]`` shape as ``input_ids``; every row attends to at least one position (a row of zeros has no
+    input the model reads); and every real token of ``mask`` is a position the model attends to (a token the
+    explanation calls real but the model never reads would get an attribution for nothing). Costs one reduction.
+
+    Example:
+        >>> ids = torch.tensor([[2, 7, 3], [2, 8, 3]])
+        >>> check_attention_mask(torch.ones(2, 3, dtype=torch.long), ids)
+        >>> check_attention_mask(torch.ones(2, 4, dtype=torch.long), ids)
+        Traceback (most recent call last):
+        ...
+        ValueError: batch['attention_mask'] has shape (2, 4) but batch['input_ids'] has (2, 3): they must be the same [B, T] (one 0/1 per input id). Collate both from one tokenizer call (lightning_xai.data.hf.WordPieceCollator), and slice/pad them together.
+        >>> check_attention_mask(torch.tensor([[1, 1, 1], [0, 0, 0]]), ids)
+        Traceback (most recent call last):
+        ...
+        ValueError: batch['attention_mask'] is all 0 on rows [1]: the model reads no position of them, so their output and any explanation of them mean nothing. Drop empty rows before batching, or fix the attention_mask (1 at every non-pad position, special tokens included).
+    """
+    if not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise ValueError(f"batch['attention_mask'] has shape {tuple(getattr(attention_mask, 'shape', ()))} but "
+                         f"batch['input_ids'] has {tuple(input_ids.shape)}: they must be the same [B, T] (one 0/1 per "
+                         "input id). Collate both from one tokenizer call (lightning_xai.data.hf.WordPieceCollator), "
+                         "and slice/pad them together.")
+    if mask is not None and (not isinstance(mask, Tensor) or tuple(mask.shape) != tuple(input_ids.shape)):
+        raise ValueError(f"batch['mask'] has shape {tuple(getattr(mask, 'shape', ()))} but batch['input_ids'] has "
+                         f"{tuple(input_ids.shape)}: the real-token mask is [B, T], one bool per input id.")
+    if attention_mask.numel() == 0:
+        return
+    attends = attention_mask != 0
+    empty = ~attends.any(1)
+    unread = (mask.to(attends.device) & ~attends).any(1) if mask is not None else torch.zeros_like(empty)
+    if not bool((empty | unread).any()):  # one reduction, one sync
+        return
+    if bool(empty.any()):
+        raise ValueError(f"batch['attention_mask'] is all 0 on rows {empty.nonzero().flatten().tolist()[:10]}: the "
+                         "model reads no position of them, so their output and any explanation of them mean nothing. "
+                         "Drop empty rows before batching, or fix the attention_mask (1 at every non-pad position, "
+                         "special tokens included).")
+    row, position = (mask.to(attends.device) & ~attends).nonzero()[0].tolist()
+    raise ValueError(f"batch['mask'] calls position {position} of row {row} a real token but batch['attention_mask'] "
+                     "is 0 there: the model does not read it, so its explanation would describe nothing. Build both "
+                     "masks from one tokenization (mask = attention_mask minus the special tokens).")
+
+
+def check_sequence_length(length: int, limit: Optional[int], offset: int = 0) -> None:
+    """Raise a ValueError naming truncation when ``length`` positions do not fit ``limit`` position embeddings.
+
+    ``offset``: the position ids a model skips before its first token (RoBERTa-style embeddings number positions
+    from ``padding_idx + 1``, so ``max_position_embeddings=514`` holds 512 tokens).
+
+    Example:
+        >>> check_sequence_length(64, 66, offset=2)
+        >>> check_sequence_length(65, 66, offset=2)
+        Traceback (most recent call last):
+        ...
+        ValueError: Sequences of 65 word-pieces exceed the model's max length 64 (max_position_embeddings=66 less the 2 position ids its embeddings skip, padding_idx + 1); tokenize with truncation=True, max_length=64 (WordPieceCollator(max_length=...) truncates with a warning that counts the rationale/impermissible words cut off).
+    """
+    if limit is None:
+        return
+    usable = int(limit) - int(offset)
+    if length <= usable:
+        return
+    why = (f" (max_position_embeddings={limit} less the {offset} position ids its embeddings skip, padding_idx + 1)"
+           if offset else "")
+    raise ValueError(f"Sequences of {length} word-pieces exceed the model's max length {usable}{why}; tokenize with "
+                     f"truncation=True, max_length={usable} (WordPieceCollator(max_length=...) truncates with a "
+                     "warning that counts the rationale/impermissible words cut off).")
 
 
 def vocabulary_size(model: Any) -> Optional[int]:

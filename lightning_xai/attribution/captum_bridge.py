@@ -14,8 +14,9 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
-from lightning_xai.attribution.targets import OUTPUTS, resolve_target, target_score
+from lightning_xai.attribution.targets import OUTPUTS, resolve_target, score_values, target_score
 
 __all__ = ["captum_attribute"]
 
@@ -75,6 +76,10 @@ def captum_attribute(model: ExplainableModel, batch: Batch, target: Any, *, crea
         out = model.forward_from_embeddings(embeddings, batch)
         target = resolve_target(out, target)
     generation = getattr(out, "target_log_probs", None) is not None
+    head = head_kind_of(model)
+    classes = ("logit" if head == "regression" else "probability") if output is None else output
+    if not generation:
+        score_values(torch.zeros(1, 1), classes, head)  # a probability of a regression head: refused before Captum
     # per-example tensors travel as additional_forward_args so Captum expands them the way it expands inputs
     keys = [k for k, v in batch.items() if isinstance(v, Tensor) and v.dim() >= 1 and v.shape[0] == B]
     fixed: Dict[str, Any] = {k: v for k, v in batch.items() if k not in keys}
@@ -86,10 +91,7 @@ def captum_attribute(model: ExplainableModel, batch: Batch, target: Any, *, crea
         scored = model.forward_from_embeddings(emb, sub)
         if generation:  # one column: each row's explained log-probability (never a softmax over classes)
             return target_score(scored, values[-1], output).unsqueeze(1)
-        logits = scored.logits
-        if output in (None, "probability"):
-            return logits.softmax(dim=-1)
-        return logits.log_softmax(dim=-1) if output == "log_probability" else logits
+        return score_values(scored.logits, classes, head)
 
     saved = [(holder, holder.forward_func) for holder in holders]
     try:

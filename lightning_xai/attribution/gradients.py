@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.checks import check_attention_distribution
+from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution.registry import register_method
 from lightning_xai.attribution.targets import explained_attention, resolve_target, target_score
@@ -137,7 +138,7 @@ def _compute_input_gradients(model: ExplainableModel, batch: Batch, embeddings: 
             override = model.forward_from_embeddings(inputs.detach(), batch).attention.detach()
     out = model.forward_from_embeddings(inputs, batch, attention_override=override)
     target = resolve_target(out, target)
-    score = target_score(out, target, output)
+    score = target_score(out, target, output, head_kind_of(model))
     (grad,) = torch.autograd.grad(score.sum(), inputs, create_graph=create_graph)
     return grad, inputs, target
 

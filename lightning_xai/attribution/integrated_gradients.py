@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution.batching import gather_rows, pad_embeddings
 from lightning_xai.attribution.gradients import _embed, _rows_per_pass
@@ -69,7 +70,7 @@ def _ig_path(model: ExplainableModel, batch: Batch, embeddings: Tensor, base: Te
         if not create_graph:
             x = x.detach().requires_grad_(True)
         out = model.forward_from_embeddings(x, sub)
-        score = target_score(out, target.index_select(0, row), output)
+        score = target_score(out, target.index_select(0, row), output, head_kind_of(model))
         (grad,) = torch.autograd.grad(score.sum(), x, create_graph=create_graph)
         weighted = grad * weight[step].view(-1, 1, 1)
         if acc is None:  # create_graph
@@ -93,7 +94,7 @@ def _ig_integrand(model: ExplainableModel, batch: Batch, embeddings: Tensor, bas
         if not create_graph:
             x = x.detach().requires_grad_(True)
         out = model.forward_from_embeddings(x, gather_rows(batch, r, B))
-        score = target_score(out, target.index_select(0, r), output)
+        score = target_score(out, target.index_select(0, r), output, head_kind_of(model))
         (grad,) = torch.autograd.grad(score.sum(), x, create_graph=create_graph)
         f = (d * grad).sum(-1)
         pieces.append(f if create_graph else f.detach())
@@ -223,8 +224,8 @@ def integrated_gradients_map(model: ExplainableModel, batch: Batch, embeddings: 
     with torch.no_grad():
         out_x = model.forward_from_embeddings(embeddings, batch)
         target = resolve_target(out_x, target)
-        gap = target_score(out_x, target, output) - target_score(
-            model.forward_from_embeddings(base, batch), target, output)
+        gap = target_score(out_x, target, output, head_kind_of(model)) - target_score(
+            model.forward_from_embeddings(base, batch), target, output, head_kind_of(model))
 
     def run(idx: Optional[Tensor], n: int) -> Tensor:
         alphas, weights = ig_nodes(n, rule)

@@ -27,6 +27,7 @@ from typing import Any, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution.batching import gather_rows
 from lightning_xai.attribution.core import attribute, resolve_target, target_score
@@ -46,7 +47,7 @@ def _inner_ig(model: ExplainableModel, batch: Batch, z: Tensor, base: Tensor, ta
     path = base + betas.view(L, 1, 1, 1, 1) * (z - base).unsqueeze(0)  # [L, K, N, T, E]
     rows = torch.arange(N, device=z.device).repeat(L * K)
     logits = model.forward_from_embeddings(path.reshape(L * K * N, T, E), gather_rows(batch, rows, N)).logits
-    score = target_score(logits, target.index_select(0, rows), output)
+    score = target_score(logits, target.index_select(0, rows), output, head_kind_of(model))
     (grad,) = torch.autograd.grad(score.sum(), path, create_graph=create_graph)
     averaged = (grad * weights.view(L, 1, 1, 1, 1)).sum(0)  # ∫ ∂F dβ at each z, [K, N, T, E]
     return ((z - base) * averaged).sum(-1)

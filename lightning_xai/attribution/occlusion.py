@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.capabilities import DeletionLogits, target_keys
+from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution import batching
 from lightning_xai.attribution.batching import (_keep_width, length_chunks, pad_embeddings, padding_trimmer,
@@ -103,7 +104,7 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
         embeddings = model.embed(batch)
         logits = model.forward_from_embeddings(embeddings, batch)
         target = resolve_target(logits, target)
-        full = target_score(logits, target, output)
+        full = target_score(logits, target, output, head_kind_of(model))
         keep = target_keys(model, batch)
         rows, positions = mask.nonzero(as_tuple=True)
         E = embeddings.shape[-1]
@@ -128,7 +129,8 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
             deleted = model.deletion_logits(embeddings, batch, rows[chosen], positions[chosen]) \
                 if isinstance(model, DeletionLogits) else None
             if deleted is not None:
-                parts.append((chosen, target_score(deleted, target.index_select(0, rows[chosen]), output)))
+                parts.append((chosen, target_score(deleted, target.index_select(0, rows[chosen]), output,
+                                                   head_kind_of(model))))
                 chosen = chosen[:0]
         if chosen.numel() or bool(by_pad.any()):  # full passes remain: trim them only where the logits allow
             trim = padding_trimmer(model, batch, B)  # the identity for a model that reads its padding
@@ -139,7 +141,7 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
                 k = chosen[c.to(chosen.device)]
                 variants = trim(occlusion_batch(batch, rows[k], positions[k], B, keep=keep), (k.numel(), T - 1))
                 out = model.forward_from_embeddings(model.embed(variants), variants)
-                parts.append((k, target_score(out, target.index_select(0, rows[k]), output)))
+                parts.append((k, target_score(out, target.index_select(0, rows[k]), output, head_kind_of(model))))
         if bool(by_pad.any()):
             pads = pad_embeddings(model, batch, embeddings, pad_token_id=pad_token_id)
             chosen = by_pad.nonzero().flatten()
@@ -154,7 +156,7 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
                 at = (torch.arange(k.numel(), device=x.device), p)
                 x = x.index_put(at, pads[r, p]) if create_graph else x.contiguous().index_put_(at, pads[r, p])
                 out = model.forward_from_embeddings(x, sub)
-                parts.append((k, target_score(out, target.index_select(0, r), output)))
+                parts.append((k, target_score(out, target.index_select(0, r), output, head_kind_of(model))))
         for k, values in parts:
             occluded = occluded.index_copy(0, k, values)
         change = full.index_select(0, rows) - occluded

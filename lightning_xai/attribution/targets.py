@@ -3,6 +3,26 @@
 **Classifiers.** The target is a class (``None``: the predicted one); the explained score is its probability
 (``output="probability"``, the default), its logit, or its log-probability.
 
+**Heads.** A classifier's ``[B, C]`` logits are read through its
+:class:`~lightning_xai.adapters.capabilities.HeadKind` (:func:`~lightning_xai.adapters.capabilities.head_kind_of`;
+a model that does not say is a softmax classifier), by :func:`score_values` and nowhere else:
+
+=============  ========================  ========================  =================  =====================
+head           ``output="probability"``  ``"log_probability"``     ``"logit"``        ``output=None``
+=============  ========================  ========================  =================  =====================
+``softmax``    softmax over the C        log-softmax               the class's logit  probability
+``sigmoid``    sigmoid of the label      log-sigmoid of the label  the label's logit  probability
+``regression`` refused (no classes)      refused                   the output value   the output value
+=============  ========================  ========================  =================  =====================
+
+A regression head has no probability: asking for one explicitly raises a ValueError naming ``output="logit"`` (the
+value) rather than explaining a softmax of one number, which is the constant 1 and gave all-zero maps; the default
+(``output=None``) explains the value. :func:`default_output` names that default per model and
+:func:`explained_quantity` says in words what a map explains (for logs and reports). The target of a multi-label model
+is a label index; ``None`` is its highest-scoring label, and :func:`label_targets` lists every predicted label of every
+row (each ``(row, label)`` pair then explained on its own). :func:`decisions` is what a decision flip watches: the
+argmax class, a multi-label model's set of labels above 0.5; a regression head makes none.
+
 **Generation.** For a model whose output carries ``target_log_probs`` (the
 :class:`~lightning_xai.adapters.capabilities.TargetSequence` capability) the target is a *step* of the batch's
 target sequence, and the explained score is a **log-probability**, never a softmax over classes:
@@ -25,16 +45,18 @@ registry and :func:`~lightning_xai.attribution.attribute`) and
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from lightning_xai.adapters.capabilities import HEAD_KINDS, head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
 from lightning_xai.attribution.context import explanation_context
 
-__all__ = ["OUTPUTS", "WHOLE_TARGET", "check_real_tokens", "check_token_mask", "explained_attention",
-           "explained_values", "predicted_class", "resolve_target", "target_probabilities", "target_score",
+__all__ = ["OUTPUTS", "WHOLE_TARGET", "check_real_tokens", "check_softmax_head", "check_token_mask", "decisions",
+           "default_output", "explained_attention", "explained_quantity", "explained_values", "label_targets",
+           "predicted_class", "resolve_target", "score_values", "target_probabilities", "target_score",
            "warn_nonfinite_logits"]
 
 #: the scores a gradient method can differentiate: ``output=`` of :func:`~lightning_xai.attribution.attribute`
@@ -215,24 +237,48 @@ def _resolve_step(output: Any, target: Any) -> Tensor:
     return target
 
 
-def target_score(logits: Any, target: Tensor, output: Optional[str] = None) -> Tensor:
-    """``[B]`` explained score of ``target``: a class's probability, logit or log-probability; for generation
-    (``logits`` an output carrying ``target_log_probs``) the target's or one step's log-probability (see the module
-    docstring; ``output=None``: ``"probability"`` for classes, ``"log_probability"`` for generation)."""
+def score_values(logits: Tensor, output: str = "probability", head: str = "softmax") -> Tensor:
+    """``[B, C]``: the scores of every class (label, output) that ``output`` names under a ``head`` (see the module
+    docstring's table): the one function every explanation, erasure and faithfulness score goes through.
+
+    Raises:
+        ValueError: an unknown ``output`` or ``head``; a probability of a regression head (naming ``output="logit"``).
+
+    Example:
+        >>> logits = torch.tensor([[0.0, 0.0, 0.0]])
+        >>> score_values(logits, "probability", "softmax"), score_values(logits, "probability", "sigmoid")
+        (tensor([[0.3333, 0.3333, 0.3333]]), tensor([[0.5000, 0.5000, 0.5000]]))
+        >>> score_values(torch.tensor([[2.5]]), "probability", "regression")
+        Traceback (most recent call last):
+        ...
+        ValueError: output='probability' is not defined for a regression head (its outputs are values, not class scores: a softmax of one value is the constant 1, whose gradient is 0); explain the output value with output='logit'.
+    """
+    if output not in OUTPUTS:
+        raise ValueError(f"Unknown output {output!r}; choose one of {list(OUTPUTS)}.")
+    if head not in HEAD_KINDS:
+        raise ValueError(f"Unknown head {head!r}; choose one of {list(HEAD_KINDS)}.")
+    if output == "logit":
+        return logits
+    if head == "regression":
+        raise ValueError(f"output={output!r} is not defined for a regression head (its outputs are values, not class "
+                         "scores: a softmax of one value is the constant 1, whose gradient is 0); explain the output "
+                         "value with output='logit'.")
+    if head == "sigmoid":
+        return logits.sigmoid() if output == "probability" else torch.nn.functional.logsigmoid(logits)
+    return logits.softmax(dim=-1) if output == "probability" else logits.log_softmax(dim=-1)
+
+
+def target_score(logits: Any, target: Tensor, output: Optional[str] = None, head: str = "softmax") -> Tensor:
+    """``[B]`` explained score of ``target``: a class's probability, logit or log-probability under the model's
+    ``head`` (:func:`score_values`); for generation (``logits`` an output carrying ``target_log_probs``) the target's
+    or one step's log-probability (see the module docstring; ``output=None``: ``"probability"`` for classes, the
+    value for a regression head, ``"log_probability"`` for generation)."""
     log_probs = _generation(logits)
     if log_probs is not None:
         return _step_score(logits, log_probs, target, output)
-    logits = _logits(logits)
-    output = "probability" if output is None else output
-    if output == "probability":
-        values = logits.softmax(dim=-1)
-    elif output == "logit":
-        values = logits
-    elif output == "log_probability":
-        values = logits.log_softmax(dim=-1)
-    else:
-        raise ValueError(f"Unknown output {output!r}; choose one of {list(OUTPUTS)}.")
-    return values.gather(1, target.view(-1, 1)).squeeze(1)
+    if output is None:
+        output = "logit" if head == "regression" else "probability"
+    return score_values(_logits(logits), output, head).gather(1, target.view(-1, 1)).squeeze(1)
 
 
 def _step_score(scores: Any, log_probs: Tensor, target: Tensor, output: Optional[str]) -> Tensor:
@@ -272,6 +318,113 @@ def explained_attention(output: Any, target: Optional[Tensor] = None) -> Tensor:
     return torch.where((target < 0).to(per_step.device)[:, None], output.attention, rows)
 
 
+def default_output(model: Any) -> str:
+    """The ``output=`` that explains ``model``'s decision: ``"logit"`` (the value) for a regression head, else
+    ``"probability"``.
+
+    Example:
+        >>> from torch import nn
+        >>> class Scorer(nn.Module):
+        ...     head_kind = "regression"
+        >>> default_output(Scorer()), default_output(nn.Linear(2, 2))
+        ('logit', 'probability')
+    """
+    return "logit" if head_kind_of(model) == "regression" else "probability"
+
+
+def explained_quantity(model: Any, output: Optional[str] = None) -> str:
+    """In words, the quantity an explanation of ``model`` with ``output=`` explains (for logs and reports;
+    ``None``: :func:`default_output`).
+
+    Raises:
+        ValueError: as :func:`score_values` (a probability of a regression head).
+
+    Example:
+        >>> from torch import nn
+        >>> explained_quantity(nn.Linear(2, 2)), explained_quantity(nn.Linear(2, 2), "logit")
+        ('softmax probability of the target class', 'logit of the target class')
+        >>> class Labels(nn.Module):
+        ...     head_kind = "sigmoid"
+        >>> explained_quantity(Labels())
+        'sigmoid probability of the target label'
+    """
+    head = head_kind_of(model)
+    output = default_output(model) if output is None else output
+    score_values(torch.zeros(1, 1), output, head)  # refuses what is not defined, with the message
+    if head == "regression":
+        return "regression output value"
+    unit = "label" if head == "sigmoid" else "class"
+    name = {"probability": f"{head} probability", "log_probability": f"log-{head} probability",
+            "logit": "logit"}[output]
+    return f"{name} of the target {unit}"
+
+
+def decisions(logits: Tensor, head: str = "softmax") -> Tensor:
+    """The model's decision on each row: ``LongTensor[B]`` the argmax class (softmax), ``BoolTensor[B, C]`` the set
+    of labels whose sigmoid exceeds 0.5 (sigmoid). A decision flips when this changes.
+
+    Raises:
+        ValueError: a regression head makes no decision (nothing can flip).
+
+    Example:
+        >>> logits = torch.tensor([[0.5, -1.0, 2.0]])
+        >>> decisions(logits, "softmax"), decisions(logits, "sigmoid")
+        (tensor([2]), tensor([[ True, False,  True]]))
+    """
+    if head == "regression":
+        raise ValueError("a regression head makes no decision (its outputs are values): a decision flip is not "
+                         "defined for it; measure the change of the output value instead (comprehensiveness and "
+                         "sufficiency with output='logit').")
+    if head == "sigmoid":
+        return logits.detach() > 0
+    if head != "softmax":
+        raise ValueError(f"Unknown head {head!r}; choose one of {list(HEAD_KINDS)}.")
+    return logits.detach().argmax(dim=-1)
+
+
+def check_softmax_head(model: Any, measure: str) -> None:
+    """Raise a ValueError naming ``measure`` unless ``model`` is a softmax classifier.
+
+    For the measures defined on one categorical output distribution (the total variation between two softmax
+    outputs, an argmax flip): a sigmoid head's labels are not one distribution and a regression head has none, so
+    such a measure would be a silent wrong number there.
+
+    Example:
+        >>> from torch import nn
+        >>> class Scorer(nn.Module):
+        ...     head_kind = "regression"
+        >>> check_softmax_head(nn.Linear(2, 2), "the permutation test")
+        >>> check_softmax_head(Scorer(), "the permutation test")
+        Traceback (most recent call last):
+        ...
+        ValueError: the permutation test compares softmax output distributions, but Scorer has a regression head (head_kind='regression'); it is defined for softmax classifiers only. Its attributions (with output='logit') and ERASER faithfulness work on this head.
+    """
+    head = head_kind_of(model)
+    if head == "softmax":
+        return
+    works = ("Its attributions (with output='logit') and ERASER faithfulness work on this head." if head == "regression"
+             else "Its attributions, ERASER faithfulness and decision flips (label-set changes) work on this head.")
+    raise ValueError(f"{measure} compares softmax output distributions, but {type(model).__name__} has a {head} head "
+                     f"(head_kind={head!r}); it is defined for softmax classifiers only. {works}")
+
+
+def label_targets(logits: Tensor, head: str = "sigmoid") -> Tuple[Tensor, Tensor]:
+    """``(rows, labels)``: every predicted label of every row, as pairs to explain one at a time.
+
+    Sigmoid: each label whose probability exceeds 0.5 (a row with none contributes nothing); softmax: the argmax
+    class of each row. Explain them with ``attribute(model, gather_rows(batch, rows, B), target=labels)``.
+
+    Example:
+        >>> label_targets(torch.tensor([[2.0, -1.0, 0.5], [-3.0, -2.0, -1.0]]))
+        (tensor([0, 0]), tensor([0, 2]))
+    """
+    chosen = decisions(logits, head)
+    if head == "softmax":
+        return torch.arange(logits.shape[0], device=logits.device), chosen
+    pairs = chosen.nonzero()
+    return pairs[:, 0], pairs[:, 1]
+
+
 def predicted_class(model: Any, batch: Batch) -> Tensor:
     """``LongTensor[B]``: the class the model predicts for each row (eval mode, no gradients).
 
@@ -293,7 +446,8 @@ def predicted_class(model: Any, batch: Batch) -> Tensor:
 
 def target_probabilities(model: Any, batch: Batch, target: Any = None, *,
                          embeddings: Optional[Tensor] = None, output: str = "probability") -> Tensor:
-    """``[B]`` probability of ``target`` (default: the predicted class) for each row.
+    """``[B]`` probability of ``target`` (default: the predicted class) for each row, under the model's head
+    (:func:`score_values`; a regression model needs ``output="logit"``, its value).
 
     Runs the model as it is (its current train/eval mode) under the caller's grad mode, so the value is
     differentiable when gradients are enabled (useful in losses); call ``model.eval()`` for deterministic
@@ -310,4 +464,4 @@ def target_probabilities(model: Any, batch: Batch, target: Any = None, *,
     model = as_explainable(model)
     emb = model.embed(batch) if embeddings is None else embeddings
     out = model.forward_from_embeddings(emb, batch)
-    return target_score(out, resolve_target(out, target), output)
+    return target_score(out, resolve_target(out, target), output, head_kind_of(model))

@@ -16,6 +16,7 @@ from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explaina
 from lightning_xai.attribution import explanation_context
 from lightning_xai.attribution.batching import repeat_rows
 from lightning_xai.attribution.override_replay import override_scorer
+from lightning_xai.attribution.targets import check_softmax_head
 from lightning_xai.metrics.functional.divergence import jensen_shannon_divergence, kl_divergence, total_variation
 
 __all__ = ["AdversarialSearchResult", "adversarial_attention_search", "jensen_shannon_divergence", "kl_divergence",
@@ -116,6 +117,7 @@ def adversarial_attention_search(
         (torch.Size([2]), True, True)
     """
     model = as_explainable(model)
+    check_softmax_head(model, "the adversarial attention search")
     if num_candidates < 1 or steps < 0:
         raise ValueError(f"num_candidates must be >= 1 and steps >= 0, got {num_candidates} and {steps}.")
     # eval mode, gradients on (also under inference mode), parameters frozen and restored on exit
@@ -148,6 +150,7 @@ def adversarial_attention_search(
             if scorer is not None:
                 probs = scorer(candidate_rows, attn.reshape(size * k, length)).softmax(-1).reshape(size, k, -1)
             else:
+                assert big_embeddings is not None and big_batch is not None  # built above when scorer is None
                 out = model.forward_from_embeddings(big_embeddings, big_batch,
                                                     attention_override=attn.reshape(size * k, length))
                 probs = out.logits.softmax(-1).reshape(size, k, -1)

@@ -24,6 +24,7 @@ from lightning_xai.adapters.capabilities import OverrideScorer
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, ExplainOutput, as_explainable
 from lightning_xai.attribution.batching import repeat_rows
 from lightning_xai.attribution.override_replay import override_scorer
+from lightning_xai.attribution.targets import check_softmax_head
 from lightning_xai.metrics.functional.divergence import total_variation
 
 __all__ = [
@@ -165,6 +166,7 @@ def permutation_test(model: ExplainableModel, batch: Batch, num_permutations: in
         (torch.Size([2]), torch.Size([10, 2]))
     """
     model = as_explainable(model)
+    check_softmax_head(model, "the permutation test")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
     mask = model.token_mask(batch)
@@ -253,6 +255,7 @@ def uniform_attention_evaluation(model: ExplainableModel, batch: Batch,
         (True, [False, False])
     """
     model = as_explainable(model)
+    check_softmax_head(model, "the uniform-attention evaluation")
     if "labels" not in batch:
         raise KeyError("The batch has no 'labels'; the uniform-attention evaluation compares accuracy.")
     mask = model.token_mask(batch)

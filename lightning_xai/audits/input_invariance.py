@@ -129,10 +129,12 @@ def input_invariance(
     after = _maps(other, batch, specs, target, skip_unsupported=True)
     per_example: Dict[str, Tensor] = {}
     for label, _, _ in specs:
-        if before[label] is None:
+        map_before, map_after = before[label], after[label]
+        if map_before is None:
             continue
-        worst, relative, per_row = _relative_change(before[label], after[label], mask)
-        tau = kendall_tau(before[label], after[label], mask)[0]
+        assert map_after is not None  # the shifted copy has the model's class: LRP supports both or neither
+        worst, relative, per_row = _relative_change(map_before, map_after, mask)
+        tau = kendall_tau(map_before, map_after, mask)[0]
         rows.append({"method": label, "passes": relative <= tolerance, "relative_change": relative,
                      "max_abs_change": worst, "tau": float(tau.nanmean()) if (~tau.isnan()).any() else float("nan")})
         per_example[f"{_slug(label)}/relative_change"] = per_row.cpu()

@@ -105,16 +105,20 @@ def model_randomization(
     for position, name in enumerate(names):
         if mode == "independent":
             randomized = _copy_model(model)
-        changed = _reinitialize(_get_module(randomized, name), seed + position)
+        module = _get_module(randomized, name)
+        assert module is not None  # checked on the model above; the copy has the same sub-modules
+        changed = _reinitialize(module, seed + position)
         stage = name if mode == "independent" or position == 0 else f"+{name}"
         if not changed:
             continue
         flipped = float((predicted_class(randomized, batch) != target).double().mean())
         after = _maps(randomized, batch, specs, target, skip_unsupported=True)
         for label, _, _ in specs:
-            if original[label] is None:
+            map_before, map_after = original[label], after[label]
+            if map_before is None:
                 continue
-            tau = kendall_tau(original[label], after[label], mask)[0]
+            assert map_after is not None  # the randomised copy has the model's class: LRP supports both or neither
+            tau = kendall_tau(map_before, map_after, mask)[0]
             valid = tau[~tau.isnan()]
             rows.append({"stage": stage, "method": label,
                          "tau": float(valid.mean()) if valid.numel() else float("nan"),

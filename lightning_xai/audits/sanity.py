@@ -22,7 +22,7 @@ every name importable from one place.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, Sequence
+from typing import Any, Callable, Dict, Sequence
 
 import torch
 from torch import Tensor
@@ -112,8 +112,8 @@ def run_sanity_checks(model: Any, batch: Batch, *, checks: Sequence[str] = ("inp
         >>> sorted(run_sanity_checks(model, batch, checks=["completeness"], completeness_n_steps=(8,)))
         ['completeness']
     """
-    functions = {"input_invariance": input_invariance, "model_randomization": model_randomization,
-                 "completeness": completeness}
+    functions: Dict[str, Callable[..., SanityTable]] = {
+        "input_invariance": input_invariance, "model_randomization": model_randomization, "completeness": completeness}
     unknown = [c for c in checks if c not in functions]
     if unknown:
         raise ValueError(f"Unknown sanity check(s) {unknown}; choose from {sorted(functions)}.")

@@ -90,7 +90,7 @@ def _slug(label: str) -> str:
 
 
 def _specs(methods: Iterable[MethodSpec]) -> List[Tuple[str, str, Dict[str, Any]]]:
-    out = []
+    out: List[Tuple[str, str, Dict[str, Any]]] = []
     for spec in methods:
         if isinstance(spec, str):
             out.append((spec, spec, {}))

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
+from lightning_xai.attribution.targets import check_softmax_head
 from lightning_xai.metrics.functional.divergence import jensen_shannon_divergence, total_variation
 
 __all__ = ["SeedVarianceResult", "attention_divergence", "seed_variance"]
@@ -48,6 +49,8 @@ def attention_divergence(model: ExplainableModel, base: ExplainableModel, batche
         tensor([0.])
     """
     model, base = as_explainable(model), as_explainable(base)
+    for one in (model, base):
+        check_softmax_head(one, "attention_divergence")
     modes = [(m, m.training) for m in (model, base) if isinstance(m, torch.nn.Module)]
     for m, _ in modes:
         m.eval()

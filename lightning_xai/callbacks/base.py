@@ -2,7 +2,8 @@
 
 :class:`AuditCallback` holds its triggers, its state and its model lookup itself (Lightning hooks and private
 trigger methods, as Lightning's ``ModelCheckpoint``); the mechanics it calls live in the private package
-``lightning_xai.callbacks._audit``, one module per concept.
+``lightning_xai.callbacks._audit``, one module per concept, and a concept with state of its own is an object it owns
+(the cost budget: ``AuditBudget``; the audit subsets: ``AuditSubsets``), never a mixin.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from lightning_xai.attribution.registry import method_record
 from lightning_xai.callbacks._audit import model as lookup
 from lightning_xai.callbacks._audit.aggregation import ValueAggregator, aggregate_values, value_names
 from lightning_xai.callbacks._audit.budget import (DEFAULT_EVERY_N_EPOCHS, DEFAULT_NUM_SAMPLES, MIN_AUDIT_SECONDS,
-                                                   AuditCost, Default, Plan, describe, plan)
+                                                   AuditBudget, Plan)
 from lightning_xai.callbacks._audit.distributed import agreed, gather_examples, merge_extras, shared_failure
 from lightning_xai.callbacks._audit.failures import AuditFailures, audit_finite_rows, mark_undefined, warn_undefined
 from lightning_xai.callbacks._audit.guard import AuditPrecision, audit_guard, precision_context
@@ -33,9 +34,8 @@ from lightning_xai.callbacks._audit.output import (RunCounter, add_record, log_s
                                                    restored_history)
 from lightning_xai.callbacks._audit.results import (AuditExample, AuditPrediction, AuditResult, BatchResult,
                                                     TokenPairs, collect_examples, example_tokens)
-from lightning_xai.callbacks._audit.schedule import audit_clocks, clock_mark, subset_size, training_since
-from lightning_xai.callbacks._audit.subset import (AUDIT_TOKEN_BUDGET, AuditBatch, build_batches, draw_subset,
-                                                   find_loader)
+from lightning_xai.callbacks._audit.schedule import audit_clocks, audit_costs, clock_mark, subset_size, training_since
+from lightning_xai.callbacks._audit.subset import AUDIT_TOKEN_BUDGET, AuditBatch, AuditSubsets, find_loader
 from lightning_xai.lightning_compat import Callback
 
 __all__ = ["AuditCallback", "AuditExample", "AuditPrediction", "AuditResult", "BatchResult", "TokenPairs"]
@@ -124,25 +124,12 @@ class AuditCallback(Callback, abc.ABC):
             raise TypeError(f"{cls.__name__}.audit_batch must take `prediction: Optional[AuditPrediction] = None` "
                             "(the shared prediction step's result; use `prediction or self.predict(model, batch)`).")
 
-    def __init__(
-        self,
-        *,
-        every_n_epochs: Optional[int] = DEFAULT_EVERY_N_EPOCHS,
-        every_n_train_steps: Optional[int] = None,
-        num_samples: Optional[int] = DEFAULT_NUM_SAMPLES,
-        dataloader: str = "val",
-        batch_size: Optional[int] = None,
-        seed: int = 0,
-        on_validate: bool = True,
-        on_test: bool = True,
-        log_prefix: Optional[str] = None,
-        precision: str = "auto",
-        num_report_examples: int = 16,
-        strict: bool = False,
-        model: ModelSpec = None,
-        tokenizer: Any = None,
-        budget: Optional[float] = 0.05,
-    ) -> None:
+    def __init__(self, *, every_n_epochs: Optional[int] = DEFAULT_EVERY_N_EPOCHS,
+                 every_n_train_steps: Optional[int] = None, num_samples: Optional[int] = DEFAULT_NUM_SAMPLES,
+                 dataloader: str = "val", batch_size: Optional[int] = None, seed: int = 0, on_validate: bool = True,
+                 on_test: bool = True, log_prefix: Optional[str] = None, precision: str = "auto",
+                 num_report_examples: int = 16, strict: bool = False, model: ModelSpec = None, tokenizer: Any = None,
+                 budget: Optional[float] = 0.05) -> None:
         super().__init__()
         cls = type(self).__name__
         self._resolver = lookup.model_resolver(model, tokenizer, cls)
@@ -151,29 +138,22 @@ class AuditCallback(Callback, abc.ABC):
                             on_validate=on_validate, on_test=on_test, num_samples=num_samples, dataloader=dataloader,
                             batch_size=batch_size, seed=seed, precision=precision,
                             num_report_examples=num_report_examples, strict=strict, budget=budget)
-        self.budget = None if budget is None else float(budget)
-        # a default the user did not pass (a budget.Default) may be changed by the budget; the user's own is kept
-        self._fixed_samples = not isinstance(num_samples, Default)
-        self._fixed_cadence = not isinstance(every_n_epochs or 0, Default) or bool(every_n_train_steps)
+        self._budget = AuditBudget(budget, num_samples=num_samples, every_n_epochs=every_n_epochs,
+                                   every_n_train_steps=every_n_train_steps)  # its cost clock, plan and cadence
         self.every_n_epochs = int(every_n_epochs or 0)
         self.every_n_train_steps = every_n_train_steps
         self.num_samples = None if num_samples is None else int(num_samples)
-        self.plan: Optional[Plan] = None
-        self._cadence, self._cadence_offset = 1, 0
-        self._planned_samples: Optional[int] = None
-        self._budget_mark: Optional[Tuple[float, float]] = None
         self.dataloader, self.batch_size, self.seed = dataloader, batch_size, seed
         self.on_validate, self.on_test = on_validate, on_test
         self.log_prefix = log_prefix or self.name
         self.precision, self._precision = precision, AuditPrecision(cls, precision)
         self.num_report_examples = num_report_examples
         self.strict, self._failures = strict, AuditFailures(cls, strict)
-        self._cost, self._runs = AuditCost(), RunCounter()
+        self._runs = RunCounter()
         self.history: List[Dict[str, Any]] = []
         self.latest: Optional[AuditResult] = None
         self.version = 0  # bumps on every audit; reporters watch it
-        self._subsets: Dict[str, List[int]] = {}
-        self._batches: Dict[str, List[AuditBatch]] = {}
+        self._subsets = AuditSubsets(cls)  # the drawn indices (checkpointed) and this process's batches
         self._warned_no_logger, self._checked = False, False
         self._warned_undefined: Set[str] = set()
         self._last_step_audited: Optional[int] = None
@@ -181,6 +161,20 @@ class AuditCallback(Callback, abc.ABC):
         self._aggregated: Optional[Dict[str, float]] = None
 
     # --- identity and state ---------------------------------------------------------------------------
+    @property
+    def budget(self) -> Optional[float]:
+        """The share of training time the audits may take (``None``: no budget)."""
+        return self._budget.share
+
+    @budget.setter
+    def budget(self, share: Optional[float]) -> None:
+        self._budget.share = None if share is None else float(share)
+
+    @property
+    def plan(self) -> Optional[Plan]:
+        """The cost budget's plan, chosen after the first audit of ``fit`` (``None``: none yet, or no budget)."""
+        return self._budget.plan
+
     def _state_config(self) -> Dict[str, Any]:
         """Settings that tell two instances of a callback class apart (extended by subclasses); a log prefix and a
         precision join them only when not the defaults, so existing checkpoints keep their keys."""
@@ -196,22 +190,15 @@ class AuditCallback(Callback, abc.ABC):
 
     @override
     def state_dict(self) -> Dict[str, Any]:
-        # the budget's plan is checkpointed so that a resumed run audits the same subset at the same cadence
-        budget = {"plan": None if self.plan is None else vars(self.plan).copy(), "cadence_offset": self._cadence_offset}
         return {"history": [dict(r, metrics=dict(r["metrics"])) for r in self.history],
-                "subsets": {k: list(v) for k, v in self._subsets.items()}, "budget": budget}
+                "subsets": self._subsets.state_dict(), "budget": self._budget.state_dict()}
 
     @override
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self.history = restored_history(self.history, state_dict.get("history", []))
         self._runs.restored(self.history)
-        saved = state_dict.get("subsets", {})
-        self._restored_subsets = {k: list(v) for k, v in saved.items()}
-        budget = state_dict.get("budget")
-        if budget and budget.get("plan"):
-            self.plan = Plan(**budget["plan"])
-            self._cadence, self._cadence_offset = self.plan.cadence, int(budget.get("cadence_offset", 0))
-            self._planned_samples = self.plan.num_samples
+        self._subsets.load_state_dict(state_dict.get("subsets", {}))
+        self._budget.load_state_dict(state_dict.get("budget"))
 
     # --- the Lightning hooks: setup, and the triggers of scheduled audits --------------------------------------
     @override
@@ -222,7 +209,7 @@ class AuditCallback(Callback, abc.ABC):
                 self._epoch_audited = self._last_step_audited = None
         self.explainable(pl_module)
         self._checked = False
-        self._batches = {}
+        self._subsets.batches = {}
 
     @override
     def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
@@ -231,11 +218,11 @@ class AuditCallback(Callback, abc.ABC):
 
     @override
     def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        self._budget_mark = clock_mark(_callbacks(trainer))
+        self._budget.mark = clock_mark(_callbacks(trainer))
 
     @override
     def on_train_epoch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        self._cost.epoch_started()
+        self._budget.cost.epoch_started()
 
     @override
     def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any, batch: Any,
@@ -268,8 +255,8 @@ class AuditCallback(Callback, abc.ABC):
             self._scheduled_audit(trainer, pl_module, "test", "test")
 
     def _epoch_audit(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        epoch, every = trainer.current_epoch, self.every_n_epochs * self._cadence
-        if every and (epoch + 1 - self._cadence_offset) % every == 0 and self._epoch_audited != epoch:
+        epoch = trainer.current_epoch
+        if self._budget.epoch_due(epoch, self.every_n_epochs) and self._epoch_audited != epoch:
             self._epoch_audited = epoch
             self._scheduled_audit(trainer, pl_module, "fit", self.dataloader)
 
@@ -278,12 +265,12 @@ class AuditCallback(Callback, abc.ABC):
         """:meth:`run_audit`, isolated and clocked: the result, or ``None`` when the audit failed (and was
         reported; with ``strict`` the exception propagates). The first audit of ``fit`` sets the budget's plan."""
         start = time.perf_counter()
-        training = (training_since(self._budget_mark, start, audit_clocks(_callbacks(trainer))) if stage == "fit"
+        training = (training_since(self._budget.mark, start, audit_clocks(_callbacks(trainer))) if stage == "fit"
                     else 0.0)
         try:  # every step agrees across processes (distributed.shared_failure): all report, or all raise
             result = self.run_audit(trainer, pl_module, stage, split)
             seconds = time.perf_counter() - start
-            self._cost.audited(seconds)
+            self._budget.cost.audited(seconds)
             agreed(trainer, self._log, trainer, stage, {"cost/seconds": seconds})
             if stage == "fit":
                 self._apply_budget(trainer, split, seconds, training)
@@ -291,15 +278,13 @@ class AuditCallback(Callback, abc.ABC):
             self._failures.report(err, stage, split, trainer.current_epoch, trainer.global_step)
             return None
         if stage == "fit":
-            self._budget_mark = clock_mark(_callbacks(trainer))
-        if stage != "fit" and not self._cost.announced:
-            self._cost.announced = True
-            rank_zero_info(self._cost.announcement(type(self).__name__))
+            self._budget.mark = clock_mark(_callbacks(trainer))
+        if stage != "fit" and (line := self._budget.cost.first_announcement(type(self).__name__)):
+            rank_zero_info(line)
         return result
 
     def _epoch_cost(self, trainer: "pl.Trainer") -> None:
-        others = [getattr(c, "_cost", None) for c in _callbacks(trainer)]
-        spent = self._cost.epoch_ended([o for o in others if isinstance(o, AuditCost)])
+        spent = self._budget.cost.epoch_ended(audit_costs(_callbacks(trainer)))
         if spent is None:
             return
         audits, training = spent
@@ -309,38 +294,27 @@ class AuditCallback(Callback, abc.ABC):
         except Exception as err:  # noqa: BLE001 - as a failed audit
             self._failures.report(err, "fit", self.dataloader, trainer.current_epoch, trainer.global_step)
             return
-        if not self._cost.announced:
-            self._cost.announced = True
-            rank_zero_info(self._cost.announcement(type(self).__name__, audits, training))
+        if line := self._budget.cost.first_announcement(type(self).__name__, audits, training):
+            rank_zero_info(line)
 
     def _apply_budget(self, trainer: "pl.Trainer", split: str, seconds: float, training: float) -> None:
         """After the first audit of ``fit``: size the subset and cadence to the budget, log the plan."""
-        audited = len(self._subsets.get(split, ()))
+        audited = self._subsets.audited(split)
         # Trainer.fast_dev_run is set by Lightning's debugging setup; the Trainer class does not declare it
-        if (self.budget is None or self.plan is not None or not audited or training <= 0
-                or trainer.fast_dev_run):  # type: ignore[attr-defined]
+        if not self._budget.wanted(audited, training) or trainer.fast_dev_run:  # type: ignore[attr-defined]
             return
         with shared_failure(trainer):  # a failure on one process: every process raises, none waits in the broadcast
             limited = self._audit_size(trainer, split, self._loader(trainer, split)) != self.num_samples
-            cheap = seconds < self.budget_min_seconds
-            chosen = plan(seconds / audited, training, self.budget, audited,
-                          fixed_samples=self._fixed_samples or limited or cheap,
-                          fixed_cadence=self._fixed_cadence or cheap)
+            chosen = self._budget.choose(seconds, training, audited, limited=limited,
+                                         min_seconds=self.budget_min_seconds)
         chosen = trainer.strategy.broadcast(chosen, src=0)  # every process audits the same subset, same cadence
-        self.plan = chosen
-        if chosen.cadence > 1:  # the next audit comes every_n_epochs * cadence epochs after this one
-            self._cadence, self._cadence_offset = chosen.cadence, trainer.current_epoch + 1
-        if chosen.num_samples < audited:
-            self._planned_samples = chosen.num_samples
-            self._subsets.pop(split, None)  # the first N of the same seeded draw: a subset of the first audit's
-            self._batches.pop(split, None)
+        if self._budget.adopt(chosen, audited, trainer.current_epoch):  # the first N of the same seeded draw
+            self._subsets.forget(split)
         measured = seconds / training
         with shared_failure(trainer):  # logging the plan failed on one process: an audit failure on all
-            self._log(trainer, "fit", {"budget/num_samples": float(chosen.num_samples), "budget/share": measured,
-                                       "budget/every_n_epochs": float(self.every_n_epochs * chosen.cadence)})
-            unit = "epochs" if self.every_n_epochs else "scheduled steps"
-            rank_zero_info(describe(type(self).__name__, chosen, self.budget, measured, unit,
-                                    self.every_n_epochs or self.every_n_train_steps))
+            self._log(trainer, "fit", self._budget.scalars(measured, self.every_n_epochs))
+            rank_zero_info(self._budget.announcement(type(self).__name__, measured, self.every_n_epochs,
+                                                     self.every_n_train_steps))
 
     # --- the model: which one, its words, whether the audit can read it -----------------------------------------
     def explainable(self, pl_module: Any) -> ExplainableModel:
@@ -383,30 +357,22 @@ class AuditCallback(Callback, abc.ABC):
     def _audit_size(self, trainer: "pl.Trainer", split: str, loader: Any) -> Optional[int]:
         """Size of the audit subset of ``split``: the budget's plan, else ``num_samples``, capped by the trainer's
         ``limit_<split>_batches``."""
-        return subset_size(self._planned_samples or self.num_samples, trainer, split, loader)
+        return subset_size(self._budget.planned_samples or self.num_samples, trainer, split, loader)
 
     def audit_indices(self, trainer: "pl.Trainer", split: str) -> List[int]:
         """The fixed audit subset of ``split``: ``num_samples`` dataset indices drawn once from ``seed`` (sorted)."""
-        if split not in self._subsets:
+        if split not in self._subsets.indices:
             dataset = self._loader(trainer, split).dataset
-            chosen = draw_subset(dataset, self._audit_size(trainer, split, self._loader(trainer, split)), self.seed,
-                                 type(self).__name__, split)
-            restored = getattr(self, "_restored_subsets", {}).get(split)
-            if restored is not None and restored != chosen:
-                rank_zero_warn(f"{type(self).__name__}: the {split!r} audit subset differs from the checkpoint's "
-                               "(the dataset changed?); the resumed history mixes two subsets.")
-            self._subsets[split] = chosen
-        return self._subsets[split]
+            self._subsets.draw(split, dataset, self._audit_size(trainer, split, self._loader(trainer, split)), self.seed)
+        return self._subsets.indices[split]
 
     def _audit_batches(self, trainer: "pl.Trainer", split: str) -> List[AuditBatch]:
         """This process's shard of the audit subset as collated CPU batches ``(positions, indices, batch)``."""
-        if split not in self._batches:
+        if split not in self._subsets.batches:
             loader = self._loader(trainer, split)
-            indices = self.audit_indices(trainer, split)
-            positions = list(range(len(indices)))[trainer.global_rank::max(1, trainer.world_size)]
-            self._batches[split] = build_batches(loader, indices, positions, self.batch_size, AUDIT_TOKEN_BUDGET,
-                                                 type(self).__name__, split)
-        return self._batches[split]
+            self._subsets.shard(trainer, split, loader, self.audit_indices(trainer, split), self.batch_size,
+                                AUDIT_TOKEN_BUDGET)
+        return self._subsets.batches[split]
 
     # --- running ------------------------------------------------------------------------------------------
     def run_audit(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str, split: str) -> AuditResult:

@@ -102,6 +102,12 @@ class AOPC(Metric):
     higher_is_better: Optional[bool] = None
     full_state_update = False
 
+    comp_total: Tensor
+    comp_sq: Tensor
+    suff_total: Tensor
+    suff_sq: Tensor
+    count: Tensor
+
     def __init__(self, bins: Sequence[Union[int, float]] = AOPC_BINS, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if len(bins) == 0:
@@ -159,6 +165,13 @@ class DecisionFlip(Metric):
     is_differentiable = False
     higher_is_better: Optional[bool] = False  # fewer items to flip = a ranking that finds what the model uses
     full_state_update = False
+
+    flipped: Tensor
+    count: Tensor
+    items: Tensor
+    mass: Tensor
+    fraction: Tensor
+    fraction_sq: Tensor
 
     def __init__(self, ranking: str = "attention", seed: int = 0, max_rows: int = 2048, **kwargs: Any) -> None:
         super().__init__(**kwargs)

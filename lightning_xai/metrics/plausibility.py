@@ -45,6 +45,11 @@ class TokenF1(Metric):
     higher_is_better: Optional[bool] = True
     full_state_update = False
 
+    precision: Tensor
+    recall: Tensor
+    f1: Tensor
+    count: Tensor
+
     def __init__(self, k: Optional[Union[int, float]] = None, threshold: Optional[float] = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -84,6 +89,10 @@ class IOUF1(Metric):
     is_differentiable = False
     higher_is_better: Optional[bool] = True
     full_state_update = False
+
+    matched: Tensor
+    predicted: Tensor
+    gold: Tensor
 
     def __init__(self, k: Optional[Union[int, float]] = None, threshold: Optional[float] = None,
                  iou_threshold: float = 0.5, **kwargs: Any) -> None:

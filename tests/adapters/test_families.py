@@ -88,6 +88,7 @@ def test_family_is_read_correctly(name, left):
         if expected == "last":  # the row read is each row's last real token
             last = torch.tensor([7, 7, 7]) if left else torch.tensor([6, 4, 3])
             assert torch.equal(out.extras["query_positions"], last)
+        assert adapter.overridable, name  # every family here takes overrides (DeBERTa-v2: its attention dropout hook)
         if adapter.overridable:
             with torch.no_grad():
                 again = adapter(batch, attention_override=out.extras["cls_rows"])

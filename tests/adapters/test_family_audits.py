@@ -71,13 +71,48 @@ def test_logits_self_check_catches_a_wrong_query_index():
     assert HuggingFaceAdapter(custom, query_index=-1).check_logits(family_batch("llama", left=True)) < 1e-9
 
 
-def test_deberta_attention_is_read_but_override_is_refused_by_name():
-    adapter = HuggingFaceAdapter(family_model("deberta-v2"))
-    batch = family_batch("deberta-v2", left=False)
+def test_deberta_v1_attention_is_read_but_override_is_refused_by_name():
+    """DeBERTa (v1) computes attention in its own modeling file (optionally mixing heads after the dropout):
+    attention_override stays refused by name; its maps are read."""
+    adapter = HuggingFaceAdapter(family_model("deberta"))
+    batch = family_batch("deberta", left=False)
     out = adapter(batch)
     assert not adapter.overridable and len(out.raw_attentions) == 2
     with pytest.raises(ProtocolError, match=r"attention_override is not supported.*ErasureAudit, AttentionBaselines"):
         adapter(batch, attention_override=out.attention)
+
+
+def test_deberta_v2_override_replaces_the_pooled_row_through_its_attention_dropout():
+    """DeBERTa-v2 (native attention, no AttentionInterface) takes attention_override through a hook on its last
+    attention module's dropout, attached for the override pass only: own rows give the logits back bit for bit, a
+    uniform override is what the last layer's [CLS] row reads, every other row and layer is unchanged, and the
+    replay scorer gives the full pass's logits."""
+    from transformers import AutoModelForSequenceClassification
+
+    from lightning_xai.attribution.override_replay import override_scorer
+
+    config = family_model("deberta-v2").config
+    config.initializer_range = 0.5  # peaked attention: an override moves the logits visibly
+    torch.manual_seed(0)
+    adapter = HuggingFaceAdapter(AutoModelForSequenceClassification.from_config(config).double().eval())
+    batch = family_batch("deberta-v2", left=False)
+    mask = batch["mask"]
+    assert adapter.overridable
+    with torch.no_grad():
+        out = adapter(batch)
+        again = adapter(batch, attention_override=out.extras["cls_rows"])
+        uniform = mask.double() / mask.sum(-1, keepdim=True)
+        moved = adapter(batch, attention_override=uniform)
+        _, scorer = override_scorer(adapter, adapter.embed(batch), batch)
+        replayed = scorer(torch.arange(3), uniform)
+    assert torch.equal(again.logits, out.logits)
+    assert float((moved.logits - out.logits).abs().max()) > 0.1
+    read = moved.raw_attentions[-1][:, :, 0].masked_fill(~mask[:, None], 0.0)
+    torch.testing.assert_close(read / read.sum(-1, keepdim=True), uniform[:, None].expand_as(read))
+    assert torch.equal(moved.raw_attentions[-1][:, :, 1:], out.raw_attentions[-1][:, :, 1:])
+    assert torch.equal(moved.raw_attentions[0], out.raw_attentions[0])
+    torch.testing.assert_close(replayed, moved.logits)
+    assert not any(m.dropout._forward_hooks for m in adapter._attention_modules)  # nothing left on the model
 
 
 def test_decoder_logits_ignore_what_follows_the_last_token():
@@ -149,9 +184,10 @@ def test_deception_penalty_reads_the_decoder_row_the_head_pools():
     assert float(expected.min()) > 0  # row 0 (the old default) would give token 1 nothing in a causal model
 
 
-def test_deberta_audits_that_replace_attention_refuse_it_by_name_before_auditing(tokenizer, tmp_path):
-    """DeBERTa-v2 takes no attention_override: AttentionBaselines / ErasureAudit's decision flips refuse it before
-    the first audit, naming the model and what still works; AttentionAudit and ErasureAudit's ERASER part run."""
+def test_deberta_audits_that_replace_attention_run_on_v2_and_refuse_v1_by_name(tokenizer, tmp_path):
+    """DeBERTa-v2 takes attention_override (a hook on its attention dropout): AttentionBaselines and ErasureAudit's
+    decision flips run on it. DeBERTa v1 still takes none: they refuse it before the first audit, naming the model;
+    AttentionAudit and ErasureAudit's ERASER part run."""
     from pytorch_lightning.utilities.exceptions import MisconfigurationException
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
@@ -159,26 +195,33 @@ def test_deberta_audits_that_replace_attention_refuse_it_by_name_before_auditing
     from lightning_xai.data.hf import HFTextClassificationDataModule, WordDataset, WordPieceCollator
     from lightning_xai.models import HFClassifier
 
-    torch.manual_seed(0)
-    config = AutoConfig.for_model("deberta-v2", vocab_size=30522, hidden_size=32, num_hidden_layers=2,
-                                  num_attention_heads=4, intermediate_size=64, max_position_embeddings=128,
-                                  num_labels=2, attn_implementation="eager")
-    module = HFClassifier(model=AutoModelForSequenceClassification.from_config(config), tokenizer=tokenizer)
+    def classifier(family):
+        torch.manual_seed(0)
+        config = AutoConfig.for_model(family, vocab_size=30522, hidden_size=32, num_hidden_layers=2,
+                                      num_attention_heads=4, intermediate_size=64, max_position_embeddings=128,
+                                      num_labels=2, attn_implementation="eager")
+        return HFClassifier(model=AutoModelForSequenceClassification.from_config(config), tokenizer=tokenizer)
+
     dm = HFTextClassificationDataModule(tokenizer, "pronoun", batch_size=8, train_limit=16, max_length=48)
     val = DataLoader(WordDataset(dm.examples("val")[:8]), batch_size=8,
                      collate_fn=WordPieceCollator(tokenizer, max_length=48, warn=False))
     common = dict(num_samples=8, every_n_epochs=0, on_validate=True, on_test=False, batch_size=8, strict=True)
 
-    def validate(callback):
+    def validate(module, callback):
         pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                    default_root_dir=tmp_path, callbacks=[callback]).validate(module, val, verbose=False)
         return callback
 
+    v2, v1 = classifier("deberta-v2"), classifier("deberta")
+    baselines = validate(v2, AttentionBaselines(num_permutations=2, **common))
+    assert 0 <= baselines.history[-1]["metrics"]["uniform/flip_fraction"] <= 1
+    erasure = validate(v2, ErasureAudit(rankings=("attention",), **common))
+    assert 0 <= erasure.history[-1]["metrics"]["attention/flipped/mean"] <= 1
     for refused in (AttentionBaselines(num_permutations=2, **common), ErasureAudit(rankings=("attention",), **common)):
-        with pytest.raises(MisconfigurationException, match=r"replaces the model's attention.*DebertaV2"):
-            validate(refused)
+        with pytest.raises(MisconfigurationException, match=r"replaces the model's attention.*Deberta"):
+            validate(v1, refused)
         assert not refused.history
-    erasure = validate(ErasureAudit(rankings=("attention", "random"), decision_flip=False, **common))
+    erasure = validate(v1, ErasureAudit(rankings=("attention", "random"), decision_flip=False, **common))
     assert "attention/comprehensiveness/mean" in erasure.history[-1]["metrics"]
-    audit = validate(AttentionAudit(methods=["gradient"], metrics=["kendall_tau"], **common))
+    audit = validate(v1, AttentionAudit(methods=["gradient"], metrics=["kendall_tau"], **common))
     assert any(k.startswith("kendall_tau/attention_vs_gradient") for k in audit.history[-1]["metrics"])

@@ -13,7 +13,7 @@ def _audit_and_batches(kit, tmp_path, **options):
     audit = AttentionAudit(methods=("gradient", "leave_one_out"), metrics=("kendall_tau",), num_samples=40,
                            **options)
     kit.make_trainer(tmp_path, [audit], limit_train_batches=2).fit(model, dm)
-    return audit, audit._batches["val"]
+    return audit, audit._subsets.batches["val"]
 
 
 def test_small_batches_are_joined_within_the_token_budget(kit, tmp_path, monkeypatch):

@@ -18,7 +18,7 @@ def test_grad_x_input_is_compared_as_a_magnitude_unless_asked_signed(kit):
     found, _ = AttentionAudit(methods=("grad_x_input",)).audit_batch(model, batch, generator, list(range(16)))
     signed = attribute(model, batch, "grad_x_input")
     assert (signed < 0).any()  # the signed map has negative tokens, which a magnitude cannot
-    torch.testing.assert_close(found["maps"]["grad_x_input"], signed.abs().float())
+    torch.testing.assert_close(found.maps["grad_x_input"], signed.abs().float())
     asked, _ = AttentionAudit(methods=("grad_x_input",), method_options={"grad_x_input": {"absolute": False}}
                               ).audit_batch(model, batch, generator, list(range(16)))
-    torch.testing.assert_close(asked["maps"]["grad_x_input"], signed.float())
+    torch.testing.assert_close(asked.maps["grad_x_input"], signed.float())

@@ -143,7 +143,7 @@ def test_wandb_offline_run_holds_the_table_and_html(kit, tmp_path, monkeypatch):
     first = dict(zip(table["columns"], table["data"][0]))
     words = dm.tokens("val", first["index"])
     assert first["tokens"] == " ".join(words)
-    assert len(json.loads(first["scores/attention"])) == len(words)
+    assert len(first["scores/attention"]) == len(words)  # numbers (a list per row), not a JSON string
     html_text = "".join(open(p).read() for p in pages)
     assert all(f">{w}<" in html_text for w in words if w.isalpha())
     assert "integrated_gradients" in html_text and "leave_one_out" in html_text

@@ -26,6 +26,7 @@ import lightning_xai.reporting.report as report_module  # noqa: E402
 from lightning_xai.attribution import attribute, register_method  # noqa: E402
 from lightning_xai.callbacks import AttentionAudit  # noqa: E402
 from lightning_xai.callbacks import AuditExample  # noqa: E402
+from lightning_xai.callbacks._audit.budget import AuditBudget  # noqa: E402
 from lightning_xai.reporting import AuditReport  # noqa: E402
 
 STAGES = ("probe", "prediction", "attribution", "metrics", "gather", "logging", "budget", "report")
@@ -87,7 +88,7 @@ def fail_on(process: int, stage: str, original: Callable[..., Any], when: Callab
 def injection(stage: str) -> Any:
     """The patch that makes ``stage`` fail on one process (the module a helper is looked up in is found from
     the method that calls it, so the injection follows the helper if it moves)."""
-    schedule = sys.modules[AttentionAudit._apply_budget.__module__]
+    planner = sys.modules[AuditBudget.choose.__module__]  # the callback's budget calls plan() there
     if stage == "probe":  # the two-example probe before fit: a configuration error on one process's shard
         def probe(original):
             def check_model(self, *args, **kwargs):
@@ -110,7 +111,7 @@ def injection(stage: str) -> Any:
             return reduce_ex
         return patched(AuditExample, "__reduce_ex__", unpicklable)
     if stage == "budget":  # sizing the audit to the budget, before the plan is broadcast
-        return patched(schedule, "plan", lambda o: fail_on(1, stage, o))
+        return patched(planner, "plan", lambda o: fail_on(1, stage, o))
     if stage == "report":  # AuditReport writes the page on process 0 only
         return patched(report_module, "write_report", lambda o: fail_on(0, stage, o))
     return nullcontext()  # attribution and logging fail by themselves (fails_on_process_1, AuditKeysFailOnProcess0)

@@ -58,21 +58,28 @@ default position of the summary token):
   attention dropout in train mode). Outside an override it *is* eager attention. The adapter switches the model
   to it **only for its own forward passes** (:func:`~lightning_xai.adapters.huggingface.attention.recording_attention`)
   and restores the model's implementation afterwards: a model loaded with ``sdpa``/flash attention keeps
-  training on it, with its own numbers and speed.
+  training on it, with its own numbers and speed. DeBERTa-v2/v3, whose modeling file computes attention itself, gets
+  the same rows through a forward hook on its last attention module's dropout, attached for the override pass only
+  (:mod:`lightning_xai.adapters.huggingface.native`).
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.capabilities import OverrideScorer
-from lightning_xai.adapters.checks import check_logits, check_token_ids, evaluating
+from lightning_xai.adapters.checks import (check_attention_mask, check_logits, check_sequence_length,
+                                           check_token_ids, evaluating)
 from lightning_xai.adapters.huggingface.attention import (ATTENTION_IMPLEMENTATION, OverrideState,
                                                            active_override, override_rows, recording_attention,
                                                            register_attention_implementation)
 from lightning_xai.adapters.huggingface.families import module_calls
+from lightning_xai.adapters.huggingface.heads import head_kind as config_head_kind
+from lightning_xai.adapters.huggingface.inputs import position_offset, warn_missing_token_types
+from lightning_xai.adapters.huggingface.native import native_attention_modules, native_override
 from lightning_xai.adapters.huggingface.pooling import detect_pooling, is_causal, pooled_logits, query_mask
 from lightning_xai.adapters.huggingface.replay import override_replay
 from lightning_xai.adapters.huggingface.reductions import (Reduction, attention_rollout, parse_reduction,
@@ -197,6 +204,11 @@ class HuggingFaceAdapter(nn.Module):
         with recording_attention(model) as overridable:  # checks the model can switch; restores its own
             self.overridable = overridable
         object.__setattr__(self, "_attention_modules", self._find_attention_modules(model))
+        #: overrides go through a hook on the attention dropout of a family with native attention (DeBERTa-v2)
+        self._native = not overridable and bool(native_attention_modules(model))
+        if self._native:
+            self.overridable = True
+            object.__setattr__(self, "_attention_modules", native_attention_modules(model))
 
     # --- construction checks ------------------------------------------------------------------------------
     @staticmethod
@@ -251,9 +263,18 @@ class HuggingFaceAdapter(nn.Module):
         return pad if pad is not None else getattr(getattr(self.model, "config", None), "pad_token_id", None)
 
     @property
+    def head_kind(self) -> str:
+        """:class:`~lightning_xai.adapters.capabilities.HeadKind`: ``"regression"``, ``"sigmoid"`` or ``"softmax"``,
+        from ``config.problem_type`` and ``num_labels`` (:func:`~lightning_xai.adapters.huggingface.heads.head_kind`)."""
+        return config_head_kind(getattr(self.model, "config", None))
+
+    @property
     def max_length(self) -> Optional[int]:
-        """The longest sequence the model's position embeddings allow (``None`` if unknown)."""
-        return getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        """The longest sequence the model's position embeddings allow (``None`` if unknown): RoBERTa-style
+        embeddings skip ``padding_idx + 1`` position ids (:func:`~lightning_xai.adapters.huggingface.inputs.
+        position_offset`)."""
+        limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        return None if limit is None else int(limit) - self._positions_skipped()
 
     def embed(self, batch: Batch) -> Tensor:
         """``[B, T, E]`` word embeddings of ``batch["input_ids"]`` (graph-connected to the embedding table)."""
@@ -262,11 +283,8 @@ class HuggingFaceAdapter(nn.Module):
                            "(see lightning_xai.data.hf.WordPieceCollator).")
         ids = batch["input_ids"]
         check_token_ids(ids, self._embedding.num_embeddings, "Tokenizer/model mismatch: input_ids")
-        limit = self.max_length
-        if limit is not None and ids.shape[1] > limit:
-            raise ValueError(f"Sequences of {ids.shape[1]} word-pieces exceed the model's max length {limit}; "
-                             "tokenize with truncation (WordPieceCollator(max_length=...) truncates with a warning "
-                             "that counts the rationale/impermissible words cut off).")
+        check_sequence_length(ids.shape[1], getattr(getattr(self.model, "config", None), "max_position_embeddings",
+                                                    None), self._positions_skipped())
         return self._embedding(ids)
 
     def token_mask(self, batch: Batch) -> Tensor:
@@ -284,6 +302,18 @@ class HuggingFaceAdapter(nn.Module):
             raise KeyError("Batch has no 'attention_mask' (1 at every non-pad position, special tokens included); "
                            "collate with lightning_xai.data.hf.WordPieceCollator or the tokenizer's padding.")
         return batch["attention_mask"]
+
+    def _positions_skipped(self) -> int:
+        """:func:`~lightning_xai.adapters.huggingface.inputs.position_offset` of the model, found once."""
+        if "_position_offset" not in self.__dict__:  # set on first use: subclasses may build without __init__
+            self._position_offset = position_offset(self.model)
+        return self._position_offset
+
+    def _check_inputs(self, batch: Batch) -> None:
+        """The protocol boundary's checks of a batch (see :meth:`forward_from_embeddings`)."""
+        if "input_ids" in batch:
+            check_attention_mask(self._attention_mask(batch), batch["input_ids"], batch.get("mask"))
+            warn_missing_token_types(batch, getattr(self.model, "config", None), self.tokenizer, owner=self)
 
     def _last_module_calls(self) -> int:
         """How many layers run the last attention module (the family table's shared layers: ALBERT)."""
@@ -336,8 +366,10 @@ class HuggingFaceAdapter(nn.Module):
             rows = override_rows(attention_override, attention_mask.bool(), mask, self.override_specials)
             state = OverrideState(self._attention_modules[-1], qmask, rows, calls=self._last_module_calls())
             token = active_override().set(state)
+        hook = native_override(self._attention_modules[-1]) if token is not None and getattr(self, "_native", False) \
+            else nullcontext()
         try:  # un-checkpointed: a checkpointed layer would recompute in backward outside these contexts
-            with recording_attention(self.model), unchecked_layers(self.model):
+            with recording_attention(self.model), unchecked_layers(self.model), hook:
                 if self._head_pooling == "last":  # the head reads the query row: query_index= moves it too
                     logits, output = pooled_logits(self.model, kwargs, qmask.long().argmax(-1))
                 else:
@@ -350,7 +382,13 @@ class HuggingFaceAdapter(nn.Module):
 
     def forward_from_embeddings(self, embeddings: Tensor, batch: Batch, *,
                                 attention_override: Optional[Tensor] = None) -> ExplainOutput:
-        """Run the classifier from word embeddings (see the module docstring for the override semantics)."""
+        """Run the classifier from word embeddings (see the module docstring for the override semantics).
+
+        The batch is checked first: ``attention_mask`` (and ``mask``) of ``input_ids``'s shape, every row attending
+        somewhere, every real token attended (:func:`~lightning_xai.adapters.checks.check_attention_mask`); a pair
+        without ``token_type_ids`` for a model with token types warns once
+        (:func:`~lightning_xai.adapters.huggingface.inputs.warn_missing_token_types`)."""
+        self._check_inputs(batch)
         logits, output, mask, qmask = self._run(embeddings, batch, attention_override)
         raw = tuple(output.attentions) if getattr(output, "attentions", None) is not None else ()
         if not raw:

@@ -29,7 +29,7 @@ from lightning_xai.adapters.huggingface.families import native_attention
 from lightning_xai.adapters.protocol import ProtocolError
 
 __all__ = ["ATTENTION_IMPLEMENTATION", "OverrideState", "active_override", "override_rows", "recording_attention",
-           "register_attention_implementation", "use_registered_attention"]
+           "register_attention_implementation", "replace_pooled_rows", "use_registered_attention"]
 
 #: The name under which lightning_xai's attention function is registered with transformers.
 ATTENTION_IMPLEMENTATION = "lightning_xai_eager"
@@ -82,22 +82,32 @@ def _lightning_xai_attention(module: nn.Module, query: Tensor, key: Tensor, valu
         attention_mask = attention_mask.clamp_min(floor)
     output, weights = _eager_for(module)(module, query, key, value, attention_mask, scaling=scaling,
                                          dropout=dropout, **kwargs)
+    replaced = replace_pooled_rows(module, weights)
+    if replaced is None:
+        return output, weights
+    weights = replaced
+    if value.shape[1] != weights.shape[1]:  # grouped-query attention: kv head k serves heads k*g .. k*g+g-1
+        value = value.repeat_interleave(weights.shape[1] // value.shape[1], dim=1)
+    output = torch.matmul(weights, value).transpose(1, 2).contiguous()
+    return output, weights
+
+
+def replace_pooled_rows(module: nn.Module, weights: Tensor) -> Optional[Tensor]:
+    """``weights`` ``[B, H, T, T]`` of ``module`` with the running override's pooled query rows replaced, or ``None``
+    when no override targets this call of ``module`` (outside an override, another module, or an earlier call of a
+    module shared by several layers: ALBERT's, of which only the last call is replaced)."""
     state = _ACTIVE_OVERRIDE.get()
     if state is None or state.module is not module:
-        return output, weights
+        return None
     state.seen += 1
-    if state.seen != state.calls:  # a module shared by several layers (ALBERT): only its last call is replaced
-        return output, weights
+    if state.seen != state.calls:
+        return None
     proposed = state.make_rows(weights).to(weights.dtype)
     if proposed.shape != weights.shape:
         raise ValueError(f"attention override rows have shape {tuple(proposed.shape)}; the layer's weights are "
                          f"{tuple(weights.shape)}.")
     where = state.query_mask.to(weights.device)[:, None, :, None]
-    weights = torch.where(where, proposed, weights)
-    if value.shape[1] != weights.shape[1]:  # grouped-query attention: kv head k serves heads k*g .. k*g+g-1
-        value = value.repeat_interleave(weights.shape[1] // value.shape[1], dim=1)
-    output = torch.matmul(weights, value).transpose(1, 2).contiguous()
-    return output, weights
+    return torch.where(where, proposed, weights)
 
 
 def override_rows(override: Tensor, attention_mask: Tensor, mask: Tensor, specials: str) -> Callable[[Tensor], Tensor]:

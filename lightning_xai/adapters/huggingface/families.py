@@ -8,7 +8,9 @@ Every family fact the Hugging Face code uses lives here and nowhere else:
   family without an entry, or with ``pooling=None``, is probed: :func:`~lightning_xai.adapters.huggingface.pooling.
   probe_pooling` watches which position's hidden state moves the logits.
 * **native attention** — the modeling file computes attention itself instead of dispatching through transformers'
-  ``AttentionInterface`` (DeBERTa): maps come from ``output_attentions``, overrides are refused.
+  ``AttentionInterface`` (DeBERTa): maps come from ``output_attentions``; overrides go through a hook on the attention
+  dropout where :mod:`~lightning_xai.adapters.huggingface.native` recognises the module (DeBERTa-v2/v3), and are
+  refused otherwise (DeBERTa v1).
 * **shared layers** — one set of layer modules runs several times (ALBERT: ``num_hidden_layers`` layers share
   ``num_hidden_groups`` groups): an override must replace the last call of the shared attention module only.
 * **layout** — where one transformer block keeps its value projection, output projection and post-residual norm,

@@ -3,17 +3,18 @@ within a share of the training time.
 
 :class:`AuditCost` clocks the audits of one callback and the training epochs they run in. :func:`plan` is pure
 arithmetic, no Lightning: it takes what the first audit measured (seconds per audited example, training seconds
-since the previous audit) and returns a :class:`Plan`. The callbacks (:class:`~lightning_xai.callbacks.AuditCallback`,
-``budget=``) call it once, after their first audit.
+since the previous audit) and returns a :class:`Plan`. :class:`AuditBudget` is the state a callback keeps of them
+(its clock, its plan, the cadence and subset size that follow): the callbacks
+(:class:`~lightning_xai.callbacks.AuditCallback`, ``budget=``) own one and plan once, after their first audit.
 """
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
-__all__ = ["AuditCost", "DEFAULT_EVERY_N_EPOCHS", "DEFAULT_NUM_SAMPLES", "Default", "MAX_CADENCE",
+__all__ = ["AuditBudget", "AuditCost", "DEFAULT_EVERY_N_EPOCHS", "DEFAULT_NUM_SAMPLES", "Default", "MAX_CADENCE",
            "MIN_AUDIT_SECONDS", "MIN_SAMPLES", "Plan", "describe", "limited_size", "plan"]
 
 #: the budget never shrinks the audit subset below this many examples (an explicit ``num_samples`` may)
@@ -213,6 +214,14 @@ class AuditCost:
         training = elapsed - audits - sum(sum(o.epoch_audits) for o in others if o is not self)
         return audits, max(training, 0.0)
 
+    def first_announcement(self, owner: str, audits: Optional[float] = None, training: Optional[float] = None
+                           ) -> Optional[str]:
+        """:meth:`announcement` the first time it is asked for, then ``None`` (the callback prints it once)."""
+        if self.announced:
+            return None
+        self.announced = True
+        return self.announcement(owner, audits, training)
+
     def announcement(self, owner: str, audits: Optional[float] = None, training: Optional[float] = None) -> str:
         """The one-line cost report of the first audit (against the epoch's training time when known)."""
         first = self.first or 0.0
@@ -226,3 +235,108 @@ class AuditCost:
             text += f"; that epoch's {count} audits took {audits:.1f} s"
             text += f" ({100 * audits / training:.1f}%)" if training > 0 else ""
         return text + "."
+
+
+class AuditBudget:
+    """The cost budget of one audit callback: its cost clock, the plan it chose, and the cadence and subset size
+    that follow from the plan (checkpointed with the callback).
+
+    The callback owns one and calls it; the Lightning hooks, the collectives and the logging stay with the callback.
+    Every method is local work (no collectives): :meth:`choose` sizes the audit after the first audit of ``fit``
+    (:func:`plan`), the callback broadcasts that plan from process 0, and every process takes it (:meth:`adopt`).
+
+    Args:
+        share: the share of training time the audits may take (``None``: no budget; ``cost`` still clocks them).
+        num_samples / every_n_epochs / every_n_train_steps: as the callback was given them. A :class:`Default` (not
+            passed) may be changed by the budget; what the user passed is kept, and a step cadence keeps the cadence.
+
+    Attributes:
+        cost: the :class:`AuditCost` clock of the callback's audits.
+        plan: the :class:`Plan` chosen (``None``: none yet, or no budget).
+        cadence / cadence_offset: audit every ``cadence``-th configured epoch, counted from ``cadence_offset``.
+        planned_samples: the subset size of the plan when it changed it (``None``: ``num_samples``).
+        mark: ``(time, audit clocks then)`` that training time is counted from (``None``: not started).
+
+    Example:
+        >>> budget = AuditBudget(0.05, num_samples=DEFAULT_NUM_SAMPLES, every_n_epochs=DEFAULT_EVERY_N_EPOCHS)
+        >>> budget.wanted(audited=256, training=100.0)
+        True
+        >>> chosen = budget.choose(seconds=12.8, training=100.0, audited=256)
+        >>> budget.adopt(chosen, audited=256, epoch=0)   # every 3rd epoch from epoch 1; the subset is kept
+        False
+        >>> [epoch for epoch in range(1, 10) if budget.epoch_due(epoch, every_n_epochs=1)]
+        [3, 6, 9]
+        >>> budget.state_dict()
+        {'plan': {'num_samples': 256, 'cadence': 3, 'share': 0.04266666666666667, 'fits': True}, 'cadence_offset': 1}
+    """
+
+    def __init__(self, share: Optional[float], *, num_samples: Optional[int] = None,
+                 every_n_epochs: Optional[int] = None, every_n_train_steps: Optional[int] = None) -> None:
+        self.share = None if share is None else float(share)
+        # a default the user did not pass (a Default) may be changed by the budget; the user's own is kept
+        self.fixed_samples = not isinstance(num_samples, Default)
+        self.fixed_cadence = not isinstance(every_n_epochs or 0, Default) or bool(every_n_train_steps)
+        self.cost = AuditCost()
+        self.plan: Optional[Plan] = None
+        self.cadence, self.cadence_offset, self.planned_samples = 1, 0, None
+        self.mark: Optional[Tuple[float, float]] = None
+
+    def wanted(self, audited: int, training: float) -> bool:
+        """Whether to plan now: a budget, no plan yet, and an audit of ``audited`` examples after ``training`` s."""
+        return self.share is not None and self.plan is None and audited > 0 and training > 0
+
+    def choose(self, seconds: float, training: float, audited: int, *, limited: bool = False,
+               min_seconds: float = MIN_AUDIT_SECONDS) -> Plan:
+        """The plan for an audit of ``audited`` examples that took ``seconds`` after ``training`` seconds of
+        training. ``limited`` (the trainer capped the subset) keeps its size; an audit under ``min_seconds`` keeps
+        its size and cadence."""
+        if self.share is None:
+            raise ValueError("no budget to plan for (budget=None)")
+        cheap = seconds < min_seconds
+        return plan(seconds / audited, training, self.share, audited,
+                    fixed_samples=self.fixed_samples or limited or cheap, fixed_cadence=self.fixed_cadence or cheap)
+
+    def adopt(self, chosen: Plan, audited: int, epoch: int) -> bool:
+        """Take the plan every process received after the audit of ``epoch`` on ``audited`` examples; ``True``
+        when it shrinks the subset (to the first ``num_samples`` of the same seeded draw: a subset of the first)."""
+        self.plan = chosen
+        if chosen.cadence > 1:  # the next audit comes every_n_epochs * cadence epochs after this one
+            self.cadence, self.cadence_offset = chosen.cadence, epoch + 1
+        if chosen.num_samples < audited:
+            self.planned_samples = chosen.num_samples
+            return True
+        return False
+
+    def epoch_due(self, epoch: int, every_n_epochs: int) -> bool:
+        """Whether the end of ``epoch`` is an audit's: every ``every_n_epochs * cadence``-th epoch from the plan's."""
+        every = every_n_epochs * self.cadence
+        return bool(every) and (epoch + 1 - self.cadence_offset) % every == 0
+
+    def scalars(self, measured: float, every_n_epochs: int) -> Dict[str, float]:
+        """The adopted plan's logged scalars (``measured``: the first audit's share of the training time)."""
+        chosen = self._adopted()
+        return {"budget/num_samples": float(chosen.num_samples), "budget/share": measured,
+                "budget/every_n_epochs": float(every_n_epochs * chosen.cadence)}
+
+    def announcement(self, owner: str, measured: float, every_n_epochs: int, every_n_train_steps: Optional[int]
+                     ) -> str:
+        """The line the callback prints about the adopted plan (:func:`describe`)."""
+        unit = "epochs" if every_n_epochs else "scheduled steps"
+        return describe(owner, self._adopted(), self.share or 0.0, measured, unit,
+                        every_n_epochs or every_n_train_steps)
+
+    def _adopted(self) -> Plan:
+        if self.plan is None:
+            raise ValueError("no plan adopted yet (AuditBudget.adopt comes first)")
+        return self.plan
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The plan and where its cadence counts from: a resumed run audits the same subset at the same cadence."""
+        return {"plan": None if self.plan is None else vars(self.plan).copy(), "cadence_offset": self.cadence_offset}
+
+    def load_state_dict(self, state: Optional[Dict[str, Any]]) -> None:
+        """Restore :meth:`state_dict` (a checkpoint without a plan changes nothing)."""
+        if state and state.get("plan"):
+            self.plan = Plan(**state["plan"])
+            self.cadence, self.cadence_offset = self.plan.cadence, int(state.get("cadence_offset", 0))
+            self.planned_samples = self.plan.num_samples

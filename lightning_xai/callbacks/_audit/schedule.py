@@ -1,13 +1,14 @@
 """When an audit runs and on how many examples: the sums behind the trigger methods of
-:class:`~lightning_xai.callbacks.AuditCallback`, as functions of what they read (the class keeps the state)."""
+:class:`~lightning_xai.callbacks.AuditCallback`, as functions of what they read (the callback and its
+:class:`~lightning_xai.callbacks._audit.budget.AuditBudget` keep the state)."""
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Optional, Tuple
+from typing import Any, Iterable, List, Optional, Tuple
 
-from lightning_xai.callbacks._audit.budget import AuditCost, limited_size
+from lightning_xai.callbacks._audit.budget import AuditBudget, AuditCost, limited_size
 
-__all__ = ["audit_clocks", "clock_mark", "subset_size", "training_since"]
+__all__ = ["audit_clocks", "audit_costs", "clock_mark", "subset_size", "training_since"]
 
 
 def subset_size(size: Optional[int], trainer: Any, split: str, loader: Any) -> Optional[int]:
@@ -29,17 +30,30 @@ def subset_size(size: Optional[int], trainer: Any, split: str, loader: Any) -> O
     return limited_size(size, limit, getattr(loader, "batch_size", None) or 1, total)
 
 
-def audit_clocks(callbacks: Iterable[Any]) -> float:
-    """Seconds spent so far in the audits of every audit callback among ``callbacks`` (their ``_cost`` clocks).
+def audit_costs(callbacks: Iterable[Any]) -> List[AuditCost]:
+    """The cost clocks of every audit callback among ``callbacks`` (the ``cost`` of their ``_budget``).
 
     Example:
         >>> from types import SimpleNamespace
-        >>> cost = AuditCost()
-        >>> cost.audited(2.0)
-        >>> audit_clocks([SimpleNamespace(_cost=cost), object()])
+        >>> budget = AuditBudget(0.05)
+        >>> audit_costs([SimpleNamespace(_budget=budget), object()]) == [budget.cost]
+        True
+    """
+    budgets = (getattr(c, "_budget", None) for c in callbacks)
+    return [budget.cost for budget in budgets if isinstance(budget, AuditBudget)]
+
+
+def audit_clocks(callbacks: Iterable[Any]) -> float:
+    """Seconds spent so far in the audits of every audit callback among ``callbacks`` (:func:`audit_costs`).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> budget = AuditBudget(0.05)
+        >>> budget.cost.audited(2.0)
+        >>> audit_clocks([SimpleNamespace(_budget=budget), object()])
         2.0
     """
-    return sum(c._cost.total for c in callbacks if isinstance(getattr(c, "_cost", None), AuditCost))
+    return sum(cost.total for cost in audit_costs(callbacks))
 
 
 def training_since(mark: Optional[Tuple[float, float]], now: float, clocks: float) -> float:

@@ -18,7 +18,7 @@ from torch.utils.data import IterableDataset
 from lightning_xai.attribution.context import preserved_rng_state
 from lightning_xai.lightning_compat import MISCONFIGURATION_ERRORS, is_overridden
 
-__all__ = ["AUDIT_TOKEN_BUDGET", "AuditBatch", "SPLITS", "build_batches", "detached_dataset", "draw_subset",
+__all__ = ["AUDIT_TOKEN_BUDGET", "AuditBatch", "AuditSubsets", "SPLITS", "build_batches", "detached_dataset", "draw_subset",
            "find_loader", "merge_small_batches", "preserved_dataset_generators", "row_reader"]
 
 SPLITS = ("train", "val", "test")
@@ -165,6 +165,63 @@ def build_batches(loader: Any, indices: Sequence[int], positions: Sequence[int],
         if batch_size is None:
             groups = merge_small_batches(groups, indices, loader, token_budget, rows=rows)
         return [(pos, [indices[p] for p in pos], collate([rows(indices[p]) for p in pos])) for pos in groups]
+
+
+
+class AuditSubsets:
+    """The fixed audit subset of every split one callback audits: the dataset indices drawn once from its seed
+    (checkpointed; a resumed run warns when its draw differs from the checkpoint's), and this process's shard of
+    them as collated CPU batches (drawn again when the callback is set up again).
+
+    Args:
+        owner: the callback's class name, for messages.
+
+    Example:
+        >>> subsets = AuditSubsets("AttentionAudit")
+        >>> subsets.load_state_dict({"val": [1, 4, 5, 7]})   # compared with the next draw of "val"
+        >>> subsets.state_dict(), subsets.audited("val"), subsets.restored
+        ({}, 0, {'val': [1, 4, 5, 7]})
+    """
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self.indices: Dict[str, List[int]] = {}
+        self.batches: Dict[str, List[AuditBatch]] = {}
+        self.restored: Dict[str, List[int]] = {}
+
+    def draw(self, split: str, dataset: Any, size: Optional[int], seed: int) -> List[int]:
+        """The subset of ``split``: ``size`` indices of ``dataset`` drawn from ``seed`` (:func:`draw_subset`)."""
+        chosen = draw_subset(dataset, size, seed, self.owner, split)
+        restored = self.restored.get(split)
+        if restored is not None and restored != chosen:
+            rank_zero_warn(f"{self.owner}: the {split!r} audit subset differs from the checkpoint's "
+                           "(the dataset changed?); the resumed history mixes two subsets.")
+        self.indices[split] = chosen
+        return chosen
+
+    def shard(self, trainer: "pl.Trainer", split: str, loader: Any, indices: List[int], batch_size: Optional[int],
+              token_budget: int = AUDIT_TOKEN_BUDGET) -> List[AuditBatch]:
+        """This process's positions of ``indices`` as collated CPU batches of ``loader`` (:func:`build_batches`)."""
+        positions = list(range(len(indices)))[trainer.global_rank::max(1, trainer.world_size)]
+        self.batches[split] = build_batches(loader, indices, positions, batch_size, token_budget, self.owner, split)
+        return self.batches[split]
+
+    def audited(self, split: str) -> int:
+        """How many examples the subset of ``split`` holds (0: not drawn yet)."""
+        return len(self.indices.get(split, ()))
+
+    def forget(self, split: str) -> None:
+        """Drop the subset of ``split`` and its batches: the next audit draws it again (the budget shrank it)."""
+        self.indices.pop(split, None)
+        self.batches.pop(split, None)
+
+    def state_dict(self) -> Dict[str, List[int]]:
+        """The drawn indices of every split."""
+        return {k: list(v) for k, v in self.indices.items()}
+
+    def load_state_dict(self, saved: Dict[str, List[int]]) -> None:
+        """A checkpoint's subsets, kept to compare the next draws with."""
+        self.restored = {k: list(v) for k, v in saved.items()}
 
 
 _STATE = {torch.Generator: ("get_state", "set_state"), random.Random: ("getstate", "setstate"),

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import operator
 import warnings
-from typing import Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -55,9 +55,9 @@ class AlignmentCounts(NamedTuple):
     predicted_possible: Tensor
 
 
-def _pair(item: object, where: str) -> Tuple[int, int]:
+def _pair(item: Any, where: str) -> Tuple[int, int]:  # any user object; unpacked and checked here
     try:
-        s, t = item  # type: ignore[misc]
+        s, t = item
         pair = (operator.index(s), operator.index(t))
     except (TypeError, ValueError):
         raise ValueError(f"{where}: {item!r} is not a (source_index, target_index) pair of ints.") from None
@@ -139,9 +139,9 @@ def _corpus(links: CorpusLinks, name: str) -> List[Tuple[FrozenSet[Tuple[int, in
     return [_sentence(sentence, f"{name}[{i}]") for i, sentence in enumerate(sentences)]
 
 
-def _is_pair(item: object) -> bool:
+def _is_pair(item: Any) -> bool:  # any user object; unpacked and checked here
     try:
-        s, t = item  # type: ignore[misc]
+        s, t = item
         operator.index(s), operator.index(t)
     except (TypeError, ValueError):
         return False

@@ -103,6 +103,7 @@ def extract_links(scores: Tensor, rule: str = "target_argmax", *, threshold: Opt
         raise ValueError("scores has NaN or inf at a real (source, target) pair; links need finite scores (check the "
                          "attribution for overflow, or replace with torch.nan_to_num).")
     if rule == "threshold":
+        assert threshold is not None  # checked at the top: rule='threshold' without threshold= raised
         links = (batch >= threshold) & candidate
     else:
         filled = batch.detach().masked_fill(~candidate, float("-inf"))

@@ -12,14 +12,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence, Union, cast
 
 import torch
 from torch import Tensor
 
+from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
 from lightning_xai.attribution import explanation_context, gather_rows, resolve_target
-from lightning_xai.attribution.targets import warn_nonfinite_logits
+from lightning_xai.attribution.targets import (decisions, default_output, score_values, target_score,
+                                               warn_nonfinite_logits)
 from lightning_xai.attribution import batching
 from lightning_xai.attribution.batching import (_check_remove, _trim_padding, batch_shape, erase_tokens,
                                                 length_chunks, padding_trimmer, row_extents)
@@ -33,8 +35,14 @@ RANKINGS = ("attention", "random", "gradient", "grad_x_attention")
 
 
 def erasure_probabilities(model: ExplainableModel, batch: Batch, removals: Sequence[Tensor], target: Tensor, *,
-                          max_rows: int = 1024, max_tokens: Optional[int] = None) -> Tensor:
+                          max_rows: int = 1024, max_tokens: Optional[int] = None,
+                          output: Optional[str] = None) -> Tensor:
     """``[K, B]``: probability of ``target`` after each of the ``K`` erasures in ``removals`` (``[B, T]`` bools).
+
+    The probability under the model's head (:func:`~lightning_xai.attribution.targets.score_values`: a sigmoid's
+    for a multi-label model); ``output="logit"`` scores the logit instead. ``output=None`` is the head's default
+    (:func:`~lightning_xai.attribution.targets.default_output`): the output value of a regression model, whose
+    probability is refused by name.
 
     The ``K·B`` erased rows are built in one batch (rows repeated, then tokens deleted; an erasure that repeats
     another of the same row — two sizes that round to one rationale, two rankings that agree — is built and scored
@@ -51,6 +59,9 @@ def erasure_probabilities(model: ExplainableModel, batch: Batch, removals: Seque
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be a positive int, got {value!r}.")
     model = as_explainable(model)
+    head = head_kind_of(model)
+    output = default_output(model) if output is None else output
+    score_values(torch.zeros(1, 1), output, head)  # refused before any pass: a probability of a regression head
     mask = model.token_mask(batch)
     B = mask.shape[0]
     if not removals:
@@ -81,7 +92,7 @@ def erasure_probabilities(model: ExplainableModel, batch: Batch, removals: Seque
             idx = idx.to(mask.device)
             part = trim(gather_rows(erased, idx, K_unique), (idx.numel(), width))
             logits = model.forward_from_embeddings(model.embed(part), part).logits
-            parts.append((idx, logits.softmax(-1).gather(1, targets[idx].view(-1, 1)).squeeze(1)))
+            parts.append((idx, target_score(logits, targets[idx], output, head)))
     order = torch.cat([idx for idx, _ in parts])
     probs = torch.cat([values for _, values in parts])
     return torch.empty_like(probs).index_copy(0, order, probs).index_select(0, inverse).view(K, B)
@@ -193,8 +204,11 @@ def decision_flip(model: ExplainableModel, batch: Batch,
     With the encoder outputs fixed (the model is re-run from the same embeddings with ``attention_override``),
     step s zeroes the s highest-ranked real tokens' attention weights and renormalises the rest to sum to 1
     (uniform over the remaining tokens if their weights are all exactly 0). Steps run from 1 to n − 1, so at least
-    one item is always left; if the argmax never changes the instance records −1. Ranking ties are broken by
-    position (earlier first).
+    one item is always left; if the decision never changes the instance records −1. Ranking ties are broken by
+    position (earlier first). The decision is the argmax class; for a multi-label (sigmoid) model the set of labels
+    with probability above 0.5 (a flip: any label crosses 0.5), the gradient rankings then using the top label's
+    logit; a regression model makes no decision and is refused by name
+    (:func:`~lightning_xai.attribution.targets.decisions`).
 
     All steps of all instances are built as one stack of ``Σ (n_b − 1)`` overridden attention rows and run in
     forward passes of at most ``max_rows`` rows, lowest steps first, each pass reaching twice as many steps as the
@@ -231,14 +245,19 @@ def decision_flip(model: ExplainableModel, batch: Batch,
     if not isinstance(max_rows, int) or max_rows < 1:
         raise ValueError(f"max_rows must be a positive int, got {max_rows!r}.")
     model = as_explainable(model)
+    head = head_kind_of(model)
+    decisions(torch.zeros(1, 1), head)  # a regression head makes no decision: refused by name before any pass
     listed = isinstance(ranking, (list, tuple))
     stacked = listed or (isinstance(ranking, Tensor) and ranking.dim() == 3)
-    entries = list(ranking) if listed else list(ranking.unbind(0)) if stacked else [ranking]
+    entries: List[Union[str, Tensor]] = (
+        list(ranking) if isinstance(ranking, (list, tuple)) else
+        list(ranking.unbind(0)) if isinstance(ranking, Tensor) and stacked else
+        [cast(Union[str, Tensor], ranking)])  # not a list or tuple: one name or map (else ranking_scores rejects it)
     if not entries:
         raise ValueError("ranking is an empty stack of rankings; give at least one name or [B, T] map.")
     # score maps and random draws are checked before the pass; the model's own rankings come from its pass below
-    given = [None if isinstance(one, str) and one in _FROM_THE_PASS else
-             ranking_scores(model, batch, one, generator=generator) for one in entries]
+    given: List[Union[str, Tensor]] = [one if isinstance(one, str) and one in _FROM_THE_PASS else
+                                       ranking_scores(model, batch, one, generator=generator) for one in entries]
     with explanation_context(model, batch) as safe, torch.no_grad():
         mask = model.token_mask(safe)
         if bool((~mask.any(1)).any()):
@@ -247,21 +266,23 @@ def decision_flip(model: ExplainableModel, batch: Batch,
         device = mask.device
         emb = model.embed(safe)
         out, scorer = override_scorer(model, emb, safe)
-        decision = out.logits.argmax(-1)
+        decision = decisions(out.logits, head)  # the argmax class; a multi-label model's set of labels
         # rows with NaN/inf logits have no decision to flip: warned here, their results are NaN (below)
         defined = None if warn_nonfinite_logits(out.logits) else torch.isfinite(out.logits.detach()).all(-1)
         alpha = out.attention.detach().masked_fill(~mask, 0.0)
         grad = None
         if any(isinstance(one, str) and one in ("gradient", "grad_x_attention") for one in entries):
-            grad = _attention_gradient(model, safe, emb, out, scorer, decision)
-        named = {"attention": alpha, "gradient": grad, "grad_x_attention": None if grad is None else grad * alpha}
-        scores = torch.stack([named[one] if map_ is None else map_.to(device).to(alpha.dtype)
-                              for one, map_ in zip(entries, given)])
+            grad = _attention_gradient(model, safe, emb, out, scorer, out.logits.detach().argmax(-1))
+        named = {"attention": alpha}
+        if grad is not None:
+            named.update(gradient=grad, grad_x_attention=grad * alpha)
+        scores = torch.stack([named[one] if isinstance(one, str) else one.to(device).to(alpha.dtype) for one in given])
         R = scores.shape[0]
         # R·B instances, ranking-major: instance r·B + b is row b of the batch ranked by map r
         source = torch.arange(B, device=device).repeat(R)
         ranked = scores.reshape(R * B, T)
-        alpha, mask, decision = alpha.repeat(R, 1), mask.repeat(R, 1), decision.repeat(R)
+        alpha, mask = alpha.repeat(R, 1), mask.repeat(R, 1)
+        decision = decision.repeat(R, *([1] * (decision.dim() - 1)))
         lengths = mask.sum(1)
         ranked = ranked.masked_fill(~mask, float("-inf"))
         order = torch.sort(ranked, dim=1, descending=True, stable=True).indices
@@ -307,7 +328,8 @@ def decision_flip(model: ExplainableModel, batch: Batch,
                 width = model.token_mask(part).shape[1]
                 logits = model.forward_from_embeddings(emb.index_select(0, rows)[:, :width], part,
                                                        attention_override=override[:, :width]).logits
-            flips = logits.argmax(-1) != decision[inst]
+            flips = decisions(logits, head) != decision[inst]
+            flips = flips.any(-1) if flips.dim() == 2 else flips  # a multi-label decision: any label changed
             if bool(flips.any()):
                 first_flip.scatter_reduce_(0, inst[flips], step[flips], reduce="amin")
 

@@ -6,6 +6,10 @@ With ŷ the predicted class on the full input x (or a given ``target``) and r th
 * sufficiency = p(ŷ | x) − p(ŷ | r): the rationale alone should keep the prediction (lower is better);
 * AOPC: each averaged over the top-k bins {1, 5, 10, 20, 50}% of the real tokens.
 
+p is the model's probability under its head (a sigmoid's for a multi-label model); with ``output="logit"`` the logit.
+A regression model has no probability (asked for explicitly, it is refused by name): by default p is its output
+value, and comprehensiveness is the change of that value (:func:`~lightning_xai.attribution.targets.score_values`).
+
 Tokens are *deleted* (the sequence gets shorter, masks stay aligned; see
 :func:`lightning_xai.attribution.batching.erase_tokens`), never replaced. Conventions:
 
@@ -22,8 +26,10 @@ from typing import Any, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
+from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
 from lightning_xai.attribution import explanation_context, resolve_target
+from lightning_xai.attribution.targets import target_score
 from lightning_xai.metrics.functional._validation import check_maps, resolve_k, topk_mask
 from lightning_xai.metrics.functional.erasure import erasure_probabilities
 
@@ -56,8 +62,8 @@ def _removals(scores: Tensor, mask: Tensor, k: Union[int, float]) -> Tuple[Tenso
 
 
 def erasure_scores(model: ExplainableModel, batch: Batch, scores: Tensor, ks: Sequence[Union[int, float]],
-                   target: Any = None, *, max_rows: int = 1024, logits: Optional[Tensor] = None
-                   ) -> Tuple[Tensor, Tensor]:
+                   target: Any = None, *, max_rows: int = 1024, logits: Optional[Tensor] = None,
+                   output: Optional[str] = None) -> Tuple[Tensor, Tensor]:
     """Comprehensiveness and sufficiency for each k of ``ks``: two ``[len(ks), B]`` tensors.
 
     ``scores`` is one ``[B, T]`` map or a stack of ``R`` maps ``[R, B, T]`` (then both results are
@@ -66,6 +72,10 @@ def erasure_scores(model: ExplainableModel, batch: Batch, scores: Tensor, ks: Se
     erased rows per map, scored in batched passes of ``max_rows`` rows. The model is put in eval mode while this
     runs (modes restored); no gradients are built. ``logits``: the model's ``[B, C]`` logits on ``batch`` from an
     eval-mode pass already made under the same precision (e.g. :func:`decision_flip`'s): the full pass is skipped.
+    ``output``: the score whose change is measured, under the model's head
+    (:func:`~lightning_xai.attribution.targets.score_values`): ``"probability"`` (a sigmoid's for a multi-label
+    model) or ``"logit"``; ``None`` (default) is the probability, and for a regression model the change of its output
+    value, value(x) − value(x ∖ r) (its probability, asked for explicitly, is refused by name).
 
     Example:
         >>> import torch
@@ -94,14 +104,14 @@ def erasure_scores(model: ExplainableModel, batch: Batch, scores: Tensor, ks: Se
             raise ValueError(f"logits has {logits.shape[0]} rows; the batch has {mask.shape[0]}.")
         logits = logits.detach().to(mask.device)
         tgt = resolve_target(logits, target)
-        full = logits.softmax(-1).gather(1, tgt.view(-1, 1)).squeeze(1)
+        full = target_score(logits, tgt, output, head_kind_of(model))
         removals = []
         for one in maps:
             one = one.detach().to(mask.device)
             for k in ks:
                 comp, suff = _removals(one, mask, k)
                 removals += [comp, suff]
-        probs = erasure_probabilities(model, safe, removals, tgt, max_rows=max_rows)
+        probs = erasure_probabilities(model, safe, removals, tgt, max_rows=max_rows, output=output)
         # nothing deleted (one-token instance, or r = x): the input is x itself, the difference is exactly 0
         unchanged = torch.stack([~r.any(1) for r in removals])
         probs = torch.where(unchanged, full.unsqueeze(0).expand_as(probs), probs)
@@ -111,7 +121,7 @@ def erasure_scores(model: ExplainableModel, batch: Batch, scores: Tensor, ks: Se
 
 
 def comprehensiveness(model: ExplainableModel, batch: Batch, scores: Tensor, k: Union[int, float] = 0.2,
-                      target: Any = None) -> Tensor:
+                      target: Any = None, *, output: Optional[str] = None) -> Tensor:
     r"""``[B]`` ERASER comprehensiveness p(ŷ | x) − p(ŷ | x ∖ r), r = the top-k tokens of ``scores``.
 
     Args:
@@ -120,6 +130,8 @@ def comprehensiveness(model: ExplainableModel, batch: Batch, scores: Tensor, k: 
         scores: ``[B, T]`` token scores (higher = more important); pads are ignored.
         k: rationale size: an int number of tokens or a fraction in (0, 1] of each instance's real tokens.
         target: class whose probability is measured (default: the predicted class on the full input).
+        output: ``"probability"``, ``"logit"`` or ``None`` (the probability; a regression model's output value); see
+            :func:`erasure_scores`.
 
     Example:
         >>> import torch
@@ -129,11 +141,11 @@ def comprehensiveness(model: ExplainableModel, batch: Batch, scores: Tensor, k: 
         >>> comprehensiveness(model, batch, torch.tensor([[0.1, 0.9, 0.2, 0.3]]), k=1).shape
         torch.Size([1])
     """
-    return erasure_scores(model, batch, scores, [k], target)[0][0]
+    return erasure_scores(model, batch, scores, [k], target, output=output)[0][0]
 
 
 def sufficiency(model: ExplainableModel, batch: Batch, scores: Tensor, k: Union[int, float] = 0.2,
-                target: Any = None) -> Tensor:
+                target: Any = None, *, output: Optional[str] = None) -> Tensor:
     r"""``[B]`` ERASER sufficiency p(ŷ | x) − p(ŷ | r), r = the top-k tokens of ``scores`` (see
     :func:`comprehensiveness` for the arguments).
 
@@ -145,11 +157,11 @@ def sufficiency(model: ExplainableModel, batch: Batch, scores: Tensor, k: Union[
         >>> float(sufficiency(model, batch, torch.tensor([[0.1, 0.9, 0.2, 0.3]]), k=1.0)[0])
         0.0
     """
-    return erasure_scores(model, batch, scores, [k], target)[1][0]
+    return erasure_scores(model, batch, scores, [k], target, output=output)[1][0]
 
 
 def aopc(model: ExplainableModel, batch: Batch, scores: Tensor, bins: Sequence[Union[int, float]] = AOPC_BINS,
-         target: Any = None) -> Tuple[Tensor, Tensor]:
+         target: Any = None, *, output: Optional[str] = None) -> Tuple[Tensor, Tensor]:
     r"""``([B], [B])``: AOPC comprehensiveness and AOPC sufficiency — each the mean over ``bins`` of the
     per-bin value (ERASER's definition; bins default to {1, 5, 10, 20, 50}% of the real tokens).
 
@@ -162,5 +174,5 @@ def aopc(model: ExplainableModel, batch: Batch, scores: Tensor, bins: Sequence[U
         >>> comp.shape, suff.shape
         (torch.Size([1]), torch.Size([1]))
     """
-    comp, suff = erasure_scores(model, batch, scores, list(bins), target)
+    comp, suff = erasure_scores(model, batch, scores, list(bins), target, output=output)
     return comp.mean(0), suff.mean(0)

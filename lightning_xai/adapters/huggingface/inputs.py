@@ -1,0 +1,93 @@
+"""Checks of a Hugging Face batch against the model it is fed to: position limits and token types.
+
+* :func:`position_offset` — RoBERTa-style embeddings number positions from ``padding_idx + 1``, so a model with
+  ``max_position_embeddings=514`` holds 512 tokens; without the offset a 513-token batch fails deep inside the
+  model with a bare ``index 514 is out of bounds``.
+* :func:`warn_missing_token_types` — a model with several token types (``type_vocab_size > 1``, BERT's pair
+  segments) fed a pair without ``token_type_ids`` reads both segments as the first: a different function from the
+  one it was trained on, with no error. Warned once, naming the rows.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["pair_rows", "position_offset", "warn_missing_token_types"]
+
+
+def position_offset(model: nn.Module) -> int:
+    """The position ids the model's embeddings skip before the first token: ``padding_idx + 1`` when its position
+    embedding table has a padding row (RoBERTa, XLM-R, CamemBERT, ...), else 0.
+
+    Example:
+        >>> from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel
+        >>> small = dict(vocab_size=20, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8)
+        >>> roberta, bert = RobertaModel(RobertaConfig(**small, pad_token_id=1)), BertModel(BertConfig(**small))
+        >>> position_offset(roberta), position_offset(bert)
+        (2, 0)
+    """
+    for module in model.modules():
+        table = getattr(module, "position_embeddings", None)
+        if isinstance(table, nn.Embedding):
+            pad = table.padding_idx
+            return int(pad) + 1 if pad is not None and pad >= 0 else 0
+    return 0
+
+
+def pair_rows(input_ids: Tensor, attention_mask: Tensor, separator: Optional[int] = None) -> Tensor:
+    """``BoolTensor[B]``: rows holding two segments, i.e. the separator more than once among the attended positions.
+
+    ``separator``: the ``[SEP]`` id (the tokenizer's or the config's); ``None`` takes each row's last attended id,
+    which closes every BERT-style encoding (``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]``).
+
+    Example:
+        >>> ids = torch.tensor([[2, 7, 3, 8, 3], [2, 7, 8, 3, 0]])
+        >>> pair_rows(ids, (ids != 0).long()).tolist()
+        [True, False]
+    """
+    attends = attention_mask != 0
+    if separator is None:
+        last = (attends.long() * torch.arange(attends.shape[1], device=attends.device)).argmax(1, keepdim=True)
+        sep = input_ids.gather(1, last)
+    else:
+        sep = torch.full_like(input_ids[:, :1], int(separator))
+    return ((input_ids == sep) & attends).sum(1) > 1
+
+
+def warn_missing_token_types(batch: Any, config: Any, tokenizer: Any = None, owner: Any = None) -> None:
+    """Warn (once per ``owner``) when a model with token types gets pairs without ``batch["token_type_ids"]``.
+
+    Only rows that hold two segments (:func:`pair_rows`) are the problem: a single sentence's token types are all 0,
+    which is the model's default.
+
+    Example:
+        >>> from transformers import BertConfig
+        >>> ids = torch.tensor([[2, 7, 3, 8, 3]])
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warn_missing_token_types({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, BertConfig())
+        >>> str(caught[0].message).split(":")[0]
+        "The batch has no 'token_type_ids' but the model has 2 token types (type_vocab_size=2) and rows [0] hold two segments"
+    """
+    if "token_type_ids" in batch or getattr(owner, "_warned_token_types", False):
+        return
+    types = getattr(config, "type_vocab_size", None)
+    if not isinstance(types, int) or types <= 1 or "attention_mask" not in batch:
+        return
+    separator = getattr(tokenizer, "sep_token_id", None)
+    separator = separator if separator is not None else getattr(config, "sep_token_id", None)
+    pairs = pair_rows(batch["input_ids"], batch["attention_mask"], separator)
+    if not bool(pairs.any()):
+        return
+    rows = pairs.nonzero().flatten().tolist()
+    warnings.warn(f"The batch has no 'token_type_ids' but the model has {types} token types (type_vocab_size={types}) "
+                  f"and rows {rows[:10]}{' ...' if len(rows) > 10 else ''} hold two segments: the model reads the "
+                  "second segment as the first (token type 0), a different function from the one trained on pairs, "
+                  "so its outputs and explanations change without an error. Pass the tokenizer's token_type_ids "
+                  "(WordPieceCollator keeps them; tokenizer(a, b, return_token_type_ids=True)).",
+                  UserWarning, stacklevel=3)
+    if owner is not None:
+        object.__setattr__(owner, "_warned_token_types", True)
