@@ -90,6 +90,7 @@ def check_attention_mask(attention_mask: Any, input_ids: Tensor, mask: Any = Non
                          "model reads no position of them, so their output and any explanation of them mean nothing. "
                          "Drop empty rows before batching, or fix the attention_mask (1 at every non-pad position, "
                          "special tokens included).")
+    assert mask is not None  # without a mask nothing is unread: only empty rows fail, and they raised above
     row, position = (mask.to(attends.device) & ~attends).nonzero()[0].tolist()
     raise ValueError(f"batch['mask'] calls position {position} of row {row} a real token but batch['attention_mask'] "
                      "is 0 there: the model does not read it, so its explanation would describe nothing. Build both "
