@@ -11,7 +11,7 @@ import abc
 import inspect
 import time
 from dataclasses import replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import pytorch_lightning as pl
 import torch
@@ -40,6 +40,11 @@ from lightning_xai.callbacks._audit.subset import AUDIT_TOKEN_BUDGET, AuditBatch
 from lightning_xai.lightning_compat import Callback
 
 __all__ = ["AuditCallback", "AuditExample", "AuditPrediction", "AuditResult", "BatchResult", "TokenPairs"]
+
+
+def _callbacks(trainer: "pl.Trainer") -> List[pl.Callback]:
+    """``trainer.callbacks``: Lightning's CallbackConnector sets it; the Trainer class does not declare it."""
+    return trainer.callbacks  # type: ignore[attr-defined]
 
 
 class AuditCallback(Callback, abc.ABC):
@@ -152,7 +157,8 @@ class AuditCallback(Callback, abc.ABC):
         self.latest: Optional[AuditResult] = None
         self.version = 0  # bumps on every audit; reporters watch it
         self._subsets = AuditSubsets(cls)  # the drawn indices (checkpointed) and this process's batches
-        self._warned_no_logger, self._warned_undefined, self._checked = False, set(), False
+        self._warned_no_logger, self._checked = False, False
+        self._warned_undefined: Set[str] = set()
         self._last_step_audited: Optional[int] = None
         self._epoch_audited: Optional[int] = None
         self._aggregated: Optional[Dict[str, float]] = None
@@ -201,7 +207,7 @@ class AuditCallback(Callback, abc.ABC):
     @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         if trainer is not None:  # None: set up by hand (notebooks, tests)
-            check_placement(self, [c for c in trainer.callbacks if isinstance(c, AuditCallback)], trainer, stage)
+            check_placement(self, [c for c in _callbacks(trainer) if isinstance(c, AuditCallback)], trainer, stage)
             if self._runs.enter(trainer, type(self).__name__):  # a new Trainer counts its epochs and steps from 0
                 self._epoch_audited = self._last_step_audited = None
         refuse_generator(type(self).__name__, self.explainable(pl_module), self.refuses_generation)
@@ -215,7 +221,7 @@ class AuditCallback(Callback, abc.ABC):
 
     @override
     def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        self._budget.mark = clock_mark(trainer.callbacks)
+        self._budget.mark = clock_mark(_callbacks(trainer))
 
     @override
     def on_train_epoch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
@@ -262,7 +268,8 @@ class AuditCallback(Callback, abc.ABC):
         """:meth:`run_audit`, isolated and clocked: the result, or ``None`` when the audit failed (and was
         reported; with ``strict`` the exception propagates). The first audit of ``fit`` sets the budget's plan."""
         start = time.perf_counter()
-        training = training_since(self._budget.mark, start, audit_clocks(trainer.callbacks)) if stage == "fit" else 0.0
+        training = (training_since(self._budget.mark, start, audit_clocks(_callbacks(trainer))) if stage == "fit"
+                    else 0.0)
         try:  # every step agrees across processes (distributed.shared_failure): all report, or all raise
             result = self.run_audit(trainer, pl_module, stage, split)
             seconds = time.perf_counter() - start
@@ -274,13 +281,13 @@ class AuditCallback(Callback, abc.ABC):
             self._failures.report(err, stage, split, trainer.current_epoch, trainer.global_step)
             return None
         if stage == "fit":
-            self._budget.mark = clock_mark(trainer.callbacks)
+            self._budget.mark = clock_mark(_callbacks(trainer))
         if stage != "fit" and (line := self._budget.cost.first_announcement(type(self).__name__)):
             rank_zero_info(line)
         return result
 
     def _epoch_cost(self, trainer: "pl.Trainer") -> None:
-        spent = self._budget.cost.epoch_ended(audit_costs(trainer.callbacks))
+        spent = self._budget.cost.epoch_ended(audit_costs(_callbacks(trainer)))
         if spent is None:
             return
         audits, training = spent
@@ -296,7 +303,8 @@ class AuditCallback(Callback, abc.ABC):
     def _apply_budget(self, trainer: "pl.Trainer", split: str, seconds: float, training: float) -> None:
         """After the first audit of ``fit``: size the subset and cadence to the budget, log the plan."""
         audited = self._subsets.audited(split)
-        if not self._budget.wanted(audited, training) or trainer.fast_dev_run:
+        # Trainer.fast_dev_run is set by Lightning's debugging setup; the Trainer class does not declare it
+        if not self._budget.wanted(audited, training) or trainer.fast_dev_run:  # type: ignore[attr-defined]
             return
         with shared_failure(trainer):  # a failure on one process: every process raises, none waits in the broadcast
             limited = self._audit_size(trainer, split, self._loader(trainer, split)) != self.num_samples

@@ -163,6 +163,7 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
                     found = fn(rows[idx], None if override is None else override.index_select(0, idx))
                     logits = found.new_empty(rows.numel(), found.shape[1]) if logits is None else logits
                     logits[idx] = found
+            assert logits is not None  # rows is not empty, so one of the parts scored some
             return logits
         return pack(rows, override)
 
@@ -202,6 +203,7 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
                 scored = score_bucket(source[chunk], local[group_of[picked]], column[picked], order[picked], override)
                 logits = scored.new_empty(N, scored.shape[1]) if logits is None else logits
                 logits[order[picked]] = scored
+        assert logits is not None  # widths.max() above needs rows: there is a bucket
         return logits
 
     def score_bucket(source: Tensor, seq: Tensor, column: Tensor, original: Tensor,

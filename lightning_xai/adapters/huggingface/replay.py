@@ -178,6 +178,7 @@ def override_replay(adapter: Any, embeddings: Tensor, batch: Batch, *, pack: boo
                              else override.index_select(0, part.to(override.device)), width)
                 logits = scored.new_empty(rows.numel(), scored.shape[1]) if logits is None else logits
                 logits[part.to(logits.device)] = scored
+        assert logits is not None  # reach.max() above needs rows: there is a group
         return logits
 
     packed = packed_scorer(adapter, embeddings, batch, layers, outputs, scorer, max_elements) if pack else None

@@ -278,7 +278,8 @@ class AuditBudget:
         self.fixed_cadence = not isinstance(every_n_epochs or 0, Default) or bool(every_n_train_steps)
         self.cost = AuditCost()
         self.plan: Optional[Plan] = None
-        self.cadence, self.cadence_offset, self.planned_samples = 1, 0, None
+        self.cadence, self.cadence_offset = 1, 0
+        self.planned_samples: Optional[int] = None
         self.mark: Optional[Tuple[float, float]] = None
 
     def wanted(self, audited: int, training: float) -> bool:
