@@ -32,7 +32,7 @@ test: $(STAMP)
 # The documentation site (mkdocs.yml), warnings as errors: a docstring mkdocstrings cannot read, a broken link or a
 # public name without a page fails the build.
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
