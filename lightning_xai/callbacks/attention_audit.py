@@ -101,7 +101,7 @@ class AttentionAudit(AuditCallback):
         pairs: which pairs to compare, as ``("attention", "gradient")`` tuples; default every pair.
         method_options: per-method keyword options for ``attribute``, e.g.
             ``{"integrated_gradients": {"n_steps": 20}}``, over :data:`DEFAULT_METHOD_OPTIONS`: ``grad_x_input`` is
-            compared as Jain & Wallace's magnitude \|Σ_d g·e\| unless ``{"grad_x_input": {"absolute": False}}``.
+            compared as Jain & Wallace's magnitude |Σ_d g·e| unless ``{"grad_x_input": {"absolute": False}}``.
         metric_options: per-metric keyword options, e.g. ``{"topk_overlap": {"k": 0.2}}``.
         impermissible_key: batch key of the impermissible-token mask; the shares are computed for batches that
             have it (``None``: never).

@@ -145,7 +145,7 @@ def head_reads(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> O
     for point in _probe_points(model):
         leaves: List[Optional[Tensor]] = []
 
-        def replace(module: nn.Module, args: Any, output: Any) -> Any:
+        def replace(module: nn.Module, args: Any, output: Any, leaves: List[Optional[Tensor]] = leaves) -> Any:
             first = _first_tensor(output)
             if first is None or leaves:
                 leaves.append(None)
