@@ -19,9 +19,11 @@ from lightning_fabric.utilities.apply_func import move_data_to_device
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
+from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.adapters.resolve import ModelResolver, ModelSpec
 from lightning_xai.attribution.registry import method_record
+from lightning_xai.attribution.targets import default_output
 from lightning_xai.callbacks._audit import model as lookup
 from lightning_xai.callbacks._audit.aggregation import ValueAggregator, aggregate_values, value_names
 from lightning_xai.callbacks._audit.budget import (DEFAULT_EVERY_N_EPOCHS, DEFAULT_NUM_SAMPLES, MIN_AUDIT_SECONDS,
@@ -47,7 +49,8 @@ class AuditCallback(Callback, abc.ABC):
 
     Subclasses implement :meth:`audit_batch` (per-example results of one batch of the audit subset) and may
     override :meth:`aggregate` (scalars from all per-example results); everything else is shared, including the
-    prediction step (:meth:`predict`: forward pass, softmax, argmax), whose result ``audit_batch`` receives.
+    prediction step (:meth:`predict`: forward pass, the head's scores and prediction), whose result ``audit_batch``
+    receives.
     A subclass may define ``summary_rows(metrics, full) -> [(label, template)]`` to choose its rows of the final
     results table (:func:`lightning_xai.reporting.final_results`); reporting reads callbacks only through such
     attributes, so a new audit callback needs no change there.
@@ -113,6 +116,8 @@ class AuditCallback(Callback, abc.ABC):
     budget_min_seconds: float = MIN_AUDIT_SECONDS
     #: why the audit cannot explain a text generator (a ``TargetSequence`` model), refused at setup; "" if it can
     refuses_generation: str = ""
+    #: what the audit's maps and scores explain, in words (set at setup by audits that explain a score; recorded)
+    explained_quantity: Optional[str] = None
     tokenizer: Any = None
     _resolver: Optional[ModelResolver] = None
 
@@ -406,7 +411,8 @@ class AuditCallback(Callback, abc.ABC):
                 self._aggregated = None
             warn_undefined(type(self).__name__, split, examples, metrics, self._warned_undefined)
             result = AuditResult(stage=stage, epoch=trainer.current_epoch, global_step=trainer.global_step,
-                                 split=split, metrics=metrics, examples=examples, extras=merged, run=self._runs.run)
+                                 split=split, metrics=metrics, examples=examples, extras=merged, run=self._runs.run,
+                                 explained_quantity=self.explained_quantity)
             self._log(trainer, stage, metrics)
         self.history = add_record(self.history, result.record())
         self.latest = result
@@ -440,9 +446,11 @@ class AuditCallback(Callback, abc.ABC):
         return self._precision.maps(method, method_record(method).precision_sensitive)
 
     def predict(self, model: ExplainableModel, batch: Dict[str, Any]) -> AuditPrediction:
-        """The prediction step every audit shares: the protocol's forward pass (no gradients), softmax, argmax."""
+        """The prediction step every audit shares: the protocol's forward pass (no gradients), read through the
+        model's head (:meth:`AuditPrediction.from_output`: softmax and argmax for a classifier)."""
         with torch.no_grad():
-            return AuditPrediction.from_output(model.forward_from_embeddings(model.embed(batch), batch))
+            out = model.forward_from_embeddings(model.embed(batch), batch)
+        return AuditPrediction.from_output(out, head_kind_of(model), default_output(model))
 
     def audit_inputs(self, model: ExplainableModel, batch: Dict[str, Any]) -> Dict[str, Any]:
         """The batch the audit explains, made from an audited batch (on the module's device, in the audit's guard):
