@@ -28,8 +28,8 @@ from benchmarks import harness as H  # noqa: E402
 
 
 def jobs(quick: bool):
-    from benchmarks import (bench_deception, bench_gradients, bench_ig, bench_kendall, bench_loo, bench_loo_memory,
-                            bench_step_overhead)
+    from benchmarks import (bench_deception, bench_erasure_memory, bench_gradients, bench_ig, bench_kendall,
+                            bench_kendall_memory, bench_loo, bench_loo_memory, bench_step_overhead)
 
     common = ["--quick"] if quick else []
     out = {}
@@ -46,6 +46,7 @@ def jobs(quick: bool):
     out["ig_auto_minilm_sst2"] = (bench_ig_auto.main, (["--model", "minilm"] if quick else [
         "--model", "minilm_sst2", "--batch-size", "32", "--token-rtol", "0.01", "0.03"]) + common)
     out["kendall"] = (bench_kendall.main, common)
+    out["kendall_memory"] = (bench_kendall_memory.main, common)
     out["deception"] = (bench_deception.main, common)
     # issue 18: audit share of a training epoch (MiniLM audits 48 sentences, scaled to 256: see the README)
     from benchmarks import bench_audit_share
@@ -55,6 +56,7 @@ def jobs(quick: bool):
                                                           "--num-samples", "48"] + common)
     out["audit_share_llama"] = (bench_audit_share.main, ["--model", "llama", "--train-batches", "40"] + common)
     out["loo_memory"] = (bench_loo_memory.main, common)
+    out["erasure_memory"] = (bench_erasure_memory.main, common)
     out["step_overhead"] = (bench_step_overhead.main, common)
     return out
 
@@ -148,6 +150,18 @@ def summary(results_dir: Path = H.RESULTS) -> str:
         if "chunked" in r["peak_rss_delta_mib"]:
             add("leave-one-out, one 2,000-token row: peak RSS growth (MiB)", r["peak_rss_delta_mib"]["chunked"],
                 "≤ 512", r["met"]["peak_memory_chunked"], r)
+    r = _load("kendall_memory", results_dir)
+    if r and r.get("memory_target_met") is not None:
+        worst = max(e["peak_rss_delta_mib"]["lightning_xai"] for e in r["lengths"].values())
+        add(f"Kendall τ, one row of up to {max(int(t) for t in r['lengths']):,} tokens: peak RSS growth (MiB)", worst,
+            "≤ 256", r["memory_target_met"], r)
+    r = _load("erasure_memory", results_dir)
+    if r:
+        add("ErasureAudit, two 2,000-piece documents: time budgeted / unbudgeted",
+            r["ratios"]["time_budgeted_vs_unbudgeted"], "≤ 1.2×", r["met"]["time_budgeted_vs_unbudgeted"], r)
+        if "budgeted" in r["peak_rss_delta_mib"]:
+            add("ErasureAudit, two 2,000-piece documents: peak RSS growth (MiB)", r["peak_rss_delta_mib"]["budgeted"],
+                "≤ 1024", r["met"]["peak_memory_budgeted"], r)
     r = _load("deception", results_dir)
     if r:
         add("DeceptionPenalty per-step overhead", r["overhead"], "≤ 0.05", r["met"], r)
@@ -160,8 +174,9 @@ def summary(results_dir: Path = H.RESULTS) -> str:
             add(f"MiniLM (sdpa) training step with the audit callbacks attached, between audits ({setting}, "
                 f"batch {s['batch_size']}{where})", s["step"]["median"], f"≤ {r['target']:g}×", s["met"], r)
     expected = ["ig_reference", "ig_unpacked", "ig_minilm", "loo_reference", "loo_unpacked", "gradients_reference",
-                "gradients_unpacked", "kendall", "deception", "loo_memory", "step_overhead", "audit_share_minilm",
-                "audit_share_reference", "audit_share_llama", "ig_auto_minilm_sst2"]
+                "gradients_unpacked", "kendall", "kendall_memory", "deception", "loo_memory", "erasure_memory",
+                "step_overhead", "audit_share_minilm", "audit_share_reference", "audit_share_llama",
+                "ig_auto_minilm_sst2"]
     missing = [name for name in expected if _load(name, results_dir) is None]
     text = H.table(rows, ("ratio", "value", "target", "met?", "measured (UTC, 1-min load, threads)"))
     if missing:

@@ -7,12 +7,12 @@ reference models and :class:`AuditReport`. Everything else lives in its subpacka
 """
 from lightning_xai.adapters import ExplainableModel, ExplainOutput, HookAdapter, HuggingFaceAdapter, as_explainable
 from lightning_xai.attribution import attribute, explanation_context
-from lightning_xai.callbacks import (AdversarialSearchAudit, AttentionAudit, AttentionBaselines, ErasureAudit,
-                                     ImpermissibleAttentionMonitor, RandomStateCheckpoint, SanityCheck)
+from lightning_xai.callbacks import (AdversarialSearchAudit, AlignmentAudit, AttentionAudit, AttentionBaselines,
+                                     ErasureAudit, ImpermissibleAttentionMonitor, RandomStateCheckpoint, SanityCheck)
 from lightning_xai.data import HFTextClassificationDataModule, TextClassificationDataModule, Vocabulary
 from lightning_xai.losses import (AttentionAlignmentLoss, ConicityLoss, DeceptionPenalty, ErasureFaithfulnessLoss,
                                   ModelConsistentAdversary, RationaleSupervisionLoss, WordTyingLoss)
-from lightning_xai.metrics import (AOPC, AUPRC, IOUF1, Comprehensiveness, DecisionFlip, JensenShannon, KendallTau,
+from lightning_xai.metrics import (AOPC, AUPRC, IOUF1, AlignmentErrorRate, Comprehensiveness, DecisionFlip, JensenShannon, KendallTau,
                                    PearsonCorrelation, SpearmanCorrelation, Sufficiency, TokenF1, TopKKendallTau,
                                    TopKOverlap)
 from lightning_xai.models import AttentionClassifier, HFClassifier
@@ -26,7 +26,7 @@ __all__ = [
     # attribution
     "attribute", "explanation_context",
     # callbacks
-    "AdversarialSearchAudit", "AttentionAudit", "AttentionBaselines", "ErasureAudit", "ImpermissibleAttentionMonitor",
+    "AdversarialSearchAudit", "AlignmentAudit", "AttentionAudit", "AttentionBaselines", "ErasureAudit", "ImpermissibleAttentionMonitor",
     "RandomStateCheckpoint", "SanityCheck",
     # data
     "HFTextClassificationDataModule", "TextClassificationDataModule", "Vocabulary",
@@ -34,7 +34,7 @@ __all__ = [
     "AttentionAlignmentLoss", "ConicityLoss", "DeceptionPenalty", "ErasureFaithfulnessLoss", "ModelConsistentAdversary",
     "RationaleSupervisionLoss", "WordTyingLoss",
     # metrics
-    "AOPC", "AUPRC", "Comprehensiveness", "DecisionFlip", "IOUF1", "JensenShannon", "KendallTau", "PearsonCorrelation",
+    "AOPC", "AUPRC", "AlignmentErrorRate", "Comprehensiveness", "DecisionFlip", "IOUF1", "JensenShannon", "KendallTau", "PearsonCorrelation",
     "SpearmanCorrelation", "Sufficiency", "TokenF1", "TopKKendallTau", "TopKOverlap",
     # models
     "AttentionClassifier", "HFClassifier",

@@ -74,6 +74,20 @@ def test_loo_memory_benchmark(tmp_path):
     assert r["max_abs_logit_diff"] < 1e-6 and r["batch"]["max_len"] == 64
 
 
+def test_kendall_memory_benchmark(tmp_path):
+    from benchmarks import bench_kendall_memory
+
+    r = _run(bench_kendall_memory, ["--quick", "--repeats", "2"], tmp_path)
+    assert list(r["lengths"]) == ["1000"] and r["memory_target_met"] is None  # quick: no memory runs
+
+
+def test_erasure_memory_benchmark(tmp_path):
+    from benchmarks import bench_erasure_memory
+
+    r = _run(bench_erasure_memory, ["--quick"], tmp_path)
+    assert r["max_abs_value_diff"] == 0.0 and r["same_nan_pattern"] and r["batch"]["pieces"] == 64
+
+
 def test_gpu_check_runs_its_code_on_the_cpu(tmp_path):
     from benchmarks import gpu_check
 

@@ -76,7 +76,7 @@ def test_every_public_callback_loss_and_metric_class_is_exported_once_by_its_sub
             assert lightning_xai.__all__.count(name) == 1, f"lightning_xai.__all__ lacks {name}"
             assert getattr(lightning_xai, name) is cls
         counts[package] = len(classes)
-    assert counts == {"lightning_xai.callbacks": 7, "lightning_xai.losses": 7, "lightning_xai.metrics": 13}
+    assert counts == {"lightning_xai.callbacks": 8, "lightning_xai.losses": 7, "lightning_xai.metrics": 14}
 
 
 def test_the_top_level_names_each_thing_once_and_every_name_exists():

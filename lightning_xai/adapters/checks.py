@@ -9,13 +9,13 @@ batch; callers run them where they cost nothing (:func:`check_logits` once, on t
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, cast
 
 import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.capabilities import ReferenceLogits
-from lightning_xai.adapters.protocol import Batch
+from lightning_xai.adapters.protocol import Batch, ExplainableModel
 
 __all__ = ["ATTENTION_ATOL", "LOGITS_RTOL", "check_attention_distribution", "check_attention_mask", "check_logits",
            "check_sequence_length", "check_token_ids", "evaluating", "vocabulary_size"]
@@ -90,6 +90,7 @@ def check_attention_mask(attention_mask: Any, input_ids: Tensor, mask: Any = Non
                          "model reads no position of them, so their output and any explanation of them mean nothing. "
                          "Drop empty rows before batching, or fix the attention_mask (1 at every non-pad position, "
                          "special tokens included).")
+    assert mask is not None  # without a mask nothing is unread: only empty rows fail, and they raised above
     row, position = (mask.to(attends.device) & ~attends).nonzero()[0].tolist()
     raise ValueError(f"batch['mask'] calls position {position} of row {row} a real token but batch['attention_mask'] "
                      "is 0 there: the model does not read it, so its explanation would describe nothing. Build both "
@@ -273,10 +274,11 @@ def check_logits(model: Any, batch: Batch, *, rtol: float = LOGITS_RTOL) -> Opti
     """
     if not isinstance(model, ReferenceLogits) or not callable(getattr(model, "embed", None)):
         return None
+    adapter = cast(ExplainableModel, model)  # ReferenceLogits is a capability of adapters (and it has an embed)
     context = evaluating(model) if isinstance(model, nn.Module) else contextlib.nullcontext()
     with context, torch.no_grad():
         own = model.reference_logits(batch)
-        mine = model.forward_from_embeddings(model.embed(batch), batch).logits
+        mine = adapter.forward_from_embeddings(adapter.embed(batch), batch).logits
     name, fix = model.describe_reference()
     if tuple(own.shape) != tuple(mine.shape):
         raise ValueError(f"{type(model).__name__}'s logits have shape {tuple(mine.shape)} but {name}'s own have "

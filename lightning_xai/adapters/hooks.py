@@ -140,6 +140,13 @@ class HookAdapter(nn.Module):
         >>> adapter.probe(batch)
     """
 
+    # references to submodules of ``module``, set with object.__setattr__ (not registered: no duplicate state_dict
+    # keys); declared here because nn.Module's __getattr__ types unknown attributes as Tensor | Module
+    _embedding: nn.Module
+    _attention: nn.Module
+    _hidden: Optional[nn.Module]
+    _multihead: Optional[nn.MultiheadAttention]
+
     def __init__(self, module: nn.Module, embedding: str, attention: str, *,
                  forward_fn: Optional[Callable[[nn.Module, Batch], Any]] = None,
                  embedding_input: Optional[Callable[[Batch], Any]] = None,
@@ -256,6 +263,7 @@ class HookAdapter(nn.Module):
             return embeddings
 
         def overridden(weights: Tensor) -> Tensor:
+            assert attention_override is not None  # called only when an override is given
             new = self._override(weights, attention_override.masked_fill(~mask, 0.0).to(weights.dtype), mask)
             captured["weights"] = new
             return new

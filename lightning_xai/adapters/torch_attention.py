@@ -94,7 +94,12 @@ def pooled_rows(pooling: str, query_index: Optional[int], mask: Tensor) -> Tenso
     if pooling == "mean":
         real = mask.float()
         return real / real.sum(-1, keepdim=True).clamp_min(1.0)
-    index = 0 if pooling == "first" else int(query_index)  # type: ignore[arg-type]
+    if pooling == "first":
+        index = 0
+    elif query_index is None:
+        raise TypeError(f"pooled_rows(pooling={pooling!r}) needs query_index (the row the classifier reads); got None.")
+    else:
+        index = int(query_index)
     if not -T <= index < T:
         raise ValueError(f"HookAdapter: query_index={index} is outside the batch's {T} positions.")
     rows = torch.zeros(B, T, device=mask.device)

@@ -219,7 +219,9 @@ def padding_trimmer(model: Any, batch: Batch, batch_size: int) -> Callable[[dict
     rows = (extents == extents.min()).nonzero().flatten()[:4]  # the rows a pass cuts most
     whole = gather_rows(batch, rows, batch_size)
     cut = trim(whole, (rows.numel(), width))
-    if _present(cut, rows.numel()).shape[1] == width:
+    cut_present = _present(cut, rows.numel())
+    assert cut_present is not None  # the rows keep the batch's non-pad indicator, gathered then trimmed
+    if cut_present.shape[1] == width:
         return trim
     with torch.no_grad():
         a = _compared(model.forward_from_embeddings(model.embed(whole), whole))

@@ -27,7 +27,9 @@ def get_random_states() -> Dict[str, Any]:
         (True, True)
     """
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = np.random.get_state()
+    assert isinstance(state, tuple)  # the global RandomState is MT19937, whose legacy state is this tuple
+    name, keys, pos, has_gauss, cached = state
     return {"python": random.getstate(), "torch": torch.get_rng_state(),
             "numpy": (str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
             "cuda": torch.cuda.get_rng_state_all() if cuda else None}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union, overload
+from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union, cast, overload
 
 import torch
 from torch import Tensor
@@ -280,7 +280,8 @@ def _per_step(model: Any, batch: Batch, method: Any, target: str, **options: Any
     width = len(parts[0][1]) if parts and isinstance(parts[0][1], tuple) else 0
     stacked: List[Tensor] = []
     for i in range(max(width, 1)):
-        pieces = [(rows, result[i] if width else result) for rows, result in parts]
+        # width is 0 only when the method returns one map: then each result is that Tensor
+        pieces = [(rows, result[i] if width else cast(Tensor, result)) for rows, result in parts]
         first = pieces[0][1]
         full = first.new_zeros((B, K) + tuple(first.shape[1:]))
         for k, (rows, piece) in enumerate(pieces):

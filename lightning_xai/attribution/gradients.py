@@ -120,6 +120,7 @@ def _input_gradients(model: ExplainableModel, batch: Batch, embeddings: Tensor, 
     result = _compute_input_gradients(model, batch, embeddings, target, output=output, create_graph=create_graph,
                                       detach_attention=detach_attention)
     if sharing:
+        assert _shared is not None  # sharing says so
         _shared[:] = [(model, output, detach_attention, target, embeddings.detach(), model.token_mask(batch)), result]
     return result
 

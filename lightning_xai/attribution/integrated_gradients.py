@@ -73,11 +73,11 @@ def _ig_path(model: ExplainableModel, batch: Batch, embeddings: Tensor, base: Te
         score = target_score(out, target.index_select(0, row), output, head_kind_of(model))
         (grad,) = torch.autograd.grad(score.sum(), x, create_graph=create_graph)
         weighted = grad * weight[step].view(-1, 1, 1)
-        if create_graph:
+        if acc is None:  # create_graph
             pieces.append(torch.zeros_like(embeddings).index_add(0, row, weighted))
         else:
             acc.index_add_(0, row, weighted.detach())
-    summed = torch.stack(pieces).sum(0) if create_graph else acc
+    summed = torch.stack(pieces).sum(0) if acc is None else acc
     return (diff * summed).sum(dim=-1)
 
 
@@ -277,6 +277,8 @@ def integrated_gradients_map(model: ExplainableModel, batch: Batch, embeddings: 
             warnings.warn(f"n_steps='auto': {unconverged} of {N} rows missed the completeness tolerance "
                           f"(rtol={rtol}) at max_steps={max_steps}; raise max_steps.", RuntimeWarning, stacklevel=4)
     else:
+        if isinstance(n_steps, str):  # not "auto": ig_nodes' own error, raised before run() would get it
+            raise ValueError(f"n_steps must be a positive int (or 'auto'); got {n_steps!r}.")
         scores = run(None, n_steps).masked_fill(~mask, 0.0)
         steps = torch.full((N,), int(n_steps), dtype=torch.long, device=embeddings.device)
     delta = scores.detach().sum(1) - gap

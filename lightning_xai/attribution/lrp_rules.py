@@ -8,7 +8,7 @@ The rules are described in :mod:`lightning_xai.attribution.lrp`.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -95,7 +95,7 @@ def lstm_forward(x: Tensor, lengths: Tensor, weight_ih: Tensor, weight_hh: Tenso
     batch, steps, _ = x.shape
     hidden = weight_hh.shape[1]
     valid = torch.arange(steps, device=x.device).unsqueeze(0) < lengths.to(x.device).unsqueeze(1)
-    bias = 0.0
+    bias: Union[float, Tensor] = 0.0
     if bias_ih is not None:
         bias = bias + bias_ih
     if bias_hh is not None:
@@ -166,8 +166,12 @@ def _lstm_direction_relevance(states: Dict[str, Tensor], x: Tensor, relevance_h:
 
 
 def _lstm_parameters(rnn: nn.LSTM, suffix: str) -> Tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
-    get = lambda name: getattr(rnn, f"{name}_l0{suffix}", None)  # noqa: E731
-    return get("weight_ih"), get("weight_hh"), get("bias_ih"), get("bias_hh")
+    def get(name: str) -> Optional[Tensor]:
+        return getattr(rnn, f"{name}_l0{suffix}", None)  # the biases are absent with bias=False
+
+    weight_ih, weight_hh = get("weight_ih"), get("weight_hh")
+    assert weight_ih is not None and weight_hh is not None  # an nn.LSTM has the weights of each direction
+    return weight_ih, weight_hh, get("bias_ih"), get("bias_hh")
 
 
 
@@ -194,7 +198,9 @@ def lstm_rule(encoder: nn.Module, x: Tensor, input_mask: Tensor, relevance_hidde
     relevance_x = torch.zeros_like(x)
     outputs = []
     for index, (suffix, reverse) in enumerate(directions):
-        w_ih, w_hh, b_ih, b_hh = (None if p is None else p.to(x.dtype) for p in _lstm_parameters(rnn, suffix))
+        weight_ih, weight_hh, bias_ih, bias_hh = _lstm_parameters(rnn, suffix)
+        w_ih, w_hh = weight_ih.to(x.dtype), weight_hh.to(x.dtype)
+        b_ih, b_hh = (None if p is None else p.to(x.dtype) for p in (bias_ih, bias_hh))
         states = lstm_forward(x, lengths, w_ih, w_hh, b_ih, b_hh, reverse=reverse)
         outputs.append(states["h"])
         bias = torch.zeros(4 * hidden, dtype=x.dtype, device=x.device)

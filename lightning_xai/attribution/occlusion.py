@@ -126,10 +126,11 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
                               "token; deleting it leaves nothing to classify, so it is scored by replacing it with "
                               "the pad token (mode='pad').", RuntimeWarning, stacklevel=3)
             # a model that can score deletions faster than re-running them (e.g. the BiLSTM reusing its states)
-            out = model.deletion_logits(embeddings, batch, rows[chosen], positions[chosen]) \
+            deleted = model.deletion_logits(embeddings, batch, rows[chosen], positions[chosen]) \
                 if isinstance(model, DeletionLogits) else None
-            if out is not None:
-                parts.append((chosen, target_score(out, target.index_select(0, rows[chosen]), output, head_kind_of(model))))
+            if deleted is not None:
+                parts.append((chosen, target_score(deleted, target.index_select(0, rows[chosen]), output,
+                                                   head_kind_of(model))))
                 chosen = chosen[:0]
         if chosen.numel() or bool(by_pad.any()):  # full passes remain: trim them only where the logits allow
             trim = padding_trimmer(model, batch, B)  # the identity for a model that reads its padding
@@ -152,8 +153,8 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
                              and v.shape[0] == k.numel())
                 # one copy of the rows (cut to the pass's width), then overwrite the single occluded vector each
                 x = embeddings.index_select(0, r)[:, :width]
-                where = (torch.arange(k.numel(), device=x.device), p)
-                x = x.index_put(where, pads[r, p]) if create_graph else x.contiguous().index_put_(where, pads[r, p])
+                at = (torch.arange(k.numel(), device=x.device), p)
+                x = x.index_put(at, pads[r, p]) if create_graph else x.contiguous().index_put_(at, pads[r, p])
                 out = model.forward_from_embeddings(x, sub)
                 parts.append((k, target_score(out, target.index_select(0, r), output, head_kind_of(model))))
         for k, values in parts:

@@ -102,13 +102,18 @@ def smooth_attention_map(model: ExplainableModel, batch: Batch, embeddings: Tens
     with nullcontext() if create_graph else torch.no_grad():
         for first in range(0, n_samples, per_pass):
             k = min(per_pass, n_samples - first)
-            eps = noise[first:first + k].to(embeddings) if noise is not None else _draw(embeddings, sigma, generator, k)
+            if noise is not None:
+                eps = noise[first:first + k].to(embeddings)
+            else:
+                assert generator is not None  # made above when no noise is given
+                eps = _draw(embeddings, sigma, generator, k)
             noisy = (embeddings.unsqueeze(0) + eps * real).reshape(k * N, T, E)
             sub = batch if k == 1 else gather_rows(batch, torch.arange(N, device=embeddings.device).repeat(k), N)
             out = model.forward_from_embeddings(noisy, sub)
             attention = explained_attention(out, None if target is None else target.repeat(k))
             part = attention.reshape(k, N, T).sum(0)
             total = part if total is None else total + part
+    assert total is not None  # n_samples >= 1 (checked above)
     return total / n_samples
 
 

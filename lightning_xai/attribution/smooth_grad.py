@@ -77,6 +77,7 @@ def smooth_grad_map(model: ExplainableModel, batch: Batch, embeddings: Tensor, t
         if noise is not None:
             eps = noise[first:first + k].to(embeddings)
         else:
+            assert sigma is not None  # set above when no noise is given
             # one draw per sample, so the noise does not depend on how samples are grouped into passes
             eps = torch.stack([torch.randn(embeddings.shape, generator=generator, dtype=embeddings.dtype,
                                            device=embeddings.device) for _ in range(k)]) * sigma.view(1, N, 1, 1)
@@ -88,6 +89,7 @@ def smooth_grad_map(model: ExplainableModel, batch: Batch, embeddings: Tensor, t
             maps = maps[0]
         summed = maps.view(k, N, T).sum(0)
         total = summed if total is None else total + summed
+    assert total is not None  # n_samples >= 1 (checked above)
     return total / n_samples
 
 

@@ -9,6 +9,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_xai.adapters.capabilities import TargetSequence
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute
 from lightning_xai.callbacks._audit.generation import check_generation_methods, is_generator_model
@@ -180,6 +181,7 @@ class AlignmentAudit(AuditCallback):
                 scores = attribute(model, batch, method, target="steps", **options)
             step_maps[method] = scores[0] if isinstance(scores, tuple) else scores
         mask = model.token_mask(batch)
+        assert isinstance(model, TargetSequence)  # refuse_non_generators at setup
         positions = model.target_positions(batch)
         gold, possible = batch[self.alignment_key], batch.get(self.possible_key)
         exclude = batch.get(self.exclude_key)

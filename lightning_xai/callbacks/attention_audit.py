@@ -211,8 +211,9 @@ class AttentionAudit(AuditCallback):
 
     def _use_methods(self, methods: Sequence[str]) -> None:
         self.methods = list(methods)
-        self.pairs = list(itertools.combinations(["attention", *self.methods], 2)) \
-            if self._requested_pairs is None else list(self._requested_pairs)
+        pairs = itertools.combinations(["attention", *self.methods], 2) if self._requested_pairs is None \
+            else self._requested_pairs
+        self.pairs: List[Tuple[str, str]] = [(first, second) for first, second in pairs]
 
     @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 from functools import partial
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import pytorch_lightning as pl
 import torch
@@ -32,7 +32,7 @@ from lightning_xai.callbacks._audit.options import check_audit_batch, check_audi
 from lightning_xai.callbacks._audit.output import RunCounter, ScalarLog, add_record, audit_progress, restored_history
 from lightning_xai.callbacks._audit.results import (AuditExample, AuditPrediction, AuditResult, BatchResult,
                                                     TokenPairs, example_tokens)
-from lightning_xai.callbacks._audit.schedule import AuditSchedule, clock_mark, subset_size
+from lightning_xai.callbacks._audit.schedule import AuditSchedule, clock_mark, subset_size, trainer_callbacks
 from lightning_xai.callbacks._audit.subset import AUDIT_TOKEN_BUDGET, AuditBatch, AuditSubsets, find_loader
 from lightning_xai.lightning_compat import Callback
 
@@ -143,7 +143,8 @@ class AuditCallback(Callback, abc.ABC):
         self._subsets = AuditSubsets(cls)  # the drawn indices (checkpointed) and this process's batches
         self._schedule = AuditSchedule(cls, self._budget, self._subsets, self._failures)  # what ran; how one runs
         self._scalars = ScalarLog(cls)  # callback_metrics and the loggers (one warning without a logger)
-        self._warned_undefined, self._checked = set(), False
+        self._warned_undefined: Set[str] = set()
+        self._checked = False
         self._aggregated: Optional[Dict[str, float]] = None
 
     @property
@@ -188,7 +189,7 @@ class AuditCallback(Callback, abc.ABC):
     @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         if trainer is not None:  # None: set up by hand (notebooks, tests)
-            check_placement(self, [c for c in trainer.callbacks if isinstance(c, AuditCallback)], trainer, stage)
+            check_placement(self, [c for c in trainer_callbacks(trainer) if isinstance(c, AuditCallback)], trainer, stage)
             if self._runs.enter(trainer, type(self).__name__):  # a new Trainer counts its epochs and steps from 0
                 self._schedule.reset()
         refuse_generator(type(self).__name__, self.explainable(pl_module), self.refuses_generation)
@@ -202,7 +203,7 @@ class AuditCallback(Callback, abc.ABC):
 
     @override
     def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        self._budget.mark = clock_mark(trainer.callbacks)
+        self._budget.mark = clock_mark(trainer_callbacks(trainer))
 
     @override
     def on_train_epoch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:

@@ -169,6 +169,7 @@ class ErasureAudit(AuditCallback):
         logits = None
         if self.decision_flip:
             result = decision_flip(model, batch, entries)
+            assert result.scores is not None  # decision_flip always returns the maps it ranked by
             stack, logits = result.scores.float(), result.logits
             for i, ranking in enumerate(self.rankings):
                 flipped = result.flipped[i]

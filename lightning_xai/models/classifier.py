@@ -8,6 +8,7 @@ import torch
 import torchmetrics
 from torch import Tensor, nn
 
+from lightning_xai.adapters.budget import PASS_BUDGET_ELEMENTS, budget_chunks
 from lightning_xai.adapters.checks import check_token_ids
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, check_embeddings
 from lightning_xai.attribution.targets import check_real_tokens
@@ -26,8 +27,9 @@ __all__ = ["AttentionClassifier", "check_batch"]
 # one 2,000-token row grew chunk by chunk to 1.5 GiB, with 16 MiB chunks it stays at 0.36 GiB
 # (benchmarks/bench_loo_memory.py)
 _DELETION_CHUNK_ELEMENTS = 1 << 22
-#: default memory budget of deletion_logits' rerun buffers, in elements (64M float32: 256 MiB)
-DELETION_BUDGET_ELEMENTS = 1 << 26
+#: default memory budget of deletion_logits' rerun buffers, in elements (64M float32: 256 MiB): the budget of every
+#: batched variant pass (:data:`~lightning_xai.adapters.budget.PASS_BUDGET_ELEMENTS`)
+DELETION_BUDGET_ELEMENTS = PASS_BUDGET_ELEMENTS
 
 
 def check_batch(batch: Batch, vocab_size: Optional[int] = None) -> None:
@@ -55,19 +57,13 @@ def check_batch(batch: Batch, vocab_size: Optional[int] = None) -> None:
 def _rerun_groups(order: Tensor, costs: Tensor, max_elements: Optional[int]) -> List[Tuple[Tensor, Tensor]]:
     """Chunks of leave-one-out variants, as ``(variants, assembly order within them)``: consecutive variants of
     ``order`` whose rerun ``costs`` (elements each, in ``order``) sum to at most ``max_elements`` (at least one
-    per chunk); for ``None`` one chunk of all variants in their given order."""
+    per chunk; :func:`~lightning_xai.adapters.budget.budget_chunks`); for ``None`` one chunk of all variants in their
+    given order."""
     n = order.numel()
     if max_elements is None:
         return [(torch.arange(n, device=order.device), order)]
-    if max_elements < 1:
-        raise ValueError(f"max_elements must be a positive number of elements or None, got {max_elements}.")
-    total, chunks, start = torch.cumsum(costs, 0), [], 0
-    while start < n:
-        spent = int(total[start - 1]) if start else 0
-        end = max(start + 1, int(torch.searchsorted(total, spent + max_elements, right=True)))
-        chunks.append((order[start:end], torch.arange(end - start, device=order.device)))
-        start = end
-    return chunks
+    return [(order[start:end], torch.arange(end - start, device=order.device))
+            for start, end in budget_chunks(costs, max_elements)]
 
 
 class AttentionClassifier(ClassifierSteps, pl.LightningModule):

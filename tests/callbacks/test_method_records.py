@@ -55,6 +55,6 @@ def test_pairwise_interactions_of_a_registered_method_reach_the_examples(trained
         found, _ = audit.audit_batch(trained_model, batch, torch.Generator(), list(range(4)))
     finally:
         ATTRIBUTION_METHODS.pop("outer_attention")
-    assert found["interaction_method"] == "outer_attention" and found["interaction_pairs"] == 3
+    assert found.interaction_method == "outer_attention" and found.interaction_pairs == 3
     attention = audit.predict(trained_model, batch).attention
-    torch.testing.assert_close(found["interactions"], (attention[:, :, None] * attention[:, None, :]).float())
+    torch.testing.assert_close(found.interactions, (attention[:, :, None] * attention[:, None, :]).float())

@@ -148,6 +148,12 @@ class HuggingFaceAdapter(nn.Module):
         True
     """
 
+    # set with object.__setattr__ (modules inside ``model``, not registered: no duplicate state_dict keys); declared
+    # here because nn.Module's __getattr__ types unknown attributes as Tensor | Module
+    reference: nn.Module
+    _embedding: nn.Embedding
+    _attention_modules: List[nn.Module]
+
     def __new__(cls, *args: Any, **kwargs: Any) -> "HuggingFaceAdapter":
         """A direct subclass whose ``explains(model)`` is True is built instead (a generator:
         :mod:`~lightning_xai.adapters.huggingface.generation`), so ``HuggingFaceAdapter(model)`` fits any model."""
@@ -435,7 +441,9 @@ class HuggingFaceAdapter(nn.Module):
         Raises:
             ValueError: when they differ by more than ``atol`` (relative to the logits' scale), naming the fix.
         """
-        return check_logits(self, batch, rtol=atol)
+        gap = check_logits(self, batch, rtol=atol)
+        assert gap is not None  # None only for a model without a reference; the adapter has one
+        return gap
 
     def forward(self, batch: Batch, attention_override: Optional[Tensor] = None) -> ExplainOutput:
         """``forward_from_embeddings(embed(batch), batch, attention_override=...)``.

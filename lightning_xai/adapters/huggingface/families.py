@@ -152,7 +152,8 @@ FAMILIES: Dict[str, Family] = {
 
 def family_of(config: Any) -> Optional[Family]:
     """The table's :class:`Family` of ``config.model_type`` (``None`` for a family the table does not list)."""
-    return FAMILIES.get(getattr(config, "model_type", None))
+    model_type = getattr(config, "model_type", None)
+    return FAMILIES.get(model_type) if isinstance(model_type, str) else None
 
 
 def table_pooling(config: Any) -> Optional[str]:
@@ -172,7 +173,7 @@ def table_pooling(config: Any) -> Optional[str]:
     if family.pooling_field is None:
         return family.pooling
     value = getattr(config, family.pooling_field, None)
-    if value not in family.pooling_values:
+    if not isinstance(value, str) or value not in family.pooling_values:
         raise ValueError(f"{config.model_type} {family.pooling_field}={value!r} is not understood; use one of "
                          f"{sorted(family.pooling_values)}.")
     return family.pooling_values[value]

@@ -92,13 +92,14 @@ def is_generator(module: Any) -> bool:
 
 def _last_cross_attention(model: nn.Module) -> Optional[nn.Module]:
     """The module whose call computes the last decoder layer's cross-attention weights (``None``: not found)."""
-    decoder = model.get_decoder() if callable(getattr(model, "get_decoder", None)) else None
+    get_decoder = getattr(model, "get_decoder", None)
+    decoder: Optional[nn.Module] = get_decoder() if callable(get_decoder) else None
     recorders = getattr(decoder, "_can_record_outputs", None) or {}
     recorder = recorders.get("cross_attentions") if isinstance(recorders, dict) else None
     target = getattr(recorder, "target_class", recorder)
     name = getattr(recorder, "layer_name", None)
-    if decoder is None or not isinstance(target, type):
-        return None
+    if decoder is None or not (isinstance(target, type) and issubclass(target, nn.Module)):
+        return None  # (only an nn.Module class has instances among the decoder's modules)
     found = [m for path, m in decoder.named_modules() if isinstance(m, target) and (not name or path.endswith(name))]
     module = found[-1] if found else None
     while module is not None:  # a wrapper layer (T5's T5LayerCrossAttention) holds the attention module itself
@@ -133,6 +134,9 @@ class HuggingFaceGenerationAdapter(HuggingFaceAdapter):
         True
     """
 
+    #: the module whose call the override replaces (set with object.__setattr__, see :class:`HuggingFaceAdapter`)
+    _override_module: Optional[nn.Module]
+
     @classmethod
     def explains(cls, model: nn.Module) -> bool:
         """Whether :class:`HuggingFaceAdapter` should build this class for ``model`` (a generator)."""
@@ -166,17 +170,21 @@ class HuggingFaceGenerationAdapter(HuggingFaceAdapter):
         self._check_tokenizer(tokenizer)
         with recording_attention(self.model) as overridable:
             self.overridable = overridable
-        module = _last_cross_attention(self.model) if self.encoder_decoder else \
-            (self._find_attention_modules(self.model) or [None])[-1]
+        if self.encoder_decoder:
+            module = _last_cross_attention(self.model)
+        else:
+            modules = self._find_attention_modules(self.model)
+            module = modules[-1] if modules else None
         object.__setattr__(self, "_override_module", module)
 
     def _find_embedding_scale(self) -> float:
         """The factor an encoder applies to its word embeddings only when it looks them up itself (Marian):
         ``embed`` applies it so that ``inputs_embeds=`` computes the model's own function."""
         path = getattr(family_of(self.model.config), "embedding_scale", None)
-        if not path or not callable(getattr(self.model, "get_encoder", None)):
+        get_encoder = getattr(self.model, "get_encoder", None)
+        if not path or not callable(get_encoder):
             return 1.0
-        return float(getattr(self.model.get_encoder(), path))
+        return float(getattr(get_encoder(), path))
 
     # --- the TargetSequence capability ------------------------------------------------------------------------
     @staticmethod

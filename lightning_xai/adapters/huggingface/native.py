@@ -16,7 +16,7 @@ mixes heads after the dropout and is left refused.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, List
+from typing import Iterator, List, cast
 
 from torch import nn
 
@@ -51,7 +51,8 @@ def native_override(module: nn.Module) -> Iterator[None]:
     def replace(_dropout: nn.Module, _inputs: tuple, weights):  # the forward hook: its return replaces the output
         return replace_pooled_rows(module, weights)
 
-    handle = module.dropout.register_forward_hook(replace)
+    dropout = cast(nn.Dropout, module.dropout)  # native_attention_modules picks modules with an nn.Dropout there
+    handle = dropout.register_forward_hook(replace)
     try:
         yield
     finally:

@@ -23,11 +23,16 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
+from lightning_xai.adapters.budget import PASS_BUDGET_ELEMENTS, budget_chunks
 from lightning_xai.adapters.huggingface.attention import (OverrideState, active_override, override_rows,
                                                            recording_attention)
 from lightning_xai.adapters.huggingface.pooling import pooled_logits
 
-__all__ = ["packed_scorer", "replaced_forwards"]
+__all__ = ["ATTENTION_COPIES", "attention_elements", "packed_scorer", "replaced_forwards"]
+
+#: ``[N, heads, W, W]`` float buffers of the last layer alive at once in a replayed pass: the scores, the weights, the
+#: override's copy of them and its result (measured: a packed pass peaks at about 4.5 floats per attention element)
+ATTENTION_COPIES = 4
 
 #: config fields of attention restricted to a window: a copy appended after the row would see other keys
 _WINDOWED = ("sliding_window", "local_attention", "attention_window")
@@ -56,6 +61,24 @@ def _map_tensors(value: Any, fn: Callable[[Tensor], Tensor]) -> Any:
     return type(value)(_map_tensors(v, fn) for v in value) if isinstance(value, (tuple, list)) else value
 
 
+def attention_elements(adapter: Any, widths: Tensor) -> Tensor:
+    """``LongTensor[N]``: the elements of the last layer's attention buffers of sequences ``widths`` wide
+    (:data:`ATTENTION_COPIES` × heads × width², ``config.num_attention_heads`` heads, 1 where the config has none):
+    what a replayed pass holds per sequence, the cost its memory budget counts.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from transformers import BertConfig
+        >>> adapter = SimpleNamespace(model=SimpleNamespace(config=BertConfig(num_attention_heads=2)))
+        >>> attention_elements(adapter, torch.tensor([10, 100])).tolist()
+        [800, 80000]
+    """
+    heads = getattr(getattr(adapter.model, "config", None), "num_attention_heads", None)
+    heads = heads if isinstance(heads, int) and heads >= 1 else 1
+    widths = widths.long()
+    return ATTENTION_COPIES * heads * widths * widths
+
+
 def _accepts(module: nn.Module, name: str) -> bool:
     try:
         return name in inspect.signature(module.forward).parameters
@@ -67,7 +90,7 @@ Scorer = Callable[[Tensor, Optional[Tensor]], Tensor]
 
 
 def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.Module], outputs: List[Any],
-                  fallback: Scorer) -> Optional[Scorer]:
+                  fallback: Scorer, max_elements: Optional[int] = PASS_BUDGET_ELEMENTS) -> Optional[Scorer]:
     """A scorer ``(rows, override) -> [N, C]`` logits packing each row's overrides into one sequence, or ``None``.
 
     Args:
@@ -78,6 +101,9 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
         outputs: the recorded outputs of every layer but the last, from the pass over ``batch``.
         fallback: the one-override-per-row scorer, for rows already as long as the model's position table
             (``config.max_position_embeddings``: no room for a copy).
+        max_elements: memory budget of a pass: the sequences of a call run in passes whose last-layer attention
+            buffers (:func:`attention_elements`) hold at most this many elements (at least one sequence a pass);
+            ``None``: one pass per width bucket.
     """
     model, config = adapter.model, getattr(adapter.model, "config", None)
     if adapter._head_pooling not in ("first", "last") or adapter.pooling == "index":
@@ -137,6 +163,7 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
                     found = fn(rows[idx], None if override is None else override.index_select(0, idx))
                     logits = found.new_empty(rows.numel(), found.shape[1]) if logits is None else logits
                     logits[idx] = found
+            assert logits is not None  # rows is not empty, so one of the parts scored some
             return logits
         return pack(rows, override)
 
@@ -164,13 +191,19 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
         bucket = torch.floor(torch.log2(int(widths.max()) / widths.double())).long()
         for b in torch.unique(bucket).tolist():
             members = (bucket == b).nonzero().flatten()
-            picked = (bucket[group_of] == b).nonzero().flatten()  # the overrides (in sorted order) of those groups
-            local = torch.empty(G, dtype=torch.long, device=rows.device)
-            local[members] = torch.arange(members.numel(), device=rows.device)
-            scored = score_bucket(source[members], local[group_of[picked]], column[picked],
-                                   order[picked], override)
-            logits = scored.new_empty(N, scored.shape[1]) if logits is None else logits
-            logits[order[picked]] = scored
+            # sequences in passes that fit the budget, each counted at the bucket's widest (a pass may be that wide)
+            costs = attention_elements(adapter, widths.index_select(0, members).max().expand(members.numel()))
+            for start, end in budget_chunks(costs, max_elements):
+                chunk = members[start:end]
+                chosen = torch.zeros(G, dtype=torch.bool, device=rows.device)
+                chosen[chunk] = True
+                picked = chosen[group_of].nonzero().flatten()  # the overrides (in sorted order) of those groups
+                local = torch.empty(G, dtype=torch.long, device=rows.device)
+                local[chunk] = torch.arange(chunk.numel(), device=rows.device)
+                scored = score_bucket(source[chunk], local[group_of[picked]], column[picked], order[picked], override)
+                logits = scored.new_empty(N, scored.shape[1]) if logits is None else logits
+                logits[order[picked]] = scored
+        assert logits is not None  # widths.max() above needs rows: there is a bucket
         return logits
 
     def score_bucket(source: Tensor, seq: Tensor, column: Tensor, original: Tensor,

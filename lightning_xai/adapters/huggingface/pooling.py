@@ -22,7 +22,7 @@ neither the table nor the probe explains raises :class:`~lightning_xai.adapters.
 from __future__ import annotations
 
 import inspect
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Set, Tuple, cast
 
 import torch
 from torch import Tensor, nn
@@ -110,13 +110,15 @@ def _first_tensor(output: Any) -> Optional[Tensor]:
     return output if isinstance(output, Tensor) else None
 
 
-def _probe_batch(model: nn.Module, device: Any) -> Tuple[Tensor, Tensor, Optional[int]]:
-    """Two rows of six ids (the second right-padded by two) when the config names a pad id, else one row."""
+def _probe_batch(model: Any, device: Any) -> Tuple[Tensor, Tensor, Optional[int]]:
+    """Two rows of six ids (the second right-padded by two) when the config names a pad id, else one row.
+
+    ``model``: a ``transformers`` model (its ``config`` and ``get_input_embeddings``, which ``nn.Module`` lacks)."""
     config = model.config
     text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
     pad = getattr(text, "pad_token_id", None)
     pad = pad if isinstance(pad, int) and not isinstance(pad, bool) else None
-    special = set()
+    special: Set[int] = set()
     for name in ("pad_token_id", "bos_token_id", "eos_token_id", "cls_token_id", "sep_token_id"):
         value = getattr(text, name, None)
         special.update(v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, int))
@@ -148,8 +150,9 @@ def head_reads(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> O
             if first is None or leaves:
                 leaves.append(None)
                 return output
-            leaves.append(first.detach().requires_grad_(True))
-            return _with_first(output, leaves[-1])
+            leaf = first.detach().requires_grad_(True)
+            leaves.append(leaf)
+            return _with_first(output, leaf)
 
         handle = point.register_forward_hook(replace)
         try:
@@ -260,6 +263,7 @@ def pooled_logits(model: nn.Module, kwargs: dict, positions: Tensor) -> Tuple[Te
             inspect.signature(base.forward).parameters}
     output = base(**body)
     hidden = output.last_hidden_state
-    logits = model.score(hidden)  # every position, then the pooled one: the head's own order of operations
+    head = cast(Callable[[Tensor], Tensor], model.score)  # detect_pooling checked that a "last" head has one
+    logits = head(hidden)  # every position, then the pooled one: the head's own order of operations
     logits = logits[torch.arange(hidden.shape[0], device=hidden.device), positions.to(hidden.device)]
     return logits, output

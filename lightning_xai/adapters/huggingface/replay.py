@@ -9,7 +9,9 @@ by one that returns the layer's recorded output (the same object type, its rows 
 embedding stage, the last layer — with the override applied by the adapter's own mechanism — and the head compute:
 about ``1/L`` of a full pass per override. Rows whose trailing padding reaches further back run apart, each group
 cut to its longest row (reach in ``(W/2, W]``, ``(W/4, W/2]``, … of the widest row's ``W``; a left-padded batch is one
-group, since only trailing columns are ever cut).
+group, since only trailing columns are ever cut). The rows of a call run in passes whose last-layer attention buffers
+fit a memory budget (``max_elements``, :func:`~lightning_xai.adapters.budget.budget_chunks`): without it the overrides of
+a long document cost ``N × heads × T²`` floats at once.
 
 Where the head reads one position per row, the scorer packs the overrides of a row into one sequence instead
 (:mod:`~lightning_xai.adapters.huggingface.packing`: copies of the pooled query appended to the row), used only if it
@@ -28,7 +30,8 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from lightning_xai.adapters.huggingface.packing import packed_scorer, replaced_forwards
+from lightning_xai.adapters.budget import PASS_BUDGET_ELEMENTS, budget_chunks
+from lightning_xai.adapters.huggingface.packing import attention_elements, packed_scorer, replaced_forwards
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
 
 __all__ = ["layer_stack", "override_replay"]
@@ -81,7 +84,8 @@ def _declines(adapter: Any) -> bool:
             or adapter._last_module_calls() != 1)
 
 
-def override_replay(adapter: Any, embeddings: Tensor, batch: Batch, *, pack: bool = True
+def override_replay(adapter: Any, embeddings: Tensor, batch: Batch, *, pack: bool = True,
+                    max_elements: Optional[int] = PASS_BUDGET_ELEMENTS
                     ) -> Tuple[ExplainOutput, Optional[Callable[[Tensor, Optional[Tensor]], Tensor]]]:
     """``(adapter.forward_from_embeddings(embeddings, batch), scorer)``; ``scorer(rows, override)`` gives the
     ``[N, C]`` logits of rows ``rows`` of the batch under ``attention_override=override`` (``[N, T]`` or
@@ -95,6 +99,10 @@ def override_replay(adapter: Any, embeddings: Tensor, batch: Batch, *, pack: boo
         pack: score the overrides of one row in one sequence where the head reads one position
             (:mod:`~lightning_xai.adapters.huggingface.packing`; used only if it agrees with one override per row on the
             batch); ``False``: one sequence per override.
+        max_elements: memory budget of a pass, in elements: the overrides of one call run in passes whose last-layer
+            attention buffers (:func:`~lightning_xai.adapters.huggingface.packing.attention_elements`) hold at most
+            this many (at least one sequence a pass; default 64M, 256 MiB of float32, the budget of leave-one-out's
+            reruns, :data:`~lightning_xai.adapters.budget.PASS_BUDGET_ELEMENTS`); ``None``: one pass per width group.
 
     Example:
         >>> import torch
@@ -154,20 +162,26 @@ def override_replay(adapter: Any, embeddings: Tensor, batch: Batch, *, pack: boo
         rows = rows.to(embeddings.device)
         reach = extents.index_select(0, rows.to(extents.device)).clamp(min=1)
         # rows whose trailing padding can be cut run apart, in passes as wide as their longest row: reach in
-        # (W/2, W], (W/4, W/2], ... of the widest row's W (left padding: every row reaches the last column)
+        # (W/2, W], (W/4, W/2], ... of the widest row's W (left padding: every row reaches the last column); the
+        # rows of a group run in chunks whose last-layer attention fits the budget
         group = torch.floor(torch.log2(int(reach.max()) / reach.double())).long()
-        if bool((group == group[0]).all()):
-            return run(rows, override, int(reach.max()))
         logits: Optional[Tensor] = None
         for g in torch.unique(group).tolist():
             idx = (group == g).nonzero().flatten()
-            scored = run(rows.index_select(0, idx.to(rows.device)), None if override is None
-                         else override.index_select(0, idx.to(override.device)), int(reach[idx].max()))
-            logits = scored.new_empty(rows.numel(), scored.shape[1]) if logits is None else logits
-            logits[idx.to(logits.device)] = scored
+            width = int(reach[idx].max())
+            costs = attention_elements(adapter, torch.full((idx.numel(),), width, dtype=torch.long))
+            for start, end in budget_chunks(costs, max_elements):
+                part = idx[start:end]
+                if part.numel() == rows.numel():  # one pass of every row, in the given order
+                    return run(rows, override, width)
+                scored = run(rows.index_select(0, part.to(rows.device)), None if override is None
+                             else override.index_select(0, part.to(override.device)), width)
+                logits = scored.new_empty(rows.numel(), scored.shape[1]) if logits is None else logits
+                logits[part.to(logits.device)] = scored
+        assert logits is not None  # reach.max() above needs rows: there is a group
         return logits
 
-    packed = packed_scorer(adapter, embeddings, batch, layers, outputs, scorer) if pack else None
+    packed = packed_scorer(adapter, embeddings, batch, layers, outputs, scorer, max_elements) if pack else None
     if packed is not None and _agrees(packed, scorer, out.logits, adapter.token_mask(batch)):
         return out, packed
     return out, scorer

@@ -72,8 +72,8 @@ def target_steps(labels: Tensor, causal: bool) -> Steps:
         raise ValueError(f"rows {empty.tolist()[:10]} have no target token (labels are all -100), so there is nothing "
                          "to explain; give every row a target, or build one with adapter.greedy_targets(batch).")
     if causal and labels.shape[1] and bool(explained[:, 0].any()):
-        rows = explained[:, 0].nonzero().flatten().tolist()[:10]
-        raise ValueError(f"rows {rows} have a target token at position 0: a causal LM's logits at position s - 1 "
+        first = explained[:, 0].nonzero().flatten().tolist()[:10]
+        raise ValueError(f"rows {first} have a target token at position 0: a causal LM's logits at position s - 1 "
                          "predict the token at s, so the first token cannot be explained, and a row whose target "
                          "starts at 0 has no prompt to explain it with. Set labels to -100 on the prompt "
                          "(labels = input_ids with the prompt positions masked).")

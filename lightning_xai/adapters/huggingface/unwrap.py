@@ -68,7 +68,7 @@ def _is_peft(module: Any) -> bool:
     return callable(getattr(module, "get_base_model", None)) and isinstance(getattr(module, "peft_config", None), dict)
 
 
-def _check_peft(module: nn.Module) -> None:
+def _check_peft(module: Any) -> None:
     config = module.peft_config.get(getattr(module, "active_adapter", "default"))
     if config is not None and getattr(config, "is_prompt_learning", False):
         kind = getattr(getattr(config, "peft_type", None), "value", getattr(config, "peft_type", "prompt learning"))
@@ -104,7 +104,7 @@ def unwrap(module: nn.Module) -> Unwrapped:
         elif _is_peft(current):
             _check_peft(current)
             reference = current if reference is None else reference
-            inner = current.get_base_model()
+            inner = getattr(current, "get_base_model")()  # PEFT's method (found by _is_peft), not nn.Module's
         else:
             break
         if not isinstance(inner, nn.Module) or inner is current:
@@ -133,9 +133,9 @@ def unchecked_layers(model: nn.Module) -> Iterator[None]:
     """
     flagged = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
     try:
-        for module in flagged:
-            module.gradient_checkpointing = False
+        for module in flagged:  # setattr: torch types Module.__setattr__'s value as Tensor | Module
+            setattr(module, "gradient_checkpointing", False)
         yield
     finally:
         for module in flagged:
-            module.gradient_checkpointing = True
+            setattr(module, "gradient_checkpointing", True)

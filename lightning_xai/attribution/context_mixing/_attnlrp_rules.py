@@ -7,7 +7,7 @@ removes them afterwards; the graph it built keeps the modified backward.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple, cast
 
 import torch
 from torch import Tensor, nn
@@ -70,10 +70,11 @@ def _rms_norm(module: nn.Module, x: Tensor, out: Tensor) -> Tensor:
     """``w · x / stopgrad(rms(x))`` (Llama) or ``(1 + w) · ...`` (Gemma), whichever the module computed."""
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
     normed = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype).detach()
-    tolerance = dict(rtol=1e-3, atol=1e-5 * float(out.detach().abs().max().clamp_min(1.0)))
-    for gain in (module.weight, 1.0 + module.weight):
+    rtol, atol = 1e-3, 1e-5 * float(out.detach().abs().max().clamp_min(1.0))
+    weight = cast(Tensor, module.weight)  # _is_rms_norm checked it is a Tensor
+    for gain in (weight, 1.0 + weight):
         surrogate = normed * gain.to(x.dtype)
-        if torch.allclose(surrogate.detach().to(out.dtype), out.detach(), **tolerance):
+        if torch.allclose(surrogate.detach().to(out.dtype), out.detach(), rtol=rtol, atol=atol):
             return rewire(out, surrogate)
     raise ProtocolError(f"{type(module).__name__} computes neither w·x/rms(x) nor (1+w)·x/rms(x); attnlrp has no "
                         "rule for this norm.")
@@ -112,7 +113,7 @@ def _hook_all(net: nn.Module, word_embedding: Optional[nn.Module], record: Optio
         elif _is_rms_norm(module):
             on(module, lambda m, a, o: _rms_norm(m, a[0], o))
         if all(isinstance(getattr(module, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
-            on(module.down_proj, lambda m, a: (_scaled(a[0], 0.5),) + tuple(a[1:]), pre=True)
+            on(cast(nn.Linear, module.down_proj), lambda m, a: (_scaled(a[0], 0.5),) + tuple(a[1:]), pre=True)
         if isinstance(getattr(module, "dense", None), nn.Linear) and isinstance(getattr(module, "out_proj", None),
                                                                                nn.Linear):
             _functional_head(module, on)

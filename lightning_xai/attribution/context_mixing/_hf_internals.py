@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, cast
 
 import torch
 from torch import Tensor, nn
@@ -57,7 +57,9 @@ def _parts_of(module: nn.Module, layouts: Tuple[Layout, ...], n_heads: int, n_kv
         parts = layout.parts(module)
         if parts is not None:
             kv = n_kv if layout.name == "llama" else n_heads
-            return LayerParts(module, parts[0], parts[1], parts[2], n_heads, kv, layout.name)
+            # the layouts name linear projections (a PEFT layer around one has its weight and out_features too)
+            value, out = cast(nn.Linear, parts[0]), cast(nn.Linear, parts[1])
+            return LayerParts(module, value, out, parts[2], n_heads, kv, layout.name)
     return None
 
 
@@ -69,10 +71,10 @@ def layer_parts(model: nn.Module) -> List[LayerParts]:
     """
     config = getattr(model, "config", None)
     n_heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_heads", None)
-    n_kv = getattr(config, "num_key_value_heads", None) or n_heads
     if not n_heads:
         raise ProtocolError(f"{type(model).__name__}'s config has no num_attention_heads; the context-mixing methods "
                             "need the head count to split value vectors into heads.")
+    n_kv = getattr(config, "num_key_value_heads", None) or n_heads
     listed = layout_of(config)  # the family table's layout; a family it does not list is matched against all
     layouts = (listed,) if listed is not None else LAYOUTS
     found = [p for p in (_parts_of(m, layouts, int(n_heads), int(n_kv)) for m in model.modules()) if p is not None]
@@ -132,20 +134,25 @@ def trace(adapter: Any, batch: Batch, embeddings: Optional[Tensor] = None) -> Tr
         if slots[key][index] is None:  # the first call is the layer's own (no re-entrant calls expected)
             slots[key][index] = value
 
-    registrations: List[Callable[[], Any]] = []
-    for i, p in enumerate(parts):
-        def pre(module, args, kwargs, i=i):
+    def layer_registrations(i: int, p: LayerParts) -> List[Callable[[], Any]]:
+        """The hooks recording layer ``i`` (bound to this ``i`` and ``p``), to register when the pass starts."""
+        def pre(module, args, kwargs):
             hidden = args[0] if args else kwargs["hidden_states"]
             store("block_in", i, hidden)
             store("calls", i, (tuple(args), dict(kwargs)))
-        registrations.append(lambda p=p, pre=pre: p.block.register_forward_pre_hook(pre, with_kwargs=True))
-        registrations.append(lambda p=p, i=i: p.block.register_forward_hook(
-            lambda m, a, o: store("block_out", i, _first(o))))
-        registrations.append(lambda p=p, i=i: p.value.register_forward_hook(lambda m, a, o: store("values", i, o)))
-        registrations.append(lambda p=p, i=i: p.out.register_forward_hook(lambda m, a, o: store("out_proj", i, o)))
-        if p.norm_after is not None:
-            registrations.append(lambda p=p, i=i: p.norm_after.register_forward_hook(
-                lambda m, a, o: store("norm_out", i, o)))
+        hooks: List[Callable[[], Any]] = [
+            lambda: p.block.register_forward_pre_hook(pre, with_kwargs=True),
+            lambda: p.block.register_forward_hook(lambda m, a, o: store("block_out", i, _first(o))),
+            lambda: p.value.register_forward_hook(lambda m, a, o: store("values", i, o)),
+            lambda: p.out.register_forward_hook(lambda m, a, o: store("out_proj", i, o))]
+        norm = p.norm_after
+        if norm is not None:
+            hooks.append(lambda: norm.register_forward_hook(lambda m, a, o: store("norm_out", i, o)))
+        return hooks
+
+    registrations: List[Callable[[], Any]] = []
+    for i, p in enumerate(parts):
+        registrations.extend(layer_registrations(i, p))
     emb = adapter.embed(batch) if embeddings is None else embeddings
     with _hooks(registrations):
         output = adapter.forward_from_embeddings(emb, batch)
@@ -240,9 +247,10 @@ def block_tail(parts: LayerParts) -> Optional[Callable[[Tensor, Tensor], Tensor]
     block adds more (Gemma's norms around the attention and the MLP) has the modules but not this computation: the
     caller must check the tail against the block's recorded output (:func:`tail_reproduces`).
     """
-    b = parts.block
+    b: Any = parts.block  # a transformers block: its methods and submodules are the family's own
     if parts.family == "bert" and callable(getattr(b, "feed_forward_chunk", None)):
         norm = parts.norm_after
+        assert norm is not None  # the BERT layout is post-LN: its parts always include the norm
         return lambda x, o: b.feed_forward_chunk(norm(o + x))
     if parts.family == "distilbert" and all(hasattr(b, n) for n in ("sa_layer_norm", "ffn", "output_layer_norm")):
         def distil_tail(x: Tensor, o: Tensor) -> Tensor:

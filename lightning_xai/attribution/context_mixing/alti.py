@@ -57,6 +57,9 @@ def alti_transformed_vectors(tr: Trace, layer: int, present: Tensor) -> tuple:
     beta = norm.bias if norm.bias is not None else torch.zeros_like(x[0, 0])
     transformed = gamma * (z - z.mean(-1, keepdim=True)) / sigma.unsqueeze(2)
     y = tr.norm_out[layer]
+    if y is None:
+        raise ProtocolError(f"ALTI: the LayerNorm after layer {layer}'s attention did not run in the traced forward, "
+                            "so there is no block output to decompose.")
     _check("LayerNorm output", transformed.sum(2) + gamma * (bias - bias.mean()) / sigma + beta, y, present)
     return transformed, y
 

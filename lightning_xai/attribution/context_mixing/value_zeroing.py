@@ -84,8 +84,8 @@ def value_zeroing_matrix(tr: Trace, layer: int, internal_batch_size: Optional[in
     matrix = reference.new_zeros(B, T, T)
     if not index:
         return matrix
-    b, i, j = (torch.cat(parts_) for parts_ in zip(*index))
-    return matrix.index_put((b, i, j), torch.cat(distances))
+    example, i, j = (torch.cat(parts_) for parts_ in zip(*index))
+    return matrix.index_put((example, i, j), torch.cat(distances))
 
 
 def _rerun_matrix(tr: Trace, layer: int, internal_batch_size: Optional[int]) -> Tensor:

@@ -294,7 +294,8 @@ class AuditBudget:
         self.fixed_cadence = not isinstance(every_n_epochs or 0, Default) or bool(every_n_train_steps)
         self.cost = AuditCost()
         self.plan: Optional[Plan] = None
-        self.cadence, self.cadence_offset, self.planned_samples = 1, 0, None
+        self.cadence, self.cadence_offset = 1, 0
+        self.planned_samples: Optional[int] = None
         self.mark: Optional[Tuple[float, float]] = None
 
     def wanted(self, audited: int, training: float) -> bool:
@@ -330,7 +331,8 @@ class AuditBudget:
         subset and cadence to the budget on process 0, take its plan on every process, log and print it.
         ``limited()``: whether the trainer caps the subset (its size is then kept)."""
         audited = subsets.audited(split)
-        if not self.wanted(audited, training) or trainer.fast_dev_run:
+        # Trainer.fast_dev_run is set by Lightning's debugging setup; the Trainer class does not declare it
+        if not self.wanted(audited, training) or trainer.fast_dev_run:  # type: ignore[attr-defined]
             return
         with shared_failure(trainer):  # a failure on one process: every process raises, none waits in the broadcast
             chosen = self.choose(seconds, training, audited, limited=limited(), min_seconds=min_seconds)

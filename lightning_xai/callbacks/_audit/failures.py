@@ -238,7 +238,7 @@ def warn_undefined(owner: str, split: str, examples: List[AuditExample], metrics
     """
     bad = [e for e in examples if e.undefined is not None]
     if bad:
-        causes = sorted({e.undefined for e in bad})
+        causes = sorted({e.undefined for e in bad if e.undefined is not None})  # all of bad (mypy: narrowed)
         shown = ", ".join(str(e.index) for e in bad[:8]) + (", ..." if len(bad) > 8 else "")
         rank_zero_warn(f"{owner}: {len(bad)} of {len(examples)} audited {split!r} examples have undefined results "
                        f"({', '.join(causes)}; dataset indices {shown}): their values are NaN and left out of "

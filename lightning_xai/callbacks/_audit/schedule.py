@@ -15,11 +15,16 @@ from lightning_xai.callbacks._audit.distributed import agreed
 from lightning_xai.callbacks._audit.failures import AuditFailures
 from lightning_xai.callbacks._audit.subset import AuditSubsets
 
-__all__ = ["AuditSchedule", "audit_clocks", "audit_costs", "clock_mark", "subset_size", "training_since"]
+__all__ = ["AuditSchedule", "trainer_callbacks", "audit_clocks", "audit_costs", "clock_mark", "subset_size", "training_since"]
 
 T = TypeVar("T")
 #: a callback's logging step: ``log(stage, scalars)``
 Log = Callable[[str, Dict[str, float]], None]
+
+
+def trainer_callbacks(trainer: "pl.Trainer") -> List[pl.Callback]:
+    """``trainer.callbacks``: Lightning's CallbackConnector sets it; the Trainer class does not declare it."""
+    return trainer.callbacks  # type: ignore[attr-defined]
 
 
 class AuditSchedule:
@@ -51,7 +56,7 @@ class AuditSchedule:
     def step_due(self, step: int, every_n_train_steps: Optional[int]) -> bool:
         """Whether optimizer step ``step`` is audited: every ``every_n_train_steps``-th, once."""
         n = every_n_train_steps
-        due = bool(n) and step > 0 and step % n == 0 and step != self.last_step
+        due = n is not None and n > 0 and step > 0 and step % n == 0 and step != self.last_step
         if due:
             self.last_step = step
         return due
@@ -71,7 +76,7 @@ class AuditSchedule:
         ``min_seconds``, ``cadence`` = ``(every_n_epochs, every_n_train_steps)``). Every step agrees across
         processes (:func:`~lightning_xai.callbacks._audit.distributed.shared_failure`): all report, or all raise."""
         start = time.perf_counter()
-        training = training_since(self.budget.mark, start, audit_clocks(trainer.callbacks)) if stage == "fit" else 0.0
+        training = training_since(self.budget.mark, start, audit_clocks(trainer_callbacks(trainer))) if stage == "fit" else 0.0
         try:
             result = audit()
             seconds = time.perf_counter() - start
@@ -85,7 +90,7 @@ class AuditSchedule:
             self.failures.report(err, stage, split, trainer.current_epoch, trainer.global_step)
             return None
         if stage == "fit":
-            self.budget.mark = clock_mark(trainer.callbacks)
+            self.budget.mark = clock_mark(trainer_callbacks(trainer))
         if stage != "fit" and (line := self.budget.cost.first_announcement(self.owner)):
             rank_zero_info(line)
         return result
@@ -93,7 +98,7 @@ class AuditSchedule:
     def epoch_ended(self, trainer: "pl.Trainer", log: Log, split: str) -> None:
         """A training epoch ended: the budget logs its audits' share of it
         (:meth:`~lightning_xai.callbacks._audit.budget.AuditBudget.epoch_ended`)."""
-        self.budget.epoch_ended(trainer, self.owner, audit_costs(trainer.callbacks), partial(log, "fit"),
+        self.budget.epoch_ended(trainer, self.owner, audit_costs(trainer_callbacks(trainer)), partial(log, "fit"),
                                 self.failures, split)
 
 

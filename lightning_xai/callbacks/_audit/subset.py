@@ -4,7 +4,7 @@ from __future__ import annotations
 import copy
 import random
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Sized, Tuple
 
 import numpy as np
 
@@ -77,7 +77,7 @@ def find_loader(trainer: "pl.Trainer", split: str, owner: str = "audit") -> Any:
     if datamodule is not None and hasattr(datamodule, f"{split}_dataloader") and not fitting_train:
         try:
             loader = _first(getattr(datamodule, f"{split}_dataloader")(), owner, split)
-        except (*MISCONFIGURATION_ERRORS, ValueError):
+        except MISCONFIGURATION_ERRORS + (ValueError,):
             loader = None
     if loader is None:
         loader = _trainer_loader(trainer, split, owner)
@@ -111,15 +111,18 @@ def draw_subset(dataset: Any, num_samples: Optional[int], seed: int, owner: str 
         [1, 4, 5, 7]
     """
     if isinstance(dataset, IterableDataset):
-        try:
-            size = len(dataset)
+        try:  # a stream's __len__ may exist and still raise TypeError (it cannot say)
+            length = len(dataset) if isinstance(dataset, Sized) else None
         except TypeError:
+            length = None
+        if length is None:
             if num_samples is None:
                 raise MisconfigurationException(
                     f"{owner}: the {split!r} dataloader's {type(dataset).__name__} is an IterableDataset without "
                     "__len__, so the whole split cannot be drawn from; set num_samples=N to audit its first N "
-                    "examples, or define __len__.") from None
+                    "examples, or define __len__.")
             return list(range(num_samples))
+        size = length
     elif not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
         raise MisconfigurationException(
             f"{owner} needs a map-style dataset (with __len__ and __getitem__) for its fixed "

@@ -24,6 +24,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from lightning_xai.metrics.functional._kendall_pairs import concordance, pair_elements
 from lightning_xai.metrics.functional._special import (KENDALL_EXACT_MAX_N, kendall_exact_table,
                                                          two_sided_t_pvalue)
 from lightning_xai.metrics.functional._validation import check_maps, resolve_k, topk_mask
@@ -32,8 +33,13 @@ from lightning_xai.metrics.functional.divergence import jensen_shannon_divergenc
 __all__ = ["jensen_shannon", "jw_top_k", "kendall_tau", "pearson", "spearman", "topk_kendall_tau", "topk_overlap"]
 
 # rows are ranked in blocks of at most this many (row × padded width) elements; the kernel keeps a few int64
-# arrays of that size alive (16 MiB each), whatever T is
+# arrays of that size alive (16 MiB each), whatever T is; on the pairwise path, blocks of at most this many pair
+# signs (rows × 2 × T²/2; float32 or float64, and as many again for the tie-group sizes)
 _BLOCK_ELEMENTS = 1 << 21
+# rows of at most this many tokens take the pairwise path (_pair_stats), longer ones Knight's. Measured on 256 rows
+# (1 thread, interleaved): pairwise 2-19x faster up to T = 112, at par with Knight at T = 128 with ties or float64
+# maps, slower from T = 192 on (benchmarks/README.md, "Kendall τ: vectorised vs a scipy loop")
+_PAIRWISE_MAX_T = 128
 
 
 def _dense_ranks(values: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
@@ -81,6 +87,17 @@ def _inversions(sequence: Tensor) -> Tensor:
     return total
 
 
+def _map_stats(x: Tensor, y: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(ranks [B, 2, T], stats [B, 2, 4])``: the dense ranks of both maps (pads ranked after every real token) and
+    their tie statistics over the real tokens (:func:`_group_stats`)."""
+    B, T = x.shape
+    real = mask.unsqueeze(1)
+    both = torch.stack((x, y), 1).double().masked_fill(~real, float("inf"))  # pads last; reals are finite
+    ranks, starts, order = _dense_ranks(both.view(2 * B, T))
+    stats = _group_stats(starts, mask.repeat_interleave(2, 0).gather(1, order)).view(B, 2, 4)
+    return ranks.view(B, 2, T), stats
+
+
 def _rank_stats(x: Tensor, y: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
     """Per row, over its real tokens, in O(T log T) memory-light passes (Knight's algorithm): C − D, the tied
     pairs of x and of y, and the tie statistics scipy's variance and τ-c need.
@@ -93,12 +110,8 @@ def _rank_stats(x: Tensor, y: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor, Ten
         ``(cmd [B], ties [B, 2], stats [B, 2, 4])`` float64; ``stats[:, i]`` holds map i's Σt(t−1)/2,
         Σt(t−1)(t−2), Σt(t−1)(2t+5) and number of distinct values (:func:`_group_stats`).
     """
-    B, T = x.shape
-    real = mask.unsqueeze(1)
-    both = torch.stack((x, y), 1).double().masked_fill(~real, float("inf"))  # pads last; reals are finite
-    ranks, starts, order = _dense_ranks(both.view(2 * B, T))
-    stats = _group_stats(starts, mask.repeat_interleave(2, 0).gather(1, order)).view(B, 2, 4)
-    ranks = ranks.view(B, 2, T)
+    T = x.shape[1]
+    ranks, stats = _map_stats(x, y, mask)
     key = ranks[:, 0] * (T + 1) + ranks[:, 1]  # lexicographic (x, y) as one integer
     joint, order = torch.sort(key, dim=1, stable=True)
     joint_starts = torch.ones_like(joint)
@@ -111,6 +124,18 @@ def _rank_stats(x: Tensor, y: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor, Ten
     return cmd, ties, stats
 
 
+def _pair_stats(x: Tensor, y: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`_rank_stats` for short rows: C − D and the tied pairs from the signs of all pairs
+    (:func:`~lightning_xai.metrics.functional._kendall_pairs.concordance`); the tie-group statistics from
+    :func:`_map_stats`'s sorts where a row has ties, else none (n distinct values)."""
+    cmd, ties = concordance(x, y, mask)
+    if bool(ties.any()):
+        return cmd, ties, _map_stats(x, y, mask)[1]
+    stats = torch.zeros(x.shape[0], 2, 4, dtype=torch.float64, device=x.device)
+    stats[:, :, 3] = mask.sum(1, keepdim=True).double()
+    return cmd, ties, stats
+
+
 def kendall_tau(preds: Tensor, target: Tensor, mask: Tensor, variant: str = "b") -> Tuple[Tensor, Tensor]:
     r"""Kendall's τ between two score maps per instance over real tokens, with scipy's p-value.
 
@@ -118,10 +143,12 @@ def kendall_tau(preds: Tensor, target: Tensor, mask: Tensor, variant: str = "b")
     (defaults ``method="auto"``, two-sided): τ-b = (C − D) / √((n₀ − n₁)(n₀ − n₂)) with n₀ = n(n−1)/2 and
     n₁, n₂ the tied pairs of each map. The p-value is exact (Kendall's null distribution) when there are no ties
     and n ≤ 33 or min(C, D) ≤ 1, else the normal approximation with the tie-corrected variance — scipy's rule.
-    Constant maps (and n = 1) give NaN, as in scipy. All instances are computed together with Knight's
-    O(T log T) algorithm (sorts and a batched merge-sort inversion count per block of rows, never a loop over
-    instances), so memory grows linearly with T: a 100,000-token pair takes a few tens of MiB, not the
-    T² pairwise signs.
+    Constant maps (and n = 1) give NaN, as in scipy. All instances are computed together, per block of rows (never
+    a loop over instances): rows of more than 128 tokens with Knight's O(T log T) algorithm (sorts and a batched
+    merge-sort inversion count), so memory grows linearly with T — a 100,000-token pair takes a few tens of MiB,
+    not the T² pairwise signs; shorter rows from the signs of all their pairs (one subtraction, one sign, one
+    batched matmul per block of rows whose signs fit a fixed budget), several times faster there. Both give the
+    same integers (C − D, tied pairs, tie groups), so the same τ and p-value.
 
     Args:
         preds: ``[B, T]`` first score map (e.g. attention).
@@ -150,10 +177,13 @@ def kendall_tau(preds: Tensor, target: Tensor, mask: Tensor, variant: str = "b")
     n = mask.sum(1)
     nd = n.double()
     parts = []
-    rows = max(1, _BLOCK_ELEMENTS // max(1, 1 << max(0, (preds.shape[1] - 1).bit_length())))
+    T = preds.shape[1]
+    pairwise = T <= _PAIRWISE_MAX_T  # short rows: all pairs' signs, faster than Knight's passes
+    stats_of = _pair_stats if pairwise else _rank_stats
+    rows = max(1, _BLOCK_ELEMENTS // max(1, pair_elements(T) if pairwise else 1 << max(0, (T - 1).bit_length())))
     for start in range(0, preds.shape[0], rows):  # blocks of many instances each, not one per instance
         stop = start + rows
-        parts.append(_rank_stats(preds[start:stop], target[start:stop], mask[start:stop]))
+        parts.append(stats_of(preds[start:stop], target[start:stop], mask[start:stop]))
     cmd, ties, stats = (torch.cat(part) for part in zip(*parts))
     tot = nd * (nd - 1) / 2
     untied = tot.unsqueeze(1) - ties  # [B, 2]: n₀ − n₁, n₀ − n₂
