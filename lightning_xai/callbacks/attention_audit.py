@@ -15,6 +15,7 @@ from typing_extensions import override
 from lightning_xai.adapters.capabilities import DeletionLogits
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, method_record, shared_input_gradients
+from lightning_xai.attribution.targets import explained_quantity
 from lightning_xai.callbacks._audit.generation import (check_decoding, check_generation_methods, decoded_batch,
                                                       is_generator_model, per_step_agreement)
 from lightning_xai.callbacks._audit.options import check_names, check_options_of_methods
@@ -79,6 +80,11 @@ class AttentionAudit(AuditCallback):
     p-values). Methods that read a classifier's ``[B, C]`` logits (``lrp``, ``attnlrp``, ``integrated_hessians``,
     the context-mixing methods) are refused at setup. A report shows the source tokens; an example's ``label`` is
     ``None``, its ``prediction`` -1 and its ``probability`` that of the whole target.
+
+    **Heads.** The maps explain what the model's head computes (``target=None``): the predicted class's softmax
+    probability, a multi-label model's top label's sigmoid, a regression model's output value (whose examples have
+    ``prediction`` -1 and the value as ``probability``). The quantity, in words, is recorded with every audit
+    (``history[i]["explained_quantity"]``, ``latest.explained_quantity``).
 
     Args:
         methods: attribution methods compared with attention (any name :func:`~lightning_xai.attribution.attribute`
@@ -215,6 +221,8 @@ class AttentionAudit(AuditCallback):
         model = self.explainable(pl_module)
         check_generation_methods("AttentionAudit", model, self.methods, decoding=self.decoding,
                                  per_step=self.per_step)
+        self.explained_quantity = ("log-probability of the target sequence" if is_generator_model(model)
+                                   else explained_quantity(model))  # recorded with every audit (history, latest)
         if not self._auto_methods:
             return
         named = {m for pair in self._requested_pairs or () for m in pair} | set(self.method_options)

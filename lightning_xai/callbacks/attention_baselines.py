@@ -4,14 +4,17 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
+from typing_extensions import override
 
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution.override_replay import override_scorer
 from lightning_xai.audits.baselines import (DEFAULT_MAX_ATTENTION_BINS, bin_by_max_attention, permutation_test,
                                             uniform_attention_evaluation, uniform_attention_summary)
 from lightning_xai.callbacks._audit.failures import defined_examples
+from lightning_xai.callbacks._audit.model import refuse_non_softmax
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, BatchResult
 from lightning_xai.metrics import summarize_values
 
@@ -30,6 +33,8 @@ class AttentionBaselines(AuditCallback):
     *Uniform*: the trained attention is replaced by ``1/L`` over real tokens; logged are accuracy and macro-F1 with
     trained and uniform attention, their delta (uniform − trained), the fraction of flipped decisions and the mean
     ``Δŷ``.
+
+    Both compare softmax output distributions: a multi-label or regression model is refused at setup.
 
     Args:
         num_permutations: permutations per example (J&W: 100).
@@ -67,6 +72,12 @@ class AttentionBaselines(AuditCallback):
         self.max_attention_bins = edges
         self.permutation = permutation
         self.uniform = uniform
+
+    @override
+    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        measure = "the permutation test" if self.permutation else "the uniform-attention evaluation"
+        refuse_non_softmax("AttentionBaselines", self.explainable(pl_module), measure)  # not at the first audit
 
     def _state_config(self) -> Dict[str, Any]:
         return dict(super()._state_config(), num_permutations=self.num_permutations,

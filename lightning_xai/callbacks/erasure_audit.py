@@ -3,13 +3,17 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch import Tensor
+from typing_extensions import override
 
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute
+from lightning_xai.attribution.targets import explained_quantity
 from lightning_xai.audits.erasure import decision_flip, ranking_scores
+from lightning_xai.callbacks._audit.model import refuse_regression_flips
 from lightning_xai.callbacks._audit.options import check_names, check_options_of_methods
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, BatchResult
 from lightning_xai.metrics.functional.faithfulness import erasure_scores
@@ -39,6 +43,12 @@ class ErasureAudit(AuditCallback):
     * **ERASER** (DeYoung et al., 2020), deleting tokens: ``<ranking>/comprehensiveness`` and
       ``<ranking>/sufficiency`` at the top-``k`` tokens and, with ``aopc_bins``, their AOPC over those bins
       (``<ranking>/aopc_comprehensiveness``, ``<ranking>/aopc_sufficiency``).
+
+    **Heads.** Erasure changes the score the model's head explains (the predicted class's probability, a
+    multi-label model's top label's sigmoid, a regression model's output value: recorded with every audit as
+    ``history[i]["explained_quantity"]``). A multi-label decision flips when its set of labels above 0.5 changes; a
+    regression model makes no decision, so ``decision_flip=True`` is refused for it at setup (pass
+    ``decision_flip=False``: comprehensiveness and sufficiency are then changes of the output value).
 
     AOPC is off by default: ERASER's five bins add three or four erasure sizes per ranking to the one at ``k``,
     which on MiniLM fine-tuning on SST-2 doubles the audit (5–6 % of a training epoch without AOPC, 10–12 % with it;
@@ -110,6 +120,14 @@ class ErasureAudit(AuditCallback):
             raise MisconfigurationException(f"ErasureAudit: method_options for {stray}, which are not in rankings "
                                             f"{rankings}.")
         check_options_of_methods("ErasureAudit", self.method_options)
+
+    @override
+    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        model = self.explainable(pl_module)
+        if self.decision_flip:
+            refuse_regression_flips("ErasureAudit", model)
+        self.explained_quantity = explained_quantity(model)  # what comprehensiveness and sufficiency change
 
     def _state_config(self) -> Dict[str, Any]:
         config = dict(super()._state_config(), rankings=tuple(self.rankings), k=self.k)

@@ -30,7 +30,7 @@ from lightning_xai.attribution.batching import gather_rows
 from lightning_xai.callbacks._audit.results import AuditExample, BatchResult
 
 __all__ = ["AuditFailures", "NONFINITE_LOGITS", "audit_finite_rows", "defined_examples", "failure_fix",
-           "mark_undefined", "spread_rows", "keep_rows", "warn_undefined"]
+           "mark_undefined", "with_prediction", "spread_rows", "keep_rows", "warn_undefined"]
 
 def failure_fix(err: BaseException) -> str:
     """What to try for an exception raised inside an audit.
@@ -189,6 +189,25 @@ def mark_undefined(found: BatchResult, finite: Tensor, names: Sequence[str] = ()
         values[name] = value.masked_fill(bad.to(value.device), math.nan)
     rows = bad.nonzero().flatten().tolist()
     return dataclasses.replace(found, values=values, undefined={row: NONFINITE_LOGITS for row in rows})
+
+
+def with_prediction(found: BatchResult, prediction: Any, names: Sequence[str] = ()) -> BatchResult:
+    """``found`` with the shared prediction step's ``prediction`` and ``probability`` (an
+    :class:`~lightning_xai.callbacks.AuditPrediction`) where the audit set none, the rows whose logits are not finite
+    marked undefined (:func:`mark_undefined`, with the value ``names`` the audit always reports).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> step = SimpleNamespace(prediction=torch.tensor([1]), probability=torch.tensor([0.9]),
+        ...                        finite=torch.tensor([True]))
+        >>> out = with_prediction(BatchResult(values={"v": torch.tensor([0.5])}), step)
+        >>> out.prediction.tolist(), out.undefined
+        ([1], {})
+    """
+    found = dataclasses.replace(
+        found, prediction=prediction.prediction if found.prediction is None else found.prediction,
+        probability=prediction.probability if found.probability is None else found.probability)
+    return mark_undefined(found, prediction.finite, names)
 
 
 def defined_examples(examples: List[AuditExample]) -> List[AuditExample]:

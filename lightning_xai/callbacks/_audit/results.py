@@ -15,6 +15,7 @@ import torch
 from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
+from lightning_xai.attribution.targets import score_values
 from lightning_xai.data.vocabulary import token_list
 
 __all__ = ["AuditExample", "AuditPrediction", "AuditResult", "BatchResult", "DEFAULT_TOP_PAIRS", "TokenPairs",
@@ -93,8 +94,11 @@ class BatchResult:
             tokens for the examples a report shows (``num_report_examples``).
         values: per-example scalars ``{name: [B]}``, averaged into the logged metrics; ``name/p_value`` holds the
             p-values of ``name`` (its ``significant_fraction``).
-        prediction: ``[B]`` predicted class (``None``: the shared prediction step's).
-        probability: ``[B]`` probability of the predicted class (``None``: the shared prediction step's).
+        prediction: ``[B]`` predicted class (``None``: the shared prediction step's): the argmax class, a
+            multi-label model's highest-scoring label, -1 for a regression model or a generator (no class).
+        probability: ``[B]`` probability of the predicted class (``None``: the shared prediction step's): its
+            softmax probability, the sigmoid of a multi-label model's predicted label, a regression model's output
+            value (no probability), a generator's probability of its target (see :class:`AuditPrediction`).
         undefined: ``{row: cause}`` of the rows whose results are undefined (e.g. ``"non-finite logits"``); their
             values are NaN and every aggregate leaves them out. Set by the base class.
         interactions: ``[B, T, T]`` token-pair interactions Γ of an interaction method (Integrated Hessians), or
@@ -129,8 +133,10 @@ class AuditExample:
         split: ``"train"``, ``"val"`` or ``"test"``.
         token_ids: ids of the real tokens (``batch["mask"]`` positions), in order.
         label: gold class (``None`` if the batch has no labels).
-        prediction: predicted class.
-        probability: probability of the predicted class.
+        prediction: predicted class (-1: none, for a regression model or a generator; see
+            :class:`AuditPrediction`).
+        probability: probability of the predicted class (a regression model's output value; see
+            :class:`AuditPrediction`).
         maps: per-method token scores over the real tokens (same length as ``token_ids``).
         values: per-example scalar results, e.g. ``{"kendall_tau/attention~gradient": 0.31}``.
         tokens: the words (filled by :meth:`AuditCallback.example_tokens`; ``None`` until then).
@@ -164,16 +170,29 @@ class AuditExample:
 class AuditPrediction:
     """The model's prediction on an audited batch: computed once by the base class, handed to ``audit_batch``.
 
+    The logits are read through the model's head (:func:`~lightning_xai.adapters.capabilities.head_kind_of`) by
+    :func:`~lightning_xai.attribution.targets.score_values` with the head's default output
+    (:func:`~lightning_xai.attribution.targets.default_output`), the score an explanation with ``target=None``
+    explains:
+
+    * **softmax** (a classifier): ``probabilities`` the softmax, ``prediction`` the argmax class (the model's
+      decision, :func:`~lightning_xai.attribution.targets.decisions`), ``probability`` its probability;
+    * **sigmoid** (multi-label): ``probabilities`` each label's sigmoid, ``prediction`` the highest-scoring label
+      (the one explained; the decision itself is the set of labels above 0.5), ``probability`` its sigmoid;
+    * **regression**: there is no class and no probability: ``probabilities`` are the output values, ``prediction``
+      is -1 and ``probability`` is the explained output value (the largest, for a model of several outputs).
+
     For a generator (an output carrying ``target_log_probs``, see
-    :class:`~lightning_xai.adapters.capabilities.TargetSequence`) there is no class: ``probabilities`` are the
-    ``[B, K]`` probabilities of the target tokens (0 at steps a row does not have), ``prediction`` is -1 and
+    :class:`~lightning_xai.adapters.capabilities.TargetSequence`) there is no class either: ``probabilities`` are
+    the ``[B, K]`` probabilities of the target tokens (0 at steps a row does not have), ``prediction`` is -1 and
     ``probability`` is the probability of the whole target, ``exp Σ_k log p(y_k | y_<k, source)``.
 
     Attributes:
         output: the protocol's ``forward_from_embeddings`` output (``logits`` ``[B, C]``, ``attention`` ``[B, T]``).
-        probabilities: ``[B, C]`` float32 softmax of the logits (a generator's: ``[B, K]``, see above).
-        prediction: ``[B]`` predicted class (argmax; -1 for a generator).
-        probability: ``[B]`` probability of the predicted class (a generator's: of its target).
+        probabilities: ``[B, C]`` float32 scores of the head (see above; a generator's: ``[B, K]``).
+        prediction: ``[B]`` predicted class (-1 for a regression model or a generator).
+        probability: ``[B]`` probability of the predicted class (a regression model's: its value; a generator's:
+            of its target).
 
     Example:
         >>> import torch
@@ -181,6 +200,10 @@ class AuditPrediction:
         >>> p = AuditPrediction.from_output(SimpleNamespace(logits=torch.tensor([[0.0, 2.0]]), attention=None))
         >>> p.prediction.tolist(), round(p.probability.item(), 4)
         ([1], 0.8808)
+        >>> p = AuditPrediction.from_output(SimpleNamespace(logits=torch.tensor([[2.5]]), attention=None),
+        ...                             "regression", "logit")
+        >>> p.prediction.tolist(), p.probability.tolist()
+        ([-1], [2.5])
     """
 
     output: Any
@@ -189,8 +212,9 @@ class AuditPrediction:
     probability: Tensor
 
     @classmethod
-    def from_output(cls, output: Any) -> "AuditPrediction":
-        """Softmax, argmax and the top probability of ``output.logits`` (a generator's: see the class docstring)."""
+    def from_output(cls, output: Any, head: str = "softmax", score: str = "probability") -> "AuditPrediction":
+        """The scores, prediction and probability of ``output.logits`` under a ``head``, ``score`` being the
+        head's default output (``"logit"`` for a regression head; see the class docstring)."""
         log_probs = getattr(output, "target_log_probs", None)
         if log_probs is not None:
             steps = output.target_steps.to(log_probs.device)
@@ -198,9 +222,10 @@ class AuditPrediction:
             return cls(output=output, probabilities=per_step.exp().masked_fill(~steps, 0.0),
                        prediction=torch.full(steps.shape[:1], -1, dtype=torch.long, device=steps.device),
                        probability=per_step.sum(-1).exp())
-        probabilities = output.logits.detach().float().softmax(-1)
-        top = probabilities.max(-1)
-        return cls(output=output, probabilities=probabilities, prediction=top.indices, probability=top.values)
+        probabilities = score_values(output.logits.detach().float(), score, head)
+        top = probabilities.max(-1)  # the argmax class (decisions), a multi-label model's top label, the value
+        prediction = torch.full_like(top.indices, -1) if head == "regression" else top.indices
+        return cls(output=output, probabilities=probabilities, prediction=prediction, probability=top.values)
 
     @property
     def finite(self) -> Tensor:
@@ -222,6 +247,10 @@ class AuditPrediction:
 class AuditResult:
     """The outcome of one audit run: aggregated scalars plus per-example detail.
 
+    ``explained_quantity`` says in words what the audit's maps and scores explain (e.g. ``"regression output
+    value"``, :func:`~lightning_xai.attribution.targets.explained_quantity`), for audits that explain a score;
+    its record (the :attr:`AuditCallback.history` entry) then holds it too.
+
     Example:
         >>> AuditResult("fit", 0, 10, "val", {"m/mean": 0.5}, []).record()["metrics"]
         {'m/mean': 0.5}
@@ -236,11 +265,15 @@ class AuditResult:
     extras: Dict[str, Any] = field(default_factory=dict)
     #: which Trainer of the callback's life ran it (0: the first; a callback attached to a second Trainer counts on)
     run: int = 0
+    explained_quantity: Optional[str] = None
 
     def record(self) -> Dict[str, Any]:
         """The checkpointable summary kept in :attr:`AuditCallback.history`."""
-        return {"run": self.run, "stage": self.stage, "epoch": self.epoch, "global_step": self.global_step,
-                "split": self.split, "num_examples": len(self.examples), "metrics": dict(self.metrics)}
+        record = {"run": self.run, "stage": self.stage, "epoch": self.epoch, "global_step": self.global_step,
+                  "split": self.split, "num_examples": len(self.examples), "metrics": dict(self.metrics)}
+        if self.explained_quantity is not None:  # only when known: the records of other audits keep their keys
+            record["explained_quantity"] = self.explained_quantity
+        return record
 
 
 def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence[int], indices: Sequence[int],
