@@ -168,14 +168,14 @@ class HuggingFaceAdapter(nn.Module):
         overriding this (a subclass that only changes behaviour is built by name)."""
         return False
 
-    def __init__(self, model: nn.Module, tokenizer: Any = None, attention: Reduction = "cls_last_mean",
-                 override_specials: str = "keep", query_index: Optional[int] = None, check: bool = True) -> None:
-        super().__init__()
+    def _hold(self, model: nn.Module, tokenizer: Any, attention: Reduction, override_specials: str,
+              query_index: Optional[int]) -> nn.Module:
+        """Take ``model`` out of its wrappers (PEFT, ``torch.compile``, DDP, ...) and keep it with the options every
+        adapter of this family shares; returns the unwrapped ``transformers`` model."""
         if override_specials not in ("keep", "zero"):
             raise ValueError(f"override_specials must be 'keep' or 'zero', got {override_specials!r}.")
         found = unwrap(model)
-        model = found.model
-        self.model = model
+        self.model = found.model
         #: the module whose forward the user trains (the PEFT model, else ``model``); not a submodule
         object.__setattr__(self, "reference", found.reference)
         #: the wrappers taken off the given module, outermost first (``torch.compile``'s ``OptimizedModule``, ...)
@@ -186,7 +186,13 @@ class HuggingFaceAdapter(nn.Module):
         self._reduce = parse_reduction(attention)
         self.attention_name = attention if isinstance(attention, str) else getattr(attention, "__name__", "callable")
         # a reference, not a registered submodule: it already lives inside ``model`` (no duplicate state_dict keys)
-        object.__setattr__(self, "_embedding", self._find_embedding(model))
+        object.__setattr__(self, "_embedding", self._find_embedding(self.model))
+        return self.model
+
+    def __init__(self, model: nn.Module, tokenizer: Any = None, attention: Reduction = "cls_last_mean",
+                 override_specials: str = "keep", query_index: Optional[int] = None, check: bool = True) -> None:
+        super().__init__()
+        model = self._hold(model, tokenizer, attention, override_specials, query_index)
         try:
             detected = detect_pooling(model)
         except ProtocolError:
