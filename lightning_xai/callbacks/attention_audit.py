@@ -15,12 +15,13 @@ from typing_extensions import override
 from lightning_xai.adapters.capabilities import DeletionLogits
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, method_record, shared_input_gradients
+from lightning_xai.attribution.batching import gather_rows
 from lightning_xai.attribution.targets import explained_quantity
 from lightning_xai.callbacks._audit.generation import (check_decoding, check_generation_methods, decoded_batch,
-                                                      is_generator_model, per_step_agreement)
+                                                      is_generator_model, per_step_agreement, place_rows)
 from lightning_xai.callbacks._audit.options import check_names, check_options_of_methods
 from lightning_xai.callbacks._audit.results import DEFAULT_TOP_PAIRS
-from lightning_xai.callbacks.base import AuditCallback, AuditPrediction, BatchResult
+from lightning_xai.callbacks.base import AuditCallback, AuditPrediction, AuditResult, BatchResult
 from lightning_xai.metrics.registry import (AGREEMENT_ALIASES, AGREEMENT_METRICS, metric_label,
                                             resolve_agreement_metric)
 
@@ -208,6 +209,7 @@ class AttentionAudit(AuditCallback):
         self.impermissible_key = impermissible_key
         self.top_pairs = top_pairs
         self.decoding, self.max_new_tokens, self.per_step = decoding, max_new_tokens, per_step
+        self._audited_split: Optional[str] = None
 
     def _use_methods(self, methods: Sequence[str]) -> None:
         self.methods = list(methods)
@@ -295,8 +297,8 @@ class AttentionAudit(AuditCallback):
                     scores = scores[0]
                 maps[method] = scores.detach().float()
         values: Dict[str, Tensor] = {}
-        if self.per_step and is_generator_model(model):
-            values.update(self._per_step_values(model, batch, prediction, mask))
+        if is_generator_model(model):
+            found.update(self._generator_steps(model, batch, prediction, mask, indices, values))
         for first, second in self.pairs:
             for metric in self.metrics:
                 fn, has_p = AGREEMENT_METRICS[metric]
@@ -324,17 +326,46 @@ class AttentionAudit(AuditCallback):
                 values[f"impermissible_share/{name}"] = torch.where(total > 0, share, torch.full_like(share, math.nan))
         return BatchResult(maps=maps, values=values, **found), {}
 
-    def _per_step_values(self, model: ExplainableModel, batch: Dict[str, Any], prediction: AuditPrediction,
-                         mask: Tensor) -> Dict[str, Tensor]:
-        """``per_step/<metric>/<pair>`` ``[B]``: every pair's metric over each row's target steps (see the class)."""
-        out = prediction.output
-        step_maps: Dict[str, Tensor] = {"attention": out.extras["step_attention"].detach().float()}
+    @override
+    def run_audit(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str, split: str) -> AuditResult:
+        self._audited_split = split  # which subset's first num_report_examples keep their step maps
+        return super().run_audit(trainer, pl_module, stage, split)
+
+    def _report_rows(self, indices: Sequence[int]) -> List[int]:
+        """The rows of a batch (its dataset ``indices``) that the report shows: the first ``num_report_examples``
+        of the audit subset being audited (none outside :meth:`run_audit`)."""
+        split = getattr(self, "_audited_split", None)
+        shown = set(self._subsets.indices.get(split, [])[: self.num_report_examples]) if split else set()
+        return [row for row, index in enumerate(indices) if index in shown]
+
+    def _step_maps(self, model: ExplainableModel, batch: Dict[str, Any], attention: Tensor) -> Dict[str, Tensor]:
+        """``{map: [B, K, T]}``: ``attention`` (each step's row) and each method's map of each step's
+        log-probability (``attribute(..., target="steps")``)."""
+        step_maps: Dict[str, Tensor] = {"attention": attention.detach().float()}
         with shared_input_gradients():
             for method in self.methods:
                 with self.map_precision(method):
                     options = {**DEFAULT_METHOD_OPTIONS.get(method, {}), **self.method_options.get(method, {})}
                     scores = attribute(model, batch, method, target="steps", **options)
                 step_maps[method] = (scores[0] if isinstance(scores, tuple) else scores).detach().float()
-        metrics = {metric: AGREEMENT_METRICS[metric][0] for metric in self.metrics}
-        found = per_step_agreement(step_maps, out.target_steps, mask, self.pairs, metrics, self.metric_options)
-        return {f"per_step/{key}": value for key, value in found.items()}
+        return step_maps
+
+    def _generator_steps(self, model: ExplainableModel, batch: Dict[str, Any], prediction: AuditPrediction,
+                         mask: Tensor, indices: Sequence[int], values: Dict[str, Tensor]) -> Dict[str, Any]:
+        """A generator's per-step maps: with ``per_step``, of every row, compared into ``values`` (``per_step/
+        <metric>/<pair>`` ``[B]``: every pair's metric over each row's target steps, see the class); otherwise of
+        the rows the report shows only. Returns the :class:`BatchResult` fields that keep them for the report."""
+        out = prediction.output
+        attention, steps = out.extras["step_attention"], out.target_steps
+        if self.per_step:
+            step_maps = self._step_maps(model, batch, attention)
+            metrics = {metric: AGREEMENT_METRICS[metric][0] for metric in self.metrics}
+            found = per_step_agreement(step_maps, steps, mask, self.pairs, metrics, self.metric_options)
+            values.update({f"per_step/{key}": value for key, value in found.items()})
+            return {"step_maps": step_maps, "step_mask": steps}
+        rows = torch.tensor(self._report_rows(indices), dtype=torch.long, device=steps.device)
+        if not rows.numel():
+            return {}
+        shown = self._step_maps(model, gather_rows(batch, rows, len(indices)), attention[rows])
+        return {"step_maps": {k: place_rows(v, rows, attention.shape) for k, v in shown.items()},
+                "step_mask": place_rows(steps[rows], rows, steps.shape)}
