@@ -62,10 +62,10 @@ def step_heatmap_html(source: Sequence[str], target: Sequence[str], step_maps: M
             each word's score in a row is the sum of its pieces'); the target's pieces stay as they are.
 
     Example:
-        >>> out = step_heatmap_html(["ἀρχῇ", "<b>"], ["In", "beginning"],
+        >>> out = step_heatmap_html(["ἀρχῇ", "<i>"], ["In", "beginning"],
         ...                         {"attention": [[0.75, 0.25], [0.5, 0.5]]}, title="Example 3")
-        >>> 'data-score="0.75"' in out, ">beginning</th>" in out, "<b>" in out
-        (True, True, False)
+        >>> 'data-score="0.75"' in out, ">beginning</th>" in out, "<i>" in out, ">&lt;i&gt;</th>" in out
+        (True, True, False, True)
     """
     ident = f' id="{_esc(anchor)}"' if anchor else ""
     parts = [f'<div class="steps" style="margin:12px 0 20px 0"{ident}>']
