@@ -79,8 +79,12 @@ class AttentionAudit(AuditCallback):
     step's log-probability, over the ``(example, step)`` pairs that exist; an example's value is the mean over its
     steps, logged under ``per_step/``: ``attention_audit/per_step/kendall_tau/attention_vs_gradient/mean`` (no
     p-values). Methods that read a classifier's ``[B, C]`` logits (``lrp``, ``attnlrp``, ``integrated_hessians``,
-    the context-mixing methods) are refused at setup. A report shows the source tokens; an example's ``label`` is
-    ``None``, its ``prediction`` -1 and its ``probability`` that of the whole target.
+    the context-mixing methods) are refused at setup. An example's ``label`` is ``None``, its ``prediction`` -1 and
+    its ``probability`` that of the whole target; its ``maps`` are over the source tokens. The examples a report
+    shows (``num_report_examples``) also keep their target tokens and per-step maps (``AuditExample.step_maps``:
+    attention's row and each method's map of every target step, over the source tokens; computed for those rows
+    only, unless ``per_step`` computes them for all), which :class:`~lightning_xai.reporting.AuditReport` draws as
+    source tokens × target tokens heatmaps.
 
     **Heads.** The maps explain what the model's head computes (``target=None``): the predicted class's softmax
     probability, a multi-label model's top label's sigmoid, a regression model's output value (whose examples have
