@@ -2,7 +2,7 @@
 steps, attention's row of each step and each method's map of that step's log-probability — and their target tokens'
 words. An unmodified LightningModule holding a tiny causal LM (Llama, GPT-2) or encoder–decoder (BART), audited with
 ``AttentionAudit()``: the stored maps equal ``attribute(..., target="steps")`` and the model's own
-``output_attentions`` rows (the oracle); only the report's examples get them."""
+``output_attentions`` rows (the oracle); only the first ``step_examples`` of the report's examples get them."""
 from __future__ import annotations
 
 import warnings
@@ -10,6 +10,7 @@ import warnings
 import pytest
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from lightning_xai.attribution import attribute
 from lightning_xai.callbacks import AttentionAudit, BatchResult
@@ -69,8 +70,8 @@ def test_report_examples_keep_step_maps_equal_to_attribute_and_the_models_own_at
     methods = {"gradient": attribute(model, batch, "gradient", target="steps"),
                "grad_x_input": attribute(model, batch, "grad_x_input", target="steps", absolute=True)}
     examples = audit.latest.examples
-    assert len(examples) == 6
-    for row, example in enumerate(examples):
+    assert len(examples) == 6 and [bool(e.step_maps) for e in examples] == [True] * 3 + [False] * 3  # step_examples=3
+    for row, example in enumerate(examples[:3]):
         assert example.position == row
         source = batch["source_words"][row] >= 0
         target = batch["labels"][row][batch["labels"][row] != -100]
@@ -91,22 +92,30 @@ def test_report_examples_keep_step_maps_equal_to_attribute_and_the_models_own_at
     assert audit.example_tokens(trainer, module, example, target=True) == [*verse.target, "</s>"]
 
 
-@pytest.mark.parametrize("per_step", [False, True])
-def test_only_the_report_examples_get_step_maps(gen_kit, tmp_path, per_step):
-    audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), num_report_examples=2, per_step=per_step)
+@pytest.mark.parametrize("options, kept", [({"num_report_examples": 2}, 2), ({"step_examples": 5}, 5),
+                                           ({"step_examples": 1, "per_step": True}, 1)])
+def test_only_the_first_report_examples_get_step_maps(gen_kit, tmp_path, options, kept):
+    audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), **options)
     module, dm, trainer = fit(gen_kit, tmp_path, "gpt2", [audit])
     model = audit.explainable(module)
     batch = audited_batch(audit, trainer, dm)
     steps = attribute(model, batch, "gradient", target="steps")
     examples = audit.latest.examples
-    assert [bool(e.step_maps) for e in examples] == [True, True, False, False, False, False]
-    assert [e.target_token_ids is not None for e in examples] == [True, True, False, False, False, False]
-    for row, example in enumerate(examples[:2]):
+    assert [bool(e.step_maps) for e in examples] == [True] * kept + [False] * (6 - kept)
+    assert [e.target_token_ids is not None for e in examples] == [True] * kept + [False] * (6 - kept)
+    for row, example in enumerate(examples[:kept]):
         source = batch["source_words"][row] >= 0
         K = len(example.target_token_ids)
         torch.testing.assert_close(torch.tensor(example.step_maps["gradient"]), steps[row, :K][:, source],
                                    atol=1e-6, rtol=1e-4)
-    assert ("per_step/kendall_tau/attention_vs_gradient/mean" in audit.history[-1]["metrics"]) == per_step
+    per_step = "per_step/kendall_tau/attention_vs_gradient/mean" in audit.history[-1]["metrics"]
+    assert per_step == options.get("per_step", False)
+
+
+def test_step_examples_is_a_count():
+    for bad in (-1, True, 2.0):
+        with pytest.raises(MisconfigurationException, match="step_examples"):
+            AttentionAudit(step_examples=bad)
 
 
 def test_a_batch_audited_in_part_keeps_no_steps_at_the_rows_left_out():

@@ -85,6 +85,14 @@ def test_an_offline_wandb_run_logs_the_step_maps(gen_kit, tmp_path):
     assert f'title="target step 0">{html.escape(shown[0].target_tokens[0])}</th>' in panel
 
 
+def test_step_heatmaps_is_a_count():
+    from pytorch_lightning.utilities.exceptions import MisconfigurationException
+
+    for bad in (-1, True):
+        with pytest.raises(MisconfigurationException, match="step_heatmaps"):
+            AuditReport(step_heatmaps=bad)
+
+
 def test_source_word_pieces_merge_with_summed_scores_and_a_misshapen_map_is_refused():
     out = step_heatmap_html(["Ġun", "believ", "Ġfilm"], ["x", "y"], {"gradient": [[1.0, 2.0, 4.0], [0.5, 0.25, 1.0]]},
                             merge_pieces=True)
