@@ -254,10 +254,11 @@ class AuditCallback(Callback, abc.ABC):
             self._resolver = ModelResolver(owner=type(self).__name__)
         return lookup.explainable_model(self._resolver, pl_module, type(self).__name__)
 
-    def example_tokens(self, trainer: Any, pl_module: Any, example: AuditExample) -> List[str]:
-        """The words of an audited example (see :func:`~lightning_xai.callbacks._audit.results.example_tokens`)."""
+    def example_tokens(self, trainer: Any, pl_module: Any, example: AuditExample, target: bool = False) -> List[str]:
+        """The words of an audited example, or (``target``) of a generator example's target tokens (see
+        :func:`~lightning_xai.callbacks._audit.results.example_tokens`)."""
         tokenizer = lookup.report_tokenizer(self._resolver, self.tokenizer, trainer, pl_module)
-        return example_tokens(trainer, pl_module, example, tokenizer=tokenizer)
+        return example_tokens(trainer, pl_module, example, tokenizer=tokenizer, target=target)
 
     def check_model(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", split: str) -> None:
         """Run the model on two audit examples and check what the audit needs (called before the first audit): the

@@ -120,7 +120,7 @@ def _spread(value: Tensor, rows: Tensor, size: int) -> Tensor:
 
 def spread_rows(found: BatchResult, rows: Tensor, size: int) -> BatchResult:
     """An ``audit_batch`` result on the ``rows`` of a batch of ``size`` rows, as a result on the whole batch: its
-    ``values``, ``maps`` and row-aligned tensors get NaN at the other rows.
+    ``values``, ``maps`` and row-aligned tensors get NaN at the other rows (a generator's ``step_mask``: no step).
 
     Example:
         >>> spread_rows(BatchResult(values={"v": torch.tensor([0.5])}), torch.tensor([1]), 2).values["v"].tolist()
@@ -130,10 +130,14 @@ def spread_rows(found: BatchResult, rows: Tensor, size: int) -> BatchResult:
         aligned = isinstance(value, Tensor) and value.dim() and value.shape[0] == rows.numel()
         return _spread(value, rows, size) if aligned else value
 
+    steps = found.step_mask
+    if steps is not None:  # a generator's shown steps: none at the other rows
+        steps = steps.new_zeros((size, *steps.shape[1:])).index_put_((rows.to(steps.device),), steps.bool())
     return dataclasses.replace(
         found, values={k: _spread(v, rows, size) for k, v in found.values.items()},
         maps={k: _spread(v, rows, size) for k, v in found.maps.items()}, prediction=spread(found.prediction),
-        probability=spread(found.probability), interactions=spread(found.interactions))
+        probability=spread(found.probability), interactions=spread(found.interactions),
+        step_maps={k: _spread(v, rows, size) for k, v in found.step_maps.items()}, step_mask=steps)
 
 
 def _batch_result(result: Tuple[Any, Dict[str, Any]]) -> Tuple[BatchResult, Dict[str, Any]]:

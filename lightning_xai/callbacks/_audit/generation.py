@@ -10,20 +10,23 @@ capability: a causal LM or an encoder–decoder seen through
   by name at setup.
 * **Per step.** :func:`per_step_agreement` compares two ``[B, K, T]`` step maps over the ``(b, k)`` pairs where
   ``target_steps`` is true, and gives each row the mean over its steps.
+* **Report.** The examples a report shows keep their step maps, source tokens × target steps (:func:`row_steps`,
+  :func:`place_rows`), and their target tokens.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 
 from lightning_xai.adapters.capabilities import TargetSequence
+from lightning_xai.adapters.huggingface.steps import IGNORE_INDEX
 
 __all__ = ["CLASS_LOGIT_METHODS", "DECODINGS", "check_decoding", "check_generation_methods", "decoded_batch",
-           "is_generator_model", "per_step_agreement", "refuse_generator"]
+           "is_generator_model", "per_step_agreement", "place_rows", "refuse_generator", "row_steps"]
 
 #: how an audit of a generator gets its target: the batch's ``labels`` or the model's greedy output
 DECODINGS = ("force", "free")
@@ -157,3 +160,35 @@ def refuse_generator(owner: str, model: Any, why: str) -> None:
         raise MisconfigurationException(
             f"{owner} does not audit text generators ({type(getattr(model, 'model', model)).__name__}): {why}. "
             "AttentionAudit (decoding='force'|'free', per_step=True) and AlignmentAudit do.")
+
+
+def place_rows(values: Tensor, rows: Tensor, shape: Sequence[int]) -> Tensor:
+    """``values`` ``[R, K', ...]`` computed on ``rows`` of a batch, as a zero tensor of ``shape`` ``[B, K, ...]``
+    (``K' ≤ K``: a part of a batch has at most the batch's steps) holding them at those rows.
+
+    Example:
+        >>> place_rows(torch.tensor([[1.0, 2.0]]), torch.tensor([1]), (2, 3)).tolist()
+        [[0.0, 0.0, 0.0], [1.0, 2.0, 0.0]]
+    """
+    full = values.new_zeros(tuple(shape))
+    full[rows.to(values.device), : values.shape[1]] = values
+    return full
+
+
+def row_steps(step_maps: Mapping[str, Tensor], step_mask: Tensor, labels: Tensor, row: int, real: Tensor
+              ) -> Optional[Tuple[List[int], Dict[str, List[List[float]]]]]:
+    """One row's target token ids (``labels`` ``!= -100``: one per target step, in order) and its step maps
+    ``{name: [K_row][n]}`` over its ``real`` source tokens (``[T]`` bool); ``None`` when ``step_mask`` (``[B, K]``)
+    gives the row no step, or its steps and labels disagree.
+
+    Example:
+        >>> maps = {"attention": torch.tensor([[[0.6, 0.4, 0.0], [0.1, 0.9, 0.0]]])}
+        >>> row_steps(maps, torch.tensor([[True, True]]), torch.tensor([[7, 8, -100]]), 0,
+        ...           torch.tensor([True, True, False]))
+        ([7, 8], {'attention': [[0.6000000238418579, 0.4000000059604645], [0.10000000149011612, 0.8999999761581421]]})
+    """
+    where = step_mask[row].bool()
+    target = labels[row][labels[row] != IGNORE_INDEX]
+    if not bool(where.any()) or int(where.sum()) != target.numel():
+        return None
+    return target.tolist(), {name: m[row][where][:, real].tolist() for name, m in step_maps.items()}

@@ -16,6 +16,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
 from lightning_xai.attribution.targets import score_values
+from lightning_xai.callbacks._audit.generation import row_steps
 from lightning_xai.data.vocabulary import token_list
 
 __all__ = ["AuditExample", "AuditPrediction", "AuditResult", "BatchResult", "DEFAULT_TOP_PAIRS", "TokenPairs",
@@ -106,6 +107,10 @@ class BatchResult:
         interaction_pairs: how many pairs of :attr:`interactions` a shown example keeps.
         interaction_method: the attribution method :attr:`interactions` come from (its record returns
             ``"pairwise_interactions"``).
+        step_maps: a generator's per-step maps ``{name: [B, K, T]}``: attention's row of each target step and each
+            method's map of that step's log-probability (``attribute(..., target="steps")``), for the rows a report
+            shows; a shown example keeps them over its real tokens (:attr:`AuditExample.step_maps`).
+        step_mask: ``[B, K]`` bool: the target steps :attr:`step_maps` hold (no step for the rows not shown).
 
     Example:
         >>> result = BatchResult(maps={"attention": torch.tensor([[0.7, 0.3]])}, values={"v": torch.tensor([0.5])})
@@ -121,6 +126,8 @@ class BatchResult:
     interactions: Optional[Tensor] = None
     interaction_pairs: int = DEFAULT_TOP_PAIRS
     interaction_method: str = "integrated_hessians"
+    step_maps: Mapping[str, Tensor] = field(default_factory=dict)
+    step_mask: Optional[Tensor] = None
 
 
 @dataclass
@@ -145,6 +152,14 @@ class AuditExample:
             a wrong prediction).
         interactions: the strongest token pairs of an interaction method (Integrated Hessians' Γ), kept for
             the report's examples only; ``None`` otherwise.
+        target_token_ids: a generator's explained target tokens (``labels`` ``!= -100``, in order: one per target
+            step), kept with :attr:`step_maps` for the report's examples only; ``None`` otherwise.
+        target_tokens: the words of :attr:`target_token_ids` (filled by :meth:`AuditCallback.example_tokens` with
+            ``target=True``; ``None`` until then).
+        step_maps: a generator's per-step maps, source tokens × target steps: ``step_maps[name][k][i]`` is map
+            ``name``'s score of real token ``i`` (of :attr:`token_ids`) for target step ``k`` (of
+            :attr:`target_token_ids`) — attention's row of step ``k`` and each method's map of ``log p(y_k | y_<k,
+            source)``. Kept for the report's examples only (``{}`` otherwise).
 
     Example:
         >>> AuditExample(position=0, index=7, split="val", token_ids=[4, 5], label=1, prediction=1,
@@ -164,6 +179,9 @@ class AuditExample:
     tokens: Optional[List[str]] = None
     undefined: Optional[str] = None
     interactions: Optional[TokenPairs] = None
+    target_token_ids: Optional[List[int]] = None
+    target_tokens: Optional[List[str]] = None
+    step_maps: Dict[str, List[List[float]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -310,6 +328,9 @@ def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence
     gamma = found.interactions.detach().double().cpu() if isinstance(found.interactions, Tensor) else None
     top = int(found.interaction_pairs)
     method = found.interaction_method
+    target = batch.get("labels")  # a generator's [B, S] target: the words of the step maps' steps
+    steps = found.step_mask.detach().cpu() if found.step_mask is not None and isinstance(target, Tensor) else None
+    step_maps = {k: v.detach().float().cpu() for k, v in found.step_maps.items()} if steps is not None else {}
     out = []
     for row, (pos, index) in enumerate(zip(positions, indices)):
         real = mask[row]
@@ -317,13 +338,16 @@ def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence
         undefined = found.undefined.get(row)
         pairs = (strongest_pairs(gamma[row][real][:, real], top, method)
                  if keep_maps and gamma is not None and undefined is None else None)
+        shown = (row_steps(step_maps, steps, target.detach().cpu(), row, real)
+                 if keep_maps and steps is not None and isinstance(target, Tensor) and undefined is None else None)
         out.append(AuditExample(
             position=pos, index=index, split=split,
             token_ids=ids[row][real].tolist() if ids is not None else list(range(int(real.sum()))),
             label=labels[row], prediction=int(pred[row]), probability=float(prob[row]),
             maps={k: v[row][real].tolist() for k, v in maps.items()} if keep_maps else {},
             values={k: float(v[row]) for k, v in values.items()},
-            undefined=undefined, interactions=pairs))
+            undefined=undefined, interactions=pairs, target_token_ids=shown[0] if shown else None,
+            step_maps=shown[1] if shown else {}))
     return out
 
 
@@ -336,8 +360,9 @@ def _vocabulary(owner: Any) -> Optional[Sequence[str]]:
 
 
 def example_tokens(trainer: Optional["pl.Trainer"], pl_module: Any, example: AuditExample,
-                   tokenizer: Any = None) -> List[str]:
-    """The words of an audited example, from the first source that knows them:
+                   tokenizer: Any = None, target: bool = False) -> List[str]:
+    """The words of an audited example (``target=True``: of a generator example's target tokens,
+    :attr:`AuditExample.target_token_ids`, from sources 2–4), from the first source that knows them:
 
     1. ``trainer.datamodule.tokens(split, index)`` (one word per real token);
     2. ``tokenizer.convert_ids_to_tokens`` (word pieces), the tokenizer given here — an audit callback passes
@@ -353,20 +378,21 @@ def example_tokens(trainer: Optional["pl.Trainer"], pl_module: Any, example: Aud
         >>> example_tokens(None, Module(), AuditExample(0, 0, "val", [1, 2], 1, 1, 0.9))
         ['good', 'film']
     """
+    ids = list(example.target_token_ids or []) if target else example.token_ids
     datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
-    if datamodule is not None and callable(getattr(datamodule, "tokens", None)):
-        try:
+    if not target and datamodule is not None and callable(getattr(datamodule, "tokens", None)):
+        try:  # the DataModule's words are the source's (one per real token)
             words = list(datamodule.tokens(example.split, example.index))
-            if len(words) == len(example.token_ids):
+            if len(words) == len(ids):
                 return [str(w) for w in words]
         except (IndexError, KeyError, ValueError):
             pass
     if callable(getattr(tokenizer, "convert_ids_to_tokens", None)):
-        pieces = tokenizer.convert_ids_to_tokens([int(i) for i in example.token_ids])
-        if len(pieces) == len(example.token_ids) and all(p is not None for p in pieces):
+        pieces = tokenizer.convert_ids_to_tokens([int(i) for i in ids])
+        if len(pieces) == len(ids) and all(p is not None for p in pieces):
             return [str(p) for p in pieces]
     for owner in (pl_module, datamodule):
         vocab = _vocabulary(owner)
-        if vocab is not None and all(0 <= i < len(vocab) for i in example.token_ids):
-            return [str(vocab[i]) for i in example.token_ids]
-    return [str(i) for i in example.token_ids]
+        if vocab is not None and all(0 <= i < len(vocab) for i in ids):
+            return [str(vocab[i]) for i in ids]
+    return [str(i) for i in ids]
