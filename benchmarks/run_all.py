@@ -55,6 +55,10 @@ def jobs(quick: bool):
     out["audit_share_minilm"] = (bench_audit_share.main, ["--model", "minilm", "--train-batches", "4", "--rounds", "1",
                                                           "--num-samples", "48"] + common)
     out["audit_share_llama"] = (bench_audit_share.main, ["--model", "llama", "--train-batches", "40"] + common)
+    # issue 31: the generation audits' share of an epoch of the Greek→English translation model
+    from benchmarks import bench_generation_share
+
+    out["generation_share"] = (bench_generation_share.main, ["--train-batches", "20"] + common)
     out["loo_memory"] = (bench_loo_memory.main, common)
     out["erasure_memory"] = (bench_erasure_memory.main, common)
     out["step_overhead"] = (bench_step_overhead.main, common)
@@ -95,6 +99,10 @@ def summary(results_dir: Path = H.RESULTS) -> str:
             if "vs_floor" in c:
                 add(f"leave-one-out audit / its floor of Σ L_i forwards ({model})", c["vs_floor"], "≤ 1.5×",
                     c["vs_floor"] <= 1.5, r)
+    r = _load("generation_share", results_dir)
+    for name, c in (r or {}).get("configs", {}).items():
+        add(f"{name} audit share of a training epoch (translation, {r['num_samples']} verses)", c["share"],
+            f"≤ {c['target']:.0%}", c["share"] <= c["target"], r)
     r = _load("ig_auto_minilm_sst2", results_dir)
     if r:
         for name, ratio in r["ratios"].items():
@@ -175,7 +183,7 @@ def summary(results_dir: Path = H.RESULTS) -> str:
                 f"batch {s['batch_size']}{where})", s["step"]["median"], f"≤ {r['target']:g}×", s["met"], r)
     expected = ["ig_reference", "ig_unpacked", "ig_minilm", "loo_reference", "loo_unpacked", "gradients_reference",
                 "gradients_unpacked", "kendall", "kendall_memory", "deception", "loo_memory", "erasure_memory",
-                "step_overhead", "audit_share_minilm", "audit_share_reference", "audit_share_llama",
+                "step_overhead", "audit_share_minilm", "audit_share_reference", "audit_share_llama", "generation_share",
                 "ig_auto_minilm_sst2"]
     missing = [name for name in expected if _load(name, results_dir) is None]
     text = H.table(rows, ("ratio", "value", "target", "met?", "measured (UTC, 1-min load, threads)"))

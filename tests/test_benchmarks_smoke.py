@@ -121,3 +121,12 @@ def test_audit_share_benchmark_on_the_trained_llama():
     assert r["info"]["dev_acc"] > 0.7  # trained (cached per machine), not random
     assert all(c["audit_s"] > 0 and c["share"] > 0 for c in r["configs"].values())
     assert r["loo_floor"]["forward_passes"] > 0
+
+
+def test_generation_share_benchmark_audits_the_translation_model():
+    from benchmarks import bench_generation_share
+
+    r = bench_generation_share.main(["--quick"])
+    assert set(r["configs"]) == {"attention_default", "alignment_default"}
+    assert all(c["audit_s"] > 0 and c["share"] > 0 and c["keys"] > 0 for c in r["configs"].values())
+    assert r["info"]["train_verses"] == 7102 and r["full_batches"] > 100

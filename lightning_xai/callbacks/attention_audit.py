@@ -18,7 +18,8 @@ from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, method_rec
 from lightning_xai.attribution.batching import gather_rows
 from lightning_xai.attribution.targets import explained_quantity
 from lightning_xai.callbacks._audit.generation import (check_decoding, check_generation_methods, decoded_batch,
-                                                      is_generator_model, per_step_agreement, place_rows)
+                                                      is_generator_model, method_step_maps, per_step_agreement,
+                                                      place_rows)
 from lightning_xai.callbacks._audit.options import check_names, check_options_of_methods
 from lightning_xai.callbacks._audit.results import DEFAULT_TOP_PAIRS
 from lightning_xai.callbacks.base import AuditCallback, AuditPrediction, AuditResult, BatchResult
@@ -351,24 +352,13 @@ class AttentionAudit(AuditCallback):
 
     def _step_maps(self, model: ExplainableModel, batch: Dict[str, Any], attention: Tensor, steps: Tensor
                    ) -> Dict[str, Tensor]:
-        """``{map: [B, K, T]}``: ``attention`` (each step's row) and each method's map of each step's log-probability,
-        ``attribute(..., target="steps")`` computed step by step (``steps``: ``[B, K]``) with every method on the
-        same rows, so that gradient and grad×input share each step's backward pass."""
-        step_maps: Dict[str, Tensor] = {"attention": attention.detach().float()}
-        B, K = steps.shape
-        with shared_input_gradients():
-            for k in range(K):
-                rows = steps[:, k].nonzero().flatten()
-                if not rows.numel():  # a part of a batch may have fewer steps than the batch
-                    continue
-                part = gather_rows(batch, rows, B)
-                for method in self.methods:
-                    with self.map_precision(method):
-                        options = {**DEFAULT_METHOD_OPTIONS.get(method, {}), **self.method_options.get(method, {})}
-                        scores = attribute(model, part, method, target=k, **options)
-                    scores = (scores[0] if isinstance(scores, tuple) else scores).detach().float()
-                    step_maps.setdefault(method, scores.new_zeros((B, K, scores.shape[-1])))[rows, k] = scores
-        return step_maps
+        """``{map: [B, K, T]}``: ``attention`` (each step's row) and each method's map of each step's log-probability
+        (:func:`~lightning_xai.callbacks._audit.generation.method_step_maps`)."""
+        maps = method_step_maps(model, batch, steps, self.methods, self._method_options, self.map_precision)
+        return {"attention": attention.detach().float(), **maps}
+
+    def _method_options(self, method: str) -> Dict[str, Any]:
+        return {**DEFAULT_METHOD_OPTIONS.get(method, {}), **self.method_options.get(method, {})}
 
     def _generator_steps(self, model: ExplainableModel, batch: Dict[str, Any], prediction: AuditPrediction,
                          mask: Tensor, indices: Sequence[int], values: Dict[str, Tensor]) -> Dict[str, Any]:
