@@ -84,7 +84,7 @@ def uniform_rows_patch(target, queries, source):
 
 @pytest.mark.parametrize("kind", ["llama", "bart"])
 def test_uniform_attention_matches_a_hand_run_with_the_rows_replaced(gen_kit, tmp_path, monkeypatch, kind):
-    audit = AttentionBaselines(num_permutations=3)
+    audit = AttentionBaselines(num_permutations=3, budget=None)  # audits at every epoch, the last on the final weights
     module, dm, trainer = fit(gen_kit, tmp_path, kind, [audit])
     assert len(audit.history) == 2
     metrics = audit.history[-1]["metrics"]
@@ -142,7 +142,7 @@ def test_permutations_change_the_target_and_free_decoding_explains_the_greedy_ou
 
 def test_the_audit_leaves_training_bit_identical(gen_kit, tmp_path):
     plain, _, _ = fit(gen_kit, tmp_path / "plain", "llama", [])
-    audit = AttentionBaselines(num_permutations=3)
+    audit = AttentionBaselines(num_permutations=3, budget=None)
     audited, _, _ = fit(gen_kit, tmp_path / "audited", "llama", [audit])
     assert len(audit.history) == 2
     for (name, a), (_, b) in zip(plain.state_dict().items(), audited.state_dict().items()):
