@@ -112,6 +112,11 @@ class AttentionBaselines(AuditCallback):
         model = self.explainable(pl_module)
         check_generation_methods("AttentionBaselines", model, [], decoding=self.decoding)
         if is_generator_model(model):
+            if list(self.max_attention_bins) != list(DEFAULT_MAX_ATTENTION_BINS):
+                raise MisconfigurationException(
+                    "AttentionBaselines(max_attention_bins) bins a classifier's permutation Δŷ by its maximum "
+                    f"attention; a generator's values ({type(getattr(model, 'model', model)).__name__}) are not "
+                    "binned. Leave max_attention_bins at its default.")
             self.explained_quantity = "log-probability of the target sequence"
             return
         measure = "the permutation test" if self.permutation else "the uniform-attention evaluation"

@@ -147,3 +147,10 @@ def test_the_audit_leaves_training_bit_identical(gen_kit, tmp_path):
     assert len(audit.history) == 2
     for (name, a), (_, b) in zip(plain.state_dict().items(), audited.state_dict().items()):
         assert torch.equal(a, b), name
+
+
+def test_options_that_do_not_apply_to_a_generator_are_refused_by_name(gen_kit, tmp_path):
+    from pytorch_lightning.utilities.exceptions import MisconfigurationException
+
+    with pytest.raises(MisconfigurationException, match=r"max_attention_bins\) bins a classifier's"):
+        fit(gen_kit, tmp_path, "llama", [AttentionBaselines(max_attention_bins=(0.0, 0.5, 1.0))], epochs=1)
