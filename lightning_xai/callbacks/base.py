@@ -26,7 +26,8 @@ from lightning_xai.callbacks._audit import model as lookup
 from lightning_xai.callbacks._audit.aggregation import ValueAggregator, aggregate_values, value_names
 from lightning_xai.callbacks._audit.budget import (DEFAULT_EVERY_N_EPOCHS, DEFAULT_NUM_SAMPLES, MIN_AUDIT_SECONDS,
                                                    AuditBudget, Plan)
-from lightning_xai.callbacks._audit.distributed import agreed, gather_examples, merge_extras, shared_failure
+from lightning_xai.callbacks._audit.distributed import (agreed, gather_examples, merge_extras, replicated,
+                                                        shared_failure)
 from lightning_xai.callbacks._audit.failures import AuditFailures, audit_finite_rows, mark_undefined, warn_undefined
 from lightning_xai.callbacks._audit.generation import refuse_generator
 from lightning_xai.callbacks._audit.guard import AuditPrecision, audit_guard, precision_context
@@ -374,7 +375,7 @@ class AuditCallback(Callback, abc.ABC):
         if split not in self._subsets.batches:
             loader = self._loader(trainer, split)
             self._subsets.shard(trainer, split, loader, self.audit_indices(trainer, split), self.batch_size,
-                                AUDIT_TOKEN_BUDGET)
+                                AUDIT_TOKEN_BUDGET, replicated=replicated(trainer))
         return self._subsets.batches[split]
 
     # --- running ------------------------------------------------------------------------------------------
@@ -388,16 +389,20 @@ class AuditCallback(Callback, abc.ABC):
             batches = self._audit_batches(trainer, split)
             bar = progress_bar(trainer, len(batches), f"{type(self).__name__} ({split})")
             aggregator = ValueAggregator(pl_module.device)
+            # a sharded model: every process ran every batch, in lockstep (its passes are collectives); process 0
+            # keeps the results, the others add nothing to the gathers (_audit.distributed)
+            keep = not replicated(trainer) or trainer.global_rank == 0
             try:
                 with audit_guard(pl_module, seed=self.seed) as generator, \
                         self._precision.audit(trainer, pl_module) as context:
                     for positions, indices, cpu_batch in batches:
                         batch = self.audit_inputs(model, move_data_to_device(cpu_batch, pl_module.device))
                         found, extra = self._measure(trainer, pl_module, model, batch, indices, generator, context)
-                        aggregator.update(found.values)
-                        examples.extend(collect_examples(model.token_mask(batch), batch, positions, indices, split,
-                                                         found, self.num_report_examples))
-                        extras.append(extra)
+                        if keep:
+                            aggregator.update(found.values)
+                            examples.extend(collect_examples(model.token_mask(batch), batch, positions, indices,
+                                                             split, found, self.num_report_examples))
+                            extras.append(extra)
                         if bar is not None:
                             bar.update(1)
             finally:

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from lightning_xai.adapters.checks import evaluating
 from lightning_xai.adapters.huggingface.families import table_pooling
 from lightning_xai.adapters.protocol import ProtocolError
+from lightning_xai.adapters.sharding import gathered
 
 __all__ = ["detect_pooling", "head_reads", "is_causal", "last_non_pad", "pooled_logits", "probe_pooling",
            "query_mask"]
@@ -261,9 +262,10 @@ def pooled_logits(model: nn.Module, kwargs: dict, positions: Tensor) -> Tuple[Te
                             "query_index= and check its logits with HuggingFaceAdapter.check_logits.")
     body = {k: v for k, v in kwargs.items() if k != "token_type_ids" or "token_type_ids" in
             inspect.signature(base.forward).parameters}
-    output = base(**body)
-    hidden = output.last_hidden_state
     head = cast(Callable[[Tensor], Tensor], model.score)  # detect_pooling checked that a "last" head has one
-    logits = head(hidden)  # every position, then the pooled one: the head's own order of operations
+    with gathered(model, [base, cast(nn.Module, head)]):  # FSDP2: both run outside the root's forward
+        output = base(**body)
+        hidden = output.last_hidden_state
+        logits = head(hidden)  # every position, then the pooled one: the head's own order of operations
     logits = logits[torch.arange(hidden.shape[0], device=hidden.device), positions.to(hidden.device)]
     return logits, output

@@ -1,6 +1,14 @@
 """Under DDP each process audits its shard of the subset; these gather the shards so every process holds all, and
 make every process take the same path when a step of an audit fails on some of them.
 
+A model sharded with FSDP2 (:func:`replicated`) is the exception: each of its forward passes is itself a collective
+(an all-gather per sharded layer), so processes that ran different numbers of passes would wait on each other
+forever -- and the number of an audit's passes depends on its examples (leave-one-out chunks, erasure steps,
+packing groups, permutations). There every process audits the *whole* subset, in the same batches: the same
+examples and the same gathered parameters, under the same seeded generators, give every process the same sequence
+of passes by construction, whatever the examples. Process 0 alone keeps what it found (the others contribute
+nothing to the gathers below), so the results are those of one process.
+
 The rule every audit step follows: local work (no collectives) runs inside :func:`shared_failure` (or
 :func:`agreed`), whose exit is one collective that tells every process whether the work failed anywhere; only then
 comes the next collective (a gather, a broadcast, a metric sync). So a failure on one process — out of memory on
@@ -17,10 +25,11 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
+from lightning_xai.adapters.sharding import is_sharded
 from lightning_xai.callbacks._audit.results import AuditExample
 
 __all__ = ["AuditFailedOnAnotherProcess", "MisconfiguredOnAnotherProcess", "agreed", "gather_examples",
-           "merge_extras", "shared_failure"]
+           "merge_extras", "replicated", "shared_failure"]
 
 T = TypeVar("T")
 
@@ -36,6 +45,20 @@ class MisconfiguredOnAnotherProcess(AuditFailedOnAnotherProcess, Misconfiguratio
 
 def _distributed(trainer: "pl.Trainer") -> bool:
     return trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def replicated(trainer: "pl.Trainer") -> bool:
+    """Whether every process audits the whole subset: several processes and a model sharded with FSDP2, whose
+    passes are collectives (module docstring).
+
+    Example:
+        >>> class Single:
+        ...     world_size = 1
+        >>> replicated(Single())
+        False
+    """
+    module = getattr(trainer, "lightning_module", None)
+    return _distributed(trainer) and isinstance(module, torch.nn.Module) and is_sharded(module)
 
 
 def _all_gather(trainer: "pl.Trainer", items: List[Any]) -> List[Any]:

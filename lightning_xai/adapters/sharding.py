@@ -1,0 +1,141 @@
+"""Explain a model sharded with FSDP2 (``torch.distributed.fsdp.fully_shard``, Lightning's ``ModelParallelStrategy``).
+
+``fully_shard(module)`` shards the parameters ``module`` holds (all of its subtree except what a nested
+``fully_shard``-ed module holds) into DTensors, one shard per process, and gathers them in ``module``'s forward
+pre-hook: an FSDP module *called* has its parameters; any other submodule called *directly*, outside the forward of
+the FSDP module that owns its parameters, sees sharded DTensors ("aten.embedding.default got mixed torch.Tensor and
+DTensor"). The adapters make such direct calls: the word embedding (``embed``), a decoder classifier's base model and
+head (:func:`~lightning_xai.adapters.huggingface.pooling.pooled_logits`).
+
+:func:`gathered` is the one place that handles it: inside the block the owner of every module passed to it (its
+nearest FSDP module, within the explained model) is unsharded with FSDP's own ``FSDPModule.unshard()`` -- only that
+group, as FSDP's own pre-forward would; never the whole model -- and resharded on exit if it was sharded on entry.
+A module that is an FSDP module itself is left to its own hooks.
+
+Every unshard is a collective (an all-gather over the processes): a pass that runs on some processes and not on
+others waits forever. The audits therefore run the same passes on every process of a sharded model (see
+``lightning_xai.callbacks.base.AuditCallback``); :func:`is_sharded` tells them when.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterable, Iterator, List, Optional
+
+from torch import nn
+
+from lightning_xai.adapters.protocol import ProtocolError
+
+__all__ = ["fsdp_modules", "gathered", "is_sharded"]
+
+
+def _fsdp_type() -> Optional[type]:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch built without distributed, or older than FSDP2
+        return None
+    return FSDPModule
+
+
+def _dtensor_type() -> Optional[type]:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch built without distributed
+        return None
+    return DTensor
+
+
+def fsdp_modules(model: nn.Module) -> List[nn.Module]:
+    """The modules of ``model`` (itself included) that ``fully_shard`` was applied to, outermost first.
+
+    Example:
+        >>> fsdp_modules(nn.Linear(2, 2))
+        []
+    """
+    kind = _fsdp_type()
+    return [] if kind is None else [m for m in model.modules() if isinstance(m, kind)]
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether any parameter of ``model`` is sharded by FSDP2 (an FSDP module inside it, or a DTensor parameter).
+
+    Example:
+        >>> is_sharded(nn.Linear(2, 2))
+        False
+    """
+    dtensor = _dtensor_type()
+    return bool(fsdp_modules(model)) or (dtensor is not None and any(isinstance(p, dtensor)
+                                                                     for p in model.parameters()))
+
+
+def _owner(model: nn.Module, module: nn.Module) -> Optional[nn.Module]:
+    """The nearest FSDP module holding ``module`` (itself included), searched within ``model``; ``None``: none."""
+    kind = _fsdp_type()
+    path = next((name for name, m in model.named_modules() if m is module), None)
+    if kind is None or path is None:
+        return None
+    parts = path.split(".") if path else []
+    for depth in range(len(parts), -1, -1):
+        candidate = model.get_submodule(".".join(parts[:depth]))
+        if isinstance(candidate, kind):
+            return candidate
+    return None
+
+
+def _group_parameters(owner: nn.Module) -> Iterator[nn.Parameter]:
+    """The parameters ``owner``'s own FSDP group holds: its subtree's, less those of nested FSDP modules."""
+    kind = _fsdp_type()
+    stack = [owner]
+    while stack:
+        module = stack.pop()
+        yield from module.parameters(recurse=False)
+        stack.extend(c for c in module.children() if kind is None or not isinstance(c, kind))
+
+
+def _sharded_now(owner: nn.Module) -> bool:
+    dtensor = _dtensor_type()
+    return dtensor is not None and any(isinstance(p, dtensor) for p in _group_parameters(owner))
+
+
+@contextlib.contextmanager
+def gathered(model: nn.Module, called: Iterable[nn.Module]) -> Iterator[None]:
+    """Inside the block the modules ``called`` (submodules of ``model``, called outside an FSDP forward) have their
+    parameters: the owner of each (its nearest FSDP module) is unsharded, and resharded on exit when it was sharded
+    on entry. A no-op for a model that is not sharded.
+
+    Every process must enter the block at the same point of the same sequence of passes (``unshard`` is an
+    all-gather).
+
+    Raises:
+        ProtocolError: a module's parameters are sharded by an FSDP module outside ``model`` (``fully_shard``
+            applied to the LightningModule rather than to the explained model), which the adapter cannot unshard.
+
+    Example:
+        >>> net = nn.Sequential(nn.Embedding(5, 2), nn.Linear(2, 2))
+        >>> with gathered(net, [net[0]]):
+        ...     net[0].weight.shape
+        torch.Size([5, 2])
+    """
+    called = list(called)
+    if not is_sharded(model):
+        yield
+        return
+    dtensor = _dtensor_type()
+    owners: List[nn.Module] = []
+    for module in called:
+        owner = _owner(model, module)
+        if owner is None:
+            if dtensor is not None and any(isinstance(p, dtensor) for p in module.parameters()):
+                raise ProtocolError(
+                    f"the parameters of {type(module).__name__} are sharded by an FSDP module outside the explained "
+                    f"model {type(model).__name__}, which the explanation cannot gather. Apply fully_shard to the "
+                    "explained model (and its layers) in configure_model, not to a module that holds it.")
+            continue
+        if owner is not module and owner not in owners and _sharded_now(owner):
+            owners.append(owner)
+    for owner in owners:
+        getattr(owner, "unshard")()  # FSDPModule's method (the class is checked by _owner)
+    try:
+        yield
+    finally:
+        for owner in reversed(owners):
+            getattr(owner, "reshard")()

@@ -1,0 +1,96 @@
+"""Issue 32: audits of a model sharded with FSDP2 (``fully_shard`` per layer and on the model, in an unmodified
+LightningModule's ``configure_model``) under Lightning's ``ModelParallelStrategy``, on 2 CPU processes with gloo
+(the fits run in tests/callbacks/sharded_script.py).
+
+Before: the pre-fit probe failed ("aten.embedding.default got mixed torch.Tensor and DTensor": the adapter called
+the word embedding outside the root module's forward, on sharded parameters); past it, each process audited its
+shard of the subset with its own number of forward passes, and every pass of a sharded model is a collective (a
+gloo "collective mismatch" abort, or a hang). Now every process holds what one unsharded process computes, and
+training is untouched.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).with_name("sharded_script.py")
+
+
+def _script() -> Any:
+    """The script's models and data (imported by path: tests are not a package)."""
+    spec = importlib.util.spec_from_file_location("sharded_script", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(tmp_path: Path, families: List[str], timeout: float) -> List[Dict[str, Any]]:
+    """The 2-process fits; a hang (a process waiting in a collective the other never reaches) fails here."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PL_DISABLE_FORK="1", PYTHONWARNINGS="ignore")
+    env.pop("LOCAL_RANK", None)
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path), ",".join(families)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, stderr = proc.communicate()
+        pytest.fail(f"the sharded processes hung (killed after {timeout} s): {stderr[-3000:]}")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # process 1, should it outlive process 0
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 0, stderr[-3000:]
+    return [{f: torch.load(tmp_path / f"{f}_rank{r}.pt", weights_only=False) for f in families} for r in (0, 1)]
+
+
+def _close(got: Dict[str, float], want: Dict[str, float], rel: float = 1e-5) -> None:
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        if isinstance(value, float) and math.isnan(value):
+            assert math.isnan(got[key]), key
+        else:
+            assert got[key] == pytest.approx(value, rel=rel, abs=rel), key
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_audits_of_a_sharded_model_equal_one_unsharded_process_and_leave_training_untouched(tmp_path, family):
+    ranks = _run(tmp_path, [family], timeout=240)
+    script = _script()
+    first = ranks[0][family]
+
+    # training untouched: the weights after the fit are bit-identical with and without the three audits
+    for rank in ranks:
+        audited, plain = rank[family]["audited"], rank[family]["plain"]
+        assert list(audited) == list(plain)
+        assert all(torch.equal(audited[k], plain[k]) for k in plain), [k for k in plain
+                                                                       if not torch.equal(audited[k], plain[k])]
+    # every process holds the same results, of the whole subset
+    for mine, theirs in zip(ranks[1][family]["histories"], first["histories"]):
+        assert len(mine) == len(theirs) == 1
+        _close(mine[0]["metrics"], theirs[0]["metrics"], rel=0.0)
+    assert [h[0]["num_examples"] for h in first["histories"]] == [8, 8, 8]
+
+    # ... which are those of the same weights audited unsharded, in one process
+    tok = script.tokenizer(str(tmp_path))
+    module = script.Classifier(family, len(tok), shard=False)
+    module.load_state_dict(first["audited"])
+    callbacks = script.audits()
+    script.trainer(str(tmp_path / "single"), callbacks, shard=False).validate(module, script.SST2(tok),
+                                                                              verbose=False)
+    for callback, history in zip(callbacks, first["histories"]):
+        _close(history[0]["metrics"], callback.history[0]["metrics"])
