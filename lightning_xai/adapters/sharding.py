@@ -4,8 +4,10 @@
 ``fully_shard``-ed module holds) into DTensors, one shard per process, and gathers them in ``module``'s forward
 pre-hook: an FSDP module *called* has its parameters; any other submodule called *directly*, outside the forward of
 the FSDP module that owns its parameters, sees sharded DTensors ("aten.embedding.default got mixed torch.Tensor and
-DTensor"). The adapters make such direct calls: the word embedding (``embed``), a decoder classifier's base model and
-head (:func:`~lightning_xai.adapters.huggingface.pooling.pooled_logits`).
+DTensor"). The adapters make such a direct call for the word embedding (``embed``); the other passes go through the
+model's own forward (a decoder classifier's under sharding too: :func:`~lightning_xai.adapters.huggingface.pooling.
+pooled_logits`), since an FSDP layer called outside the root's forward refuses to run ("FSDP requires running
+forward through the root module first").
 
 :func:`gathered` is the one place that handles it: inside the block the owner of every module passed to it (its
 nearest FSDP module, within the explained model) is unsharded with FSDP's own ``FSDPModule.unshard()`` -- only that

@@ -61,7 +61,7 @@ def _close(got: Dict[str, float], want: Dict[str, float], rel: float = 1e-5) -> 
         if isinstance(value, float) and math.isnan(value):
             assert math.isnan(got[key]), key
         else:
-            assert got[key] == pytest.approx(value, rel=rel, abs=rel), key
+            assert got[key] == pytest.approx(value, rel=rel, abs=rel / 100), key
 
 
 @pytest.mark.slow
