@@ -14,6 +14,14 @@ nearest FSDP module, within the explained model) is unsharded with FSDP's own ``
 group, as FSDP's own pre-forward would; never the whole model -- and resharded on exit if it was sharded on entry.
 A module that is an FSDP module itself is left to its own hooks.
 
+Gradients w.r.t. the parameters (a training loss computed through the adapter, e.g.
+:class:`~lightning_xai.losses.DeceptionPenalty`) need one more step, :func:`routed_through_root`: FSDP reduce-scatters
+a group's gradients when the gradient of its forward's *inputs* is complete; passed ``inputs_embeds`` that require
+grad, the root did so before the word embedding (run by ``embed``, upstream) had added its gradient, which was then
+lost to this step and leaked into the next. With gradients on, the root is run from ``input_ids`` and the word
+embedding's output replaced by the given embeddings (a forward hook), so its reduce-scatter comes after every
+gradient of the pass.
+
 Every unshard is a collective (an all-gather over the processes): a pass that runs on some processes and not on
 others waits forever. The audits therefore run the same passes on every process of a sharded model (see
 ``lightning_xai.callbacks.base.AuditCallback``); :func:`is_sharded` tells them when.
@@ -21,13 +29,14 @@ others waits forever. The audits therefore run the same passes on every process 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterable, Iterator, List, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import ProtocolError
 
-__all__ = ["fsdp_modules", "gathered", "is_sharded"]
+__all__ = ["fsdp_modules", "gathered", "is_sharded", "routed_through_root"]
 
 
 def _fsdp_type() -> Optional[type]:
@@ -141,3 +150,30 @@ def gathered(model: nn.Module, called: Iterable[nn.Module]) -> Iterator[None]:
     finally:
         for owner in reversed(owners):
             getattr(owner, "reshard")()
+
+
+@contextlib.contextmanager
+def routed_through_root(model: nn.Module, embedding: nn.Module, kwargs: Dict[str, Any],
+                        input_ids: Optional[Tensor]) -> Iterator[None]:
+    """Inside the block, ``model(**kwargs)`` of a sharded model with gradients on reads ``input_ids`` and the
+    ``embedding`` module returns ``kwargs["inputs_embeds"]`` (module docstring); ``kwargs`` is changed in place,
+    and the hook removed on exit. Otherwise (not sharded, no gradient, or ids of another shape) nothing changes.
+
+    Example:
+        >>> kwargs = {"inputs_embeds": torch.zeros(1, 2, 3)}
+        >>> with routed_through_root(nn.Linear(2, 2), nn.Embedding(4, 3), kwargs, torch.tensor([[1, 2]])):
+        ...     sorted(kwargs)
+        ['inputs_embeds']
+    """
+    embeddings = kwargs.get("inputs_embeds")
+    if not (isinstance(embeddings, Tensor) and embeddings.requires_grad and torch.is_grad_enabled()
+            and isinstance(input_ids, Tensor) and input_ids.shape == embeddings.shape[:2] and is_sharded(model)):
+        yield
+        return
+    del kwargs["inputs_embeds"]
+    kwargs["input_ids"] = input_ids
+    handle = embedding.register_forward_hook(lambda module, args, output: embeddings)
+    try:
+        yield
+    finally:
+        handle.remove()

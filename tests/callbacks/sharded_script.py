@@ -40,16 +40,20 @@ def tokenizer(root: str) -> tf.BertTokenizerFast:
 
 
 class SST2(L.LightningDataModule):
-    """32 training and 16 validation sentences of the bundled SST-2, batches of 8 (4 per process when sharded),
-    with ``impermissible`` marking the function words (for the DeceptionPenalty)."""
+    """32 training and 16 validation sentences of the bundled SST-2, with ``impermissible`` marking the function
+    words (for the DeceptionPenalty). Sharded, each process trains on every other example (the trainer adds no
+    sampler, which would shuffle): a step of batches of 8 on 2 processes reads the 16 examples one process reads in
+    one batch of 16."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, batch_size: int = 8) -> None:
         super().__init__()
-        self.tokenizer = tokenizer
+        self.tokenizer, self.batch_size = tokenizer, batch_size
 
     def _loader(self, split: str, n: int) -> torch.utils.data.DataLoader:
+        rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) \
+            if split == "train" and torch.distributed.is_initialized() else (0, 1)
         rows = [dict(self.tokenizer(" ".join(e.tokens), truncation=True, max_length=32), labels=e.label)
-                for e in read_split("sst2", split)[:n]]
+                for e in read_split("sst2", split)[:n]][rank::world]  # this process's share, in order
         collate = tf.DataCollatorWithPadding(self.tokenizer)
 
         def collate_fn(items: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -58,7 +62,7 @@ class SST2(L.LightningDataModule):
             batch["impermissible"] = torch.tensor([[w in FUNCTION_WORDS for w in row] for row in words])
             return batch
 
-        return torch.utils.data.DataLoader(rows, batch_size=8, shuffle=False, collate_fn=collate_fn)
+        return torch.utils.data.DataLoader(rows, batch_size=self.batch_size, shuffle=False, collate_fn=collate_fn)
 
     def train_dataloader(self) -> torch.utils.data.DataLoader:
         return self._loader("train", 32)
@@ -75,7 +79,8 @@ def classifier(family: str, vocab_size: int) -> Any:
                                 pad_token_id=0, num_labels=2)
         return tf.LlamaForSequenceClassification._from_config(config, attn_implementation="eager")
     config = tf.BertConfig(vocab_size=vocab_size, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                           intermediate_size=32, max_position_embeddings=64, num_labels=2)
+                           intermediate_size=32, max_position_embeddings=64, num_labels=2, hidden_dropout_prob=0.0,
+                           attention_probs_dropout_prob=0.0)  # no dropout: one process and two draw alike
     return tf.BertForSequenceClassification._from_config(config, attn_implementation="eager")
 
 
@@ -130,7 +135,7 @@ def trainer(root: str, callbacks: List[Any], shard: bool) -> L.Trainer:
     if shard:
         where = dict(accelerator="cpu", devices=2,
                      strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1))
-    return L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+    return L.Trainer(max_epochs=1, logger=False, use_distributed_sampler=False, enable_checkpointing=False, enable_progress_bar=False,
                      enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=root, callbacks=callbacks,
                      deterministic=True, **where)
 
@@ -139,7 +144,7 @@ def fit(root: str, family: str, callbacks: List[Any], shard: bool) -> Dict[str, 
     tok = tokenizer(root)
     L.seed_everything(0, verbose=False)
     module = Classifier(family.split("_")[0], len(tok), shard, penalty=family.endswith("penalty"))
-    trainer(root, callbacks, shard).fit(module, SST2(tok))
+    trainer(root, callbacks, shard).fit(module, SST2(tok, batch_size=8 if shard else 16))
     return full_weights(module)
 
 

@@ -87,7 +87,7 @@ from lightning_xai.adapters.huggingface.reductions import (Reduction, attention_
 from lightning_xai.adapters.huggingface.tokens import real_token_mask
 from lightning_xai.adapters.huggingface.unwrap import unchecked_layers, unwrap
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError, check_embeddings
-from lightning_xai.adapters.sharding import gathered
+from lightning_xai.adapters.sharding import gathered, routed_through_root
 
 __all__ = ["ATTENTION_IMPLEMENTATION", "HuggingFaceAdapter", "attention_rollout", "register_attention_implementation"]
 
@@ -371,7 +371,8 @@ class HuggingFaceAdapter(nn.Module):
         hook = native_override(self._attention_modules[-1]) if token is not None and getattr(self, "_native", False) \
             else nullcontext()
         try:  # un-checkpointed: a checkpointed layer would recompute in backward outside these contexts
-            with recording_attention(self.model), unchecked_layers(self.model), hook:
+            with recording_attention(self.model), unchecked_layers(self.model), hook, \
+                    routed_through_root(self.model, self._embedding, kwargs, batch.get("input_ids")):
                 if self._head_pooling == "last":  # the head reads the query row: query_index= moves it too
                     logits, output = pooled_logits(self.model, kwargs, qmask.long().argmax(-1))
                 else:
