@@ -29,7 +29,7 @@ others waits forever. The audits therefore run the same passes on every process 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional, cast
 
 import torch
 from torch import Tensor, nn
@@ -144,12 +144,12 @@ def gathered(model: nn.Module, called: Iterable[nn.Module]) -> Iterator[None]:
         if owner is not module and owner not in owners and _sharded_now(owner):
             owners.append(owner)
     for owner in owners:
-        getattr(owner, "unshard")()  # FSDPModule's method (the class is checked by _owner)
+        cast(Any, owner).unshard()  # FSDPModule's method (the class is checked by _owner)
     try:
         yield
     finally:
         for owner in reversed(owners):
-            getattr(owner, "reshard")()
+            cast(Any, owner).reshard()
 
 
 @contextlib.contextmanager

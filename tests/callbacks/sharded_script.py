@@ -85,7 +85,7 @@ def classifier(family: str, vocab_size: int) -> Any:
 
 
 class Classifier(L.LightningModule):
-    """The user's module: nothing of lightning_xai in it (but the penalty, where asked), FSDP2 in ``configure_model``."""
+    """The user's module: nothing of lightning_xai in it (but the penalty, where asked); FSDP2 in configure_model."""
 
     def __init__(self, family: str, vocab_size: int, shard: bool, penalty: bool = False) -> None:
         super().__init__()
@@ -135,9 +135,9 @@ def trainer(root: str, callbacks: List[Any], shard: bool) -> L.Trainer:
     if shard:
         where = dict(accelerator="cpu", devices=2,
                      strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1))
-    return L.Trainer(max_epochs=1, logger=False, use_distributed_sampler=False, enable_checkpointing=False, enable_progress_bar=False,
-                     enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=root, callbacks=callbacks,
-                     deterministic=True, **where)
+    return L.Trainer(max_epochs=1, logger=False, use_distributed_sampler=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                     default_root_dir=root, callbacks=callbacks, deterministic=True, **where)
 
 
 def fit(root: str, family: str, callbacks: List[Any], shard: bool) -> Dict[str, torch.Tensor]:
