@@ -26,8 +26,8 @@ from lightning_xai.callbacks._audit import model as lookup
 from lightning_xai.callbacks._audit.aggregation import ValueAggregator, aggregate_values, value_names
 from lightning_xai.callbacks._audit.budget import (DEFAULT_EVERY_N_EPOCHS, DEFAULT_NUM_SAMPLES, MIN_AUDIT_SECONDS,
                                                    AuditBudget, Plan)
-from lightning_xai.callbacks._audit.distributed import (agreed, gather_examples, merge_extras, replicated,
-                                                        shared_failure)
+from lightning_xai.callbacks._audit.distributed import (agreed, gather_examples, merge_extras, refuse_unshardable,
+                                                        replicated, shared_failure)
 from lightning_xai.callbacks._audit.failures import AuditFailures, audit_finite_rows, mark_undefined, warn_undefined
 from lightning_xai.callbacks._audit.generation import refuse_generator
 from lightning_xai.callbacks._audit.guard import AuditPrecision, audit_guard, precision_context
@@ -341,6 +341,7 @@ class AuditCallback(Callback, abc.ABC):
         HookAdapter`: the attention module returns weights, and they feed the logits). Any failure is a
         :class:`MisconfigurationException` that names the cause, raised before training goes on.
         """
+        refuse_unshardable(type(self).__name__, self.attribution_methods(), trainer, pl_module)
         model = self.explainable(pl_module)
         batches = self._audit_batches(trainer, split)
         if batches:
@@ -348,6 +349,11 @@ class AuditCallback(Callback, abc.ABC):
             lookup.probe_model(type(self).__name__, model, pl_module, batch, self.predict, split)
             if self.needs_attention_override:
                 lookup.check_attention_override(type(self).__name__, model)
+
+    def attribution_methods(self) -> List[str]:
+        """The registered attribution methods the audit runs (default none): a model sharded with FSDP2 is refused
+        before the first audit when one of them cannot explain it (``MethodRecord.unshardable``)."""
+        return []
 
     def _ensure_checked(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", split: str) -> None:
         if not self._checked:

@@ -6,6 +6,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch import Tensor
+from typing_extensions import override
 
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute
@@ -116,6 +117,10 @@ class ErasureAudit(AuditCallback):
         if self.aopc_bins:  # only when set: the state keys of audits without AOPC stay what they were
             config["aopc_bins"] = tuple(self.aopc_bins)
         return config
+
+    @override
+    def attribution_methods(self) -> List[str]:
+        return [r for r in self.rankings if r not in ERASURE_RANKINGS]  # the rankings that are attribution methods
 
     def expected_values(self) -> List[str]:
         """Every ranking's flip and ERASER values: NaN for undefined examples, never silently missing."""

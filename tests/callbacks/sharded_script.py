@@ -3,8 +3,9 @@ FSDP2 (``fully_shard`` per layer and on the model, in an unmodified LightningMod
 Lightning's ``ModelParallelStrategy`` on 2 CPU processes (gloo), with and without the audit callbacks; every process
 writes the audits' histories and the full (gathered) weights to ``OUT_DIR/<family>_rank<r>.pt``.
 
-Usage: ``python sharded_script.py OUT_DIR FAMILY[,FAMILY...]``; ``FAMILY``: ``bert``, ``llama`` or ``bert_penalty``
-(the DeceptionPenalty as a training loss, no audit). Lightning's launcher re-runs ``sys.argv`` for process 1. The
+Usage: ``python sharded_script.py OUT_DIR FAMILY[,FAMILY...]``; ``FAMILY``: ``bert``, ``llama``, ``bert_penalty``
+(the DeceptionPenalty as a training loss, no audit) or ``refused`` (audits with methods that cannot explain a
+sharded model: what each fit raised). Lightning's launcher re-runs ``sys.argv`` for process 1. The
 module also holds the models and data that the test builds unsharded in one process (``python sharded_script.py``
 is never imported by the launcher's re-run: the test imports it by path).
 """
@@ -148,9 +149,28 @@ def fit(root: str, family: str, callbacks: List[Any], shard: bool) -> Dict[str, 
     return full_weights(module)
 
 
+def refusals(root: str) -> Dict[str, str]:
+    """What a fit of the sharded BERT raised with each audit whose methods cannot explain a sharded model."""
+    refused = {"attention_audit": lambda: AttentionAudit(methods=("gradient", "alti", "integrated_hessians"),
+                                                         num_samples=4, budget=None),
+               "erasure_audit": lambda: ErasureAudit(rankings=("attention", "value_zeroing"), num_samples=4,
+                                                     budget=None)}
+    outcomes = {}
+    for name, make in refused.items():
+        try:
+            fit(root, "bert", [make()], shard=True)
+            outcomes[name] = "finished"
+        except Exception as err:  # noqa: BLE001 - what the fit raised is the result
+            outcomes[name] = f"{type(err).__name__}: {err}"
+    return outcomes
+
+
 def main(root: str, families: List[str]) -> None:
     torch.set_num_threads(1)
     for family in families:
+        if family == "refused":
+            torch.save(refusals(root), os.path.join(root, f"refused_rank{torch.distributed.get_rank()}.pt"))
+            continue
         callbacks = [] if family.endswith("penalty") else audits()
         audited = fit(root, family, callbacks, shard=True)
         plain = fit(root, family, [], shard=True) if callbacks else audited

@@ -113,3 +113,21 @@ def test_deception_penalty_trains_a_sharded_model_as_one_process_does(tmp_path):
             continue                                 # the rounding noise differ between the two runs
         assert torch.allclose(sharded[key], single[key], rtol=1e-4, atol=1e-5), (key, (sharded[key] - single[key])
                                                                                  .abs().max())
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(240)
+def test_methods_that_cannot_explain_a_sharded_model_are_refused_before_training(tmp_path):
+    """Before: ALTI and value zeroing failed in every audit ('got mixed torch.Tensor and DTensor': they call a layer's
+    parts outside its forward), integrated Hessians killed both processes (a segmentation fault)."""
+    for rank in _run(tmp_path, ["refused"], timeout=200):
+        audit, erasure = rank["refused"]["attention_audit"], rank["refused"]["erasure_audit"]
+        for outcome in (audit, erasure):
+            assert outcome.startswith("MisconfigurationException: ") or \
+                outcome.startswith("MisconfiguredOnAnotherProcess: "), outcome
+            assert "sharded with FSDP2 (fully_shard, under ModelParallelStrategy)" in outcome, outcome
+            assert "the methods that explain a sharded model are " in outcome and "'gradient'" not in outcome
+            assert "integrated_gradients" in outcome.split("the methods that explain")[1]
+        assert "'alti', 'integrated_hessians' cannot explain" in audit and "segmentation fault" in audit
+        assert "'value_zeroing' cannot explain" in erasure and "outside the layer's forward" in erasure

@@ -19,17 +19,18 @@ from __future__ import annotations
 
 import pickle
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from lightning_xai.adapters.sharding import is_sharded
+from lightning_xai.attribution.registry import ATTRIBUTION_METHODS
 from lightning_xai.callbacks._audit.results import AuditExample
 
 __all__ = ["AuditFailedOnAnotherProcess", "MisconfiguredOnAnotherProcess", "agreed", "gather_examples",
-           "merge_extras", "replicated", "shared_failure"]
+           "merge_extras", "refuse_unshardable", "replicated", "shared_failure"]
 
 T = TypeVar("T")
 
@@ -59,6 +60,31 @@ def replicated(trainer: "pl.Trainer") -> bool:
     """
     module = getattr(trainer, "lightning_module", None)
     return _distributed(trainer) and isinstance(module, torch.nn.Module) and is_sharded(module)
+
+
+def refuse_unshardable(owner: str, methods: Sequence[Any], trainer: Any, module: Any) -> None:
+    """Raise a :class:`MisconfigurationException` when ``module`` is sharded with FSDP2 and one of ``methods`` (names of
+    registered attribution methods; others are ignored) cannot explain a sharded model (its record's
+    ``unshardable``), naming the strategy and the methods that can.
+
+    Example:
+        >>> import torch
+        >>> refuse_unshardable("AttentionAudit", ["alti"], None, torch.nn.Linear(2, 2))  # not sharded: nothing
+    """
+    if not isinstance(module, torch.nn.Module) or not is_sharded(module):
+        return
+    refused = [(m, ATTRIBUTION_METHODS[m].unshardable) for m in methods
+               if isinstance(m, str) and m in ATTRIBUTION_METHODS and ATTRIBUTION_METHODS[m].unshardable]
+    if not refused:
+        return
+    strategy = type(getattr(trainer, "strategy", None)).__name__ if trainer is not None else "this strategy"
+    able = sorted(name for name, record in ATTRIBUTION_METHODS.items() if not record.unshardable)
+    reasons = "; ".join(f"{name!r}: {why}" for name, why in refused)
+    raise MisconfigurationException(
+        f"{owner}: the model is sharded with FSDP2 (fully_shard, under {strategy}), which "
+        f"{', '.join(repr(m) for m, _ in refused)} cannot explain ({reasons}). Leave it out; the methods that explain "
+        f"a sharded model are {', '.join(able)}. Or audit an unsharded copy (trainer.validate with the "
+        "DDP strategy on the saved checkpoint).")
 
 
 def _all_gather(trainer: "pl.Trainer", items: List[Any]) -> List[Any]:
