@@ -97,6 +97,12 @@ class AuditCallback(Callback, abc.ABC):
             ``tokenizer`` attribute of the module or DataModule).
         budget: share of training time the audits may take (0.05; ``None``: off), see above.
 
+    **Several processes.** Under DDP each process audits its share of the subset and the results are gathered. A
+    model sharded with FSDP2 (``fully_shard``, Lightning's ``ModelParallelStrategy``) runs a collective in every
+    forward pass, so there every process audits the whole subset in lockstep and process 0 keeps the results
+    (:mod:`~lightning_xai.callbacks._audit.distributed`); methods that cannot explain a sharded model are refused
+    before the first audit (:meth:`attribution_methods`, ``MethodRecord.unshardable``).
+
     The logged scalars also land in ``trainer.callback_metrics`` (as 0-dim tensors), so ``ModelCheckpoint`` and
     ``EarlyStopping`` can monitor a faithfulness key, e.g.
     ``ModelCheckpoint(monitor="attention_audit/kendall_tau/attention_vs_gradient/mean", mode="max")``; audit at
