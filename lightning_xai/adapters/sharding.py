@@ -24,11 +24,19 @@ gradient of the pass.
 
 Every unshard is a collective (an all-gather over the processes): a pass that runs on some processes and not on
 others waits forever. The audits therefore run the same passes on every process of a sharded model (see
-``lightning_xai.callbacks.base.AuditCallback``); :func:`is_sharded` tells them when.
+``lightning_xai.callbacks.base.AuditCallback``); :func:`is_sharded` tells them when. Same examples, same gathered
+parameters and same seeded generators give every process the same sequence of passes -- but where the number of
+passes depends on computed values (an erasure that stops at the first flipped decision, an integrated-gradients
+rule that refines until it converges, a replay that checks its packed layout against the plain one, rows with
+non-finite logits set aside), two processes would part ways on a last-bit difference of their kernels. Inside
+:func:`lockstep` (the audits enter it on a sharded model) each such decision goes through :func:`agree` /
+:func:`agree_flag`: process 0's value, broadcast to every process at the same point, so every process takes the same
+branch by construction. Outside it they return their argument.
 """
 from __future__ import annotations
 
 import contextlib
+from contextvars import ContextVar
 from typing import Any, Dict, Iterable, Iterator, List, Optional, cast
 
 import torch
@@ -36,7 +44,59 @@ from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import ProtocolError
 
-__all__ = ["fsdp_modules", "gathered", "is_sharded", "routed_through_root"]
+__all__ = ["agree", "agree_flag", "fsdp_modules", "gathered", "is_sharded", "lockstep", "routed_through_root"]
+
+
+_LOCKSTEP: ContextVar[bool] = ContextVar("lightning_xai_lockstep", default=False)
+
+
+@contextlib.contextmanager
+def lockstep(active: bool = True) -> Iterator[None]:
+    """Inside the block (when ``active``), :func:`agree` and :func:`agree_flag` share process 0's decisions.
+
+    Example:
+        >>> with lockstep():
+        ...     agree_flag(True)   # one process: its own value
+        True
+    """
+    token = _LOCKSTEP.set(bool(active))
+    try:
+        yield
+    finally:
+        _LOCKSTEP.reset(token)
+
+
+def _sharing() -> bool:
+    return (_LOCKSTEP.get() and torch.distributed.is_available() and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size() > 1)
+
+
+def agree(value: Tensor) -> Tensor:
+    """Inside :func:`lockstep` on several processes, process 0's ``value`` (same shape and dtype on every process;
+    one broadcast, which every process must reach at the same point); elsewhere ``value`` itself.
+
+    Example:
+        >>> agree(torch.tensor([1, 2])).tolist()
+        [1, 2]
+    """
+    if not _sharing():
+        return value
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.distributed.get_backend() == "nccl" \
+        else torch.device("cpu")
+    shared = value.detach().to(device=device, dtype=torch.uint8 if value.dtype == torch.bool else value.dtype,
+                               copy=True).contiguous()
+    torch.distributed.broadcast(shared, src=0)
+    return shared.to(device=value.device, dtype=value.dtype)
+
+
+def agree_flag(flag: bool) -> bool:
+    """:func:`agree` of one boolean.
+
+    Example:
+        >>> agree_flag(False)
+        False
+    """
+    return bool(agree(torch.tensor([bool(flag)]))[0]) if _sharing() else bool(flag)
 
 
 def _fsdp_type() -> Optional[type]:

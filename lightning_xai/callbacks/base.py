@@ -21,6 +21,7 @@ from typing_extensions import override
 
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.adapters.resolve import ModelResolver, ModelSpec
+from lightning_xai.adapters.sharding import lockstep
 from lightning_xai.attribution.registry import method_record
 from lightning_xai.callbacks._audit import model as lookup
 from lightning_xai.callbacks._audit.aggregation import ValueAggregator, aggregate_values, value_names
@@ -352,7 +353,8 @@ class AuditCallback(Callback, abc.ABC):
         batches = self._audit_batches(trainer, split)
         if batches:
             batch = self.audit_inputs(model, move_data_to_device(batches[0][2], pl_module.device))
-            lookup.probe_model(type(self).__name__, model, pl_module, batch, self.predict, split)
+            with lockstep(replicated(trainer)):  # a sharded model: process 0's data-dependent branches on all
+                lookup.probe_model(type(self).__name__, model, pl_module, batch, self.predict, split)
             if self.needs_attention_override:
                 lookup.check_attention_override(type(self).__name__, model)
 
@@ -404,8 +406,8 @@ class AuditCallback(Callback, abc.ABC):
             # a sharded model: every process ran every batch, in lockstep (its passes are collectives); process 0
             # keeps the results, the others add nothing to the gathers (_audit.distributed)
             keep = not replicated(trainer) or trainer.global_rank == 0
-            try:
-                with audit_guard(pl_module, seed=self.seed) as generator, \
+            try:  # lockstep: the passes' data-dependent branches take process 0's decisions (adapters.sharding)
+                with audit_guard(pl_module, seed=self.seed) as generator, lockstep(replicated(trainer)), \
                         self._precision.audit(trainer, pl_module) as context:
                     for positions, indices, cpu_batch in batches:
                         batch = self.audit_inputs(model, move_data_to_device(cpu_batch, pl_module.device))

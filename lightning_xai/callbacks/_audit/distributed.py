@@ -6,8 +6,11 @@ A model sharded with FSDP2 (:func:`replicated`) is the exception: each of its fo
 forever -- and the number of an audit's passes depends on its examples (leave-one-out chunks, erasure steps,
 packing groups, permutations). There every process audits the *whole* subset, in the same batches: the same
 examples and the same gathered parameters, under the same seeded generators, give every process the same sequence
-of passes by construction, whatever the examples. Process 0 alone keeps what it found (the others contribute
-nothing to the gathers below), so the results are those of one process.
+of passes, whatever the examples; where a number of passes depends on computed values (a decision flip, a
+convergence test, non-finite logits), every process takes process 0's decision
+(:func:`~lightning_xai.adapters.sharding.lockstep`), so a last-bit difference between two processes' kernels cannot
+part them either. Process 0 alone keeps what it found (the others contribute nothing to the gathers below), so the
+results are those of one process.
 
 The rule every audit step follows: local work (no collectives) runs inside :func:`shared_failure` (or
 :func:`agreed`), whose exit is one collective that tells every process whether the work failed anywhere; only then
