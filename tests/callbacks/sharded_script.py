@@ -115,12 +115,19 @@ class Classifier(L.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-2)
 
 
-def audits() -> List[Any]:
+#: the other methods that run on a sharded model, compared on BERT (a second AttentionAudit)
+MORE_METHODS = ("smooth_grad", "attnlrp", "attention_flow", "grad_attention", "smooth_attention")
+
+
+def audits(family: str) -> List[Any]:
     """The audits compared: cheap settings, no cost budget (it would resize the subset after the first audit)."""
     common: Dict[str, Any] = dict(num_samples=8, batch_size=4, budget=None)
-    return [AttentionAudit(methods=METHODS, method_options={"integrated_gradients": {"n_steps": 8}}, **common),
-            ErasureAudit(rankings=("attention", "attention_gradient", "leave_one_out"), **common),
-            AttentionBaselines(num_permutations=4, **common)]
+    found = [AttentionAudit(methods=METHODS, method_options={"integrated_gradients": {"n_steps": 8}}, **common),
+             ErasureAudit(rankings=("attention", "attention_gradient", "leave_one_out"), **common),
+             AttentionBaselines(num_permutations=4, **common)]
+    if family == "bert":
+        found.append(AttentionAudit(methods=MORE_METHODS, log_prefix="more", **common))
+    return found
 
 
 def full_weights(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
@@ -171,7 +178,7 @@ def main(root: str, families: List[str]) -> None:
         if family == "refused":
             torch.save(refusals(root), os.path.join(root, f"refused_rank{torch.distributed.get_rank()}.pt"))
             continue
-        callbacks = [] if family.endswith("penalty") else audits()
+        callbacks = [] if family.endswith("penalty") else audits(family)
         audited = fit(root, family, callbacks, shard=True)
         plain = fit(root, family, [], shard=True) if callbacks else audited
         rank = torch.distributed.get_rank()
