@@ -219,6 +219,9 @@ def routed_through_root(model: nn.Module, embedding: nn.Module, kwargs: Dict[str
     ``embedding`` module returns ``kwargs["inputs_embeds"]`` (module docstring); ``kwargs`` is changed in place,
     and the hook removed on exit. Otherwise (not sharded, no gradient, or ids of another shape) nothing changes.
 
+    Raises:
+        ProtocolError: the model calls the embedding twice in the pass (a shared encoder-decoder embedding).
+
     Example:
         >>> kwargs = {"inputs_embeds": torch.zeros(1, 2, 3)}
         >>> with routed_through_root(nn.Linear(2, 2), nn.Embedding(4, 3), kwargs, torch.tensor([[1, 2]])):
@@ -232,7 +235,18 @@ def routed_through_root(model: nn.Module, embedding: nn.Module, kwargs: Dict[str
         return
     del kwargs["inputs_embeds"]
     kwargs["input_ids"] = input_ids
-    handle = embedding.register_forward_hook(lambda module, args, output: embeddings)
+    calls = [0]
+
+    def replace(module: nn.Module, args: Any, output: Any) -> Tensor:
+        calls[0] += 1
+        if calls[0] > 1:  # an embedding shared by two inputs (an encoder-decoder's): which one to replace is unknown
+            raise ProtocolError(
+                f"{type(model).__name__} calls its word embedding more than once in a forward pass, so a sharded "
+                "pass with gradients cannot replace its output by the given embeddings. Explain it unsharded, or "
+                "without gradients w.r.t. its parameters.")
+        return embeddings
+
+    handle = embedding.register_forward_hook(replace)
     try:
         yield
     finally:

@@ -37,6 +37,7 @@ def _run(tmp_path: Path, mode: str, timeout: float):
     return [json.loads((tmp_path / f"{mode}{r}.json").read_text()) for r in (0, 1)]
 
 
+@pytest.mark.slow
 @pytest.mark.ddp
 @pytest.mark.timeout(180)
 def test_decision_flips_run_the_same_passes_on_every_process_in_lockstep(tmp_path):
