@@ -62,6 +62,10 @@ def jobs(quick: bool):
     out["loo_memory"] = (bench_loo_memory.main, common)
     out["erasure_memory"] = (bench_erasure_memory.main, common)
     out["step_overhead"] = (bench_step_overhead.main, common)
+    # issue 32: per-process peak memory of an audit vs a training step under FSDP2 sharding (2 CPU processes)
+    from benchmarks import bench_sharded_memory
+
+    out["sharded_memory"] = (bench_sharded_memory.main, common)
     return out
 
 

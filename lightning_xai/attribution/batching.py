@@ -19,6 +19,7 @@ from torch import Tensor
 
 from lightning_xai.adapters.capabilities import target_keys
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
+from lightning_xai.adapters.sharding import agree_flag
 
 __all__ = ["batch_shape", "gather_rows", "repeat_rows", "remove_tokens", "erase_tokens", "replace_input_ids",
            "pad_embeddings", "row_extents", "length_chunks", "padding_trimmer", "CPU_PASS_TOKENS"]
@@ -229,9 +230,10 @@ def padding_trimmer(model: Any, batch: Batch, batch_size: int) -> Callable[[dict
     with torch.no_grad():
         a = _compared(model.forward_from_embeddings(model.embed(whole), whole))
         b = _compared(model.forward_from_embeddings(model.embed(cut), cut))
-    if not bool(torch.isfinite(a).all() & torch.isfinite(b).all()):
+    if not agree_flag(bool(torch.isfinite(a).all() & torch.isfinite(b).all())):  # agree_flag: lockstep (sharding)
         return _keep_width  # NaN logits (a diverged model) cannot show the trim is safe: keep the width
-    same = bool(torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-5 * float(a.abs().max().clamp_min(1))))
+    same = agree_flag(bool(torch.allclose(a.float(), b.float(), rtol=1e-4,
+                                          atol=1e-5 * float(a.abs().max().clamp_min(1)))))
     return trim if same else _keep_width
 
 

@@ -259,6 +259,10 @@ class AttentionAudit(AuditCallback):
                       if v != default}  # only when not the defaults: existing checkpoints keep their keys
         return dict(super()._state_config(), methods=methods, metrics=tuple(self.metrics), **generation)
 
+    @override
+    def attribution_methods(self) -> List[str]:
+        return [m for m in self.methods if isinstance(m, str)]
+
     def expected_values(self) -> List[str]:
         """Every pair's metric (and p-value): NaN for undefined examples, so no metric silently disappears."""
         names = []

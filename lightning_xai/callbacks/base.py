@@ -18,13 +18,15 @@ from typing_extensions import override
 from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.adapters.resolve import ModelResolver, ModelSpec
+from lightning_xai.adapters.sharding import lockstep
 from lightning_xai.attribution.registry import method_record
 from lightning_xai.attribution.targets import default_output
 from lightning_xai.callbacks._audit import model as lookup
 from lightning_xai.callbacks._audit.aggregation import AuditCollector, aggregate_values, histogram_values, value_names
 from lightning_xai.callbacks._audit.budget import (DEFAULT_EVERY_N_EPOCHS, DEFAULT_NUM_SAMPLES, MIN_AUDIT_SECONDS,
                                                    AuditBudget, Plan)
-from lightning_xai.callbacks._audit.distributed import agreed, gather_examples, merge_extras, shared_failure
+from lightning_xai.callbacks._audit.distributed import (agreed, gather_examples, merge_extras, refuse_unshardable,
+                                                        replicated, shared_failure)
 from lightning_xai.callbacks._audit.failures import AuditFailures, audit_finite_rows, warn_undefined, with_prediction
 from lightning_xai.callbacks._audit.generation import refuse_generator
 from lightning_xai.callbacks._audit.guard import AuditPrecision, audit_guard, precision_context
@@ -43,12 +45,9 @@ class AuditCallback(Callback, abc.ABC):
     """Base class of the audit callbacks: scheduling, audit subset, non-invasiveness, state, logging.
 
     Subclasses implement :meth:`audit_batch` (per-example results of one batch of the audit subset) and may
-    override :meth:`aggregate` (scalars from all per-example results); everything else is shared, including the
-    prediction step (:meth:`predict`: forward pass, the head's scores and prediction), whose result ``audit_batch``
-    receives.
-    A subclass may define ``summary_rows(metrics, full) -> [(label, template)]`` to choose its rows of the final
-    results table (:func:`lightning_xai.reporting.final_results`); reporting reads callbacks only through such
-    attributes, so a new audit callback needs no change there.
+    override :meth:`aggregate`; everything else is shared, including the prediction step (:meth:`predict`), whose
+    result ``audit_batch`` receives, and ``summary_rows(metrics, full)`` chooses a subclass's rows of the final
+    results table (:func:`lightning_xai.reporting.final_results`, which reads callbacks only through such attributes).
 
     **When it runs** (its private trigger methods): at the end of every ``every_n_epochs``-th epoch of ``fit``
     (after its validation, or at the train epoch's end when none ran), after every ``every_n_train_steps``-th
@@ -83,6 +82,9 @@ class AuditCallback(Callback, abc.ABC):
             ``pl_module -> model``. tokenizer: gives the words of reports and the special tokens (default: a
             ``tokenizer`` attribute of the module or DataModule).
         budget: share of training time the audits may take (0.05; ``None``: off), see above.
+
+    **Several processes**: a DDP process audits its share of the subset; under FSDP2 (``ModelParallelStrategy``) all
+    audit it all in lockstep, process 0 keeping the results (:mod:`~lightning_xai.callbacks._audit.distributed`).
 
     The logged scalars also land in ``trainer.callback_metrics`` (0-dim tensors), so ``ModelCheckpoint`` and
     ``EarlyStopping`` can monitor e.g. ``"attention_audit/kendall_tau/attention_vs_gradient/mean"``; audit at their
@@ -265,13 +267,20 @@ class AuditCallback(Callback, abc.ABC):
         default runs :func:`~lightning_xai.callbacks._audit.model.probe_model` (the prediction step, the model's own
         ``probe(batch)``, ``[B, C]`` logits and a ``[B, T]`` attention); any failure is a
         :class:`MisconfigurationException` that names the cause, raised before training goes on."""
+        refuse_unshardable(type(self).__name__, self.attribution_methods(), trainer, pl_module)
         model = self.explainable(pl_module)
         batches = self._audit_batches(trainer, split)
         if batches:
             batch = self.audit_inputs(model, move_data_to_device(batches[0][2], pl_module.device))
-            lookup.probe_model(type(self).__name__, model, pl_module, batch, self.predict, split)
+            with lockstep(replicated(trainer)):  # a sharded model: process 0's data-dependent branches on all
+                lookup.probe_model(type(self).__name__, model, pl_module, batch, self.predict, split)
             if self.needs_attention_override:
                 lookup.check_attention_override(type(self).__name__, model)
+
+    def attribution_methods(self) -> List[str]:
+        """The registered attribution methods the audit runs (default none): a model sharded with FSDP2 is refused
+        before the first audit when one of them cannot explain it (``MethodRecord.unshardable``)."""
+        return []
 
     def _ensure_checked(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", split: str) -> None:
         if not self._checked:
@@ -295,7 +304,8 @@ class AuditCallback(Callback, abc.ABC):
         """This process's shard of the audit subset as collated CPU batches ``(positions, indices, batch)``."""
         if split not in self._subsets.batches:
             self._subsets.shard(trainer, split, find_loader(trainer, split, type(self).__name__),
-                                self.audit_indices(trainer, split), self.batch_size, AUDIT_TOKEN_BUDGET)
+                                self.audit_indices(trainer, split), self.batch_size, AUDIT_TOKEN_BUDGET,
+                                replicated=replicated(trainer))
         return self._subsets.batches[split]
 
     def run_audit(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str, split: str) -> AuditResult:
@@ -305,13 +315,17 @@ class AuditCallback(Callback, abc.ABC):
             model = self.explainable(pl_module)
             batches = self._audit_batches(trainer, split)
             collected = AuditCollector(pl_module.device, split=split, num_report_examples=self.num_report_examples)
+            # a sharded model: every process runs every batch in lockstep (each pass is a collective; data-dependent
+            # branches take process 0's decisions, adapters.sharding); process 0 keeps the results
+            keep = not replicated(trainer) or trainer.global_rank == 0
             with audit_progress(trainer, len(batches), f"{type(self).__name__} ({split})") as advance, \
-                    audit_guard(pl_module, seed=self.seed) as generator, \
+                    audit_guard(pl_module, seed=self.seed) as generator, lockstep(replicated(trainer)), \
                     self._precision.audit(trainer, pl_module) as context:
                 for positions, indices, cpu_batch in batches:
                     batch = self.audit_inputs(model, move_data_to_device(cpu_batch, pl_module.device))
                     found, extra = self._measure(trainer, pl_module, model, batch, indices, generator, context)
-                    collected.add(model.token_mask(batch), batch, positions, indices, found, extra)
+                    if keep:
+                        collected.add(model.token_mask(batch), batch, positions, indices, found, extra)
                     advance()
         examples = gather_examples(trainer, collected.examples)
         merged = merge_extras(trainer, collected.extras)

@@ -173,6 +173,10 @@ class ErasureAudit(AuditCallback):
             config["decoding"] = self.decoding
         return config
 
+    @override
+    def attribution_methods(self) -> List[str]:
+        return [r for r in self.rankings if r not in ERASURE_RANKINGS]  # the rankings that are attribution methods
+
     def expected_values(self) -> List[str]:
         """Every ranking's flip and ERASER values: NaN for undefined examples, never silently missing."""
         per_token = ("comprehensiveness_per_token", "sufficiency_per_token") if self.generation else ()

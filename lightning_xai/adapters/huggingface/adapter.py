@@ -87,6 +87,7 @@ from lightning_xai.adapters.huggingface.reductions import (Reduction, attention_
 from lightning_xai.adapters.huggingface.tokens import real_token_mask
 from lightning_xai.adapters.huggingface.unwrap import unchecked_layers, unwrap
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError, check_embeddings
+from lightning_xai.adapters.sharding import gathered, routed_through_root
 
 __all__ = ["ATTENTION_IMPLEMENTATION", "HuggingFaceAdapter", "attention_rollout", "register_attention_implementation"]
 
@@ -291,7 +292,8 @@ class HuggingFaceAdapter(nn.Module):
         check_token_ids(ids, self._embedding.num_embeddings, "Tokenizer/model mismatch: input_ids")
         check_sequence_length(ids.shape[1], getattr(getattr(self.model, "config", None), "max_position_embeddings",
                                                     None), self._positions_skipped())
-        return self._embedding(ids)
+        with gathered(self.model, [self._embedding]):  # FSDP2: called outside the root's forward (adapters.sharding)
+            return self._embedding(ids)
 
     def token_mask(self, batch: Batch) -> Tensor:
         """``[B, T]`` bool: real word-pieces (``batch["mask"]``, else attention_mask minus special tokens)."""
@@ -375,7 +377,8 @@ class HuggingFaceAdapter(nn.Module):
         hook = native_override(self._attention_modules[-1]) if token is not None and getattr(self, "_native", False) \
             else nullcontext()
         try:  # un-checkpointed: a checkpointed layer would recompute in backward outside these contexts
-            with recording_attention(self.model), unchecked_layers(self.model), hook:
+            with recording_attention(self.model), unchecked_layers(self.model), hook, \
+                    routed_through_root(self.model, self._embedding, kwargs, batch.get("input_ids")):
                 if self._head_pooling == "last":  # the head reads the query row: query_index= moves it too
                     logits, output = pooled_logits(self.model, kwargs, qmask.long().argmax(-1))
                 else:

@@ -17,16 +17,9 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch
-from lightning_xai.attribution.context_mixing._hf_internals import (
-    Trace,
-    block_tail,
-    head_outputs,
-    normalise_rows,
-    rerun_layer,
-    rollout_rows,
-    tail_reproduces,
-    traced_layers,
-)
+from lightning_xai.attribution.context_mixing._hf_internals import (UNSHARDABLE, Trace, block_tail, head_outputs,
+                                                                     normalise_rows, rerun_layer, rollout_rows,
+                                                                     tail_reproduces, traced_layers)
 from lightning_xai.attribution.registry import register_method
 
 __all__ = ["TAIL_ROWS", "value_zeroing", "value_zeroing_matrix"]
@@ -114,7 +107,7 @@ def _rerun_matrix(tr: Trace, layer: int, internal_batch_size: Optional[int]) -> 
     return torch.cat(columns, dim=2)
 
 
-@register_method("value_zeroing", resolves_target=True)
+@register_method("value_zeroing", resolves_target=True, unshardable=UNSHARDABLE)
 def value_zeroing(model: Any, batch: Batch, target: Any = None, *, create_graph: bool = False,
                   layer: Optional[int] = None, internal_batch_size: Optional[int] = None) -> Tensor:
     """``[B, T]`` Mohebbi et al.'s value-zeroing scores of the classifier's summary row.

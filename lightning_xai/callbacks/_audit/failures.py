@@ -26,6 +26,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_debug, rank_zero_war
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import ProtocolError
+from lightning_xai.adapters.sharding import agree
 from lightning_xai.attribution.batching import gather_rows
 from lightning_xai.callbacks._audit.results import AuditExample, BatchResult
 
@@ -163,7 +164,7 @@ def audit_finite_rows(audit: Callable[[Dict[str, Any], List[int], Optional[Any]]
         >>> found.values["n"].tolist()
         [1.0, nan]
     """
-    finite = prediction.finite.cpu()
+    finite = agree(prediction.finite).cpu()  # a sharded model: process 0's rows on every process (lockstep)
     if bool(finite.all()):
         return _batch_result(audit(batch, indices, prediction))
     if not bool(finite.any()):
