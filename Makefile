@@ -21,10 +21,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	WANDB_MODE=offline $(BIN)/lightning-xai fit --config examples/configs/sst2.yaml
 
-# The import contracts of setup.cfg (one direction of imports, no circles), the suite, then the docstring examples
-# of the package (every public example must run).
+# The import contracts of setup.cfg (one direction of imports, no circles), lint and format (ruff.toml), types
+# (mypy, setup.cfg), the suite, the docstring examples of the package (every public example must run), the docs.
 test: $(STAMP)
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m mypy
 	WANDB_MODE=offline WANDB_SILENT=true $(BIN)/python -m pytest -q --durations=15 tests
 	WANDB_MODE=offline WANDB_SILENT=true $(BIN)/python -m pytest -q --doctest-modules lightning_xai
 	$(MAKE) docs
