@@ -132,3 +132,18 @@ def test_rows_as_long_as_the_position_table_run_one_sequence_per_override():
     scorer, shapes = _scored_shapes(adapter, batch, rows)
     assert max(w for _, w in shapes) == 14  # row 3's 13 positions and one copy; row 0 alone, twice
     _check_against_full_passes(adapter, batch, rows, scorer)
+
+
+def test_the_packed_scorer_says_it_packs_a_rows_overrides_and_the_replay_does_not():
+    """Callers give a packing scorer all of a row's overrides in one call (decision flip's steps, the permutations):
+    the packed scorer says it packs; the one-sequence-per-override replay (``pack=False``) does not."""
+    from lightning_xai.adapters.capabilities import PackingScorer, packs_overrides
+
+    adapter = _bert()
+    batch = _rows_of_lengths((14, 6, 3, 13), 14)
+    with torch.no_grad():
+        _, packed = override_replay(adapter, adapter.embed(batch), batch)
+        _, unpacked = override_replay(adapter, adapter.embed(batch), batch, pack=False)
+    assert isinstance(packed, packing.PackedScorer) and isinstance(packed, PackingScorer) and packs_overrides(packed)
+    assert unpacked is not None and not packs_overrides(unpacked)
+    _check_against_full_passes(adapter, batch, torch.tensor([1] * 9 + [0, 2, 2]), packed)

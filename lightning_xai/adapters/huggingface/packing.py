@@ -28,7 +28,7 @@ from lightning_xai.adapters.huggingface.attention import (OverrideState, active_
                                                            recording_attention)
 from lightning_xai.adapters.huggingface.pooling import pooled_logits
 
-__all__ = ["ATTENTION_COPIES", "attention_elements", "packed_scorer", "replaced_forwards"]
+__all__ = ["ATTENTION_COPIES", "PackedScorer", "attention_elements", "packed_scorer", "replaced_forwards"]
 
 #: ``[N, heads, W, W]`` float buffers of the last layer alive at once in a replayed pass: the scores, the weights, the
 #: override's copy of them and its result (measured: a packed pass peaks at about 4.5 floats per attention element)
@@ -89,9 +89,23 @@ def _accepts(module: nn.Module, name: str) -> bool:
 Scorer = Callable[[Tensor, Optional[Tensor]], Tensor]
 
 
+class PackedScorer:
+    """The scorer :func:`packed_scorer` returns: a :class:`~lightning_xai.adapters.capabilities.PackingScorer` (the
+    overrides of one row of a call share a sequence, so callers give it all of a row's overrides at once)."""
+
+    packs_rows = True
+
+    def __init__(self, score: Scorer) -> None:
+        self._score = score
+
+    def __call__(self, rows: Tensor, override: Optional[Tensor]) -> Tensor:
+        return self._score(rows, override)
+
+
 def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.Module], outputs: List[Any],
-                  fallback: Scorer, max_elements: Optional[int] = PASS_BUDGET_ELEMENTS) -> Optional[Scorer]:
-    """A scorer ``(rows, override) -> [N, C]`` logits packing each row's overrides into one sequence, or ``None``.
+                  fallback: Scorer, max_elements: Optional[int] = PASS_BUDGET_ELEMENTS) -> Optional[PackedScorer]:
+    """A scorer ``(rows, override) -> [N, C]`` logits packing each row's overrides into one sequence (a
+    :class:`PackedScorer`), or ``None``.
 
     Args:
         adapter: the :class:`~lightning_xai.adapters.HuggingFaceAdapter` (eval mode, overridable).
@@ -139,8 +153,11 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
     def kwargs_for(source: Tensor, index: Tensor, keys_visible: Tensor) -> Tuple[dict, Callable[[Tensor], Tensor]]:
         """The model's inputs for sequences whose column ``c`` is column ``index[:, c]`` of batch row ``source``,
         and the function that lays out any ``[B, T, ...]`` tensor so."""
+        flat = (source.view(-1, 1) * T + index).flatten()  # column c of sequence s is position flat[s·W + c] of [B·T]
+
         def lay(value: Tensor) -> Tensor:
-            return value.index_select(0, source)[torch.arange(source.numel(), device=value.device)[:, None], index]
+            gathered = value.reshape(B * T, *value.shape[2:]).index_select(0, flat.to(value.device))
+            return gathered.view(*index.shape, *value.shape[2:])
 
         kwargs = {"inputs_embeds": lay(embeddings), "attention_mask": keys_visible.to(given.dtype),
                   "output_attentions": False, "output_hidden_states": False, "return_dict": True}
@@ -177,10 +194,12 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
         extent = extents[sorted_rows]
         cap = torch.minimum(torch.clamp(extent, min=8), room[sorted_rows])
         chunk = rank // cap
-        keys = torch.stack([sorted_rows, chunk], 1)
-        groups, group_of = torch.unique(keys, dim=0, return_inverse=True)
+        # the (row, chunk) pairs as one sortable number: torch.unique over rows of a 2-column tensor compares them
+        # one by one (a Python-speed loop over the N overrides), over numbers it sorts once
+        per_row = int(chunk.max()) + 1
+        groups, group_of = torch.unique(sorted_rows * per_row + chunk, return_inverse=True)
         G = groups.shape[0]
-        source = groups[:, 0]
+        source = torch.div(groups, per_row, rounding_mode="floor")
         first_in_group = torch.full((G,), N, dtype=torch.long, device=rows.device).scatter_reduce(
             0, group_of, torch.arange(N, device=rows.device), reduce="amin")
         column = extent + (torch.arange(N, device=rows.device) - first_in_group[group_of])  # the copy's position
@@ -261,4 +280,4 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
         with replaced_forwards(layers, [head_inputs] * len(layers)):
             return run(head)
 
-    return score
+    return PackedScorer(score)
