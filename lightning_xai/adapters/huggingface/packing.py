@@ -205,8 +205,9 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
         column = extent + (torch.arange(N, device=rows.device) - first_in_group[group_of])  # the copy's position
         sizes = torch.bincount(group_of, minlength=G)
         widths = extents[source] + sizes
-        logits: Optional[Tensor] = None
-        # sequences as wide as their group's longest: width in (W/2, W], (W/4, W/2], ... of the widest W
+        # sequences as wide as their group's longest: width in (W/2, W], (W/4, W/2], ... of the widest W; the
+        # copies of every pass then go through the head in one pass
+        heads: List[Tuple[Any, Tensor, Tensor]] = []
         bucket = torch.floor(torch.log2(int(widths.max()) / widths.double())).long()
         for b in torch.unique(bucket).tolist():
             members = (bucket == b).nonzero().flatten()
@@ -219,16 +220,33 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
                 picked = chosen[group_of].nonzero().flatten()  # the overrides (in sorted order) of those groups
                 local = torch.empty(G, dtype=torch.long, device=rows.device)
                 local[chunk] = torch.arange(chunk.numel(), device=rows.device)
-                scored = score_bucket(source[chunk], local[group_of[picked]], column[picked], order[picked], override)
-                logits = scored.new_empty(N, scored.shape[1]) if logits is None else logits
-                logits[order[picked]] = scored
+                inputs, head_rows = score_bucket(source[chunk], local[group_of[picked]], column[picked],
+                                                 order[picked], override)
+                heads.append((inputs, head_rows, order[picked]))
+        joined = _joined_copies([inputs for inputs, _, _ in heads], [rows.numel() for _, rows, _ in heads])
+        parts = heads if joined is None else [(joined, torch.cat([r for _, r, _ in heads]),
+                                               torch.cat([o for _, _, o in heads]))]
+        logits: Optional[Tensor] = None
+        for inputs, head_rows, original in parts:
+            scored = score_head(inputs, head_rows)
+            logits = scored.new_empty(N, scored.shape[1]) if logits is None else logits
+            logits[original] = scored
         assert logits is not None  # widths.max() above needs rows: there is a bucket
         return logits
 
+    def score_head(inputs: Any, head_rows: Tensor) -> Tensor:
+        """The model's own head (pooler, final norm, classifier) on the last layer's outputs ``inputs`` of copies of
+        the pooled positions of batch rows ``head_rows``: a pass one column wide, every layer replayed."""
+        one = torch.ones(head_rows.numel(), 1, dtype=torch.bool, device=present.device)
+        head, _ = kwargs_for(head_rows, pooled[head_rows].view(-1, 1), one)
+        with replaced_forwards(layers, [inputs] * len(layers)):
+            return run(head)
+
     def score_bucket(source: Tensor, seq: Tensor, column: Tensor, original: Tensor,
-                      override: Optional[Tensor]) -> Tensor:
-        """Logits of the overrides ``original`` (positions in the caller's rows), copy ``column`` of sequence
-        ``seq``; sequence ``s`` lays out batch row ``source[s]``."""
+                     override: Optional[Tensor]) -> Tuple[Any, Tensor]:
+        """The last layer's outputs at the copies of the overrides ``original`` (positions in the caller's rows),
+        copy ``column`` of sequence ``seq`` (sequence ``s`` lays out batch row ``source[s]``), one row per copy, and
+        the batch row of each copy."""
         S, device = source.numel(), present.device
         width = int(column.max()) + 1
         cols = torch.arange(width, device=device).expand(S, width)
@@ -274,10 +292,37 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
         def copy_rows(v: Tensor) -> Tensor:
             return v[seq, column].unsqueeze(1) if v.dim() >= 2 and v.shape[:2] == (S, width) else v
 
-        head_inputs = _map_tensors(captured[0], copy_rows)
-        one = torch.ones(seq.numel(), 1, dtype=torch.bool, device=device)
-        head, _ = kwargs_for(source[seq], pooled[source[seq]].view(-1, 1), one)
-        with replaced_forwards(layers, [head_inputs] * len(layers)):
-            return run(head)
+        return _map_tensors(captured[0], copy_rows), source[seq]
 
     return PackedScorer(score)
+
+
+def _joined_copies(parts: List[Any], sizes: List[int]) -> Optional[Any]:
+    """The last-layer outputs of several packed passes (``parts``, ``sizes[i]`` copies in part ``i``) joined along
+    the copies, so that one head pass scores them all; ``None`` where a part holds anything but tensors of one row
+    per copy (``[n, 1, ...]``), ``None`` leaves, and tuples or lists of them of one layout, or there is one part."""
+    def per_copy(value: Any, n: int) -> bool:
+        if isinstance(value, Tensor):
+            return value.dim() >= 2 and value.shape[0] == n and value.shape[1] == 1
+        if isinstance(value, (tuple, list)):
+            return all(per_copy(v, n) for v in value)
+        return value is None
+
+    def join(values: List[Any]) -> Any:
+        first = values[0]
+        if isinstance(first, Tensor):
+            return torch.cat(values, 0)
+        if first is None:
+            return None
+        return type(first)(join([v[i] for v in values]) for i in range(len(first)))
+
+    def layout(value: Any) -> Any:
+        if isinstance(value, (tuple, list)):
+            return type(value), tuple(layout(v) for v in value)
+        return None if value is None else (Tensor, value.shape[2:], value.dtype)
+
+    if len(parts) < 2 or not all(per_copy(p, n) for p, n in zip(parts, sizes)):
+        return None
+    if any(layout(p) != layout(parts[0]) for p in parts[1:]):
+        return None
+    return join(parts)
