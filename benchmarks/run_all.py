@@ -55,6 +55,10 @@ def jobs(quick: bool):
     out["audit_share_minilm"] = (bench_audit_share.main, ["--model", "minilm", "--train-batches", "4", "--rounds", "1",
                                                           "--num-samples", "48"] + common)
     out["audit_share_llama"] = (bench_audit_share.main, ["--model", "llama", "--train-batches", "40"] + common)
+    # issue 30: the same Llama fine-tuned with LoRA (peft)
+    out["audit_share_llama_lora"] = (bench_audit_share.main, ["--model", "llama_lora", "--train-batches", "20",
+                                                              "--configs", "attention_default", "erasure_default",
+                                                              "baselines_default"] + common)
     out["loo_memory"] = (bench_loo_memory.main, common)
     out["erasure_memory"] = (bench_erasure_memory.main, common)
     out["step_overhead"] = (bench_step_overhead.main, common)
@@ -86,7 +90,7 @@ def summary(results_dir: Path = H.RESULTS) -> str:
         rows.append((what, H.fmt(value), target, "yes" if met else ("n/a" if met is None else "**no**"),
                      f"{r['env']['utc'][11:]} load {r['env']['loadavg_1_5_15'][0]}, {r['env']['threads']} thr"))
 
-    for model in ("minilm", "reference", "llama"):
+    for model in ("minilm", "reference", "llama", "llama_lora"):
         r = _load(f"audit_share_{model}", results_dir)
         for name, c in (r or {}).get("configs", {}).items():
             if c.get("target") is not None:
@@ -176,7 +180,7 @@ def summary(results_dir: Path = H.RESULTS) -> str:
     expected = ["ig_reference", "ig_unpacked", "ig_minilm", "loo_reference", "loo_unpacked", "gradients_reference",
                 "gradients_unpacked", "kendall", "kendall_memory", "deception", "loo_memory", "erasure_memory",
                 "step_overhead", "audit_share_minilm", "audit_share_reference", "audit_share_llama",
-                "ig_auto_minilm_sst2"]
+                "audit_share_llama_lora", "ig_auto_minilm_sst2"]
     missing = [name for name in expected if _load(name, results_dir) is None]
     text = H.table(rows, ("ratio", "value", "target", "met?", "measured (UTC, 1-min load, threads)"))
     if missing:
