@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test docs bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -13,7 +13,7 @@ $(BIN)/python:
 # torch first: the pinned CPU wheel lies on the build machines' disk; an unpinned torch pulls a CUDA build.
 $(STAMP): $(BIN)/python setup.cfg pyproject.toml
 	$(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -e ".[test,wandb,hf,bench]"
+	$(BIN)/pip install -e ".[test,wandb,hf,bench,docs]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -27,9 +27,15 @@ test: $(STAMP)
 	$(BIN)/lint-imports --no-cache
 	WANDB_MODE=offline WANDB_SILENT=true $(BIN)/python -m pytest -q --durations=15 tests
 	WANDB_MODE=offline WANDB_SILENT=true $(BIN)/python -m pytest -q --doctest-modules lightning_xai
+	$(MAKE) docs
+
+# The documentation site (mkdocs.yml), warnings as errors: a docstring mkdocstrings cannot read, a broken link or a
+# public name without a page fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
 
 clean:
-	rm -rf runs lightning_logs wandb .pytest_cache
+	rm -rf runs lightning_logs wandb .pytest_cache site

@@ -302,7 +302,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     first = next(iter(audits.values()))
     batches = [b for _, _, b in first._audit_batches(trainer, "val")]
     floor = _loo_floor(explainable, batches, repeats=max(1, min(args.rounds, 5)))
-    rows, configs = [], {}
+    configs = {}
     for name in names:
         seconds = H.median(clock["audit"][name]) if clock["audit"][name] else float("nan")
         profile = {m: s / max(1, len(clock["audit"][name])) for m, s in clock["per_method"][name].items()}

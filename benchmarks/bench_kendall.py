@@ -81,7 +81,8 @@ def main(argv=None) -> dict:
               "shape": [args.batch_size, args.tokens], "block": args.block, "settings": {}}
     for setting in ("all_real", "sst2_lengths", "ties"):
         a, s, m = inputs(setting, args.batch_size, args.tokens)
-        times = blocks({"ours": lambda: kendall_tau(a, s, m), "scipy": lambda: scipy_loop(a, s, m)},
+        times = blocks({"ours": lambda a=a, s=s, m=m: kendall_tau(a, s, m),
+                         "scipy": lambda a=a, s=s, m=m: scipy_loop(a, s, m)},
                        block=args.block, rounds=args.repeats)
         tau, p = kendall_tau(a, s, m)
         ref_tau, ref_p = scipy_loop(a, s, m)

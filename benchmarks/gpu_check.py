@@ -103,7 +103,7 @@ def ceilings(device: torch.device) -> Dict[str, float]:
         a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
         for _ in range(3):
             a @ b
-        seconds = _timed(lambda: [a @ b for _ in range(10)], device) / 10
+        seconds = _timed(lambda a=a, b=b: [a @ b for _ in range(10)], device) / 10
         out[f"matmul_{name}_tflops"] = 2 * n ** 3 / seconds / 1e12
     torch.cuda.empty_cache()
     return out
@@ -161,7 +161,7 @@ def fine_tune_with_audits(hf, tokenizer, device: torch.device, args) -> Dict[str
             clock["batches"].append(trainer.num_training_batches)
             r = trainer.current_epoch % len(names)
             for name in names[r:] + names[:r]:
-                clock["audit"][name].append(_timed(lambda: audits[name]._epoch_audit(trainer, pl_module), device))
+                clock["audit"][name].append(_timed(lambda name=name: audits[name]._epoch_audit(trainer, pl_module), device))
 
     accelerator = "gpu" if device.type == "cuda" else "cpu"
     trainer = pl.Trainer(accelerator=accelerator, devices=1, precision="bf16-mixed" if accelerator == "gpu" else

@@ -349,3 +349,66 @@ def model_batch_target(model_name: str, batch_size: int,
     batch = sst2_dev_batch(batch_size)
     target = predicted_class(model, batch)
     return model, batch, target
+
+
+def translation_example():
+    """``examples/translation_model.py`` as a module: the word-level Marian model, its vocabularies and loaders."""
+    import sys
+
+    folder = str(ROOT / "examples")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    import translation_model
+
+    return translation_model
+
+
+def _verse_row(example: Any, verse: Any, source_vocab: Any, target_vocab: Any) -> Dict[str, Any]:
+    """One val verse as the alignment audit reads it: the model's ids (``source </s>`` → ``target </s>``), each
+    position's word (-1: none), the gold links and the unaligned target words."""
+    source, target = example.encode(verse, source_vocab, target_vocab)
+    return {"input_ids": torch.tensor(source), "labels": torch.tensor(target),
+            "source_words": torch.tensor([*range(len(verse.source)), -1]),
+            "target_words": torch.tensor([*range(len(verse.target)), -1]),
+            "alignment": list(verse.sure), "target_exclude": list(verse.target_exclude)}
+
+
+def _verse_collate(rows: Any) -> Dict[str, Any]:
+    from torch.nn.utils.rnn import pad_sequence
+
+    out: Dict[str, Any] = {"input_ids": pad_sequence([r["input_ids"] for r in rows], batch_first=True, padding_value=0)}
+    out["attention_mask"] = out["input_ids"].ne(0).long()
+    out["labels"] = pad_sequence([r["labels"] for r in rows], batch_first=True, padding_value=-100)
+    for key in ("source_words", "target_words"):
+        out[key] = pad_sequence([r[key] for r in rows], batch_first=True, padding_value=-1)
+    for key in ("alignment", "target_exclude"):
+        out[key] = [r[key] for r in rows]
+    return out
+
+
+def translation_task(example: Any, settings: Any) -> Tuple[Any, Any, Dict[str, Any]]:
+    """(the example's ``TranslationModule`` untrained, a data module: train token-budget batches as the example
+    trains, val verses with their gold links for ``AlignmentAudit``, info)."""
+    import pytorch_lightning as pl
+    from torch.utils.data import DataLoader
+
+    from lightning_xai.data import read_alignments
+
+    train, val = read_alignments("train"), read_alignments("val")
+    source_vocab = example.WordVocab([v.source for v in train])
+    target_vocab = example.WordVocab([v.target for v in train])
+    module = example.TranslationModule(settings, len(source_vocab), len(target_vocab))
+    pairs = [example.encode(v, source_vocab, target_vocab) for v in train]
+    rows = [_verse_row(example, v, source_vocab, target_vocab) for v in val]
+
+    class Verses(pl.LightningDataModule):
+        def train_dataloader(self) -> DataLoader:
+            return example.loader(pairs, settings.batch_tokens, shuffle=True, seed=settings.seed)
+
+        def val_dataloader(self) -> DataLoader:
+            return DataLoader(rows, batch_size=32, collate_fn=_verse_collate)
+
+    data = Verses()
+    info = {"train_verses": len(train), "val_verses": len(val), "train_batches": len(data.train_dataloader()),
+            "settings": dict(vars(settings)) if hasattr(settings, "__dict__") else str(settings)}
+    return module, data, info

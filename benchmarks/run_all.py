@@ -59,9 +59,17 @@ def jobs(quick: bool):
     out["audit_share_llama_lora"] = (bench_audit_share.main, ["--model", "llama_lora", "--train-batches", "20",
                                                               "--configs", "attention_default", "erasure_default",
                                                               "baselines_default"] + common)
+    # issue 31: the generation audits' share of an epoch of the Greek→English translation model
+    from benchmarks import bench_generation_share
+
+    out["generation_share"] = (bench_generation_share.main, ["--train-batches", "20"] + common)
     out["loo_memory"] = (bench_loo_memory.main, common)
     out["erasure_memory"] = (bench_erasure_memory.main, common)
     out["step_overhead"] = (bench_step_overhead.main, common)
+    # issue 32: per-process peak memory of an audit vs a training step under FSDP2 sharding (2 CPU processes)
+    from benchmarks import bench_sharded_memory
+
+    out["sharded_memory"] = (bench_sharded_memory.main, common)
     return out
 
 
@@ -99,6 +107,10 @@ def summary(results_dir: Path = H.RESULTS) -> str:
             if "vs_floor" in c:
                 add(f"leave-one-out audit / its floor of Σ L_i forwards ({model})", c["vs_floor"], "≤ 1.5×",
                     c["vs_floor"] <= 1.5, r)
+    r = _load("generation_share", results_dir)
+    for name, c in (r or {}).get("configs", {}).items():
+        add(f"{name} audit share of a training epoch (translation, {r['num_samples']} verses)", c["share"],
+            f"≤ {c['target']:.0%}", c["share"] <= c["target"], r)
     r = _load("ig_auto_minilm_sst2", results_dir)
     if r:
         for name, ratio in r["ratios"].items():
@@ -180,7 +192,7 @@ def summary(results_dir: Path = H.RESULTS) -> str:
     expected = ["ig_reference", "ig_unpacked", "ig_minilm", "loo_reference", "loo_unpacked", "gradients_reference",
                 "gradients_unpacked", "kendall", "kendall_memory", "deception", "loo_memory", "erasure_memory",
                 "step_overhead", "audit_share_minilm", "audit_share_reference", "audit_share_llama",
-                "audit_share_llama_lora", "ig_auto_minilm_sst2"]
+                "audit_share_llama_lora", "generation_share", "ig_auto_minilm_sst2"]
     missing = [name for name in expected if _load(name, results_dir) is None]
     text = H.table(rows, ("ratio", "value", "target", "met?", "measured (UTC, 1-min load, threads)"))
     if missing:

@@ -86,7 +86,7 @@ def main() -> None:
         print(f"| {a} vs {b} | {kind} | {values.mean():.3f} | {values.std():.3f} | {values.numel()} |")
     test = dm.dataset("test")
     batch = collate([test[i] for i in range(min(args.sanity_sentences, len(test)))])
-    for name, table in run_sanity_checks(model, batch).items():
+    for table in run_sanity_checks(model, batch).values():
         print(f"\n{table}")
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
 

@@ -121,3 +121,23 @@ def test_audit_share_benchmark_on_the_trained_llama():
     assert r["info"]["dev_acc"] > 0.7  # trained (cached per machine), not random
     assert all(c["audit_s"] > 0 and c["share"] > 0 for c in r["configs"].values())
     assert r["loo_floor"]["forward_passes"] > 0
+
+
+def test_generation_share_benchmark_audits_the_translation_model():
+    from benchmarks import bench_generation_share
+
+    r = bench_generation_share.main(["--quick"])
+    assert set(r["configs"]) == {"attention_default", "alignment_default"}
+    assert all(c["audit_s"] > 0 and c["share"] > 0 and c["keys"] > 0 for c in r["configs"].values())
+    assert r["info"]["train_verses"] == 7102 and r["full_batches"] > 100
+@pytest.mark.ddp
+@pytest.mark.timeout(240)
+def test_sharded_memory_benchmark(tmp_path):
+    from benchmarks import bench_sharded_memory
+
+    r = _run(bench_sharded_memory, ["--quick"], tmp_path)
+    assert [x["rank"] for x in r["ranks"]] == [0, 1]
+    for rank in r["ranks"]:
+        assert rank["audited"] == 4 and len(rank["audit_peak_growth_mib"]) == 1
+        assert len(rank["train_step_peak_growth_mib"]) == 2
+        assert rank["params_local_mib"] < rank["params_full_mib"]  # each process holds its shards only

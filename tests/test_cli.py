@@ -115,7 +115,7 @@ def test_console_scripts_exit_0_when_the_run_succeeds(monkeypatch):
     for name, target in scripts:
         module_name, function = target.strip().split(":")
         module = importlib.import_module(module_name)
-        monkeypatch.setattr(module, "main", lambda *args, **kwargs: {"ran": name})  # what a finished run returns
+        monkeypatch.setattr(module, "main", lambda *args, name=name, **kwargs: {"ran": name})  # what a finished run returns
         assert getattr(module, function)() is None, name
 
 

@@ -19,10 +19,13 @@ from torch import Tensor
 
 from lightning_xai.adapters.capabilities import target_keys
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
+from lightning_xai.adapters.sharding import agree_flag
 
 __all__ = ["batch_shape", "gather_rows", "repeat_rows", "remove_tokens", "erase_tokens", "replace_input_ids",
            "pad_embeddings", "row_extents", "length_chunks", "padding_trimmer", "CPU_PASS_TOKENS"]
 
+#: the fill of freed positions of per-token ``labels`` (transformers' ``ignore_index``: not a target)
+IGNORE_LABEL = -100
 #: Padded tokens (rows × width) per forward pass of length-sorted variants on CPU. MiniLM (1 thread) costs about
 #: 270 µs a token in passes of 1-4k tokens, 305 at 8k and 345 at 15k (activations leave the cache), so larger
 #: passes are slower, not faster; on a GPU the memory budget alone sets the pass size.
@@ -86,7 +89,8 @@ def remove_tokens(batch: Batch, remove: Tensor, *, fill: int = 0, keep: Collecti
 
     Every ``[B, T, ...]`` tensor of the batch (``input_ids``, ``mask``, ``input_mask``, ``impermissible``,
     ``rationale``, ...) is rearranged the same way, so the masks shrink with the ids. The freed positions at
-    the end are filled with ``fill`` (0: the pad id and False), and the width shrinks to the longest row left.
+    the end are filled with ``fill`` (0: the pad id and False) — per-token ``labels`` (a causal LM's target) with
+    -100, "not explained", since 0 is a token — and the width shrinks to the longest row left.
 
     Args:
         batch: a batch whose per-token tensors are ``[B, T, ...]``.
@@ -116,7 +120,7 @@ def remove_tokens(batch: Batch, remove: Tensor, *, fill: int = 0, keep: Collecti
                 B, width, *value.shape[2:])
             moved = value.gather(1, index)
             tail = freed.to(value.device).view(B, width, *([1] * (value.dim() - 2)))
-            out[key] = moved.masked_fill(tail, fill)
+            out[key] = moved.masked_fill(tail, IGNORE_LABEL if key == "labels" else fill)
         else:
             out[key] = value
     return out
@@ -226,9 +230,10 @@ def padding_trimmer(model: Any, batch: Batch, batch_size: int) -> Callable[[dict
     with torch.no_grad():
         a = _compared(model.forward_from_embeddings(model.embed(whole), whole))
         b = _compared(model.forward_from_embeddings(model.embed(cut), cut))
-    if not bool(torch.isfinite(a).all() & torch.isfinite(b).all()):
+    if not agree_flag(bool(torch.isfinite(a).all() & torch.isfinite(b).all())):  # agree_flag: lockstep (sharding)
         return _keep_width  # NaN logits (a diverged model) cannot show the trim is safe: keep the width
-    same = bool(torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-5 * float(a.abs().max().clamp_min(1))))
+    same = agree_flag(bool(torch.allclose(a.float(), b.float(), rtol=1e-4,
+                                          atol=1e-5 * float(a.abs().max().clamp_min(1)))))
     return trim if same else _keep_width
 
 

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
+from lightning_xai.adapters.sharding import agree
 from lightning_xai.attribution.batching import gather_rows, pad_embeddings
 from lightning_xai.attribution.gradients import _embed, _rows_per_pass
 from lightning_xai.attribution.quadrature import IG_RULES, gauss_kronrod_nodes, ig_nodes
@@ -153,10 +154,10 @@ def _ig_gauss_kronrod(model: ExplainableModel, batch: Batch, embeddings: Tensor,
         present = torch.zeros(N, dtype=torch.bool, device=dev)
         present[row] = True
         complete = (value.sum(1) - gap).abs() <= completeness_tol
-        ok = present & (token_err <= token_tol) & complete
+        ok = agree(present & (token_err <= token_tol) & complete)  # lockstep: process 0's decisions (sharding)
         interval_err = err.amax(1)
         row_max = torch.zeros(N, dtype=dt, device=dev).scatter_reduce(0, row, interval_err, "amax")
-        split = (interval_err >= 0.25 * row_max.index_select(0, row)) & ~ok.index_select(0, row)
+        split = agree((interval_err >= 0.25 * row_max.index_select(0, row)) & ~ok.index_select(0, row))
         extra = torch.zeros(N, dtype=torch.long, device=dev).index_add_(0, row, 2 * K * split.long())
         over = present & ~ok & (steps + extra > max_steps)
         split &= ~over.index_select(0, row)
@@ -266,7 +267,7 @@ def integrated_gradients_map(model: ExplainableModel, batch: Batch, embeddings: 
         while active.numel():
             part = run(None if active.numel() == N else active, n).masked_fill(~mask.index_select(0, active), 0.0)
             delta = part.detach().sum(1) - gap.index_select(0, active)
-            done = (delta.abs() <= tolerance.index_select(0, active)) | (n >= max_steps)
+            done = agree((delta.abs() <= tolerance.index_select(0, active)) | (n >= max_steps))
             finished = active[done]
             scores = scores.index_copy(0, finished, part[done])
             steps[finished] = n

@@ -143,7 +143,9 @@ def integrated_hessians(model: Any, batch: Batch, target: Any = None, *, n_steps
     return (result[1], result[2]) if return_convergence_delta else result[1]
 
 
-@register_method("integrated_hessians", resolves_target=True, precision_sensitive=True, returns=PAIRWISE_INTERACTIONS)
+@register_method("integrated_hessians", resolves_target=True, precision_sensitive=True, returns=PAIRWISE_INTERACTIONS,
+                 unshardable="its second-order gradients through FSDP2's hooks crash the process (a segmentation "
+                             "fault on CPU, torch 2.13)")
 def _integrated_hessians(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
                          n_steps: int = 16, inner_steps: Optional[int] = None, baseline: Any = "zero",
                          output: str = "probability", pad_token_id: Optional[int] = None,

@@ -46,6 +46,9 @@ class MethodRecord:
             audit callbacks compute them in float32 with ``precision="auto"``.
         returns: the shape of the result, one of :data:`RETURNS` (:data:`SCORES`, :data:`SCORES_AND_DELTA`,
             :data:`PAIRWISE_INTERACTIONS`).
+        unshardable: why the method cannot explain a model sharded with FSDP2 (``fully_shard``, Lightning's
+            ``ModelParallelStrategy``), which the audit callbacks then refuse before the first audit; ``""``: it can
+            (:mod:`lightning_xai.adapters.sharding`).
 
     Example:
         >>> from lightning_xai.attribution import method_record
@@ -61,6 +64,7 @@ class MethodRecord:
     resolves_target: bool = False
     precision_sensitive: bool = False
     returns: str = SCORES
+    unshardable: str = ""
 
     @property
     def has_convergence_delta(self) -> bool:
@@ -78,7 +82,7 @@ ATTRIBUTION_METHODS: Dict[str, MethodRecord] = {}
 
 
 def register_method(name: str, *, resolves_target: bool = False, precision_sensitive: bool = False,
-                    returns: str = SCORES) -> Callable[[AttributionFn], AttributionFn]:
+                    returns: str = SCORES, unshardable: str = "") -> Callable[[AttributionFn], AttributionFn]:
     """Register an attribution function under ``name`` so ``attribute(..., method=name)`` finds it.
 
     The function is called as ``fn(model, batch, target, *, create_graph, **options)`` inside
@@ -96,6 +100,7 @@ def register_method(name: str, *, resolves_target: bool = False, precision_sensi
         precision_sensitive: its maps change beyond the noise in reduced precision; the audit callbacks compute
             them in float32 (see :class:`MethodRecord`).
         returns: :data:`SCORES` (default), :data:`SCORES_AND_DELTA` or :data:`PAIRWISE_INTERACTIONS`.
+        unshardable: why it cannot explain a model sharded with FSDP2 (see :class:`MethodRecord`); ``""``: it can.
 
     Raises:
         ValueError: an empty name, or ``returns`` not in :data:`RETURNS`.
@@ -116,7 +121,8 @@ def register_method(name: str, *, resolves_target: bool = False, precision_sensi
 
     def decorator(fn: AttributionFn) -> AttributionFn:
         ATTRIBUTION_METHODS[name] = MethodRecord(name, fn, resolves_target=bool(resolves_target),
-                                                 precision_sensitive=bool(precision_sensitive), returns=returns)
+                                                 precision_sensitive=bool(precision_sensitive), returns=returns,
+                                                 unshardable=str(unshardable))
         return fn
 
     return decorator

@@ -4,12 +4,15 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Tuple
 
+import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
+from typing_extensions import override
 
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.audits.adversarial import adversarial_attention_search, summarize_search
 from lightning_xai.callbacks._audit.failures import defined_examples
+from lightning_xai.callbacks._audit.model import refuse_non_softmax
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, BatchResult
 
 __all__ = ["AdversarialSearchAudit"]
@@ -40,6 +43,8 @@ class AdversarialSearchAudit(AuditCallback):
       different"); examples without a qualifying candidate count as failures;
     * ``jsd/mean``, ``jsd/q10``, ``jsd/q25``, ``jsd/median``, ``jsd/q75``, ``jsd/q90`` — over the found ones;
     * ``output_change/mean`` — mean TVD of the reported candidates (found examples).
+
+    The output change is a TVD of softmax distributions: a multi-label or regression model is refused at setup.
 
     Per example (for the reports) the values ``max_jsd``, ``output_change`` and ``found`` and the maps
     ``attention`` and ``adversarial_attention`` are kept.
@@ -99,6 +104,12 @@ class AdversarialSearchAudit(AuditCallback):
         self.max_output_change = float(max_output_change)
         self.jsd_threshold = float(jsd_threshold)
         self.search_options = options
+
+    @override
+    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        refuse_non_softmax("AdversarialSearchAudit", self.explainable(pl_module),  # at setup, not the first audit
+                           "the adversarial attention search")
 
     def _state_config(self) -> Dict[str, Any]:
         return dict(super()._state_config(), num_candidates=self.num_candidates, steps=self.steps,

@@ -11,8 +11,8 @@ from typing_extensions import override
 
 from lightning_xai.adapters.capabilities import TargetSequence
 from lightning_xai.adapters.protocol import ExplainableModel
-from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute
-from lightning_xai.callbacks._audit.generation import check_generation_methods, is_generator_model
+from lightning_xai.attribution import ATTRIBUTION_METHODS
+from lightning_xai.callbacks._audit.generation import check_generation_methods, is_generator_model, method_step_maps
 from lightning_xai.callbacks._audit.options import check_names, check_options_of_methods
 from lightning_xai.callbacks.attention_audit import DEFAULT_METHOD_OPTIONS
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, AuditResult, BatchResult
@@ -175,11 +175,8 @@ class AlignmentAudit(AuditCallback):
             rows = torch.arange(queries.shape[0], device=queries.device)[:, None].expand_as(queries)
             for layer, raw in enumerate(out.raw_attentions):  # [B, heads, Q, T] -> each step's row, mean of heads
                 step_maps[f"attention_layer_{layer}"] = raw.detach().mean(1)[rows, queries]
-        for method in self.methods:
-            with self.map_precision(method):
-                options = {**DEFAULT_METHOD_OPTIONS.get(method, {}), **self.method_options.get(method, {})}
-                scores = attribute(model, batch, method, target="steps", **options)
-            step_maps[method] = scores[0] if isinstance(scores, tuple) else scores
+        step_maps.update(method_step_maps(model, batch, steps, self.methods, self._method_options,
+                                          self.map_precision))
         mask = model.token_mask(batch)
         assert isinstance(model, TargetSequence)  # refuse_non_generators at setup
         positions = model.target_positions(batch)
@@ -195,6 +192,9 @@ class AlignmentAudit(AuditCallback):
                 maybe = None if possible is None else [self._gold(possible[b], words.shape, b, self.possible_key)]
                 self._metric(name).update([links], sure=[sure], possible=maybe)
         return BatchResult(), {}
+
+    def _method_options(self, method: str) -> Dict[str, Any]:
+        return {**DEFAULT_METHOD_OPTIONS.get(method, {}), **self.method_options.get(method, {})}
 
     def _metric(self, name: str) -> AlignmentErrorRate:
         if name not in self._scores:

@@ -15,11 +15,14 @@ from typing_extensions import override
 from lightning_xai.adapters.capabilities import DeletionLogits
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, method_record, shared_input_gradients
+from lightning_xai.attribution.batching import gather_rows
+from lightning_xai.attribution.targets import explained_quantity
 from lightning_xai.callbacks._audit.generation import (check_decoding, check_generation_methods, decoded_batch,
-                                                      is_generator_model, per_step_agreement)
+                                                      is_generator_model, method_step_maps, per_step_agreement,
+                                                      place_rows)
 from lightning_xai.callbacks._audit.options import check_names, check_options_of_methods
 from lightning_xai.callbacks._audit.results import DEFAULT_TOP_PAIRS
-from lightning_xai.callbacks.base import AuditCallback, AuditPrediction, BatchResult
+from lightning_xai.callbacks.base import AuditCallback, AuditPrediction, AuditResult, BatchResult
 from lightning_xai.metrics.registry import (AGREEMENT_ALIASES, AGREEMENT_METRICS, metric_label,
                                             resolve_agreement_metric)
 
@@ -77,8 +80,17 @@ class AttentionAudit(AuditCallback):
     step's log-probability, over the ``(example, step)`` pairs that exist; an example's value is the mean over its
     steps, logged under ``per_step/``: ``attention_audit/per_step/kendall_tau/attention_vs_gradient/mean`` (no
     p-values). Methods that read a classifier's ``[B, C]`` logits (``lrp``, ``attnlrp``, ``integrated_hessians``,
-    the context-mixing methods) are refused at setup. A report shows the source tokens; an example's ``label`` is
-    ``None``, its ``prediction`` -1 and its ``probability`` that of the whole target.
+    the context-mixing methods) are refused at setup. An example's ``label`` is ``None``, its ``prediction`` -1 and
+    its ``probability`` that of the whole target; its ``maps`` are over the source tokens. The examples a report
+    shows first (``step_examples``) also keep their target tokens and per-step maps (``AuditExample.step_maps``:
+    attention's row and each method's map of every target step, over the source tokens; computed for those rows
+    only, unless ``per_step`` computes them for all), which :class:`~lightning_xai.reporting.AuditReport` draws as
+    source tokens × target tokens heatmaps.
+
+    **Heads.** The maps explain what the model's head computes (``target=None``): the predicted class's softmax
+    probability, a multi-label model's top label's sigmoid, a regression model's output value (whose examples have
+    ``prediction`` -1 and the value as ``probability``). The quantity, in words, is recorded with every audit
+    (``history[i]["explained_quantity"]``, ``latest.explained_quantity``).
 
     Args:
         methods: attribution methods compared with attention (any name :func:`~lightning_xai.attribution.attribute`
@@ -101,7 +113,7 @@ class AttentionAudit(AuditCallback):
         pairs: which pairs to compare, as ``("attention", "gradient")`` tuples; default every pair.
         method_options: per-method keyword options for ``attribute``, e.g.
             ``{"integrated_gradients": {"n_steps": 20}}``, over :data:`DEFAULT_METHOD_OPTIONS`: ``grad_x_input`` is
-            compared as Jain & Wallace's magnitude \|Σ_d g·e\| unless ``{"grad_x_input": {"absolute": False}}``.
+            compared as Jain & Wallace's magnitude |Σ_d g·e| unless ``{"grad_x_input": {"absolute": False}}``.
         metric_options: per-metric keyword options, e.g. ``{"topk_overlap": {"k": 0.2}}``.
         impermissible_key: batch key of the impermissible-token mask; the shares are computed for batches that
             have it (``None``: never).
@@ -114,6 +126,10 @@ class AttentionAudit(AuditCallback):
             greedy output); a classifier takes only ``"force"``.
         max_new_tokens: the longest greedy output free decoding explains.
         per_step: for a generator, also compare the maps of every target step (see above).
+        step_examples: for a generator, how many of the report's examples (the first of the audit subset, at most
+            ``num_report_examples``) keep their per-step maps and target tokens (``AuditExample.step_maps``). Their
+            cost does not grow with ``num_samples`` but with the target's length: ``attribute(..., target="steps")``
+            runs one backward pass per target step and method on these rows (free with ``per_step=True``).
         **kwargs: scheduling and subset options of :class:`~lightning_xai.callbacks.AuditCallback`
             (``every_n_epochs=1``, ``every_n_train_steps=None``, ``num_samples=256``, ``dataloader="val"``,
             ``seed=0``, ...).
@@ -142,6 +158,7 @@ class AttentionAudit(AuditCallback):
         decoding: str = "force",
         max_new_tokens: int = 20,
         per_step: bool = False,
+        step_examples: int = 3,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -176,8 +193,9 @@ class AttentionAudit(AuditCallback):
         if impermissible_key is not None and (not isinstance(impermissible_key, str) or not impermissible_key):
             raise MisconfigurationException(f"AttentionAudit(impermissible_key) must be a batch key or None, got "
                                             f"{impermissible_key!r}.")
-        if isinstance(top_pairs, bool) or not isinstance(top_pairs, int) or top_pairs < 0:
-            raise MisconfigurationException(f"AttentionAudit(top_pairs) must be an int >= 0, got {top_pairs!r}.")
+        for name, count in (("top_pairs", top_pairs), ("step_examples", step_examples)):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise MisconfigurationException(f"AttentionAudit({name}) must be an int >= 0, got {count!r}.")
         maps = ["attention", *methods]
         self._requested_pairs = None if pairs is None else [tuple(pair) for pair in pairs]
         for pair in self._requested_pairs or ():
@@ -202,6 +220,8 @@ class AttentionAudit(AuditCallback):
         self.impermissible_key = impermissible_key
         self.top_pairs = top_pairs
         self.decoding, self.max_new_tokens, self.per_step = decoding, max_new_tokens, per_step
+        self.step_examples = step_examples
+        self._audited_split: Optional[str] = None
 
     def _use_methods(self, methods: Sequence[str]) -> None:
         self.methods = list(methods)
@@ -215,6 +235,8 @@ class AttentionAudit(AuditCallback):
         model = self.explainable(pl_module)
         check_generation_methods("AttentionAudit", model, self.methods, decoding=self.decoding,
                                  per_step=self.per_step)
+        self.explained_quantity = ("log-probability of the target sequence" if is_generator_model(model)
+                                   else explained_quantity(model))  # recorded with every audit (history, latest)
         if not self._auto_methods:
             return
         named = {m for pair in self._requested_pairs or () for m in pair} | set(self.method_options)
@@ -236,6 +258,10 @@ class AttentionAudit(AuditCallback):
         generation = {k: v for k, v, default in (("decoding", self.decoding, "force"), ("per_step", self.per_step, False))
                       if v != default}  # only when not the defaults: existing checkpoints keep their keys
         return dict(super()._state_config(), methods=methods, metrics=tuple(self.metrics), **generation)
+
+    @override
+    def attribution_methods(self) -> List[str]:
+        return [m for m in self.methods if isinstance(m, str)]
 
     def expected_values(self) -> List[str]:
         """Every pair's metric (and p-value): NaN for undefined examples, so no metric silently disappears."""
@@ -287,8 +313,8 @@ class AttentionAudit(AuditCallback):
                     scores = scores[0]
                 maps[method] = scores.detach().float()
         values: Dict[str, Tensor] = {}
-        if self.per_step and is_generator_model(model):
-            values.update(self._per_step_values(model, batch, prediction, mask))
+        if is_generator_model(model):
+            found.update(self._generator_steps(model, batch, prediction, mask, indices, values))
         for first, second in self.pairs:
             for metric in self.metrics:
                 fn, has_p = AGREEMENT_METRICS[metric]
@@ -316,17 +342,44 @@ class AttentionAudit(AuditCallback):
                 values[f"impermissible_share/{name}"] = torch.where(total > 0, share, torch.full_like(share, math.nan))
         return BatchResult(maps=maps, values=values, **found), {}
 
-    def _per_step_values(self, model: ExplainableModel, batch: Dict[str, Any], prediction: AuditPrediction,
-                         mask: Tensor) -> Dict[str, Tensor]:
-        """``per_step/<metric>/<pair>`` ``[B]``: every pair's metric over each row's target steps (see the class)."""
+    @override
+    def run_audit(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str, split: str) -> AuditResult:
+        self._audited_split = split  # which subset's first num_report_examples keep their step maps
+        return super().run_audit(trainer, pl_module, stage, split)
+
+    def _step_rows(self, indices: Sequence[int]) -> List[int]:
+        """The rows of a batch (its dataset ``indices``) that keep their step maps: the first ``step_examples`` (at
+        most ``num_report_examples``) of the audit subset being audited (none outside :meth:`run_audit`)."""
+        split, count = self._audited_split, min(self.step_examples, self.num_report_examples)
+        shown = set(self._subsets.indices.get(split, [])[:count]) if split else set()
+        return [row for row, index in enumerate(indices) if index in shown]
+
+    def _step_maps(self, model: ExplainableModel, batch: Dict[str, Any], attention: Tensor, steps: Tensor
+                   ) -> Dict[str, Tensor]:
+        """``{map: [B, K, T]}``: ``attention`` (each step's row) and each method's map of each step's log-probability
+        (:func:`~lightning_xai.callbacks._audit.generation.method_step_maps`)."""
+        maps = method_step_maps(model, batch, steps, self.methods, self._method_options, self.map_precision)
+        return {"attention": attention.detach().float(), **maps}
+
+    def _method_options(self, method: str) -> Dict[str, Any]:
+        return {**DEFAULT_METHOD_OPTIONS.get(method, {}), **self.method_options.get(method, {})}
+
+    def _generator_steps(self, model: ExplainableModel, batch: Dict[str, Any], prediction: AuditPrediction,
+                         mask: Tensor, indices: Sequence[int], values: Dict[str, Tensor]) -> Dict[str, Any]:
+        """A generator's per-step maps: with ``per_step``, of every row, compared into ``values`` (``per_step/
+        <metric>/<pair>`` ``[B]``: every pair's metric over each row's target steps, see the class); otherwise of
+        the rows that keep them only (``step_examples``). Returns the :class:`BatchResult` fields that keep them."""
         out = prediction.output
-        step_maps: Dict[str, Tensor] = {"attention": out.extras["step_attention"].detach().float()}
-        with shared_input_gradients():
-            for method in self.methods:
-                with self.map_precision(method):
-                    options = {**DEFAULT_METHOD_OPTIONS.get(method, {}), **self.method_options.get(method, {})}
-                    scores = attribute(model, batch, method, target="steps", **options)
-                step_maps[method] = (scores[0] if isinstance(scores, tuple) else scores).detach().float()
-        metrics = {metric: AGREEMENT_METRICS[metric][0] for metric in self.metrics}
-        found = per_step_agreement(step_maps, out.target_steps, mask, self.pairs, metrics, self.metric_options)
-        return {f"per_step/{key}": value for key, value in found.items()}
+        attention, steps = out.extras["step_attention"], out.target_steps
+        rows = torch.tensor(self._step_rows(indices), dtype=torch.long, device=steps.device)
+        if self.per_step:
+            step_maps = self._step_maps(model, batch, attention, steps)
+            metrics = {metric: AGREEMENT_METRICS[metric][0] for metric in self.metrics}
+            found = per_step_agreement(step_maps, steps, mask, self.pairs, metrics, self.metric_options)
+            values.update({f"per_step/{key}": value for key, value in found.items()})
+            return {"step_maps": step_maps, "step_mask": place_rows(steps[rows], rows, steps.shape)}
+        if not rows.numel():
+            return {}
+        shown = self._step_maps(model, gather_rows(batch, rows, len(indices)), attention[rows], steps[rows])
+        return {"step_maps": {k: place_rows(v, rows, attention.shape) for k, v in shown.items()},
+                "step_mask": place_rows(steps[rows], rows, steps.shape)}

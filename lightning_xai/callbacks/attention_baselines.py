@@ -1,21 +1,34 @@
-"""Jain & Wallace's permutation test and Wiegreffe & Pinter's uniform-attention evaluation, while training."""
+"""Jain & Wallace's permutation test and Wiegreffe & Pinter's uniform-attention evaluation, while training (and
+Vashishth et al.'s on text generators)."""
 from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
+from typing_extensions import override
 
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution.override_replay import override_scorer
 from lightning_xai.audits.baselines import (DEFAULT_MAX_ATTENTION_BINS, bin_by_max_attention, permutation_test,
                                             uniform_attention_evaluation, uniform_attention_summary)
+from lightning_xai.audits.generation import generation_attention_baselines
+from lightning_xai.callbacks._audit.aggregation import aggregate_values
 from lightning_xai.callbacks._audit.failures import defined_examples
+from lightning_xai.callbacks._audit.generation import (check_decoding, check_generation_methods, decoded_batch,
+                                                      is_generator_model)
+from lightning_xai.callbacks._audit.model import refuse_non_softmax
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, BatchResult
 from lightning_xai.metrics import summarize_values
 
 __all__ = ["AttentionBaselines"]
+
+
+#: a generator's per-example values (see the class docstring) and their labels in the final table
+_GENERATION_ROWS = (("log_prob_change", "Δ log p(target)"), ("log_prob_change_per_token", "Δ log p per token"),
+                    ("greedy_token_changed", "greedy tokens changed"))
 
 
 class AttentionBaselines(AuditCallback):
@@ -31,10 +44,35 @@ class AttentionBaselines(AuditCallback):
     trained and uniform attention, their delta (uniform − trained), the fraction of flipped decisions and the mean
     ``Δŷ``.
 
+    Both compare softmax output distributions: a multi-label or regression model is refused at setup.
+
+    **Generation** (Vashishth et al. 2019). On a text generator (a causal LM or encoder–decoder seen through
+    :class:`~lightning_xai.adapters.huggingface.HuggingFaceGenerationAdapter`) the explained output is the
+    log-probability of the target (the batch's ``labels`` with ``decoding="force"``, the model's greedy output with
+    ``decoding="free"``, teacher-forced). The attention rows of the explained target steps in the last layer
+    (cross-attention of an encoder–decoder, the decoder self-attention of a causal LM), every head, are replaced by
+    *uniform* attention over the source (prompt) tokens (each head keeps its own mass outside the source) and by
+    ``num_permutations`` *permutations* of each step's row over the source tokens (one per step, shared by the
+    heads; see :mod:`lightning_xai.audits.generation`). Per example, with ``Δ_k = log p'(y_k) − log p(y_k)`` over the
+    explained steps ``k``:
+
+    * ``uniform/log_prob_change``: ``Σ_k Δ_k``, the change of the target's log-probability;
+    * ``uniform/log_prob_change_per_token``: ``mean_k Δ_k``; ``uniform/abs_log_prob_change_per_token``:
+      ``mean_k |Δ_k|``;
+    * ``uniform/greedy_token_changed``: the share of steps whose greedy (argmax) token changes;
+    * ``permutation/...``: the same four, the log-probability changes as the median over the permutations (J&W's
+      median), the token change as the mean over them.
+
+    Each is logged as ``/mean`` and ``/std`` over the audited examples (e.g.
+    ``attention_baselines/uniform/log_prob_change_per_token/mean``). There is no class, so no accuracy, F1 or
+    maximum-attention bins on a generator.
+
     Args:
         num_permutations: permutations per example (J&W: 100).
         max_attention_bins: bin edges of the maximum attention weight.
         permutation / uniform: run either part.
+        decoding: for a generator, ``"force"`` (the batch's ``labels``) or ``"free"`` (the model's greedy output).
+        max_new_tokens: the longest greedy output free decoding explains.
         **kwargs: scheduling and subset options of :class:`~lightning_xai.callbacks.AuditCallback`.
 
     Example:
@@ -46,14 +84,13 @@ class AttentionBaselines(AuditCallback):
 
     name = "attention_baselines"
     needs_attention_override = True  # the permuted and uniform attentions are fed back as overrides
-    refuses_generation = ("its baselines are scored by the output distribution over classes (JSD, decision flips); "
-                          "Vashishth et al.'s generation variant (the change in the target's log-probability and in "
-                          "the greedy token under uniform or permuted attention rows) is not implemented")
 
     def __init__(self, num_permutations: int = 100,
                  max_attention_bins: Sequence[float] = DEFAULT_MAX_ATTENTION_BINS,
-                 permutation: bool = True, uniform: bool = True, **kwargs: Any) -> None:
+                 permutation: bool = True, uniform: bool = True, decoding: str = "force", max_new_tokens: int = 20,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        check_decoding("AttentionBaselines", decoding, max_new_tokens)
         if isinstance(num_permutations, bool) or not isinstance(num_permutations, int) or num_permutations < 1:
             raise MisconfigurationException(
                 f"AttentionBaselines(num_permutations) must be a positive int, got {num_permutations!r}.")
@@ -67,16 +104,43 @@ class AttentionBaselines(AuditCallback):
         self.max_attention_bins = edges
         self.permutation = permutation
         self.uniform = uniform
+        self.decoding, self.max_new_tokens = decoding, max_new_tokens
+
+    @override
+    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        model = self.explainable(pl_module)
+        check_generation_methods("AttentionBaselines", model, [], decoding=self.decoding)
+        if is_generator_model(model):
+            if list(self.max_attention_bins) != list(DEFAULT_MAX_ATTENTION_BINS):
+                raise MisconfigurationException(
+                    "AttentionBaselines(max_attention_bins) bins a classifier's permutation Δŷ by its maximum "
+                    f"attention; a generator's values ({type(getattr(model, 'model', model)).__name__}) are not "
+                    "binned. Leave max_attention_bins at its default.")
+            self.explained_quantity = "log-probability of the target sequence"
+            return
+        measure = "the permutation test" if self.permutation else "the uniform-attention evaluation"
+        refuse_non_softmax("AttentionBaselines", model, measure)  # not at the first audit
+
+    def audit_inputs(self, model: ExplainableModel, batch: Dict[str, Any]) -> Dict[str, Any]:
+        """The batch itself, or for ``decoding="free"`` the batch with the model's greedy output as its target."""
+        return decoded_batch(model, batch, self.decoding, self.max_new_tokens)
 
     def _state_config(self) -> Dict[str, Any]:
+        generation = {"decoding": self.decoding} if self.decoding != "force" else {}  # existing keys kept
         return dict(super()._state_config(), num_permutations=self.num_permutations,
-                    permutation=self.permutation, uniform=self.uniform)
+                    permutation=self.permutation, uniform=self.uniform, **generation)
 
     def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
                     indices: List[int], prediction: Optional[AuditPrediction] = None
                     ) -> Tuple[BatchResult, Dict[str, Any]]:
         prediction = prediction or self.predict(model, batch)
         values: Dict[str, torch.Tensor] = {}
+        if is_generator_model(model):
+            values.update(generation_attention_baselines(
+                model, batch, num_permutations=self.num_permutations, row_generators=self.example_generators(indices),
+                permutation=self.permutation, uniform=self.uniform))
+            return BatchResult(maps={"attention": prediction.attention}, values=values), {}
         with torch.no_grad():  # one pass and one checked scorer of overrides serve both baselines
             replay = override_scorer(model, model.embed(batch), batch)
         if self.permutation:
@@ -98,7 +162,8 @@ class AttentionBaselines(AuditCallback):
             >>> AttentionBaselines().summary_rows({"permutation/median_delta": 0.01})
             [('permutation: median |Δŷ|', '{permutation/median_delta:num4}')]
         """
-        rows = []
+        rows = [(f"{part} attention: {label}", f"{{{part}/{key}:mean_std}}") for part in ("uniform", "permutation")
+                for key, label in _GENERATION_ROWS if f"{part}/{key}/mean" in metrics]
         if "uniform/accuracy_delta" in metrics:
             rows.append(("uniform attention: accuracy trained → uniform", "{uniform/accuracy_trained:num} → "
                          "{uniform/accuracy_uniform:num} (Δ {uniform/accuracy_delta:+.3f})"))
@@ -115,12 +180,16 @@ class AttentionBaselines(AuditCallback):
         return rows
 
     def histogram_keys(self, examples: List[AuditExample]) -> List[str]:
-        return [k for k in ("permutation/median_delta", "uniform/delta") if any(k in e.values for e in examples)]
+        keys = ("permutation/median_delta", "uniform/delta", "permutation/log_prob_change_per_token",
+                "uniform/log_prob_change_per_token")
+        return [k for k in keys if any(k in e.values for e in examples)]
 
     def aggregate(self, examples: List[AuditExample], extras: Dict[str, Any]) -> Dict[str, float]:
         out: Dict[str, float] = {}
         if not examples:
             return out
+        if any("uniform/log_prob_change" in e.values or "permutation/log_prob_change" in e.values for e in examples):
+            return aggregate_values(examples)  # a generator's: mean and std of every value (NaN ones left out)
         examples = defined_examples(examples)  # rows with non-finite logits have no prediction to compare
         if not examples:
             nan = float("nan")

@@ -173,7 +173,7 @@ class TextClassificationDataModule(SplitLoaders, pl.LightningDataModule):
             if long:
                 lost = sum(sum(e.rationale[hp["max_length"]:]) for e in examples if e.rationale is not None)
                 warnings.warn(f"{split}: truncated {long} of {len(examples)} texts to max_length={hp['max_length']} "
-                              f"tokens" + (f" ({lost} rationale tokens fell beyond it)" if lost else "") + ".")
+                              f"tokens" + (f" ({lost} rationale tokens fell beyond it)" if lost else "") + ".", stacklevel=2)
                 examples = [self._truncate(e, hp["max_length"]) for e in examples]
         if not examples:
             raise ValueError(f"The {split!r} split is empty after reading and filtering; check the file and the "

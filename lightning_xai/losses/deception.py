@@ -37,7 +37,7 @@ def _neg_log_permissible(mass: Tensor, permissible: Optional[Tensor], eps: float
 
 
 def _penalty(mass: Tensor, permissible: Optional[Tensor], weight: float, reduction: str, eps: float,
-             dead: Optional[Tensor] = None) -> Tensor:
+             dead: Optional[Tensor] = None, valid: Optional[Tensor] = None) -> Tensor:
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}.")
     terms = _neg_log_permissible(mass, permissible, eps)
@@ -46,6 +46,8 @@ def _penalty(mass: Tensor, permissible: Optional[Tensor], weight: float, reducti
         # constant −log eps with a zero gradient; under "max" it hid every other row's gradient. They count 0,
         # like rows without impermissible tokens.
         terms = terms.masked_fill(dead.view(-1, *([1] * (terms.dim() - 1))).to(terms.device), 0.0)
+    if valid is not None:  # a generator's target steps: the padding of rows with fewer steps is no term at all
+        terms = terms[valid.to(terms.device).expand_as(terms)]
     if terms.numel() == 0:
         return mass.new_zeros(())
     return weight * (terms.mean() if reduction == "mean" else terms.max())
@@ -84,6 +86,13 @@ class DeceptionPenalty(FiniteGuard, nn.Module):
       ``query`` (0 = [CLS]) of the chosen ``layers`` (default the last) and ``heads`` (default all); one mass
       a_{b,h} per example and head; ``mean`` = −λ·mean_{b,h} log(1 − a_{b,h}), ``max`` = −λ·min_{b,h}
       log(1 − a_{b,h}), as in Pruthi et al.'s BERT code. Several layers are pooled as extra heads.
+    * a **generator**'s output (``outputs.target_steps`` set: a causal LM or an encoder–decoder through
+      :class:`~lightning_xai.adapters.huggingface.HuggingFaceGenerationAdapter`): every explained target step is
+      penalised, as Pruthi et al. did on their seq2seq tasks: the step's query row (``extras["step_queries"]``) of
+      the raw maps (decoder self-attention of a causal LM, cross-attention of an encoder–decoder), one mass per
+      example, step and head; with ``source="attention"`` the step distributions ``extras["step_attention"]``
+      ``[B, K, T]``, one mass per example and step. The steps a row does not have are no terms; ``query`` does not
+      apply. ``batch["impermissible"]`` marks the source / prompt positions (``[B, T]`` over the keys).
 
     ``source="auto"`` uses ``raw_attentions`` when the output has them, else ``attention``. The mask is read
     from ``batch["impermissible"]`` (bool ``[B, T]``, aligned with the attention's key positions — for
@@ -146,10 +155,17 @@ class DeceptionPenalty(FiniteGuard, nn.Module):
 
     def _masses(self, outputs: ExplainOutput, batch: Batch) -> Tuple[Tensor, Tensor]:
         """The impermissible masses and the permissible ones (Σ_{j∉I} α_j, summed directly)."""
+        return self._masses_and_steps(outputs, batch)[:2]
+
+    def _masses_and_steps(self, outputs: ExplainOutput, batch: Batch) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+        """The masses, the permissible masses and, for a generator, which entries are real target steps."""
         impermissible = bool_batch_mask(batch, "impermissible", "DeceptionPenalty",
                                         "True at tokens whose attention is penalised; use a dataset with impermissible "
                                         "masks (sst_wiki, pronoun, occupation) or add the key in your collate function")
         use_raw = self.source == "raw" or (self.source == "auto" and outputs.raw_attentions is not None)
+        if outputs.target_steps is not None:
+            attention, valid = self._step_rows(outputs, use_raw)
+            return (*self._split(attention, impermissible), valid)
         if use_raw:
             if not outputs.raw_attentions:
                 raise ValueError("source='raw' but the model output has no raw_attentions; use source='attention' "
@@ -174,6 +190,11 @@ class DeceptionPenalty(FiniteGuard, nn.Module):
             attention = torch.cat(maps, dim=1)
         else:
             attention = outputs.attention
+        return (*self._split(attention, impermissible), None)
+
+    @staticmethod
+    def _split(attention: Tensor, impermissible: Tensor) -> Tuple[Tensor, Tensor]:
+        """(Σ_{i∈I} α_i, Σ_{j∉I} α_j) over the last dimension of ``attention`` ``[B, ..., T]``."""
         if impermissible.shape != (attention.shape[0], attention.shape[-1]):
             raise ValueError(f"batch['impermissible'] has shape {tuple(impermissible.shape)} but the attention "
                              f"covers {(attention.shape[0], attention.shape[-1])} [B, T] positions; the mask must "
@@ -181,12 +202,38 @@ class DeceptionPenalty(FiniteGuard, nn.Module):
         return (impermissible_mass(attention, impermissible, check=False),
                 impermissible_mass(attention, ~impermissible, check=False))
 
+    def _step_rows(self, outputs: ExplainOutput, use_raw: bool) -> Tuple[Tensor, Tensor]:
+        """A generator's rows: ``[B, K, heads·layers, T]`` raw rows (or ``[B, K, T]`` step distributions) and the
+        real target steps ``[B, K, 1]`` (``[B, K]``)."""
+        extras = outputs.extras or {}
+        steps = outputs.target_steps
+        assert steps is not None  # the caller checked
+        if not use_raw:
+            if "step_attention" not in extras:
+                raise ValueError("DeceptionPenalty: a generator's output without extras['step_attention'] (each "
+                                 "target step's attention over the source); use HuggingFaceGenerationAdapter.")
+            return extras["step_attention"], steps.bool()
+        if not outputs.raw_attentions or "step_queries" not in extras:
+            raise ValueError("DeceptionPenalty: a generator's output without raw_attentions and "
+                             "extras['step_queries'] (each target step's query row); use source='attention' or "
+                             "HuggingFaceGenerationAdapter.")
+        queries = extras["step_queries"]
+        n_layers = len(outputs.raw_attentions)
+        maps = []
+        for layer in self.layers:
+            if not -n_layers <= layer < n_layers:
+                raise IndexError(f"layer {layer} out of range for {n_layers} attention layers.")
+            raw = outputs.raw_attentions[layer]  # [B, heads, Q, T]
+            rows = raw[torch.arange(raw.shape[0], device=raw.device)[:, None], :, queries.to(raw.device)]
+            maps.append(rows if self.heads is None else rows[:, :, self.heads])  # [B, K, heads, T]
+        return torch.cat(maps, dim=2), steps.bool()[:, :, None]
+
     def forward(self, outputs: ExplainOutput, batch: Batch, model: Any = None) -> Tensor:
-        mass, permissible = self._masses(outputs, batch)
+        mass, permissible, valid = self._masses_and_steps(outputs, batch)
         empty = int((~batch["impermissible"].any(-1)).sum())
         self.empty_examples += empty
         self.seen_examples += int(batch["impermissible"].shape[0])
-        self.last_mass = mass.detach().mean()
+        self.last_mass = (mass if valid is None else mass[valid.expand_as(mass)]).detach().mean()
         real = batch.get("mask")
         real = real.bool() if isinstance(real, Tensor) and real.shape == batch["impermissible"].shape else True
         dead = ~(~batch["impermissible"].bool() & real).any(-1)  # no permissible real token
@@ -196,7 +243,8 @@ class DeceptionPenalty(FiniteGuard, nn.Module):
                           "the constant −log(eps) with a zero gradient.", RuntimeWarning, stacklevel=2)
         else:
             dead = None
-        value = self.finite_or_zero(_penalty(mass, permissible, self.weight, self.reduction, self.eps, dead), model,
+        value = self.finite_or_zero(_penalty(mass, permissible, self.weight, self.reduction, self.eps, dead, valid),
+                                    model,
                                     impermissible_mass=mass, permissible_mass=permissible)
         size = int(batch["impermissible"].shape[0])
         log_extra(model, f"train/{self.name}_mass", self.last_mass, size)

@@ -72,6 +72,14 @@ class RationaleSupervisionLoss(FiniteGuard, nn.Module):
     the last batch is kept in :attr:`last_mass` and logged as ``train/<name>_mass``. Gradients reach the
     attention scorer and everything below it, never the classifier head.
 
+    **Supervised alignment on a generator** (a causal LM or an encoder–decoder through
+    :class:`~lightning_xai.adapters.huggingface.HuggingFaceGenerationAdapter`, whose output sets ``target_steps``):
+    ``batch[key]`` is a bool ``[B, K, T]`` mask, True at the source positions aligned with target step ``k`` (the gold
+    word links of that step's target word, on its word pieces), and each step's attention over the source
+    (``extras["step_attention"]``) is pulled toward it, as in supervised attention for translation (Liu et al.
+    2016; Garg et al. 2019). The mean runs over the real target steps that have a link; the others count as
+    :attr:`empty_examples`.
+
     Args:
         weight: loss weight.
         key: the batch key of the rationale mask.
@@ -109,16 +117,39 @@ class RationaleSupervisionLoss(FiniteGuard, nn.Module):
         attention = outputs.attention
         mask = token_mask(outputs, batch, model).to(attention.device)
         rationale = rationale.to(attention.device)
+        real = None
+        if outputs.target_steps is not None:  # a generator: one distribution, one rationale per target step
+            attention, mask, real = _step_view(outputs, rationale, mask, self.key)
         values = _rationale_terms(attention, rationale, mask, self.kind)
         has = (rationale & mask).any(-1)
+        if real is not None:
+            has = has & real
+            values = values * real
         size = int(has.shape[0])
-        self.empty_examples += int((~has).sum())
-        self.seen_examples += size
-        self.last_mass = (attention.detach() * as_float(rationale & mask, attention)).sum(-1).mean()
+        counted = has.numel() if real is None else int(real.sum())
+        self.empty_examples += counted - int(has.sum())
+        self.seen_examples += counted
+        masses = (attention.detach() * as_float(rationale & mask, attention)).sum(-1)
+        self.last_mass = masses.mean() if real is None else masses[real].mean()
         log_extra(model, f"train/{self.name}_mass", self.last_mass, size)
-        log_extra(model, f"train/{self.name}_empty", float((~has).sum()), size)
+        log_extra(model, f"train/{self.name}_empty", float(counted - int(has.sum())), size)
         value = self.weight * values.sum() / has.sum().clamp_min(1)
         return self.finite_or_zero(value, model, attention=attention)
 
     def extra_repr(self) -> str:
         return f"weight={self.weight}, key={self.key!r}, kind={self.kind!r}"
+
+
+def _step_view(outputs: ExplainOutput, rationale: Tensor, mask: Tensor, key: str) -> "tuple[Tensor, Tensor, Tensor]":
+    """A generator's ``(step attention [B, K, T], source mask [B, 1, T], real steps [B, K])`` for a ``[B, K, T]``
+    rationale."""
+    steps = outputs.target_steps
+    attention = (outputs.extras or {}).get("step_attention")
+    if steps is None or attention is None:
+        raise ValueError("RationaleSupervisionLoss: a generator's output without extras['step_attention'] (each "
+                         "target step's attention over the source); use HuggingFaceGenerationAdapter.")
+    if rationale.shape != attention.shape:
+        raise ValueError(f"RationaleSupervisionLoss on a generator: batch[{key!r}] has shape "
+                         f"{tuple(rationale.shape)}, expected [B, K, T] = {tuple(attention.shape)}: for each target "
+                         "step, True at the source positions aligned with it (its gold links on word pieces).")
+    return attention, mask[:, None, :], steps.bool()

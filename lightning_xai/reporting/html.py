@@ -10,10 +10,10 @@ import base64
 import html
 import math
 import os
-from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 __all__ = ["COLOUR_POSITIVE", "COLOUR_NEGATIVE", "score_colour", "legend_html", "token_heatmap_html",
-           "history_table_html", "render_report", "png_data_uri", "ReportSection"]
+           "history_table_html", "latest_table_html", "render_report", "png_data_uri", "ReportSection"]
 
 COLOUR_POSITIVE = (33, 102, 172)   # blue: the score pushes towards the explained class
 COLOUR_NEGATIVE = (178, 24, 43)    # red: the score pushes away from it
@@ -143,6 +143,35 @@ def history_table_html(history: Sequence[Mapping[str, Any]], keys: Optional[Sequ
         cells += [_fmt(r["metrics"].get(k, float("nan"))) for k in keys]
         rows.append("<tr>" + "".join(f'<td class="num">{c}</td>' for c in cells) + "</tr>")
     return f"<div class=\"wide\"><table><tr>{head}</tr>{''.join(rows)}</table></div>"
+
+
+_STATS = ("mean", "std", "significant_fraction")
+
+
+def _split_stat(key: str) -> Tuple[str, str]:
+    head, _, tail = key.rpartition("/")
+    return (head, tail) if head and tail in _STATS else (key, "value")
+
+
+def latest_table_html(metrics: Mapping[str, float]) -> str:
+    """The metrics of one audit as a table: a row per result, a column per statistic (mean, std, ...).
+
+    Example:
+        >>> out = latest_table_html({"tau/mean": 0.5, "tau/std": 0.1})
+        >>> "<td>tau</td>" in out and "0.5000" in out and "0.1000" in out
+        True
+    """
+    rows: Dict[str, Dict[str, float]] = {}
+    for key, value in metrics.items():
+        name, stat = _split_stat(key)
+        rows.setdefault(name, {})[stat] = value
+    columns = [c for c in (*_STATS, "value") if any(c in r for r in rows.values())]
+    head = "".join(f"<th>{_esc(c.replace('_', ' '))}</th>" for c in ["result", *columns])
+    body = "".join(
+        "<tr><td>" + _esc(name) + "</td>" + "".join(
+            f'<td class="num">{_fmt(r[c]) if c in r else ""}</td>' for c in columns) + "</tr>"
+        for name, r in rows.items())
+    return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def png_data_uri(path: str) -> str:

@@ -21,7 +21,7 @@ class ReportableAudit(Protocol):
             ``metrics``).
         latest: the latest result (``stage``, ``global_step``, ``examples`` of per-example results with
             ``index``, ``split``, ``label``, ``prediction``, ``probability``, ``token_ids``, ``tokens``, ``maps``,
-            ``values``), or ``None``.
+            ``values``; a generator's also ``target_token_ids``, ``target_tokens``, ``step_maps``), or ``None``.
         version: bumps on every audit.
 
     Example:
@@ -38,5 +38,6 @@ class ReportableAudit(Protocol):
     def histogram_keys(self, examples: List[Any]) -> List[str]:
         """Per-example values whose histogram the report draws."""
 
-    def example_tokens(self, trainer: Any, pl_module: Any, example: Any) -> List[str]:
-        """The words of an audited example."""
+    def example_tokens(self, trainer: Any, pl_module: Any, example: Any, target: bool = False) -> List[str]:
+        """The words of an audited example (``target``: of a generator example's ``target_token_ids``; asked only
+        for an example that has them)."""

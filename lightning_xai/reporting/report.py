@@ -8,10 +8,12 @@ Add it next to the audit callbacks. After every audit it (on rank zero only)
   opens with a headline in words, then the training's own logged metrics (kept by the callback from
   ``trainer.callback_metrics``, no logger needed) beside the audit metrics on one epoch axis, then per audit:
   the erasure comparison (every ranking on one axes), agreement as small multiples, histograms, token heatmaps
-  (with ``"integrated_hessians"`` among an AttentionAudit's methods, also each example's strongest token pairs);
+  (with ``"integrated_hessians"`` among an AttentionAudit's methods, also each example's strongest token pairs;
+  for a generator, a few examples' source tokens × target tokens heatmaps of every map, one row per target step);
 * with a ``WandbLogger``, logs a ``wandb.Table`` of the audited examples, HTML token-heatmap panels (one per
-  method and all maps side by side), histograms of the per-example values and, when the run ends, the report
-  page itself (``wandb.Html`` under ``xai_report``).
+  method and all maps side by side), histograms of the per-example values, a generator's step maps (a table of
+  source × target cells and their heatmaps) and, when the run ends, the report page itself (``wandb.Html`` under
+  ``xai_report``).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
 from lightning_xai.lightning_compat import Callback
-from lightning_xai.reporting.html import (ReportSection, _esc, _fmt, history_table_html, render_report,
+from lightning_xai.reporting.html import (ReportSection, _esc, history_table_html, latest_table_html, render_report,
                                           token_heatmap_html)
 from lightning_xai.reporting.curves import (TrainingLog, agreement_panels, audit_panels, erasure_panels,
                                             training_panels)
@@ -35,35 +37,15 @@ from lightning_xai.reporting.plots import plot_heatmap, plot_histograms, plot_pa
 from lightning_xai.reporting.protocol import ReportableAudit
 from lightning_xai.reporting.summary import final_results, format_summary
 from lightning_xai.reporting.run_directory import log_report_to_wandb, run_report_directory
+from lightning_xai.reporting.step_heatmaps import MAX_STEP_EXAMPLES, step_examples, step_heatmap_html, step_words
 from lightning_xai.reporting.wandb_logging import is_wandb_logger, log_audit_to_wandb
 from lightning_xai.reporting.word_pieces import merge_word_pieces
 
 __all__ = ["AuditReport", "write_report"]
 
-_STATS = ("mean", "std", "significant_fraction")
-
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "x"
-
-
-def _split_stat(key: str) -> Tuple[str, str]:
-    head, _, tail = key.rpartition("/")
-    return (head, tail) if head and tail in _STATS else (key, "value")
-
-
-def _latest_table(metrics: Dict[str, float]) -> str:
-    rows: Dict[str, Dict[str, float]] = {}
-    for key, value in metrics.items():
-        name, stat = _split_stat(key)
-        rows.setdefault(name, {})[stat] = value
-    columns = [c for c in (*_STATS, "value") if any(c in r for r in rows.values())]
-    head = "".join(f"<th>{_esc(c.replace('_', ' '))}</th>" for c in ["result", *columns])
-    body = "".join(
-        "<tr><td>" + _esc(name) + "</td>" + "".join(
-            f'<td class="num">{_fmt(r[c]) if c in r else ""}</td>' for c in columns) + "</tr>"
-        for name, r in rows.items())
-    return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def _audit_figures(audit: ReportableAudit, directory: str, slug: str) -> List[Tuple[str, str, str]]:
@@ -100,8 +82,9 @@ def _audit_figures(audit: ReportableAudit, directory: str, slug: str) -> List[Tu
     return figures
 
 
-def _audit_section(audit: ReportableAudit, result: Optional[Any], directory: str,
-                   max_examples: int, png: bool, heatmap_pngs: int, merge_pieces: bool = False) -> ReportSection:
+def _audit_section(audit: ReportableAudit, result: Optional[Any], directory: str, max_examples: int, png: bool,
+                   heatmap_pngs: int, merge_pieces: bool = False, step_heatmaps: int = MAX_STEP_EXAMPLES
+                   ) -> ReportSection:
     title = f"{type(audit).__name__} ({audit.log_prefix})"
     slug = _slug(audit.log_prefix)
     parts: List[str] = []
@@ -112,7 +95,7 @@ def _audit_section(audit: ReportableAudit, result: Optional[Any], directory: str
         parts.append(f'<h3>Latest audit</h3><p class="meta">stage {_esc(last["stage"])}, epoch {_esc(last["epoch"])}, '
                      f'step {_esc(last["global_step"])}, split {_esc(last["split"])}, '
                      f'{_esc(last["num_examples"])} examples</p>')
-        parts.append(_latest_table(last["metrics"]))
+        parts.append(latest_table_html(last["metrics"]))
         mean_keys = [k for r in history for k in r["metrics"] if k.endswith("/mean")]
         keys = list(dict.fromkeys(mean_keys)) or None
         parts.append("<details><summary>All audits</summary>" + history_table_html(history, keys) + "</details>")
@@ -129,6 +112,7 @@ def _audit_section(audit: ReportableAudit, result: Optional[Any], directory: str
             if path:
                 images.append(("Per-example values of the latest audit (legend: mean of each)", path))
         shown = [e for e in result.examples if e.maps][:max_examples]
+        with_steps = {id(e) for e in step_examples(shown, step_heatmaps)}
         if shown:
             parts.append("<h3>Token heatmaps (latest audit)</h3>")
         for number, example in enumerate(shown):
@@ -136,14 +120,20 @@ def _audit_section(audit: ReportableAudit, result: Optional[Any], directory: str
             maps = {k: [float(v) for v in scores] for k, scores in example.maps.items()}
             if merge_pieces:
                 tokens, maps = merge_word_pieces(tokens, maps)
-            caption = (f"split {example.split}, label {example.label}, prediction {example.prediction} "
-                       f"(p = {example.probability:.3f}), {len(tokens)} "
+            target = getattr(example, "target_tokens", None)  # a generator's: its target, not a class
+            what = (f"target “{' '.join(target)}”" if target
+                    else f"label {example.label}, prediction {example.prediction}")
+            caption = (f"split {example.split}, {what} (p = {example.probability:.3f}), {len(tokens)} "
                        + ("words (word pieces merged, scores summed)" if merge_pieces else "tokens"))
             parts.append(token_heatmap_html(tokens, maps, title=f"Example {example.index}", caption=caption))
             if getattr(example, "interactions", None) is not None:  # Integrated Hessians' strongest pairs
                 parts.append(pair_heatmap_html(pieces, example.interactions, anchor=f"pairs-{slug}-{example.split}-"
                                                f"{example.index}", title=f"Example {example.index}: strongest "
                                                "token pairs (Integrated Hessians)"))
+            if id(example) in with_steps:  # a generator's maps per target step
+                parts.append(step_heatmap_html(*step_words(example), example.step_maps, merge_pieces=merge_pieces,
+                                               title=f"Example {example.index}: source tokens × target tokens",
+                                               anchor=f"steps-{slug}-{example.split}-{example.index}"))
             if png and number < heatmap_pngs:
                 plot_heatmap(tokens, maps,
                              os.path.join(directory, f"{slug}_heatmap_{example.split}_{example.index}.png"),
@@ -174,13 +164,15 @@ def _lead_sections(audits: Sequence[ReportableAudit], training: Sequence[Dict[st
 def write_report(audits: Sequence[ReportableAudit], directory: str, filename: str = "report.html",
                  title: str = "lightning_xai audit report", subtitle: Optional[str] = None,
                  max_examples: int = 8, png: bool = True, heatmap_pngs: int = 4,
-                 training: Sequence[Dict[str, Any]] = (), merge_pieces: bool = False) -> str:
+                 training: Sequence[Dict[str, Any]] = (), merge_pieces: bool = False,
+                 step_heatmaps: int = MAX_STEP_EXAMPLES) -> str:
     """Write ``report.html`` (and the PNGs it embeds) for ``audits`` into ``directory``; return its path.
 
     The page opens with the headline (what the latest audits say, in words) and the curves of ``training``
     (records of the training's logged metrics, see :class:`~lightning_xai.reporting.curves.TrainingLog`) beside
     the audit metrics; then one section per audit. Tokens of the examples must already be filled in
-    (:class:`AuditReport` does it); ``merge_pieces`` shows HF word pieces as words (scores summed).
+    (:class:`AuditReport` does it); ``merge_pieces`` shows HF word pieces as words (scores summed);
+    ``step_heatmaps`` generator examples per audit also show their source × target heatmaps.
 
     Example:
         >>> import tempfile
@@ -196,7 +188,8 @@ def write_report(audits: Sequence[ReportableAudit], directory: str, filename: st
     """
     os.makedirs(directory, exist_ok=True)
     lead = _lead_sections(audits, training, directory, png)
-    sections = [_audit_section(a, a.latest, directory, max_examples, png, heatmap_pngs, merge_pieces) for a in audits]
+    sections = [_audit_section(a, a.latest, directory, max_examples, png, heatmap_pngs, merge_pieces, step_heatmaps)
+                for a in audits]
     page = render_report(title, sections, subtitle=subtitle, lead=lead)
     path = os.path.join(directory, filename)
     tmp = path + ".tmp"
@@ -220,6 +213,8 @@ class AuditReport(Callback):
         title: the report's heading.
         merge_word_pieces: show HF word pieces (``##`` continuations, ``Ġ``/``▁`` word starts) as whole words,
             each word's score the sum of its pieces' scores.
+        step_heatmaps: generator examples per audit shown (and logged to W&B) as source tokens × target tokens
+            heatmaps, one per map (attention and each method), one row per target step.
 
     Example:
         >>> import pytorch_lightning as pl
@@ -232,12 +227,14 @@ class AuditReport(Callback):
 
     def __init__(self, dirpath: Optional[str] = None, filename: str = "report.html", png: bool = True,
                  wandb: bool = True, max_examples: int = 8, heatmap_pngs: int = 4,
-                 title: str = "lightning_xai audit report", merge_word_pieces: bool = False) -> None:
+                 title: str = "lightning_xai audit report", merge_word_pieces: bool = False,
+                 step_heatmaps: int = MAX_STEP_EXAMPLES) -> None:
         super().__init__()
         if not filename.endswith(".html") or os.sep in filename:
             raise MisconfigurationException(f"AuditReport(filename) must be a file name ending in .html, got {filename!r}.")
-        if not isinstance(max_examples, int) or max_examples < 0:
-            raise MisconfigurationException(f"AuditReport(max_examples) must be an int >= 0, got {max_examples!r}.")
+        for name, value in (("max_examples", max_examples), ("step_heatmaps", step_heatmaps)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise MisconfigurationException(f"AuditReport({name}) must be an int >= 0, got {value!r}.")
         self.dirpath = dirpath
         self.filename = filename
         self.png = png
@@ -246,6 +243,7 @@ class AuditReport(Callback):
         self.heatmap_pngs = heatmap_pngs
         self.title = title
         self.merge_word_pieces = merge_word_pieces
+        self.step_heatmaps = step_heatmaps
         self.training_log = TrainingLog()
         self.report_path: Optional[str] = None
         self._directory: Optional[str] = None
@@ -315,12 +313,15 @@ class AuditReport(Callback):
             for example in audit.latest.examples:
                 if example.tokens is None and example.maps:
                     example.tokens = audit.example_tokens(trainer, pl_module, example)
+                if getattr(example, "target_token_ids", None) is not None and example.target_tokens is None:
+                    example.target_tokens = audit.example_tokens(trainer, pl_module, example, target=True)
             if self.wandb:
                 for logger in trainer.loggers:
                     if is_wandb_logger(logger):
                         stage = audit.latest.stage
                         prefix = audit.log_prefix if stage == "fit" else f"{stage}/{audit.log_prefix}"
-                        log_audit_to_wandb(logger, prefix, audit.latest.examples, audit.latest.global_step)
+                        log_audit_to_wandb(logger, prefix, audit.latest.examples, audit.latest.global_step,
+                                           step_heatmaps=self.step_heatmaps)
         directory = self._directory or os.path.join(trainer.default_root_dir, "xai_report")
         latest = [a.latest for a in audits if a.latest is not None]
         last = max(latest, key=lambda r: r.global_step) if latest else None
@@ -329,7 +330,8 @@ class AuditReport(Callback):
         # Heatmap PNGs are the slow part: draw them once, when the run (fit/validate/test) ends.
         self.report_path = write_report(audits, directory, self.filename, self.title, subtitle,
                                         self.max_examples, self.png, self.heatmap_pngs if final else 0,
-                                        training=self.training_log.records, merge_pieces=self.merge_word_pieces)
+                                        training=self.training_log.records, merge_pieces=self.merge_word_pieces,
+                                        step_heatmaps=self.step_heatmaps)
         if final and self.wandb:
             wandb_loggers = [logger for logger in trainer.loggers if is_wandb_logger(logger)]
             if wandb_loggers:

@@ -65,7 +65,7 @@ def family_batch(name: str, left: bool):
 CASES = [(n, False) for n in ENCODERS] + [(n, left) for n in DECODERS for left in (False, True)]
 
 
-@pytest.mark.parametrize("name,left", CASES, ids=[f"{n}-{'left' if l else 'right'}" for n, l in CASES])
+@pytest.mark.parametrize("name,left", CASES, ids=[f"{n}-{'left' if is_left else 'right'}" for n, is_left in CASES])
 def test_family_is_read_correctly(name, left):
     model = family_model(name)
     batch = family_batch(name, left)

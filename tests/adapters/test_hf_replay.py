@@ -40,7 +40,7 @@ def _overrides(mask: torch.Tensor, rows: torch.Tensor, heads: int, seed: int = 0
 REPLAY_ATOL = 1e-7
 
 
-@pytest.mark.parametrize("name,left", CASES, ids=[f"{n}-{'left' if l else 'right'}" for n, l in CASES])
+@pytest.mark.parametrize("name,left", CASES, ids=[f"{n}-{'left' if is_left else 'right'}" for n, is_left in CASES])
 def test_scorer_equals_full_passes_with_the_same_override(name, left):
     adapter = _adapter(name)
     batch = family_batch(name, left)

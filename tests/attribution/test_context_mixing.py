@@ -221,7 +221,7 @@ def test_alti_matches_hand_computation(family):
 def test_max_flow_matches_networkx():
     nx = pytest.importorskip("networkx")
     gen = torch.Generator().manual_seed(0)
-    for trial in range(20):
+    for _ in range(20):
         n = 8
         cap = torch.rand(n, n, generator=gen).double() * (torch.rand(n, n, generator=gen) < 0.4)
         cap.fill_diagonal_(0.0)

@@ -356,3 +356,15 @@ def test_a_model_that_scores_its_own_deletions_runs_no_trimming_check(monkeypatc
     monkeypatch.setattr(reference, "forward_from_embeddings", lambda *a, **k: calls.append(1) or run(*a, **k))
     assert torch.equal(attribute(reference, batch, "leave_one_out"), expected)
     assert len(calls) == 1  # the full pass the scores start from
+
+
+def test_deleting_more_tokens_in_one_row_pads_its_per_token_labels_with_minus_100():
+    """A causal LM's labels follow its ids; the positions a deletion frees are padding, not token 0 (a row that loses
+    more tokens than another was scored with a spurious target token 0 before)."""
+    batch = {"input_ids": torch.tensor([[1, 5, 6, 7, 8], [1, 5, 6, 7, 8]]),
+             "attention_mask": torch.ones(2, 5, dtype=torch.long),
+             "labels": torch.tensor([[-100, -100, -100, 7, 8], [-100, -100, -100, 7, 8]])}
+    remove = torch.tensor([[False, True, True, False, False], [False, True, False, False, False]])
+    out = batching.remove_tokens(batch, remove)
+    assert out["labels"].tolist() == [[-100, 7, 8, -100], [-100, -100, 7, 8]]
+    assert out["input_ids"].tolist() == [[1, 7, 8, 0], [1, 6, 7, 8]]

@@ -56,7 +56,9 @@ def test_alignment_audit_matches_a_hand_computation(gen_kit, tmp_path, kind):
     dm = Verses(causal=causal)
     pl.seed_everything(0, verbose=False)
     module = Generation(kind, dm.word_ids)
-    audit = AlignmentAudit(methods=("gradient",))
+    # budget=None: on a loaded machine the cost budget may thin the cadence, and the last audit would not be of the
+    # final model this test recomputes by hand
+    audit = AlignmentAudit(methods=("gradient",), budget=None)
     trainer = gen_kit.make_trainer(tmp_path, [audit], max_epochs=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -15,7 +15,7 @@ import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from lightning_xai.attribution import attribute
-from lightning_xai.callbacks import AdversarialSearchAudit, AttentionAudit, AttentionBaselines, ErasureAudit, SanityCheck
+from lightning_xai.callbacks import AdversarialSearchAudit, AttentionAudit, SanityCheck
 from lightning_xai.metrics.registry import AGREEMENT_METRICS
 
 KINDS = {"llama": True, "gpt2": True, "bart": False}  # kind -> causal
@@ -145,7 +145,7 @@ def test_generation_options_are_refused_for_a_classifier(kit, tmp_path):
         AttentionAudit(max_new_tokens=0)
 
 
-@pytest.mark.parametrize("callback", [AttentionBaselines, ErasureAudit, AdversarialSearchAudit, SanityCheck])
+@pytest.mark.parametrize("callback", [AdversarialSearchAudit, SanityCheck])
 def test_audits_that_cannot_explain_a_target_sequence_refuse_a_generator_by_name(gen_kit, tmp_path, callback):
     with pytest.raises(MisconfigurationException, match=f"{callback.__name__} does not audit text generators "
                                                         r"\(BartForConditionalGeneration\)"):

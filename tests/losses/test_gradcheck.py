@@ -99,7 +99,7 @@ def test_alignment_kl_and_loss():
     scores = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
     saliency = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
     for direction in ("saliency_to_attention", "attention_to_saliency"):
-        assert gradcheck(lambda s, g: attention_alignment_kl(_softmax(s), g, MASK, direction), (scores, saliency))
+        assert gradcheck(lambda s, g, d=direction: attention_alignment_kl(_softmax(s), g, MASK, d), (scores, saliency))
     # the module with create_graph=True differentiates through the saliency map too
     loss = AttentionAlignmentLoss(lambda model, batch, create_graph=False: batch["saliency"], create_graph=True)
 

@@ -76,7 +76,7 @@ def _uses_replay(model, batch) -> bool:
 CASES = [("bert", False), ("distilbert", False), ("llama", True)]
 
 
-@pytest.mark.parametrize("name,left", CASES, ids=[f"{n}-{'left' if l else 'right'}" for n, l in CASES])
+@pytest.mark.parametrize("name,left", CASES, ids=[f"{n}-{'left' if is_left else 'right'}" for n, is_left in CASES])
 def test_transformer_replay_gives_the_full_passes_results(name, left):
     adapter = _hf(name)
     batch = _batch(name in ENCODERS, left)

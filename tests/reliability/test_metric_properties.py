@@ -112,7 +112,7 @@ def _batches(draw):
     maps = []
     for _ in range(2):
         rows = []
-        for b in range(B):
+        for _ in range(B):
             kind = draw(hs.sampled_from(["free", "pool", "constant", "zero"]))
             if kind == "constant":
                 rows.append([draw(value)] * T)

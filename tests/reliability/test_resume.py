@@ -39,13 +39,15 @@ def _data() -> _Slice:
 
 
 def _audits() -> List[pl.Callback]:
-    # smooth_grad and the baselines' permutations draw random numbers: they must come from the audit's own seeds
+    # smooth_grad and the baselines' permutations draw random numbers: they must come from the audit's own seeds.
+    # budget=None: the cost budget plans from measured seconds, so on a loaded machine it may thin the cadence of
+    # one run and not the other (test_budget.py tests the budget; this file tests resume)
     return [AttentionAudit(methods=("gradient", "leave_one_out", "smooth_grad"),
-                           method_options={"smooth_grad": {"n_samples": 3}}, num_samples=24),
-            AttentionBaselines(num_samples=24, num_permutations=6),
+                           method_options={"smooth_grad": {"n_samples": 3}}, num_samples=24, budget=None),
+            AttentionBaselines(num_samples=24, num_permutations=6, budget=None),
             AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), every_n_epochs=0, every_n_train_steps=7,
                            num_samples=16, on_validate=False, on_test=False,  # 10 steps an epoch: 7, 14, 21, 28
-                           log_prefix="step_audit")]  # its own keys: one column must not mix two audits' series
+                           log_prefix="step_audit", budget=None)]  # its own keys: one column must not mix two audits' series
 
 
 def _fit(tmp_path, dm: _Slice, init_seed: int, max_epochs: int, callbacks: List[pl.Callback], ckpt_path=None,

@@ -1,4 +1,5 @@
-"""Reuse the callback tests' SST-2 slices and tiny models (the ``kit`` fixture)."""
+"""Reuse the callback tests' SST-2 slices and tiny models (the ``kit`` fixture) and their tiny generators on the
+bundled alignment corpus (``gen_kit``)."""
 from __future__ import annotations
 
 import importlib.util
@@ -13,6 +14,7 @@ _kit_module = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_kit_module)
 
 kit = _kit_module.kit
+gen_kit = _kit_module.gen_kit
 
 
 @pytest.fixture(scope="session")

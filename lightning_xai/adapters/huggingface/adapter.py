@@ -87,6 +87,7 @@ from lightning_xai.adapters.huggingface.reductions import (Reduction, attention_
 from lightning_xai.adapters.huggingface.tokens import real_token_mask
 from lightning_xai.adapters.huggingface.unwrap import unchecked_layers, unwrap
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError, check_embeddings
+from lightning_xai.adapters.sharding import gathered, routed_through_root
 
 __all__ = ["ATTENTION_IMPLEMENTATION", "HuggingFaceAdapter", "attention_rollout", "register_attention_implementation"]
 
@@ -168,14 +169,14 @@ class HuggingFaceAdapter(nn.Module):
         overriding this (a subclass that only changes behaviour is built by name)."""
         return False
 
-    def __init__(self, model: nn.Module, tokenizer: Any = None, attention: Reduction = "cls_last_mean",
-                 override_specials: str = "keep", query_index: Optional[int] = None, check: bool = True) -> None:
-        super().__init__()
+    def _hold(self, model: nn.Module, tokenizer: Any, attention: Reduction, override_specials: str,
+              query_index: Optional[int]) -> nn.Module:
+        """Take ``model`` out of its wrappers (PEFT, ``torch.compile``, DDP, ...) and keep it with the options every
+        adapter of this family shares; returns the unwrapped ``transformers`` model."""
         if override_specials not in ("keep", "zero"):
             raise ValueError(f"override_specials must be 'keep' or 'zero', got {override_specials!r}.")
         found = unwrap(model)
-        model = found.model
-        self.model = model
+        self.model = found.model
         #: the module whose forward the user trains (the PEFT model, else ``model``); not a submodule
         object.__setattr__(self, "reference", found.reference)
         #: the wrappers taken off the given module, outermost first (``torch.compile``'s ``OptimizedModule``, ...)
@@ -186,7 +187,13 @@ class HuggingFaceAdapter(nn.Module):
         self._reduce = parse_reduction(attention)
         self.attention_name = attention if isinstance(attention, str) else getattr(attention, "__name__", "callable")
         # a reference, not a registered submodule: it already lives inside ``model`` (no duplicate state_dict keys)
-        object.__setattr__(self, "_embedding", self._find_embedding(model))
+        object.__setattr__(self, "_embedding", self._find_embedding(self.model))
+        return self.model
+
+    def __init__(self, model: nn.Module, tokenizer: Any = None, attention: Reduction = "cls_last_mean",
+                 override_specials: str = "keep", query_index: Optional[int] = None, check: bool = True) -> None:
+        super().__init__()
+        model = self._hold(model, tokenizer, attention, override_specials, query_index)
         try:
             detected = detect_pooling(model)
         except ProtocolError:
@@ -285,7 +292,8 @@ class HuggingFaceAdapter(nn.Module):
         check_token_ids(ids, self._embedding.num_embeddings, "Tokenizer/model mismatch: input_ids")
         check_sequence_length(ids.shape[1], getattr(getattr(self.model, "config", None), "max_position_embeddings",
                                                     None), self._positions_skipped())
-        return self._embedding(ids)
+        with gathered(self.model, [self._embedding]):  # FSDP2: called outside the root's forward (adapters.sharding)
+            return self._embedding(ids)
 
     def token_mask(self, batch: Batch) -> Tensor:
         """``[B, T]`` bool: real word-pieces (``batch["mask"]``, else attention_mask minus special tokens)."""
@@ -369,7 +377,8 @@ class HuggingFaceAdapter(nn.Module):
         hook = native_override(self._attention_modules[-1]) if token is not None and getattr(self, "_native", False) \
             else nullcontext()
         try:  # un-checkpointed: a checkpointed layer would recompute in backward outside these contexts
-            with recording_attention(self.model), unchecked_layers(self.model), hook:
+            with recording_attention(self.model), unchecked_layers(self.model), hook, \
+                    routed_through_root(self.model, self._embedding, kwargs, batch.get("input_ids")):
                 if self._head_pooling == "last":  # the head reads the query row: query_index= moves it too
                     logits, output = pooled_logits(self.model, kwargs, qmask.long().argmax(-1))
                 else:

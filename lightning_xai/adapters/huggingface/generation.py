@@ -60,9 +60,8 @@ from lightning_xai.adapters.huggingface.adapter import HuggingFaceAdapter
 from lightning_xai.adapters.huggingface.attention import OverrideState, active_override, recording_attention
 from lightning_xai.adapters.huggingface.decoding import DECODER_KEYS, greedy_targets
 from lightning_xai.adapters.huggingface.families import family_of, module_calls
-from lightning_xai.adapters.huggingface.reductions import Reduction, parse_reduction, renormalise
-from lightning_xai.adapters.huggingface.steps import (IGNORE_INDEX, Steps, step_override_rows, step_rows,
-                                                      target_steps)
+from lightning_xai.adapters.huggingface.reductions import Reduction, renormalise
+from lightning_xai.adapters.huggingface.steps import IGNORE_INDEX, Steps, step_override_rows, step_rows, target_steps
 from lightning_xai.adapters.huggingface.unwrap import unchecked_layers, unwrap
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError, check_embeddings
 
@@ -145,26 +144,15 @@ class HuggingFaceGenerationAdapter(HuggingFaceAdapter):
     def __init__(self, model: nn.Module, tokenizer: Any = None, attention: Reduction = "cls_last_mean",
                  override_specials: str = "keep", query_index: Optional[int] = None, check: bool = True) -> None:
         nn.Module.__init__(self)
-        if override_specials not in ("keep", "zero"):
-            raise ValueError(f"override_specials must be 'keep' or 'zero', got {override_specials!r}.")
         if query_index is not None:
             raise ValueError("query_index does not apply to a generation model: each target step is read by the query "
                              "row that predicts it (see lightning_xai.adapters.huggingface.generation); leave it None.")
-        found = unwrap(model)
-        self.model = found.model
-        object.__setattr__(self, "reference", found.reference)
-        self.wrappers = found.wrappers
-        self.tokenizer = tokenizer
-        self.override_specials = override_specials
-        self.query_index = None
-        self._reduce = parse_reduction(attention)
-        self.attention_name = attention if isinstance(attention, str) else getattr(attention, "__name__", "callable")
+        self._hold(model, tokenizer, attention, override_specials, None)
         config = self.model.config
         #: an encoder–decoder (the source is the encoder input) rather than a causal LM (the prompt)
         self.encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
         self.causal = not self.encoder_decoder
         self.pooling = "steps"
-        object.__setattr__(self, "_embedding", self._find_embedding(self.model))
         self._embedding_scale = self._find_embedding_scale()
         self._checked = not check
         self._check_tokenizer(tokenizer)

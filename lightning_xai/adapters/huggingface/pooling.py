@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from lightning_xai.adapters.checks import evaluating
 from lightning_xai.adapters.huggingface.families import table_pooling
 from lightning_xai.adapters.protocol import ProtocolError
+from lightning_xai.adapters.sharding import is_sharded
 
 __all__ = ["detect_pooling", "head_reads", "is_causal", "last_non_pad", "pooled_logits", "probe_pooling",
            "query_mask"]
@@ -145,7 +146,7 @@ def head_reads(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> O
     for point in _probe_points(model):
         leaves: List[Optional[Tensor]] = []
 
-        def replace(module: nn.Module, args: Any, output: Any) -> Any:
+        def replace(module: nn.Module, args: Any, output: Any, leaves: List[Optional[Tensor]] = leaves) -> Any:
             first = _first_tensor(output)
             if first is None or leaves:
                 leaves.append(None)
@@ -253,7 +254,10 @@ def query_mask(pooling: str, batch: Any, attention_mask: Tensor, pad_token_id: O
 def pooled_logits(model: nn.Module, kwargs: dict, positions: Tensor) -> Tuple[Tensor, Any]:
     """Run a last-token classifier's body from ``inputs_embeds`` and apply ``model.score`` at ``positions``.
 
-    Returns ``(logits [B, C], body output)``; identical to the model's own logits from ``input_ids``.
+    Returns ``(logits [B, C], body output)``; identical to the model's own logits from ``input_ids``. A model
+    sharded with FSDP2 (:func:`~lightning_xai.adapters.sharding.is_sharded`) runs its own forward instead, whose
+    layers gather their parameters only inside it, the head's every-position logits read by a forward hook; its
+    output carries the same attention maps and hidden states.
     """
     base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
     if not isinstance(base, nn.Module):
@@ -261,9 +265,17 @@ def pooled_logits(model: nn.Module, kwargs: dict, positions: Tensor) -> Tuple[Te
                             "query_index= and check its logits with HuggingFaceAdapter.check_logits.")
     body = {k: v for k, v in kwargs.items() if k != "token_type_ids" or "token_type_ids" in
             inspect.signature(base.forward).parameters}
-    output = base(**body)
-    hidden = output.last_hidden_state
     head = cast(Callable[[Tensor], Tensor], model.score)  # detect_pooling checked that a "last" head has one
-    logits = head(hidden)  # every position, then the pooled one: the head's own order of operations
-    logits = logits[torch.arange(hidden.shape[0], device=hidden.device), positions.to(hidden.device)]
+    if is_sharded(model):
+        seen: List[Tensor] = []
+        handle = cast(nn.Module, head).register_forward_hook(lambda module, args, out: seen.append(out))
+        try:
+            output = model(**body)
+        finally:
+            handle.remove()
+        logits = seen[-1]
+    else:
+        output = base(**body)
+        logits = head(output.last_hidden_state)  # every position, then the pooled one: the head's own order
+    logits = logits[torch.arange(logits.shape[0], device=logits.device), positions.to(logits.device)]
     return logits, output

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from lightning_xai.adapters.budget import PASS_BUDGET_ELEMENTS, budget_chunks
 from lightning_xai.adapters.huggingface.packing import attention_elements, packed_scorer, replaced_forwards
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
+from lightning_xai.adapters.sharding import agree_flag
 
 __all__ = ["layer_stack", "override_replay"]
 
@@ -202,8 +203,8 @@ def _agrees(packed: Callable[[Tensor, Optional[Tensor]], Tensor], scorer: Callab
     rising = real * torch.arange(1, mask.shape[1] + 1, device=mask.device, dtype=torch.float64)
     weights = torch.where(torch.arange(rows.numel(), device=mask.device).view(-1, 1) % 2 == 0, real, rising)
     varied = weights / weights.sum(1, keepdim=True).clamp(min=1e-12)
-    try:
-        return close(packed(every, None), logits.index_select(0, every)) and close(packed(rows, varied),
-                                                                                  scorer(rows, varied))
+    try:  # agree_flag: on a sharded model every process takes process 0's branch (adapters.sharding.lockstep)
+        return agree_flag(close(packed(every, None), logits.index_select(0, every))) and \
+            agree_flag(close(packed(rows, varied), scorer(rows, varied)))
     except Exception:  # noqa: BLE001 - a layout the model does not take: keep the replay
         return False

@@ -29,9 +29,14 @@ from lightning_xai.adapters.huggingface.families import LAYOUTS, Layout, layout_
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError
 from lightning_xai.attribution.targets import resolve_target
 
-__all__ = ["LayerParts", "Trace", "adapter_model", "block_tail", "head_outputs", "layer_index", "layer_parts",
-           "mix_vectors", "normalise_rows", "pad_mask", "query_positions", "query_weights", "rerun_layer",
-           "rollout_rows", "tail_reproduces", "trace", "traced_layers"]
+__all__ = ["UNSHARDABLE", "LayerParts", "Trace", "adapter_model", "block_tail", "head_outputs", "layer_index",
+           "layer_parts", "mix_vectors", "normalise_rows", "pad_mask", "query_positions", "query_weights",
+           "rerun_layer", "rollout_rows", "tail_reproduces", "trace", "traced_layers"]
+
+#: why the methods that run a layer's parts themselves (value mixing, ALTI, value zeroing) cannot explain a model
+#: sharded with FSDP2: a part called outside its layer's forward reads sharded parameters (DTensors)
+UNSHARDABLE = ("it calls the parts of each layer (attention value and output projections, LayerNorms) outside the "
+               "layer's forward, where FSDP2 has not gathered their parameters")
 
 
 @dataclass

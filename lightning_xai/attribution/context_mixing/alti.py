@@ -23,8 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ProtocolError
-from lightning_xai.attribution.context_mixing._hf_internals import (Trace, mix_vectors, normalise_rows, rollout_rows,
-                                                                     traced_layers)
+from lightning_xai.attribution.context_mixing._hf_internals import (UNSHARDABLE, Trace, mix_vectors, normalise_rows,
+                                                                     rollout_rows, traced_layers)
 from lightning_xai.attribution.registry import register_method
 
 __all__ = ["alti", "alti_transformed_vectors", "alti_matrix"]
@@ -72,7 +72,7 @@ def alti_matrix(tr: Trace, layer: int, present: Tensor) -> Tensor:
     return normalise_rows((y_norm - distance).clamp_min(0.0), present)
 
 
-@register_method("alti", resolves_target=True)
+@register_method("alti", resolves_target=True, unshardable=UNSHARDABLE)
 def alti(model: Any, batch: Batch, target: Any = None, *, create_graph: bool = False,
          layer: Optional[int] = None) -> Tensor:
     """``[B, T]`` ALTI contributions of each token to the classifier's summary row (Ferrando et al. 2022).

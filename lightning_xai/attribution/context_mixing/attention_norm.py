@@ -14,15 +14,15 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch
-from lightning_xai.attribution.context_mixing._hf_internals import (layer_index, mix_vectors, query_positions,
-                                                                     trace)
+from lightning_xai.attribution.context_mixing._hf_internals import (UNSHARDABLE, layer_index, mix_vectors,
+                                                                     query_positions, trace)
 from lightning_xai.attribution.core import resolve_target
 from lightning_xai.attribution.registry import register_method
 
 __all__ = ["attention_norm"]
 
 
-@register_method("attention_norm", resolves_target=True)
+@register_method("attention_norm", resolves_target=True, unshardable=UNSHARDABLE)
 def attention_norm(model: Any, batch: Batch, target: Any = None, *, create_graph: bool = False,
                    layer: int = -1) -> Tensor:
     """``[B, T]`` Kobayashi et al.'s ‖Σ_h α^h_{qj} f^h(x_j)‖ at the summary row ``q`` of one layer.

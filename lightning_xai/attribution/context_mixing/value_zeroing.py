@@ -10,15 +10,16 @@ The residual connection is inside the measure, so the layers are rolled out *wit
 from __future__ import annotations
 
 from contextlib import nullcontext
+from functools import partial
 from typing import Any, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch
-from lightning_xai.attribution.context_mixing._hf_internals import (Trace, block_tail, head_outputs, normalise_rows,
-                                                                     rerun_layer, rollout_rows, tail_reproduces,
-                                                                     traced_layers)
+from lightning_xai.attribution.context_mixing._hf_internals import (UNSHARDABLE, Trace, block_tail, head_outputs,
+                                                                     normalise_rows, rerun_layer, rollout_rows,
+                                                                     tail_reproduces, traced_layers)
 from lightning_xai.attribution.registry import register_method
 
 __all__ = ["TAIL_ROWS", "value_zeroing", "value_zeroing_matrix"]
@@ -100,13 +101,13 @@ def _rerun_matrix(tr: Trace, layer: int, internal_batch_size: Optional[int]) -> 
         n = positions.numel()
         keep = torch.ones(B * n, T, 1, dtype=tr.values[layer].dtype, device=x.device)
         keep[torch.arange(B * n, device=x.device), positions.repeat(B)] = 0.0
-        out = rerun_layer(tr, layer, x.repeat_interleave(n, dim=0), n, value_edit=lambda v: v * keep.to(v.dtype))
+        out = rerun_layer(tr, layer, x.repeat_interleave(n, dim=0), n, value_edit=partial(_zero_values, keep=keep))
         distance = (1.0 - torch.cosine_similarity(out.view(B, n, T, -1), reference.unsqueeze(1), dim=-1)).clamp_min(0)
         columns.append(distance.transpose(1, 2))  # [B, T (query i), n (zeroed j)]
     return torch.cat(columns, dim=2)
 
 
-@register_method("value_zeroing", resolves_target=True)
+@register_method("value_zeroing", resolves_target=True, unshardable=UNSHARDABLE)
 def value_zeroing(model: Any, batch: Batch, target: Any = None, *, create_graph: bool = False,
                   layer: Optional[int] = None, internal_batch_size: Optional[int] = None) -> Tensor:
     """``[B, T]`` Mohebbi et al.'s value-zeroing scores of the classifier's summary row.
@@ -148,3 +149,8 @@ def value_zeroing(model: Any, batch: Batch, target: Any = None, *, create_graph:
                                                         queries=rows if k == top else None), present)
                     for k, index in enumerate(layers)]
         return rollout_rows(matrices, rows)
+
+
+def _zero_values(values: Tensor, keep: Tensor) -> Tensor:
+    """The value vectors with the rows ``keep`` marks 0 zeroed (``keep``: ``[B·n, T, 1]`` of 0/1)."""
+    return values * keep.to(values.dtype)

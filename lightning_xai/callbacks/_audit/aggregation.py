@@ -7,15 +7,15 @@ in one call.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from lightning_xai.callbacks._audit.results import AuditExample
+from lightning_xai.callbacks._audit.results import AuditExample, BatchResult, collect_examples
 from lightning_xai.metrics._base import ValueMean, summarize_values
 
-__all__ = ["ValueAggregator", "aggregate_values", "summarize_values"]
+__all__ = ["AuditCollector", "ValueAggregator", "aggregate_values", "histogram_values", "summarize_values"]
 
 _P = "/p_value"
 _FIELDS = ("mean", "std", "significant_fraction")
@@ -99,3 +99,44 @@ def aggregate_values(examples: List[AuditExample], alpha: float = 0.05) -> Dict[
         summary = summarize_values([e.values.get(name, float("nan")) for e in examples], p_values, alpha)
         out.update({f"{name}/{k}": summary[k] for k in _FIELDS if k in summary})
     return out
+
+
+class AuditCollector:
+    """What one audit run gathers on this process, batch by batch: its :class:`AuditExample` s, the batches'
+    ``extra`` dicts and the :class:`ValueAggregator` of their values.
+
+    Example:
+        >>> collected = AuditCollector(split="val", num_report_examples=1)
+        >>> found = BatchResult(values={"v": torch.tensor([0.5])}, prediction=torch.tensor([1]),
+        ...                     probability=torch.tensor([0.9]))
+        >>> collected.add(torch.tensor([[True]]), {}, [0], [7], found, {"a": 1})
+        >>> [e.index for e in collected.examples], collected.extras, collected.aggregator.compute()["v/mean"]
+        ([7], [{'a': 1}], 0.5)
+    """
+
+    def __init__(self, device: Optional[torch.device] = None, *, split: str, num_report_examples: int) -> None:
+        self.split, self.num_report_examples = split, num_report_examples
+        self.examples: List[AuditExample] = []
+        self.extras: List[Dict[str, Any]] = []
+        self.aggregator = ValueAggregator(device)
+
+    def add(self, mask: Tensor, batch: Mapping[str, Any], positions: Sequence[int], indices: Sequence[int],
+            found: BatchResult, extra: Dict[str, Any]) -> None:
+        """One audited batch (see :func:`~lightning_xai.callbacks._audit.results.collect_examples`)."""
+        self.aggregator.update(found.values)
+        self.examples.extend(collect_examples(mask, batch, positions, indices, self.split, found,
+                                              self.num_report_examples))
+        self.extras.append(extra)
+
+
+def histogram_values(examples: List[AuditExample]) -> List[str]:
+    """The per-example values of ``examples`` whose histograms a report draws by default: all but p-values.
+
+    Example:
+        >>> histogram_values([AuditExample(0, 0, "val", [], None, 0, 1.0, values={"tau": 0.1, "tau/p_value": 0.2})])
+        ['tau']
+    """
+    keys: List[str] = []
+    for example in examples:
+        keys.extend(k for k in example.values if k not in keys and not k.endswith(_P))
+    return keys

@@ -12,7 +12,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+
+import pytorch_lightning as pl
+from pytorch_lightning.utilities.rank_zero import rank_zero_info
+
+from lightning_xai.callbacks._audit.distributed import agreed, shared_failure
+from lightning_xai.callbacks._audit.failures import AuditFailures
+from lightning_xai.callbacks._audit.subset import AuditSubsets
 
 __all__ = ["AuditBudget", "AuditCost", "DEFAULT_EVERY_N_EPOCHS", "DEFAULT_NUM_SAMPLES", "Default", "MAX_CADENCE",
            "MIN_AUDIT_SECONDS", "MIN_SAMPLES", "Plan", "describe", "limited_size", "plan"]
@@ -241,9 +248,18 @@ class AuditBudget:
     """The cost budget of one audit callback: its cost clock, the plan it chose, and the cadence and subset size
     that follow from the plan (checkpointed with the callback).
 
-    The callback owns one and calls it; the Lightning hooks, the collectives and the logging stay with the callback.
-    Every method is local work (no collectives): :meth:`choose` sizes the audit after the first audit of ``fit``
-    (:func:`plan`), the callback broadcasts that plan from process 0, and every process takes it (:meth:`adopt`).
+    **What the callback's ``budget=`` does** (``0.05``; ``None``: off): after the first audit of ``fit`` the
+    callback audits every ``k``-th epoch (``k <= 10``), and only if that is not enough fewer examples (never below
+    128, the first ``N`` of the same draw), to spend at most ``budget`` of the training time; what the user passed
+    (``num_samples``, the cadence) and audits under ``budget_min_seconds`` (5 s) are kept. The plan is logged
+    (``<prefix>/budget/...``), printed and checkpointed; each epoch's share is logged as ``<prefix>/cost/share``.
+
+    The callback owns one and calls it from its Lightning hooks. The local steps (:meth:`choose`: :func:`plan`;
+    :meth:`adopt`) make no collective; the two trainer steps do, reached by every process in the same order:
+    :meth:`after_first_audit` broadcasts process 0's plan (every process audits the same subset at the same
+    cadence) and :meth:`epoch_ended` logs under :func:`~lightning_xai.callbacks._audit.distributed.agreed`, each
+    local step inside :func:`~lightning_xai.callbacks._audit.distributed.shared_failure`, so a failure on one
+    process raises on all and none is left waiting.
 
     Args:
         share: the share of training time the audits may take (``None``: no budget; ``cost`` still clocks them).
@@ -307,6 +323,43 @@ class AuditBudget:
             self.planned_samples = chosen.num_samples
             return True
         return False
+
+    def after_first_audit(self, trainer: "pl.Trainer", owner: str, subsets: AuditSubsets, split: str, seconds: float,
+                          training: float, limited: Callable[[], bool], log: Callable[[Dict[str, float]], None], *,
+                          min_seconds: float, every_n_epochs: int, every_n_train_steps: Optional[int]) -> None:
+        """After the first audit of ``fit`` (``seconds`` long, ``training`` s after the previous mark): size the
+        subset and cadence to the budget on process 0, take its plan on every process, log and print it.
+        ``limited()``: whether the trainer caps the subset (its size is then kept)."""
+        audited = subsets.audited(split)
+        # Trainer.fast_dev_run is set by Lightning's debugging setup; the Trainer class does not declare it
+        if not self.wanted(audited, training) or trainer.fast_dev_run:  # type: ignore[attr-defined]
+            return
+        with shared_failure(trainer):  # a failure on one process: every process raises, none waits in the broadcast
+            chosen = self.choose(seconds, training, audited, limited=limited(), min_seconds=min_seconds)
+        chosen = trainer.strategy.broadcast(chosen, src=0)  # every process audits the same subset, same cadence
+        if self.adopt(chosen, audited, trainer.current_epoch):  # the first N of the same seeded draw
+            subsets.forget(split)
+        measured = seconds / training
+        with shared_failure(trainer):  # logging the plan failed on one process: an audit failure on all
+            log(self.scalars(measured, every_n_epochs))
+            rank_zero_info(self.announcement(owner, measured, every_n_epochs, every_n_train_steps))
+
+    def epoch_ended(self, trainer: "pl.Trainer", owner: str, others: Iterable[AuditCost],
+                    log: Callable[[Dict[str, float]], None], failures: AuditFailures, split: str) -> None:
+        """At a training epoch's end: log the share of it this callback's audits took (``cost/share``; ``others``:
+        every audit callback's clock) and print the first audit's cost once. A logger failing on one process is
+        reported as a failed audit (``failures``) on every process alike."""
+        spent = self.cost.epoch_ended(others)
+        if spent is None:
+            return
+        audits, training = spent
+        try:
+            agreed(trainer, log, {"cost/share": audits / training if training > 0 else float("nan")})
+        except Exception as err:  # noqa: BLE001 - as a failed audit
+            failures.report(err, "fit", split, trainer.current_epoch, trainer.global_step)
+            return
+        if line := self.cost.first_announcement(owner, audits, training):
+            rank_zero_info(line)
 
     def epoch_due(self, epoch: int, every_n_epochs: int) -> bool:
         """Whether the end of ``epoch`` is an audit's: every ``every_n_epochs * cadence``-th epoch from the plan's."""

@@ -1,6 +1,17 @@
 """Under DDP each process audits its shard of the subset; these gather the shards so every process holds all, and
 make every process take the same path when a step of an audit fails on some of them.
 
+A model sharded with FSDP2 (:func:`replicated`) is the exception: each of its forward passes is itself a collective
+(an all-gather per sharded layer), so processes that ran different numbers of passes would wait on each other
+forever -- and the number of an audit's passes depends on its examples (leave-one-out chunks, erasure steps,
+packing groups, permutations). There every process audits the *whole* subset, in the same batches: the same
+examples and the same gathered parameters, under the same seeded generators, give every process the same sequence
+of passes, whatever the examples; where a number of passes depends on computed values (a decision flip, a
+convergence test, non-finite logits), every process takes process 0's decision
+(:func:`~lightning_xai.adapters.sharding.lockstep`), so a last-bit difference between two processes' kernels cannot
+part them either. Process 0 alone keeps what it found (the others contribute nothing to the gathers below), so the
+results are those of one process.
+
 The rule every audit step follows: local work (no collectives) runs inside :func:`shared_failure` (or
 :func:`agreed`), whose exit is one collective that tells every process whether the work failed anywhere; only then
 comes the next collective (a gather, a broadcast, a metric sync). So a failure on one process — out of memory on
@@ -11,16 +22,18 @@ from __future__ import annotations
 
 import pickle
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
+from lightning_xai.adapters.sharding import is_sharded
+from lightning_xai.attribution.registry import ATTRIBUTION_METHODS
 from lightning_xai.callbacks._audit.results import AuditExample
 
 __all__ = ["AuditFailedOnAnotherProcess", "MisconfiguredOnAnotherProcess", "agreed", "gather_examples",
-           "merge_extras", "shared_failure"]
+           "merge_extras", "refuse_unshardable", "replicated", "shared_failure"]
 
 T = TypeVar("T")
 
@@ -36,6 +49,45 @@ class MisconfiguredOnAnotherProcess(AuditFailedOnAnotherProcess, Misconfiguratio
 
 def _distributed(trainer: "pl.Trainer") -> bool:
     return trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def replicated(trainer: "pl.Trainer") -> bool:
+    """Whether every process audits the whole subset: several processes and a model sharded with FSDP2, whose
+    passes are collectives (module docstring).
+
+    Example:
+        >>> class Single:
+        ...     world_size = 1
+        >>> replicated(Single())
+        False
+    """
+    module = getattr(trainer, "lightning_module", None)
+    return _distributed(trainer) and isinstance(module, torch.nn.Module) and is_sharded(module)
+
+
+def refuse_unshardable(owner: str, methods: Sequence[Any], trainer: Any, module: Any) -> None:
+    """Raise a :class:`MisconfigurationException` when ``module`` is sharded with FSDP2 and one of ``methods`` (names of
+    registered attribution methods; others are ignored) cannot explain a sharded model (its record's
+    ``unshardable``), naming the strategy and the methods that can.
+
+    Example:
+        >>> import torch
+        >>> refuse_unshardable("AttentionAudit", ["alti"], None, torch.nn.Linear(2, 2))  # not sharded: nothing
+    """
+    if not isinstance(module, torch.nn.Module) or not is_sharded(module):
+        return
+    refused = [(m, ATTRIBUTION_METHODS[m].unshardable) for m in methods
+               if isinstance(m, str) and m in ATTRIBUTION_METHODS and ATTRIBUTION_METHODS[m].unshardable]
+    if not refused:
+        return
+    strategy = type(getattr(trainer, "strategy", None)).__name__ if trainer is not None else "this strategy"
+    able = sorted(name for name, record in ATTRIBUTION_METHODS.items() if not record.unshardable)
+    reasons = "; ".join(f"{name!r}: {why}" for name, why in refused)
+    raise MisconfigurationException(
+        f"{owner}: the model is sharded with FSDP2 (fully_shard, under {strategy}), which "
+        f"{', '.join(repr(m) for m, _ in refused)} cannot explain ({reasons}). Leave it out; the methods that explain "
+        f"a sharded model are {', '.join(able)}. Or audit an unsharded copy (trainer.validate with the "
+        "DDP strategy on the saved checkpoint).")
 
 
 def _all_gather(trainer: "pl.Trainer", items: List[Any]) -> List[Any]:

@@ -26,11 +26,12 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_debug, rank_zero_war
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import ProtocolError
+from lightning_xai.adapters.sharding import agree
 from lightning_xai.attribution.batching import gather_rows
 from lightning_xai.callbacks._audit.results import AuditExample, BatchResult
 
 __all__ = ["AuditFailures", "NONFINITE_LOGITS", "audit_finite_rows", "defined_examples", "failure_fix",
-           "mark_undefined", "spread_rows", "keep_rows", "warn_undefined"]
+           "mark_undefined", "with_prediction", "spread_rows", "keep_rows", "warn_undefined"]
 
 def failure_fix(err: BaseException) -> str:
     """What to try for an exception raised inside an audit.
@@ -120,7 +121,7 @@ def _spread(value: Tensor, rows: Tensor, size: int) -> Tensor:
 
 def spread_rows(found: BatchResult, rows: Tensor, size: int) -> BatchResult:
     """An ``audit_batch`` result on the ``rows`` of a batch of ``size`` rows, as a result on the whole batch: its
-    ``values``, ``maps`` and row-aligned tensors get NaN at the other rows.
+    ``values``, ``maps`` and row-aligned tensors get NaN at the other rows (a generator's ``step_mask``: no step).
 
     Example:
         >>> spread_rows(BatchResult(values={"v": torch.tensor([0.5])}), torch.tensor([1]), 2).values["v"].tolist()
@@ -130,10 +131,14 @@ def spread_rows(found: BatchResult, rows: Tensor, size: int) -> BatchResult:
         aligned = isinstance(value, Tensor) and value.dim() and value.shape[0] == rows.numel()
         return _spread(value, rows, size) if aligned else value
 
+    steps = found.step_mask
+    if steps is not None:  # a generator's shown steps: none at the other rows
+        steps = steps.new_zeros((size, *steps.shape[1:])).index_put_((rows.to(steps.device),), steps.bool())
     return dataclasses.replace(
         found, values={k: _spread(v, rows, size) for k, v in found.values.items()},
         maps={k: _spread(v, rows, size) for k, v in found.maps.items()}, prediction=spread(found.prediction),
-        probability=spread(found.probability), interactions=spread(found.interactions))
+        probability=spread(found.probability), interactions=spread(found.interactions),
+        step_maps={k: _spread(v, rows, size) for k, v in found.step_maps.items()}, step_mask=steps)
 
 
 def _batch_result(result: Tuple[Any, Dict[str, Any]]) -> Tuple[BatchResult, Dict[str, Any]]:
@@ -159,7 +164,7 @@ def audit_finite_rows(audit: Callable[[Dict[str, Any], List[int], Optional[Any]]
         >>> found.values["n"].tolist()
         [1.0, nan]
     """
-    finite = prediction.finite.cpu()
+    finite = agree(prediction.finite).cpu()  # a sharded model: process 0's rows on every process (lockstep)
     if bool(finite.all()):
         return _batch_result(audit(batch, indices, prediction))
     if not bool(finite.any()):
@@ -189,6 +194,25 @@ def mark_undefined(found: BatchResult, finite: Tensor, names: Sequence[str] = ()
         values[name] = value.masked_fill(bad.to(value.device), math.nan)
     rows = bad.nonzero().flatten().tolist()
     return dataclasses.replace(found, values=values, undefined={row: NONFINITE_LOGITS for row in rows})
+
+
+def with_prediction(found: BatchResult, prediction: Any, names: Sequence[str] = ()) -> BatchResult:
+    """``found`` with the shared prediction step's ``prediction`` and ``probability`` (an
+    :class:`~lightning_xai.callbacks.AuditPrediction`) where the audit set none, the rows whose logits are not finite
+    marked undefined (:func:`mark_undefined`, with the value ``names`` the audit always reports).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> step = SimpleNamespace(prediction=torch.tensor([1]), probability=torch.tensor([0.9]),
+        ...                        finite=torch.tensor([True]))
+        >>> out = with_prediction(BatchResult(values={"v": torch.tensor([0.5])}), step)
+        >>> out.prediction.tolist(), out.undefined
+        ([1], {})
+    """
+    found = dataclasses.replace(
+        found, prediction=prediction.prediction if found.prediction is None else found.prediction,
+        probability=prediction.probability if found.probability is None else found.probability)
+    return mark_undefined(found, prediction.finite, names)
 
 
 def defined_examples(examples: List[AuditExample]) -> List[AuditExample]:

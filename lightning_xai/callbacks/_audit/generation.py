@@ -8,22 +8,30 @@ capability: a causal LM or an encoder–decoder seen through
 * **Methods.** The explained score is ``Σ_k log p(y_k | y_<k, source)`` (``target=None``), or one step's
   log-probability; the methods that read a classifier's ``[B, C]`` logits (:data:`CLASS_LOGIT_METHODS`) are refused
   by name at setup.
-* **Per step.** :func:`per_step_agreement` compares two ``[B, K, T]`` step maps over the ``(b, k)`` pairs where
+* **Per step.** :func:`method_step_maps` computes every method's map of each target step (the results of
+  ``attribute(..., target="steps")``, step by step with every method on the same rows, so gradient and grad×input
+  share each step's backward pass); :func:`per_step_agreement` compares two ``[B, K, T]`` step maps over the ``(b, k)`` pairs where
   ``target_steps`` is true, and gives each row the mean over its steps.
+* **Report.** The examples a report shows keep their step maps, source tokens × target steps (:func:`row_steps`,
+  :func:`place_rows`), and their target tokens.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 
 from lightning_xai.adapters.capabilities import TargetSequence
+from lightning_xai.adapters.huggingface.steps import IGNORE_INDEX
+from lightning_xai.attribution import attribute, shared_input_gradients
+from lightning_xai.attribution.batching import gather_rows
 
 __all__ = ["CLASS_LOGIT_METHODS", "DECODINGS", "check_decoding", "check_generation_methods", "decoded_batch",
-           "is_generator_model", "per_step_agreement", "refuse_generator"]
+           "is_generator_model", "method_step_maps", "per_step_agreement", "place_rows", "refuse_generator",
+           "row_steps"]
 
 #: how an audit of a generator gets its target: the batch's ``labels`` or the model's greedy output
 DECODINGS = ("force", "free")
@@ -157,3 +165,59 @@ def refuse_generator(owner: str, model: Any, why: str) -> None:
         raise MisconfigurationException(
             f"{owner} does not audit text generators ({type(getattr(model, 'model', model)).__name__}): {why}. "
             "AttentionAudit (decoding='force'|'free', per_step=True) and AlignmentAudit do.")
+
+
+def place_rows(values: Tensor, rows: Tensor, shape: Sequence[int]) -> Tensor:
+    """``values`` ``[R, K', ...]`` computed on ``rows`` of a batch, as a zero tensor of ``shape`` ``[B, K, ...]``
+    (``K' ≤ K``: a part of a batch has at most the batch's steps) holding them at those rows.
+
+    Example:
+        >>> place_rows(torch.tensor([[1.0, 2.0]]), torch.tensor([1]), (2, 3)).tolist()
+        [[0.0, 0.0, 0.0], [1.0, 2.0, 0.0]]
+    """
+    full = values.new_zeros(tuple(shape))
+    full[rows.to(values.device), : values.shape[1]] = values
+    return full
+
+
+def row_steps(step_maps: Mapping[str, Tensor], step_mask: Tensor, labels: Tensor, row: int, real: Tensor
+              ) -> Optional[Tuple[List[int], Dict[str, List[List[float]]]]]:
+    """One row's target token ids (``labels`` ``!= -100``: one per target step, in order) and its step maps
+    ``{name: [K_row][n]}`` over its ``real`` source tokens (``[T]`` bool); ``None`` when ``step_mask`` (``[B, K]``)
+    gives the row no step, or its steps and labels disagree.
+
+    Example:
+        >>> maps = {"attention": torch.tensor([[[0.6, 0.4, 0.0], [0.1, 0.9, 0.0]]])}
+        >>> row_steps(maps, torch.tensor([[True, True]]), torch.tensor([[7, 8, -100]]), 0,
+        ...           torch.tensor([True, True, False]))
+        ([7, 8], {'attention': [[0.6000000238418579, 0.4000000059604645], [0.10000000149011612, 0.8999999761581421]]})
+    """
+    where = step_mask[row].bool()
+    target = labels[row][labels[row] != IGNORE_INDEX]
+    if not bool(where.any()) or int(where.sum()) != target.numel():
+        return None
+    return target.tolist(), {name: m[row][where][:, real].tolist() for name, m in step_maps.items()}
+
+
+def method_step_maps(model: Any, batch: Mapping[str, Any], steps: Tensor, methods: Sequence[str],
+                     options: Callable[[str], Mapping[str, Any]],
+                     precision: Callable[[str], ContextManager[Any]]) -> Dict[str, Tensor]:
+    """``{method: [B, K, T]}``: each method's map of each target step's log-probability (what
+    ``attribute(model, batch, method, target="steps", **options(method))`` returns, 0 at steps a row does not have),
+    computed step by step with every method on the rows that have the step, under ``precision(method)``, so that
+    gradient and grad×input share each step's backward pass (``steps``: ``[B, K]``, the output's
+    ``target_steps``)."""
+    maps: Dict[str, Tensor] = {}
+    B, K = steps.shape
+    with shared_input_gradients():
+        for k in range(K):
+            rows = steps[:, k].nonzero().flatten()
+            if not rows.numel():  # a part of a batch may have fewer steps than the batch
+                continue
+            part = gather_rows(dict(batch), rows, B)
+            for method in methods:
+                with precision(method):
+                    scores = attribute(model, part, method, target=k, **options(method))
+                scores = (scores[0] if isinstance(scores, tuple) else scores).detach().float()
+                maps.setdefault(method, scores.new_zeros((B, K, scores.shape[-1])))[rows, k] = scores
+    return maps

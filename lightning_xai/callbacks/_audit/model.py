@@ -17,15 +17,16 @@ import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 
-from lightning_xai.adapters.capabilities import supports_attention_override
+from lightning_xai.adapters.capabilities import head_kind_of, supports_attention_override
 from lightning_xai.adapters.checks import check_logits
 from lightning_xai.adapters.protocol import ExplainableModel, ProtocolError
 from lightning_xai.adapters.resolve import ModelResolver, ModelSpec, find_tokenizer
 from lightning_xai.attribution.batching import gather_rows
+from lightning_xai.attribution.targets import check_softmax_head
 from lightning_xai.callbacks._audit.guard import audit_guard
 
 __all__ = ["check_attention_override", "check_probe_output", "explainable_model", "model_resolver", "probe_model",
-           "report_tokenizer"]
+           "refuse_non_softmax", "refuse_regression_flips", "report_tokenizer"]
 
 
 def model_resolver(model: ModelSpec, tokenizer: Any, owner: str) -> ModelResolver:
@@ -67,6 +68,44 @@ def check_attention_override(owner: str, model: ExplainableModel) -> None:
             f"{type(getattr(model, 'model', model)).__name__} does not support (it declares overridable=False: "
             "its attention is computed inside its own modeling file). Attention maps and every saliency method "
             "still work: use AttentionAudit, or ErasureAudit(decision_flip=False).")
+
+
+def refuse_non_softmax(owner: str, model: Any, measure: str) -> None:
+    """At setup: refuse, naming ``owner``, a model whose head is not a softmax over classes, for an audit whose
+    ``measure`` compares softmax output distributions
+    (:func:`~lightning_xai.attribution.targets.check_softmax_head`).
+
+    Example:
+        >>> class Scorer(torch.nn.Module):
+        ...     head_kind = "regression"
+        >>> refuse_non_softmax("AttentionBaselines", Scorer(), "the permutation test")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        lightning_fabric.utilities.exceptions.MisconfigurationException: AttentionBaselines cannot audit this model: ...
+    """
+    try:
+        check_softmax_head(model, measure)
+    except ValueError as err:
+        raise MisconfigurationException(f"{owner} cannot audit this model: {err}") from err
+
+
+def refuse_regression_flips(owner: str, model: Any) -> None:
+    """At setup: refuse decision flips (``decision_flip=True``) of a regression model, which makes no decision.
+
+    Example:
+        >>> class Scorer(torch.nn.Module):
+        ...     head_kind = "regression"
+        >>> refuse_regression_flips("ErasureAudit", Scorer())  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        lightning_fabric.utilities.exceptions.MisconfigurationException: ErasureAudit(decision_flip=True) watches ...
+    """
+    if head_kind_of(model) == "regression":
+        raise MisconfigurationException(
+            f"{owner}(decision_flip=True) watches the model's decision, but "
+            f"{type(getattr(model, 'model', model)).__name__} has a regression head (head_kind='regression'): its "
+            "outputs are values, so no decision can flip. Pass decision_flip=False: comprehensiveness and "
+            "sufficiency then measure the change of the output value.")
 
 
 def probe_model(owner: str, model: ExplainableModel, pl_module: torch.nn.Module, batch: Dict[str, Any],

@@ -5,6 +5,7 @@ the method and ranking names it is given) and at ``setup`` (its place among the 
 from __future__ import annotations
 
 import difflib
+import inspect
 import math
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
@@ -15,8 +16,25 @@ from lightning_xai.callbacks._audit.guard import PRECISION_OPTIONS
 from lightning_xai.callbacks._audit.output import warn_spawned_history
 from lightning_xai.callbacks._audit.subset import SPLITS
 
-__all__ = ["check_audit_options", "check_budget", "check_cadence", "check_monitors", "check_names",
-           "check_options_of_methods", "check_placement", "check_unique_prefix"]
+__all__ = ["check_audit_batch", "check_audit_options", "check_budget", "check_cadence", "check_monitors",
+           "check_names", "check_options_of_methods", "check_placement", "check_unique_prefix"]
+
+def check_audit_batch(cls: type) -> None:
+    """Refuse (a ``TypeError`` when the class is made) an audit callback whose ``audit_batch`` does not take the
+    shared prediction step's result as ``prediction``.
+
+    Example:
+        >>> class Old:
+        ...     def audit_batch(self, model, batch, generator, indices): ...
+        >>> check_audit_batch(Old)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: Old.audit_batch must take `prediction: Optional[AuditPrediction] = None` ...
+    """
+    if "prediction" not in inspect.signature(getattr(cls, "audit_batch")).parameters:
+        raise TypeError(f"{cls.__name__}.audit_batch must take `prediction: Optional[AuditPrediction] = None` "
+                        "(the shared prediction step's result; use `prediction or self.predict(model, batch)`).")
+
 
 def check_names(owner: str, kind: str, names: Sequence[str], known: Iterable[str], hint: str = "") -> None:
     """Raise a :class:`MisconfigurationException` for the first of ``names`` not in ``known``, naming its close

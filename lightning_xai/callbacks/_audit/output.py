@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import Any, Dict, List, Mapping, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-__all__ = ["RunCounter", "add_record", "log_scalars", "progress_bar", "publish_scalars", "restored_history",
-           "warn_spawned_history"]
+__all__ = ["RunCounter", "ScalarLog", "add_record", "audit_progress", "log_scalars", "progress_bar", "publish_scalars",
+           "restored_history", "warn_spawned_history"]
 
 
 def add_record(history: List[Dict[str, Any]], record: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -166,3 +167,46 @@ def progress_bar(trainer: "pl.Trainer", total: int, description: str) -> Optiona
         return None
     return Tqdm(total=total, desc=description, leave=False, delay=2.0, dynamic_ncols=True, file=sys.stderr,
                 unit="batch")
+
+
+@contextmanager
+def audit_progress(trainer: "pl.Trainer", total: int, description: str) -> Iterator[Callable[[], None]]:
+    """A step function advancing the audit's :func:`progress_bar` (a no-op without one), the bar closed on exit.
+
+    Example:
+        >>> class Quiet:
+        ...     progress_bar_callback = None
+        >>> with audit_progress(Quiet(), 3, "AttentionAudit (val)") as advance:
+        ...     advance()
+    """
+    bar = progress_bar(trainer, total, description)
+    try:
+        yield (lambda: None) if bar is None else (lambda: bar.update(1))
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+class ScalarLog:
+    """Where an audit callback's scalars go: ``trainer.callback_metrics`` (:func:`publish_scalars`) and every logger
+    (:func:`log_scalars`), with one warning when the trainer has no logger.
+
+    Example:
+        >>> class Logger:
+        ...     def log_metrics(self, metrics, step):
+        ...         print(metrics, step)
+        >>> class Trainer:
+        ...     callback_metrics, loggers, global_step = {}, [Logger()], 3
+        >>> ScalarLog("AttentionAudit")(Trainer(), "attention_audit", {"m": 0.5})
+        {'attention_audit/m': 0.5} 3
+    """
+
+    def __init__(self, owner: str) -> None:
+        self.owner, self.warned = owner, False
+
+    def __call__(self, trainer: "pl.Trainer", prefix: str, metrics: Mapping[str, Any]) -> None:
+        publish_scalars(trainer, prefix, metrics)
+        if not log_scalars(trainer, prefix, metrics) and not self.warned:
+            rank_zero_warn(f"{self.owner}: the trainer has no logger; audit results are kept in callback.history (and "
+                           "written by lightning_xai.reporting.AuditReport if present).")
+            self.warned = True

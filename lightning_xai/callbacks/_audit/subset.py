@@ -200,9 +200,11 @@ class AuditSubsets:
         return chosen
 
     def shard(self, trainer: "pl.Trainer", split: str, loader: Any, indices: List[int], batch_size: Optional[int],
-              token_budget: int = AUDIT_TOKEN_BUDGET) -> List[AuditBatch]:
-        """This process's positions of ``indices`` as collated CPU batches of ``loader`` (:func:`build_batches`)."""
-        positions = list(range(len(indices)))[trainer.global_rank::max(1, trainer.world_size)]
+              token_budget: int = AUDIT_TOKEN_BUDGET, replicated: bool = False) -> List[AuditBatch]:
+        """This process's positions of ``indices`` as collated CPU batches of ``loader`` (:func:`build_batches`);
+        ``replicated``: every position, on every process (a sharded model, whose passes are collectives)."""
+        every = list(range(len(indices)))
+        positions = every if replicated else every[trainer.global_rank::max(1, trainer.world_size)]
         self.batches[split] = build_batches(loader, indices, positions, batch_size, token_budget, self.owner, split)
         return self.batches[split]
 

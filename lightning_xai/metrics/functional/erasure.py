@@ -19,6 +19,7 @@ from torch import Tensor
 
 from lightning_xai.adapters.capabilities import head_kind_of, packs_overrides
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
+from lightning_xai.adapters.sharding import agree
 from lightning_xai.attribution import explanation_context, gather_rows, resolve_target
 from lightning_xai.attribution.targets import (decisions, default_output, score_values, target_score,
                                                warn_nonfinite_logits)
@@ -342,6 +343,7 @@ def decision_flip(model: ExplainableModel, batch: Batch,
             flips = flips.any(-1) if flips.dim() == 2 else flips  # a multi-label decision: any label changed
             if bool(flips.any()):
                 first_flip.scatter_reduce_(0, inst[flips], step[flips], reduce="amin")
+            first_flip = agree(first_flip)  # a sharded model: every process scores the same rows next (lockstep)
 
         flipped = first_flip <= T
         items = torch.where(flipped, first_flip, torch.full_like(first_flip, -1))

@@ -19,7 +19,8 @@ import lxt
 pkg = types.ModuleType("lxt.efficient")  # skip lxt.efficient/__init__ (imports torchvision's ViT); load its parts
 pkg.__path__ = [os.path.join(os.path.dirname(lxt.__file__), "efficient")]
 sys.modules["lxt.efficient"] = pkg
-models = types.ModuleType("lxt.efficient.models"); models.__path__ = [os.path.join(pkg.__path__[0], "models")]
+models = types.ModuleType("lxt.efficient.models")
+models.__path__ = [os.path.join(pkg.__path__[0], "models")]
 sys.modules["lxt.efficient.models"] = models
 import torch, transformers
 print("transformers", transformers.__version__, "torch", torch.__version__)
