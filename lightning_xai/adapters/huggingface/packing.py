@@ -14,6 +14,7 @@ output to the model's own head (its pooler, final norm, classifier), so no head 
 an explicit ``query_index``, a sliding-window attention (a copy sits further away than the row's positions), or
 tensors it cannot lay out. The caller checks it against the one-override-per-row replay before using it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,8 +25,12 @@ import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.budget import PASS_BUDGET_ELEMENTS, budget_chunks
-from lightning_xai.adapters.huggingface.attention import (OverrideState, active_override, override_rows,
-                                                           recording_attention)
+from lightning_xai.adapters.huggingface.attention import (
+    OverrideState,
+    active_override,
+    override_rows,
+    recording_attention,
+)
 from lightning_xai.adapters.huggingface.pooling import pooled_logits
 
 __all__ = ["ATTENTION_COPIES", "PackedScorer", "attention_elements", "packed_scorer", "replaced_forwards"]
@@ -102,8 +107,15 @@ class PackedScorer:
         return self._score(rows, override)
 
 
-def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.Module], outputs: List[Any],
-                  fallback: Scorer, max_elements: Optional[int] = PASS_BUDGET_ELEMENTS) -> Optional[PackedScorer]:
+def packed_scorer(
+    adapter: Any,
+    embeddings: Tensor,
+    batch: Any,
+    layers: List[nn.Module],
+    outputs: List[Any],
+    fallback: Scorer,
+    max_elements: Optional[int] = PASS_BUDGET_ELEMENTS,
+) -> Optional[PackedScorer]:
     """A scorer ``(rows, override) -> [N, C]`` logits packing each row's overrides into one sequence (a
     :class:`PackedScorer`), or ``None``.
 
@@ -123,7 +135,8 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
     if adapter._head_pooling not in ("first", "last") or adapter.pooling == "index":
         return None
     if any(getattr(config, name, None) is not None for name in _WINDOWED) or any(
-            t != "full_attention" for t in (getattr(config, "layer_types", None) or ())):
+        t != "full_attention" for t in (getattr(config, "layer_types", None) or ())
+    ):
         return None
     qmask = adapter.query_mask(batch)
     if not bool((qmask.sum(-1) == 1).all()):
@@ -159,8 +172,13 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
             gathered = value.reshape(B * T, *value.shape[2:]).index_select(0, flat.to(value.device))
             return gathered.view(*index.shape, *value.shape[2:])
 
-        kwargs = {"inputs_embeds": lay(embeddings), "attention_mask": keys_visible.to(given.dtype),
-                  "output_attentions": False, "output_hidden_states": False, "return_dict": True}
+        kwargs = {
+            "inputs_embeds": lay(embeddings),
+            "attention_mask": keys_visible.to(given.dtype),
+            "output_attentions": False,
+            "output_hidden_states": False,
+            "return_dict": True,
+        }
         if "token_type_ids" in batch:
             kwargs["token_type_ids"] = lay(batch["token_type_ids"])
         if with_positions:
@@ -201,7 +219,8 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
         G = groups.shape[0]
         source = torch.div(groups, per_row, rounding_mode="floor")
         first_in_group = torch.full((G,), N, dtype=torch.long, device=rows.device).scatter_reduce(
-            0, group_of, torch.arange(N, device=rows.device), reduce="amin")
+            0, group_of, torch.arange(N, device=rows.device), reduce="amin"
+        )
         column = extent + (torch.arange(N, device=rows.device) - first_in_group[group_of])  # the copy's position
         sizes = torch.bincount(group_of, minlength=G)
         widths = extents[source] + sizes
@@ -220,12 +239,16 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
                 picked = chosen[group_of].nonzero().flatten()  # the overrides (in sorted order) of those groups
                 local = torch.empty(G, dtype=torch.long, device=rows.device)
                 local[chunk] = torch.arange(chunk.numel(), device=rows.device)
-                inputs, head_rows = score_bucket(source[chunk], local[group_of[picked]], column[picked],
-                                                 order[picked], override)
+                inputs, head_rows = score_bucket(
+                    source[chunk], local[group_of[picked]], column[picked], order[picked], override
+                )
                 heads.append((inputs, head_rows, order[picked]))
         joined = _joined_copies([inputs for inputs, _, _ in heads], [rows.numel() for _, rows, _ in heads])
-        parts = heads if joined is None else [(joined, torch.cat([r for _, r, _ in heads]),
-                                               torch.cat([o for _, _, o in heads]))]
+        parts = (
+            heads
+            if joined is None
+            else [(joined, torch.cat([r for _, r, _ in heads]), torch.cat([o for _, _, o in heads]))]
+        )
         logits: Optional[Tensor] = None
         for inputs, head_rows, original in parts:
             scored = score_head(inputs, head_rows)
@@ -242,8 +265,9 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
         with replaced_forwards(layers, [inputs] * len(layers)):
             return run(head)
 
-    def score_bucket(source: Tensor, seq: Tensor, column: Tensor, original: Tensor,
-                     override: Optional[Tensor]) -> Tuple[Any, Tensor]:
+    def score_bucket(
+        source: Tensor, seq: Tensor, column: Tensor, original: Tensor, override: Optional[Tensor]
+    ) -> Tuple[Any, Tensor]:
         """The last layer's outputs at the copies of the overrides ``original`` (positions in the caller's rows),
         copy ``column`` of sequence ``seq`` (sequence ``s`` lays out batch row ``source[s]``), one row per copy, and
         the batch row of each copy."""
@@ -255,8 +279,15 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
         keys_visible = own & present.index_select(0, source).gather(1, index)
         real = own & token_mask.index_select(0, source).gather(1, index)
         kwargs, lay = kwargs_for(source, index, keys_visible)
-        packed = [_map_tensors(o, lambda v: lay(v) if is_laid_out(v) else v.index_select(0, source)
-                               if v.dim() >= 1 and v.shape[0] == B else v) for o in outputs]
+        packed = [
+            _map_tensors(
+                o,
+                lambda v: (
+                    lay(v) if is_laid_out(v) else v.index_select(0, source) if v.dim() >= 1 and v.shape[0] == B else v
+                ),
+            )
+            for o in outputs
+        ]
         copies = torch.zeros(S, width, dtype=torch.bool, device=device)
         copies[seq, column] = True
         token = None
@@ -265,8 +296,9 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
             heads = chosen.shape[1:-1]  # () for [N, T] distributions, (H,) for [N, H, T] raw rows
             key_index = index[seq].view(-1, *(1,) * len(heads), width).expand(-1, *heads, width)
             kept = own[seq].view(-1, *(1,) * len(heads), width)
-            make = override_rows(chosen.gather(-1, key_index) * kept, keys_visible[seq], real[seq],
-                                 adapter.override_specials)
+            make = override_rows(
+                chosen.gather(-1, key_index) * kept, keys_visible[seq], real[seq], adapter.override_specials
+            )
 
             def make_rows(weights: Tensor) -> Tensor:
                 own_rows = weights[seq, :, column, :]  # [N, H, W]: each copy's own row
@@ -275,8 +307,9 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
                 out[seq, :, column, :] = proposed
                 return out
 
-            token = active_override().set(OverrideState(adapter._attention_modules[-1], copies, make_rows,
-                                                        calls=adapter._last_module_calls()))
+            token = active_override().set(
+                OverrideState(adapter._attention_modules[-1], copies, make_rows, calls=adapter._last_module_calls())
+            )
         captured: List[Any] = []
         hook = last.register_forward_hook(lambda module, args, output: captured.append(output))
         try:
@@ -301,6 +334,7 @@ def _joined_copies(parts: List[Any], sizes: List[int]) -> Optional[Any]:
     """The last-layer outputs of several packed passes (``parts``, ``sizes[i]`` copies in part ``i``) joined along
     the copies, so that one head pass scores them all; ``None`` where a part holds anything but tensors of one row
     per copy (``[n, 1, ...]``), ``None`` leaves, and tuples or lists of them of one layout, or there is one part."""
+
     def per_copy(value: Any, n: int) -> bool:
         if isinstance(value, Tensor):
             return value.dim() >= 2 and value.shape[0] == n and value.shape[1] == 1
