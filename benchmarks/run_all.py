@@ -73,6 +73,21 @@ def jobs(quick: bool):
         ["--model", "minilm", "--train-batches", "4", "--rounds", "1", "--num-samples", "48"] + common,
     )
     out["audit_share_llama"] = (bench_audit_share.main, ["--model", "llama", "--train-batches", "40"] + common)
+    # issue 30: the same Llama fine-tuned with LoRA (peft)
+    out["audit_share_llama_lora"] = (
+        bench_audit_share.main,
+        [
+            "--model",
+            "llama_lora",
+            "--train-batches",
+            "20",
+            "--configs",
+            "attention_default",
+            "erasure_default",
+            "baselines_default",
+        ]
+        + common,
+    )
     # issue 31: the generation audits' share of an epoch of the Greek→English translation model
     from benchmarks import bench_generation_share
 
@@ -119,7 +134,7 @@ def summary(results_dir: Path = H.RESULTS) -> str:
             )
         )
 
-    for model in ("minilm", "reference", "llama"):
+    for model in ("minilm", "reference", "llama", "llama_lora"):
         r = _load(f"audit_share_{model}", results_dir)
         for name, c in (r or {}).get("configs", {}).items():
             if c.get("target") is not None:
@@ -326,6 +341,7 @@ def summary(results_dir: Path = H.RESULTS) -> str:
         "audit_share_minilm",
         "audit_share_reference",
         "audit_share_llama",
+        "audit_share_llama_lora",
         "generation_share",
         "ig_auto_minilm_sst2",
     ]

@@ -18,6 +18,9 @@ input-invariance check and LRP report that the model is not supported.
 * :class:`OverrideReplay` — score many ``attention_override`` variants of a batch's rows reusing everything
   computed before the point where the override acts (decision flip's fast path;
   :class:`~lightning_xai.adapters.HuggingFaceAdapter` runs only the last layer and the head).
+* :class:`PackingScorer` — a scorer of overrides that scores all the overrides of one row of a call together (the
+  row computed once, about one position per override), so callers give it all of a row's overrides at once
+  (:func:`packs_overrides`).
 * :class:`TargetSequence` — the model explains *generation*: the explained output is a target token sequence
   (``batch["labels"]``, -100 where nothing is explained), its maps cover the source/prompt tokens, and its output's
   ``target_log_probs`` are the explained scores (:mod:`lightning_xai.attribution.targets`);
@@ -48,10 +51,12 @@ __all__ = [
     "LinearHead",
     "OverrideReplay",
     "OverrideScorer",
+    "PackingScorer",
     "ReferenceLogits",
     "TargetSequence",
     "TokenEncoder",
     "head_kind_of",
+    "packs_overrides",
     "supports_attention_override",
     "target_keys",
 ]
@@ -203,6 +208,44 @@ class OverrideReplay(Protocol):
         full passes before they trust it (:func:`~lightning_xai.attribution.override_replay.override_scorer`).
         """
         ...
+
+
+@runtime_checkable
+class PackingScorer(Protocol):
+    """An :data:`OverrideScorer` that scores the overrides of one row of a call together.
+
+    It lays a row out once per call and adds about one position per override of that row
+    (:mod:`~lightning_xai.adapters.huggingface.packing`: copies of the pooled query appended to the row), so
+    ``scorer(rows, override)`` costs about the row plus one position per override, and the same overrides spread
+    over several calls cost the row once per call. A caller that has many overrides of a row (every step of a
+    decision flip, every permutation of a permutation test) gives them in one call; the scorer sizes its passes to
+    its own memory budget. ``packs_rows`` says whether it does (:func:`packs_overrides`).
+
+    Example:
+        >>> class Packed:
+        ...     packs_rows = True
+        ...     def __call__(self, rows, override):
+        ...         ...
+        >>> isinstance(Packed(), PackingScorer), isinstance(lambda rows, override: None, PackingScorer)
+        (True, False)
+    """
+
+    packs_rows: bool
+
+    def __call__(self, rows: Tensor, override: Optional[Tensor]) -> Tensor:
+        """The ``[N, C]`` logits of ``rows`` under ``override``, as :data:`OverrideScorer`."""
+        ...
+
+
+def packs_overrides(scorer: Optional[OverrideScorer]) -> bool:
+    """Whether ``scorer`` scores the overrides of a row together (a :class:`PackingScorer` whose ``packs_rows`` is
+    True): then a caller gives it all of a row's overrides in one call.
+
+    Example:
+        >>> packs_overrides(None), packs_overrides(lambda rows, override: rows)
+        (False, False)
+    """
+    return isinstance(scorer, PackingScorer) and scorer.packs_rows is True
 
 
 @runtime_checkable

@@ -21,7 +21,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from lightning_xai.adapters.capabilities import OverrideScorer
+from lightning_xai.adapters.capabilities import OverrideScorer, packs_overrides
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, ExplainOutput, as_explainable
 from lightning_xai.attribution.batching import repeat_rows
 from lightning_xai.attribution.override_replay import override_scorer
@@ -158,7 +158,9 @@ def permutation_test(
         batch: a batch the model reads.
         num_permutations: N (J&W use 100).
         generator: CPU generator for reproducible permutations.
-        chunk_size: how many permuted rows run through the model at once (memory bound).
+        chunk_size: how many permuted rows run through the model at once (memory bound). A scorer that packs the
+            overrides of a row (:func:`~lightning_xai.adapters.capabilities.packs_overrides`) takes every
+            permutation in one call instead and runs them in passes sized to its own memory budget.
         row_generators: per-row generators (see :func:`permute_attention`).
         replay: ``override_scorer(model, model.embed(batch), batch)`` if already made for this batch (in eval mode,
             under the same precision): its pass and scorer are used instead of making them again.
@@ -189,7 +191,9 @@ def permutation_test(
     attention = base_output.attention.detach().float()
     permuted = permute_attention(attention, mask, num_permutations, generator, row_generators)  # [N, B, T]
     batch_size = mask.shape[0]
-    per_chunk = max(1, chunk_size // batch_size)  # permutations per forward pass
+    # permutations per call: a scorer that packs a row's overrides into one sequence takes them all (it sizes its
+    # passes to its own memory budget; split over calls, each call would recompute the rows)
+    per_chunk = num_permutations if packs_overrides(scorer) else max(1, chunk_size // batch_size)
     deltas = []
     for start in range(0, num_permutations, per_chunk):
         block = permuted[start : start + per_chunk]

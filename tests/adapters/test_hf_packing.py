@@ -81,8 +81,9 @@ def test_a_rows_overrides_run_as_copies_of_its_pooled_query_in_one_sequence():
     batch = _rows_of_lengths((14, 6, 3, 13), 14)
     rows = torch.tensor([3, 2, 1, 0, 2])  # row 2 twice: one sequence of its 3 positions and 2 copies
     scorer, shapes = _scored_shapes(adapter, batch, rows, _overrides(adapter.token_mask(batch), rows, 4)[0])
-    # sequences of widths 15, 14 | 7, 5 in two passes (as wide as their widest), then the head passes (width 1)
-    assert sorted(shapes) == [(2, 1), (2, 7), (2, 15), (3, 1)]
+    # sequences of widths 15, 14 | 7, 5 in two passes (as wide as their widest), then one head pass (width 1) of
+    # the five copies of both
+    assert sorted(shapes) == [(2, 7), (2, 15), (5, 1)]
     _check_against_full_passes(adapter, batch, rows, scorer)
     many = torch.tensor([1] * 9 + [0, 2, 2])  # more copies than the row has positions: two sequences
     _check_against_full_passes(adapter, batch, many, scorer)
@@ -141,3 +142,29 @@ def test_rows_as_long_as_the_position_table_run_one_sequence_per_override():
     scorer, shapes = _scored_shapes(adapter, batch, rows)
     assert max(w for _, w in shapes) == 14  # row 3's 13 positions and one copy; row 0 alone, twice
     _check_against_full_passes(adapter, batch, rows, scorer)
+
+
+def test_the_packed_scorer_says_it_packs_a_rows_overrides_and_the_replay_does_not():
+    """Callers give a packing scorer all of a row's overrides in one call (decision flip's steps, the permutations):
+    the packed scorer says it packs; the one-sequence-per-override replay (``pack=False``) does not."""
+    from lightning_xai.adapters.capabilities import PackingScorer, packs_overrides
+
+    adapter = _bert()
+    batch = _rows_of_lengths((14, 6, 3, 13), 14)
+    with torch.no_grad():
+        _, packed = override_replay(adapter, adapter.embed(batch), batch)
+        _, unpacked = override_replay(adapter, adapter.embed(batch), batch, pack=False)
+    assert isinstance(packed, packing.PackedScorer) and isinstance(packed, PackingScorer) and packs_overrides(packed)
+    assert unpacked is not None and not packs_overrides(unpacked)
+    _check_against_full_passes(adapter, batch, torch.tensor([1] * 9 + [0, 2, 2]), packed)
+
+
+def test_the_copies_of_several_passes_join_for_one_head_pass_only_where_each_holds_one_row_per_copy():
+    a, b = torch.randn(2, 1, 4), torch.randn(3, 1, 4)
+    joined = packing._joined_copies([(a, None), (b, None)], [2, 3])
+    assert torch.equal(joined[0], torch.cat([a, b])) and joined[1] is None
+    assert packing._joined_copies([a], [2]) is None  # one pass: nothing to join
+    # a leaf that is not one row per copy (here a per-sequence tensor), or parts of different layouts: head per pass
+    assert packing._joined_copies([(a, torch.randn(5, 2, 2)), (b, torch.randn(5, 2, 2))], [2, 3]) is None
+    assert packing._joined_copies([(a,), b], [2, 3]) is None
+    assert packing._joined_copies([a, b.double()], [2, 3]) is None

@@ -152,3 +152,38 @@ def test_permutations_and_uniform_attention_of_a_transformer_run_through_its_rep
     assert torch.allclose(fast.median_delta, slow.median_delta, rtol=0, atol=1e-10)
     # after the replay's set-up, the permutations ran the last layer's feed-forward only
     assert replayed.count(0) < replayed.count(len(last_ffn) - 1)
+
+
+@pytest.mark.parametrize("name", ["bert", "llama"])
+def test_a_packing_scorer_takes_every_permutation_in_one_call(name):
+    """A packing scorer lays a row out once per call: the permutation test gives it all permutations at once (in
+    chunks of ``chunk_size`` rows, each call recomputed every row), with the chunked calls' deltas."""
+    pytest.importorskip("transformers")
+    from lightning_xai.adapters.capabilities import packs_overrides
+    from lightning_xai.attribution.override_replay import override_scorer
+    from tests.metrics.test_decision_flip_replay import ENCODERS, _batch, _hf
+
+    adapter = _hf(name)
+    batch = _batch(name in ENCODERS, left=name == "llama")
+    B = batch["input_ids"].shape[0]
+    with torch.no_grad():
+        out, scorer = override_scorer(adapter, adapter.embed(batch), batch)
+    assert packs_overrides(scorer)
+    calls = []
+
+    def recorded(rows, override):
+        calls.append(rows.numel())
+        return scorer(rows, override)
+
+    chunked = permutation_test(
+        adapter, batch, 12, generator=torch.Generator().manual_seed(3), chunk_size=2 * B, replay=(out, recorded)
+    )  # a plain function: not a packing scorer
+    assert calls == [2 * B] * 6
+    calls.clear()
+    recorded.packs_rows = True  # the same scorer, saying it packs
+    packed = permutation_test(
+        adapter, batch, 12, generator=torch.Generator().manual_seed(3), chunk_size=2 * B, replay=(out, recorded)
+    )
+    assert calls == [12 * B]
+    assert torch.allclose(packed.deltas, chunked.deltas, rtol=0, atol=1e-7) and float(packed.deltas.max()) > 1e-4
+    assert torch.equal(packed.median_delta, chunked.median_delta)

@@ -258,3 +258,57 @@ def test_attention_gradient_through_the_replay_is_the_full_passes_gradient(name,
         )
         scale = float(full.abs().max())
         assert scale > 0 and torch.allclose(fast, full, rtol=1e-5, atol=1e-6 * scale), (fast - full).abs().max()
+
+
+def _recording(calls):
+    """A stand-in for ``override_scorer`` whose scorer records the rows of every call (and packs as the real one)."""
+    import lightning_xai.metrics.functional.erasure as erasure
+
+    real = erasure.override_scorer
+
+    class Recorded:
+        def __init__(self, scorer):
+            self.scorer, self.packs_rows = scorer, getattr(scorer, "packs_rows", False)
+
+        def __call__(self, rows, override):
+            calls.append(rows.clone())
+            return self.scorer(rows, override)
+
+    def recording(model, embeddings, batch):
+        out, scorer = real(model, embeddings, batch)
+        return out, None if scorer is None else Recorded(scorer)
+
+    return recording
+
+
+@pytest.mark.parametrize("name", ["bert", "llama"])
+def test_a_packing_scorer_gets_every_step_of_an_instance_in_one_call(name, monkeypatch):
+    """A packing scorer lays a row out once per call, so decision flip gives it every step of an instance in the same
+    call, instance after instance (the doubling passes recomputed each row about log₂ n times): the same flips."""
+    import lightning_xai.metrics.functional.erasure as erasure
+    from lightning_xai.adapters.capabilities import packs_overrides
+
+    adapter = _hf(name)
+    batch = _batch(name in ENCODERS, name == "llama")
+    with torch.no_grad():
+        assert packs_overrides(override_scorer(adapter, adapter.embed(batch), batch)[1])
+    maps = torch.stack(
+        [
+            ranking_scores(adapter, batch, r, generator=torch.Generator().manual_seed(2))
+            for r in ("attention", "random", "grad_x_attention")
+        ]
+    )
+    calls = []
+    monkeypatch.setattr(erasure, "override_scorer", _recording(calls))
+    packed = decision_flip(adapter, batch, maps)
+    steps = int((packed.lengths - 1).sum())
+    assert [c.numel() for c in calls] == [steps]  # one call: every step of every instance (all alive before it)
+    assert bool(packed.flipped.any()) and bool((~packed.flipped).any())
+    calls.clear()
+    _same(decision_flip(adapter, batch, maps, max_rows=10), packed)
+    assert max(c.numel() for c in calls) <= 10
+    _same(packed, decision_flip(Plain(adapter), batch, maps))  # the full passes' flips
+    monkeypatch.setattr(erasure, "packs_overrides", lambda scorer: False)  # the doubling passes of before
+    calls.clear()
+    _same(decision_flip(adapter, batch, maps), packed)
+    assert len(calls) > 1

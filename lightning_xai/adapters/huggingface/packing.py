@@ -33,7 +33,7 @@ from lightning_xai.adapters.huggingface.attention import (
 )
 from lightning_xai.adapters.huggingface.pooling import pooled_logits
 
-__all__ = ["ATTENTION_COPIES", "attention_elements", "packed_scorer", "replaced_forwards"]
+__all__ = ["ATTENTION_COPIES", "PackedScorer", "attention_elements", "packed_scorer", "replaced_forwards"]
 
 #: ``[N, heads, W, W]`` float buffers of the last layer alive at once in a replayed pass: the scores, the weights, the
 #: override's copy of them and its result (measured: a packed pass peaks at about 4.5 floats per attention element)
@@ -94,6 +94,19 @@ def _accepts(module: nn.Module, name: str) -> bool:
 Scorer = Callable[[Tensor, Optional[Tensor]], Tensor]
 
 
+class PackedScorer:
+    """The scorer :func:`packed_scorer` returns: a :class:`~lightning_xai.adapters.capabilities.PackingScorer` (the
+    overrides of one row of a call share a sequence, so callers give it all of a row's overrides at once)."""
+
+    packs_rows = True
+
+    def __init__(self, score: Scorer) -> None:
+        self._score = score
+
+    def __call__(self, rows: Tensor, override: Optional[Tensor]) -> Tensor:
+        return self._score(rows, override)
+
+
 def packed_scorer(
     adapter: Any,
     embeddings: Tensor,
@@ -102,8 +115,9 @@ def packed_scorer(
     outputs: List[Any],
     fallback: Scorer,
     max_elements: Optional[int] = PASS_BUDGET_ELEMENTS,
-) -> Optional[Scorer]:
-    """A scorer ``(rows, override) -> [N, C]`` logits packing each row's overrides into one sequence, or ``None``.
+) -> Optional[PackedScorer]:
+    """A scorer ``(rows, override) -> [N, C]`` logits packing each row's overrides into one sequence (a
+    :class:`PackedScorer`), or ``None``.
 
     Args:
         adapter: the :class:`~lightning_xai.adapters.HuggingFaceAdapter` (eval mode, overridable).
@@ -152,9 +166,11 @@ def packed_scorer(
     def kwargs_for(source: Tensor, index: Tensor, keys_visible: Tensor) -> Tuple[dict, Callable[[Tensor], Tensor]]:
         """The model's inputs for sequences whose column ``c`` is column ``index[:, c]`` of batch row ``source``,
         and the function that lays out any ``[B, T, ...]`` tensor so."""
+        flat = (source.view(-1, 1) * T + index).flatten()  # column c of sequence s is position flat[s·W + c] of [B·T]
 
         def lay(value: Tensor) -> Tensor:
-            return value.index_select(0, source)[torch.arange(source.numel(), device=value.device)[:, None], index]
+            gathered = value.reshape(B * T, *value.shape[2:]).index_select(0, flat.to(value.device))
+            return gathered.view(*index.shape, *value.shape[2:])
 
         kwargs = {
             "inputs_embeds": lay(embeddings),
@@ -196,18 +212,21 @@ def packed_scorer(
         extent = extents[sorted_rows]
         cap = torch.minimum(torch.clamp(extent, min=8), room[sorted_rows])
         chunk = rank // cap
-        keys = torch.stack([sorted_rows, chunk], 1)
-        groups, group_of = torch.unique(keys, dim=0, return_inverse=True)
+        # the (row, chunk) pairs as one sortable number: torch.unique over rows of a 2-column tensor compares them
+        # one by one (a Python-speed loop over the N overrides), over numbers it sorts once
+        per_row = int(chunk.max()) + 1
+        groups, group_of = torch.unique(sorted_rows * per_row + chunk, return_inverse=True)
         G = groups.shape[0]
-        source = groups[:, 0]
+        source = torch.div(groups, per_row, rounding_mode="floor")
         first_in_group = torch.full((G,), N, dtype=torch.long, device=rows.device).scatter_reduce(
             0, group_of, torch.arange(N, device=rows.device), reduce="amin"
         )
         column = extent + (torch.arange(N, device=rows.device) - first_in_group[group_of])  # the copy's position
         sizes = torch.bincount(group_of, minlength=G)
         widths = extents[source] + sizes
-        logits: Optional[Tensor] = None
-        # sequences as wide as their group's longest: width in (W/2, W], (W/4, W/2], ... of the widest W
+        # sequences as wide as their group's longest: width in (W/2, W], (W/4, W/2], ... of the widest W; the
+        # copies of every pass then go through the head in one pass
+        heads: List[Tuple[Any, Tensor, Tensor]] = []
         bucket = torch.floor(torch.log2(int(widths.max()) / widths.double())).long()
         for b in torch.unique(bucket).tolist():
             members = (bucket == b).nonzero().flatten()
@@ -220,17 +239,38 @@ def packed_scorer(
                 picked = chosen[group_of].nonzero().flatten()  # the overrides (in sorted order) of those groups
                 local = torch.empty(G, dtype=torch.long, device=rows.device)
                 local[chunk] = torch.arange(chunk.numel(), device=rows.device)
-                scored = score_bucket(source[chunk], local[group_of[picked]], column[picked], order[picked], override)
-                logits = scored.new_empty(N, scored.shape[1]) if logits is None else logits
-                logits[order[picked]] = scored
+                inputs, head_rows = score_bucket(
+                    source[chunk], local[group_of[picked]], column[picked], order[picked], override
+                )
+                heads.append((inputs, head_rows, order[picked]))
+        joined = _joined_copies([inputs for inputs, _, _ in heads], [rows.numel() for _, rows, _ in heads])
+        parts = (
+            heads
+            if joined is None
+            else [(joined, torch.cat([r for _, r, _ in heads]), torch.cat([o for _, _, o in heads]))]
+        )
+        logits: Optional[Tensor] = None
+        for inputs, head_rows, original in parts:
+            scored = score_head(inputs, head_rows)
+            logits = scored.new_empty(N, scored.shape[1]) if logits is None else logits
+            logits[original] = scored
         assert logits is not None  # widths.max() above needs rows: there is a bucket
         return logits
 
+    def score_head(inputs: Any, head_rows: Tensor) -> Tensor:
+        """The model's own head (pooler, final norm, classifier) on the last layer's outputs ``inputs`` of copies of
+        the pooled positions of batch rows ``head_rows``: a pass one column wide, every layer replayed."""
+        one = torch.ones(head_rows.numel(), 1, dtype=torch.bool, device=present.device)
+        head, _ = kwargs_for(head_rows, pooled[head_rows].view(-1, 1), one)
+        with replaced_forwards(layers, [inputs] * len(layers)):
+            return run(head)
+
     def score_bucket(
         source: Tensor, seq: Tensor, column: Tensor, original: Tensor, override: Optional[Tensor]
-    ) -> Tensor:
-        """Logits of the overrides ``original`` (positions in the caller's rows), copy ``column`` of sequence
-        ``seq``; sequence ``s`` lays out batch row ``source[s]``."""
+    ) -> Tuple[Any, Tensor]:
+        """The last layer's outputs at the copies of the overrides ``original`` (positions in the caller's rows),
+        copy ``column`` of sequence ``seq`` (sequence ``s`` lays out batch row ``source[s]``), one row per copy, and
+        the batch row of each copy."""
         S, device = source.numel(), present.device
         width = int(column.max()) + 1
         cols = torch.arange(width, device=device).expand(S, width)
@@ -285,10 +325,38 @@ def packed_scorer(
         def copy_rows(v: Tensor) -> Tensor:
             return v[seq, column].unsqueeze(1) if v.dim() >= 2 and v.shape[:2] == (S, width) else v
 
-        head_inputs = _map_tensors(captured[0], copy_rows)
-        one = torch.ones(seq.numel(), 1, dtype=torch.bool, device=device)
-        head, _ = kwargs_for(source[seq], pooled[source[seq]].view(-1, 1), one)
-        with replaced_forwards(layers, [head_inputs] * len(layers)):
-            return run(head)
+        return _map_tensors(captured[0], copy_rows), source[seq]
 
-    return score
+    return PackedScorer(score)
+
+
+def _joined_copies(parts: List[Any], sizes: List[int]) -> Optional[Any]:
+    """The last-layer outputs of several packed passes (``parts``, ``sizes[i]`` copies in part ``i``) joined along
+    the copies, so that one head pass scores them all; ``None`` where a part holds anything but tensors of one row
+    per copy (``[n, 1, ...]``), ``None`` leaves, and tuples or lists of them of one layout, or there is one part."""
+
+    def per_copy(value: Any, n: int) -> bool:
+        if isinstance(value, Tensor):
+            return value.dim() >= 2 and value.shape[0] == n and value.shape[1] == 1
+        if isinstance(value, (tuple, list)):
+            return all(per_copy(v, n) for v in value)
+        return value is None
+
+    def join(values: List[Any]) -> Any:
+        first = values[0]
+        if isinstance(first, Tensor):
+            return torch.cat(values, 0)
+        if first is None:
+            return None
+        return type(first)(join([v[i] for v in values]) for i in range(len(first)))
+
+    def layout(value: Any) -> Any:
+        if isinstance(value, (tuple, list)):
+            return type(value), tuple(layout(v) for v in value)
+        return None if value is None else (Tensor, value.shape[2:], value.dtype)
+
+    if len(parts) < 2 or not all(per_copy(p, n) for p, n in zip(parts, sizes)):
+        return None
+    if any(layout(p) != layout(parts[0]) for p in parts[1:]):
+        return None
+    return join(parts)

@@ -18,7 +18,7 @@ from typing import Any, List, Optional, Sequence, Union, cast
 import torch
 from torch import Tensor
 
-from lightning_xai.adapters.capabilities import head_kind_of
+from lightning_xai.adapters.capabilities import head_kind_of, packs_overrides
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
 from lightning_xai.adapters.sharding import agree
 from lightning_xai.attribution import batching, explanation_context, gather_rows, resolve_target
@@ -251,7 +251,12 @@ def decision_flip(
     All steps of all instances are built as one stack of ``Σ (n_b − 1)`` overridden attention rows and run in
     forward passes of at most ``max_rows`` rows, lowest steps first, each pass reaching twice as many steps as the
     one before (step 1, then 2–3, 4–7, …); instances that already flipped are dropped from later passes, so an
-    instance that flips early costs few rows and the passes stay few (about log₂ of the longest instance).
+    instance that flips early costs few rows and the passes stay few (about log₂ of the longest instance). A
+    scorer that packs the overrides of a row into one sequence
+    (:func:`~lightning_xai.adapters.capabilities.packs_overrides`: the row once, one position per step) gets every
+    step of an instance in the same pass instead, instance after instance, ``max_rows`` rows a pass: spread over the
+    doubling passes, the row itself would be recomputed in each of them (about log₂ n times), which costs more than
+    the steps an early flip would have saved.
     Where the model offers a checked replay of its overrides
     (:func:`~lightning_xai.attribution.override_replay.override_scorer`: an
     :class:`~lightning_xai.adapters.capabilities.OverrideReplay` or
@@ -337,15 +342,20 @@ def decision_flip(
 
         steps = (lengths - 1).clamp(min=0)
         max_step = int(steps.max()) if N else 0
-        # rows ordered by step, then instance: (i, s) for s = 1..n_i − 1
+        # (i, s) for s = 1..n_i − 1, ordered by step, then instance; a scorer that packs the overrides of a row
+        # lays the row out once per call: every step of an instance then goes in the same pass (instance, then step)
+        packs = packs_overrides(scorer)
         step_grid = torch.arange(1, max_step + 1, device=device).view(-1, 1).expand(max_step, N)
         inst_grid = torch.arange(N, device=device).view(1, -1).expand(max_step, N)
-        valid = step_grid <= steps.view(1, -1)
+        if packs:
+            step_grid, inst_grid = step_grid.t(), inst_grid.t()
+        valid = step_grid <= steps.view(-1, 1) if packs else step_grid <= steps.view(1, -1)
         row_inst, row_step = inst_grid[valid], step_grid[valid]
 
         first_flip = torch.full((N,), T + 1, dtype=torch.long, device=device)
         trim = padding_trimmer(model, safe, B) if scorer is None else _trim_padding
-        pointer, horizon = 0, 1  # a pass scores steps up to the horizon: 1, then 2-3, 4-7, 8-15, ...
+        # a pass scores steps up to the horizon: 1, then 2-3, 4-7, 8-15, ...; every step at once for a packing scorer
+        pointer, horizon = 0, max_step if packs else 1
         while pointer < row_inst.numel():
             pending_inst, pending_step = row_inst[pointer:], row_step[pointer:]
             alive = first_flip[pending_inst] > pending_step
