@@ -1,6 +1,7 @@
 """adapters.sharding.lockstep (issue 32): on a sharded model every forward pass is a collective, so processes whose
 data-dependent loops would run different numbers of passes wait on each other forever. Inside ``lockstep`` each
 such decision is process 0's, and the processes run the same passes whatever their own values say."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,15 @@ RESTORED_SCRIPT = Path(__file__).with_name("restored_script.py")
 
 def _run(tmp_path: Path, mode: str, timeout: float):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path), mode], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(tmp_path), mode],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         _, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -73,11 +81,16 @@ def test_an_explanation_leaves_a_sharded_model_with_its_sharded_trainable_parame
     root's parameters (embeddings, pooler, head); an audit so trained the model differently
     (tests/callbacks/test_sharded.py, the resume test)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, str(RESTORED_SCRIPT), str(tmp_path)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=150)
+    proc = subprocess.run(
+        [sys.executable, str(RESTORED_SCRIPT), str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads((tmp_path / "restored.json").read_text())
     for method in ("gradient", "leave_one_out"):
         assert found[method] == {"sharded": True, "requires_grad": []}, method
     assert found["no_gradient"] == []
-
