@@ -45,7 +45,16 @@ from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import ProtocolError
 
-__all__ = ["agree", "agree_flag", "fsdp_modules", "gathered", "is_sharded", "lockstep", "routed_through_root"]
+__all__ = [
+    "agree",
+    "agree_flag",
+    "fsdp_modules",
+    "gathered",
+    "is_sharded",
+    "lockstep",
+    "routed_through_root",
+    "sharding_restored",
+]
 
 
 _LOCKSTEP: ContextVar[bool] = ContextVar("lightning_xai_lockstep", default=False)
@@ -223,6 +232,36 @@ def gathered(model: nn.Module, called: Iterable[nn.Module]) -> Iterator[None]:
     finally:
         for owner in reversed(owners):
             cast(Any, owner).reshard()
+
+
+@contextlib.contextmanager
+def sharding_restored(model: Any) -> Iterator[None]:
+    """On exit, every FSDP module of ``model`` whose parameters were sharded on entry is resharded (FSDP's own
+    ``FSDPModule.reshard()``: local, no collective), so the model holds the parameter objects it held on entry.
+
+    FSDP does not reshard the root group after its forward (its backward would gather it again), and the parameters
+    a group registers on the model while unsharded are other objects than the sharded ones the optimizer holds,
+    which copy ``requires_grad`` from them when gathered. A forward inside an explanation that froze the sharded
+    parameters (``explanation_context(freeze_parameters=True)``) would otherwise leave the root unsharded with frozen
+    gathered parameters registered: the next training step would compute no gradient for the root's parameters
+    (embeddings, head). A no-op for a model that is not sharded.
+
+    Example:
+        >>> net = nn.Linear(2, 2)
+        >>> with sharding_restored(net):
+        ...     net.weight.shape
+        torch.Size([2, 2])
+    """
+    if not isinstance(model, nn.Module) or not is_sharded(model):
+        yield
+        return
+    sharded = [m for m in fsdp_modules(model) if _sharded_now(m)]
+    try:
+        yield
+    finally:
+        for module in reversed(sharded):  # innermost first, as FSDP reshards after a forward
+            if not _sharded_now(module):
+                cast(Any, module).reshard()
 
 
 @contextlib.contextmanager

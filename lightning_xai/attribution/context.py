@@ -11,6 +11,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from lightning_xai.adapters.sharding import sharding_restored
+
 __all__ = [
     "explanation_context",
     "clone_inference_tensors",
@@ -130,8 +132,9 @@ def explanation_context(model: Any, batch: Optional[Any] = None, *, freeze_param
 
     On exit — also when an exception is raised — it restores the train/eval flag of every submodule, every
     parameter's ``requires_grad`` and its previous ``.grad`` (so gradients accumulated by a training step
-    are untouched and no new ``.grad`` is left behind), and the caller's grad/inference mode.
-    It touches no random number generator.
+    are untouched and no new ``.grad`` is left behind), and the caller's grad/inference mode; a model sharded
+    with FSDP2 gets back the sharded parameters it held on entry
+    (:func:`~lightning_xai.adapters.sharding.sharding_restored`). It touches no random number generator.
 
     Args:
         model: the (explainable) model; non-``nn.Module`` adapters are accepted, only modes of modules are
@@ -166,6 +169,7 @@ def explanation_context(model: Any, batch: Optional[Any] = None, *, freeze_param
         stack.enter_context(torch.enable_grad())
         if has_rnn and on_cuda:
             stack.enter_context(torch.backends.cudnn.flags(enabled=False))
+        stack.enter_context(sharding_restored(model))  # exits after the flags below are restored
         try:
             for p in params:
                 p.grad = None

@@ -17,6 +17,7 @@ import torch
 from lightning_xai.adapters.sharding import agree, agree_flag, gathered, is_sharded, lockstep
 
 SCRIPT = Path(__file__).with_name("lockstep_script.py")
+RESTORED_SCRIPT = Path(__file__).with_name("restored_script.py")
 
 
 def _run(tmp_path: Path, mode: str, timeout: float):
@@ -68,3 +69,28 @@ def test_an_unsharded_model_is_left_alone():
     assert not is_sharded(net)
     with gathered(net, [net[0], net[1]]):
         assert net[0].weight.shape == (4, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(180)
+def test_an_explanation_leaves_a_sharded_model_with_its_sharded_trainable_parameters(tmp_path):
+    """FSDP does not reshard the root group after its forward, and the gathered parameters it then registers copy
+    ``requires_grad`` from the sharded ones. Before: leave-one-out (parameters frozen) left the root unsharded with
+    frozen gathered parameters registered on the model, and the next training step's backward reached none of the
+    root's parameters (embeddings, pooler, head); an audit so trained the model differently
+    (tests/callbacks/test_sharded.py, the resume test)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run(
+        [sys.executable, str(RESTORED_SCRIPT), str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads((tmp_path / "restored.json").read_text())
+    for method in ("gradient", "leave_one_out"):
+        assert found[method] == {"sharded": True, "requires_grad": []}, method
+    assert found["no_gradient"] == []

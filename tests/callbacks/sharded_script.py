@@ -4,8 +4,10 @@ Lightning's ``ModelParallelStrategy`` on 2 CPU processes (gloo), with and withou
 writes the audits' histories and the full (gathered) weights to ``OUT_DIR/<family>_rank<r>.pt``.
 
 Usage: ``python sharded_script.py OUT_DIR FAMILY[,FAMILY...]``; ``FAMILY``: ``bert``, ``llama``, ``bert_penalty``
-(the DeceptionPenalty as a training loss, no audit) or ``refused`` (audits with methods that cannot explain a
-sharded model: what each fit raised). Lightning's launcher re-runs ``sys.argv`` for process 1. The
+(the DeceptionPenalty as a training loss, no audit), ``refused`` (audits with methods that cannot explain a
+sharded model: what each fit raised) or ``resume`` (BERT with audits for 3 epochs straight, and for 1 epoch saved
+to a distributed checkpoint then resumed from it by a fresh Trainer, module and callbacks; ``plain_resume``: the
+same without audits). Lightning's launcher re-runs ``sys.argv`` for process 1. The
 module also holds the models and data that the test builds unsharded in one process (``python sharded_script.py``
 is never imported by the launcher's re-run: the test imports it by path).
 """
@@ -165,7 +167,7 @@ def full_weights(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
     }
 
 
-def trainer(root: str, callbacks: List[Any], shard: bool) -> L.Trainer:
+def trainer(root: str, callbacks: List[Any], shard: bool, max_epochs: int = 1) -> L.Trainer:
     from lightning.pytorch.strategies import ModelParallelStrategy
 
     where: Dict[str, Any] = dict(accelerator="cpu", devices=1)
@@ -173,11 +175,12 @@ def trainer(root: str, callbacks: List[Any], shard: bool) -> L.Trainer:
         where = dict(
             accelerator="cpu", devices=2, strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)
         )
+    checkpointing = any(isinstance(c, L.callbacks.ModelCheckpoint) for c in callbacks)
     return L.Trainer(
-        max_epochs=1,
+        max_epochs=max_epochs,
         logger=False,
         use_distributed_sampler=False,
-        enable_checkpointing=False,
+        enable_checkpointing=checkpointing,
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
@@ -194,6 +197,55 @@ def fit(root: str, family: str, callbacks: List[Any], shard: bool) -> Dict[str, 
     module = Classifier(family.split("_")[0], len(tok), shard, penalty=family.endswith("penalty"))
     trainer(root, callbacks, shard).fit(module, SST2(tok, batch_size=8 if shard else 16))
     return full_weights(module)
+
+
+def resume_audits() -> List[Any]:
+    """The audits of the resume comparison: every epoch, and one every 3 optimizer steps (2 steps an epoch: steps 3
+    and 6, both after the resume), no cost budget (it plans from measured seconds, which differ between runs)."""
+    common: Dict[str, Any] = dict(num_samples=8, batch_size=4, budget=None)
+    return [
+        AttentionAudit(methods=("gradient", "leave_one_out"), **common),
+        AttentionBaselines(num_permutations=4, **common),
+        AttentionAudit(
+            methods=("gradient",),
+            metrics=("kendall_tau",),
+            every_n_epochs=0,
+            every_n_train_steps=3,
+            on_validate=False,
+            on_test=False,
+            log_prefix="step_audit",
+            **common,
+        ),
+    ]
+
+
+def resumed(root: str, family: str) -> Dict[str, Any]:
+    """The sharded BERT trained for 3 epochs straight (A), and for 1 epoch with a ``ModelCheckpoint`` (the strategy
+    saves a distributed checkpoint: a directory of shards) then resumed from it (B) by a fresh Trainer, module
+    (initialised from another seed) and callbacks: each run's full weights and audit histories."""
+    tok = tokenizer(root)
+
+    def run(name: str, init_seed: int, epochs: int, callbacks: List[Any], ckpt_path: Any = None) -> Any:
+        L.seed_everything(init_seed, verbose=False)
+        module = Classifier("bert", len(tok), shard=True)
+        trainer(os.path.join(root, name), callbacks, shard=True, max_epochs=epochs).fit(
+            module, SST2(tok), ckpt_path=ckpt_path
+        )
+        return full_weights(module)
+
+    root = os.path.join(root, family)  # its own checkpoint directory (ModelCheckpoint versions an existing name)
+    make = resume_audits if family == "resume" else list
+    straight, first, second = make(), make(), make()
+    weights_a = run("a", 0, 3, straight)
+    directory = os.path.join(root, "checkpoints")
+    run("b", 0, 1, [*first, L.callbacks.ModelCheckpoint(dirpath=directory, filename="{epoch}", save_top_k=-1)])
+    checkpoint = os.path.join(directory, "epoch=0.ckpt")
+    weights_b = run("b", 1, 3, second, ckpt_path=checkpoint)
+    return {
+        "straight": {"weights": weights_a, "histories": [c.history for c in straight]},
+        "resumed": {"weights": weights_b, "histories": [c.history for c in second]},
+        "checkpoint": sorted(os.listdir(checkpoint)) if os.path.isdir(checkpoint) else checkpoint,
+    }
 
 
 def refusals(root: str) -> Dict[str, str]:
@@ -219,6 +271,9 @@ def main(root: str, families: List[str]) -> None:
     for family in families:
         if family == "refused":
             torch.save(refusals(root), os.path.join(root, f"refused_rank{torch.distributed.get_rank()}.pt"))
+            continue
+        if family.endswith("resume"):
+            torch.save(resumed(root, family), os.path.join(root, f"{family}_rank{torch.distributed.get_rank()}.pt"))
             continue
         callbacks = [] if family.endswith("penalty") else audits(family)
         audited = fit(root, family, callbacks, shard=True)

@@ -142,3 +142,57 @@ def test_methods_that_cannot_explain_a_sharded_model_are_refused_before_training
             assert "integrated_gradients" in outcome.split("the methods that explain")[1]
         assert "'alti', 'integrated_hessians' cannot explain" in audit and "segmentation fault" in audit
         assert "'value_zeroing' cannot explain" in erasure and "outside the layer's forward" in erasure
+
+
+def _same(got: Dict[str, Any], want: Dict[str, Any]) -> bool:
+    """Bit-for-bit equality of two history records (NaN equals NaN)."""
+    if got.keys() != want.keys():
+        return False
+    for key, value in want.items():
+        if key == "metrics":
+            if value.keys() != got[key].keys() or any(
+                not (x == got[key][k] or (math.isnan(x) and math.isnan(got[key][k]))) for k, x in value.items()
+            ):
+                return False
+        elif got[key] != value:
+            return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(240)
+def test_audits_of_a_sharded_model_resume_exactly_from_a_distributed_checkpoint(tmp_path):
+    """A sharded BERT with AttentionAudit (gradient + leave-one-out, every epoch; gradient every 3 steps) and
+    AttentionBaselines trained for 3 epochs straight (A), and for 1 epoch saved by ModelCheckpoint (the strategy's
+    distributed checkpoint: a directory of shards and rank 0's metadata, which holds the callbacks' states) then
+    resumed from it by a fresh Trainer, module (initialised from another seed) and callbacks (B): B's audit history,
+    restored and continued, and its final weights are A's bit for bit, and A's weights are those of the same fits
+    without audits.
+
+    Before: an audit left the model's root FSDP group unsharded, its gathered parameters frozen (leave-one-out froze
+    the sharded parameters, then unsharded the group, whose gathered parameters copy the flag; the sharded ones got
+    theirs back, the gathered ones stayed registered on the model): the next training step computed no gradient for
+    the root's parameters (embeddings, pooler, classifier head), so A (audited at the end of epoch 1) trained
+    differently from B (a fresh model at the resume) and from the fits without audits."""
+    ranks = _run(tmp_path, ["plain_resume", "resume"], timeout=200)
+    for rank in ranks:
+        plain, audited = rank["plain_resume"], rank["resume"]
+        for run in (plain, audited):  # the strategy saved a sharded checkpoint directory, not one file
+            assert "meta.pt" in run["checkpoint"] and any(f.endswith(".distcp") for f in run["checkpoint"])
+        for straight, resumed in (
+            (plain["straight"], plain["resumed"]),
+            (audited["straight"], audited["resumed"]),
+            (plain["straight"], audited["straight"]),
+        ):  # the last: the audits leave no trace
+            weights, expected = resumed["weights"], straight["weights"]
+            assert list(weights) == list(expected)
+            assert [k for k in expected if not torch.equal(weights[k], expected[k])] == []
+        reference = ranks[0]["resume"]["straight"]["histories"]
+        assert [[(r["epoch"], r["global_step"]) for r in h] for h in reference] == [[(0, 2), (1, 4), (2, 6)]] * 2 + [
+            [(1, 3), (2, 6)]
+        ]
+        for history, expected in zip(audited["resumed"]["histories"], reference):
+            assert len(history) == len(expected)  # epoch 1's audits restored from the checkpoint, then continued
+            for record, want in zip(history, expected):
+                assert _same(record, want), (record["epoch"], record["global_step"])
