@@ -29,6 +29,7 @@ from lightning_xai.adapters.capabilities import TargetSequence
 from lightning_xai.adapters.huggingface.steps import IGNORE_INDEX
 from lightning_xai.attribution import attribute, shared_input_gradients
 from lightning_xai.attribution.batching import gather_rows
+from lightning_xai.callbacks._audit.subset import AUDIT_TOKEN_BUDGET
 
 __all__ = [
     "CLASS_LOGIT_METHODS",
@@ -242,23 +243,28 @@ def method_step_maps(
     methods: Sequence[str],
     options: Callable[[str], Mapping[str, Any]],
     precision: Callable[[str], ContextManager[Any]],
+    tokens_per_pass: int = AUDIT_TOKEN_BUDGET,
 ) -> Dict[str, Tensor]:
     """``{method: [B, K, T]}``: each method's map of each target step's log-probability (what
     ``attribute(model, batch, method, target="steps", **options(method))`` returns, 0 at steps a row does not have),
-    computed step by step with every method on the rows that have the step, under ``precision(method)``, so that
-    gradient and grad×input share each step's backward pass (``steps``: ``[B, K]``, the output's
-    ``target_steps``)."""
+    under ``precision(method)`` (``steps``: ``[B, K]``, the output's ``target_steps``).
+
+    Few, wide passes: every (row, step) pair is a row of its own, explaining its step (a per-row step target), and
+    the pairs go through the model in passes of at most ``tokens_per_pass`` padded tokens, every method on the same
+    pass, so gradient and grad×input share its backward pass — rather than one pass per step (a target of 50 steps
+    was 50 passes of the rows that have the step)."""
     maps: Dict[str, Tensor] = {}
     B, K = steps.shape
+    pairs = steps.nonzero()  # [P, 2]: (row, step), row-major
+    width = max(int(v.shape[1]) for v in batch.values() if isinstance(v, Tensor) and v.dim() >= 2)
+    per_pass = max(1, int(tokens_per_pass) // max(width, 1))
     with shared_input_gradients():
-        for k in range(K):
-            rows = steps[:, k].nonzero().flatten()
-            if not rows.numel():  # a part of a batch may have fewer steps than the batch
-                continue
+        for start in range(0, pairs.shape[0], per_pass):
+            rows, step = pairs[start : start + per_pass].unbind(1)
             part = gather_rows(dict(batch), rows, B)
             for method in methods:
                 with precision(method):
-                    scores = attribute(model, part, method, target=k, **options(method))
+                    scores = attribute(model, part, method, target=step, **options(method))
                 scores = (scores[0] if isinstance(scores, tuple) else scores).detach().float()
-                maps.setdefault(method, scores.new_zeros((B, K, scores.shape[-1])))[rows, k] = scores
+                maps.setdefault(method, scores.new_zeros((B, K, scores.shape[-1])))[rows, step] = scores
     return maps
