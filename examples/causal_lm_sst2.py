@@ -276,7 +276,8 @@ def train_and_audit(kind: str, settings: Dict[str, Any], log: Callable[[str], No
     start = time.perf_counter()
     trainer.fit(module, datamodule=dm)
     seconds = time.perf_counter() - start
-    out: Dict[str, Any] = {"model": MODEL_NAMES[kind], "train_examples": len(dm.dataset("train")), "val_examples": len(dm.dataset("val")),
+    out: Dict[str, Any] = {"model": MODEL_NAMES[kind], "train_examples": len(dm.dataset("train")),
+                           "val_examples": len(dm.dataset("val")),
                            "val_acc": accuracy.values, "fit_seconds_with_audits": round(seconds, 1)}
     for audit in audits:
         out[audit.log_prefix] = [{"epoch": r["epoch"], "num_examples": r["num_examples"],
