@@ -26,8 +26,8 @@ All four prompt words ("sentiment", ":", "negative", "positive") are words of SS
 vocabulary is llama_sst2.py's, unchanged (``<sos>``, already in it, is the prompt's first token).
 
 **Audit cadence.** ``budget=None`` is the one option passed besides ``num_samples``: by default a callback thins its
-cadence to keep audits within 5% of the training time, and here an audit of 256 sentences costs more than 5% of a
-~10 s epoch, so the default would skip epochs (and differently for the two models).
+cadence to keep audits within 5% of the training time, and here ErasureAudit on 256 sentences took 30% of the causal
+LM's training epoch (13% of the classifier's), so the default would skip the LM's epochs.
 
 Usage::
 
