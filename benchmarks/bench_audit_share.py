@@ -35,6 +35,7 @@ Usage::
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_audit_share.py --model reference --train-batches 40
     .venv/bin/python benchmarks/bench_audit_share.py --quick                     # smoke run
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,9 +68,13 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--train-batches", type=int, default=40, help="training batches timed per epoch")
     parser.add_argument("--rounds", type=int, default=5, help="epochs, each auditing every configuration once")
     parser.add_argument("--num-samples", type=int, default=256, help="audited dev sentences")
-    parser.add_argument("--scale-to", type=int, default=256,
-                        help="report the share of an audit of this many sentences (audit time scaled linearly "
-                             "from --num-samples when they differ: MiniLM's erasure audit of 256 takes ~20 min)")
+    parser.add_argument(
+        "--scale-to",
+        type=int,
+        default=256,
+        help="report the share of an audit of this many sentences (audit time scaled linearly "
+        "from --num-samples when they differ: MiniLM's erasure audit of 256 takes ~20 min)",
+    )
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 batches, 16 sentences, 1 round")
@@ -86,10 +91,16 @@ def _module_and_data(model: str, quick: bool):
         dm = M.datamodule("sst2")
         reference = M.reference_model()
         cfg = M.REFERENCE_CONFIG
-        module = AttentionClassifier(dm.vocab_size, dm.num_classes, encoder=cfg["encoder"],
-                                     attention=cfg["attention"], embedding_dim=cfg["embedding_dim"],
-                                     hidden_dim=cfg["hidden_dim"], embedding_std=cfg["embedding_std"],
-                                     vocab=dm.vocab.itos)
+        module = AttentionClassifier(
+            dm.vocab_size,
+            dm.num_classes,
+            encoder=cfg["encoder"],
+            attention=cfg["attention"],
+            embedding_dim=cfg["embedding_dim"],
+            hidden_dim=cfg["hidden_dim"],
+            embedding_std=cfg["embedding_std"],
+            vocab=dm.vocab.itos,
+        )
         module.load_state_dict(reference.state_dict())
         module.train()
         return module, dm, module, {"model": "reference BiLSTM (trained 2 epochs, cached)", **reference.bench_info}
@@ -98,9 +109,17 @@ def _module_and_data(model: str, quick: bool):
 
         hf, dm, info = M.trained_llama()
         module = HFClassifier(model=hf, lr=info["lr"], weight_decay=info["weight_decay"])
-        return module, dm, module.adapter, {"model": "small Llama-architecture classifier (examples/llama_sst2.py, "
-                                                     "trained from scratch, cached; sdpa)",
-                                            "attn_implementation": hf.config._attn_implementation, **info}
+        return (
+            module,
+            dm,
+            module.adapter,
+            {
+                "model": "small Llama-architecture classifier (examples/llama_sst2.py, "
+                "trained from scratch, cached; sdpa)",
+                "attn_implementation": hf.config._attn_implementation,
+                **info,
+            },
+        )
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -120,8 +139,15 @@ def _module_and_data(model: str, quick: bool):
     module = HFClassifier(model=hf, tokenizer=tokenizer)
     dm = HFTextClassificationDataModule(tokenizer, "sst2", batch_size=32, seed=0)
     dm.setup("fit")
-    return module, dm, module.adapter, {"model": "all-MiniLM-L6-v2 fine-tuned (HFClassifier, AdamW, sdpa)",
-                                        "attn_implementation": hf.config._attn_implementation}
+    return (
+        module,
+        dm,
+        module.adapter,
+        {
+            "model": "all-MiniLM-L6-v2 fine-tuned (HFClassifier, AdamW, sdpa)",
+            "attn_implementation": hf.config._attn_implementation,
+        },
+    )
 
 
 def _callbacks(names: List[str], num_samples: int):
@@ -131,8 +157,9 @@ def _callbacks(names: List[str], num_samples: int):
     out = {}
     for name in names:
         options = {k: v for k, v in CONFIGS[name].items() if k != "kind"}
-        common = dict(every_n_epochs=1, num_samples=num_samples, budget=None, log_prefix=name, on_validate=False,
-                      on_test=False)
+        common = dict(
+            every_n_epochs=1, num_samples=num_samples, budget=None, log_prefix=name, on_validate=False, on_test=False
+        )
         cls = kinds[CONFIGS[name]["kind"]]
         out[name] = cls(**common, **options)
     return out
@@ -147,8 +174,11 @@ def _loo_floor(model, batches: List[Dict[str, Any]], repeats: int) -> Dict[str, 
     for batch in batches:
         mask = model.token_mask(batch)
         for i in range(mask.shape[0]):
-            width = int(batch["input_ids"][i].ne(0).sum()) if "attention_mask" not in batch else int(
-                batch["attention_mask"][i].sum())
+            width = (
+                int(batch["input_ids"][i].ne(0).sum())
+                if "attention_mask" not in batch
+                else int(batch["attention_mask"][i].sum())
+            )
             rows.extend([(width, batch, i)] * int(mask[i].sum()))
     rows.sort(key=lambda r: r[0])
     groups, current = [], []
@@ -163,6 +193,7 @@ def _loo_floor(model, batches: List[Dict[str, Any]], repeats: int) -> Dict[str, 
     def sub_batch(group):
         width = group[-1][0]
         keys = [k for k, v in group[0][1].items() if isinstance(v, torch.Tensor) and v.dim() >= 2]
+
         def row(b, i, k):  # the row cut to the group's width, zero/False-padded where its batch was narrower
             value = b[k][i, :width]
             return torch.nn.functional.pad(value, (0, width - value.shape[0]))
@@ -241,6 +272,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
             finally:
                 clock["audit"][_name].append(time.perf_counter() - start)
                 current[0] = None
+
         audit.run_audit = run_audit
 
     class Rotate(pl.Callback):
@@ -259,10 +291,18 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
             for name in names[r:] + names[:r]:
                 audits[name]._epoch_audit(trainer, pl_module)
 
-    trainer = pl.Trainer(max_epochs=args.rounds, limit_train_batches=args.train_batches, limit_val_batches=0,
-                         num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[*audits.values(), Rotate()],
-                         default_root_dir=str(H.CACHE / "audit_share"))
+    trainer = pl.Trainer(
+        max_epochs=args.rounds,
+        limit_train_batches=args.train_batches,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[*audits.values(), Rotate()],
+        default_root_dir=str(H.CACHE / "audit_share"),
+    )
     # the audit callbacks keep their setup/fit-start hooks; their epoch-end audits run from Rotate instead
     for audit in audits.values():
         audit.on_train_epoch_end = lambda *a, **k: None
@@ -284,16 +324,32 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         seconds = H.median(clock["audit"][name]) if clock["audit"][name] else float("nan")
         profile = {m: s / max(1, len(clock["audit"][name])) for m, s in clock["per_method"][name].items()}
         scale = args.scale_to / args.num_samples
-        configs[name] = {"audit_s": seconds, "times": clock["audit"][name], "share": seconds * scale / epoch,
-                         "audit_s_scaled": seconds * scale,
-                         "per_method_s": profile, "target": TARGETS.get(name)}
+        configs[name] = {
+            "audit_s": seconds,
+            "times": clock["audit"][name],
+            "share": seconds * scale / epoch,
+            "audit_s_scaled": seconds * scale,
+            "per_method_s": profile,
+            "target": TARGETS.get(name),
+        }
         if name == "attention_loo":
             configs[name]["vs_floor"] = seconds / floor["seconds"]  # same sentences: no scaling
-    result = {"model": args.model, "info": info, "env": H.environment(threads), "command": H.command_line(),
-              "train_batches_timed": args.train_batches, "full_batches": full_batches, "rounds": args.rounds,
-              "train_s_per_batch": per_batch, "epoch_s_extrapolated": epoch, "num_samples": args.num_samples,
-              "scale_to": args.scale_to,
-              "loo_floor": floor, "configs": configs, "wall_s": wall}
+    result = {
+        "model": args.model,
+        "info": info,
+        "env": H.environment(threads),
+        "command": H.command_line(),
+        "train_batches_timed": args.train_batches,
+        "full_batches": full_batches,
+        "rounds": args.rounds,
+        "train_s_per_batch": per_batch,
+        "epoch_s_extrapolated": epoch,
+        "num_samples": args.num_samples,
+        "scale_to": args.scale_to,
+        "loo_floor": floor,
+        "configs": configs,
+        "wall_s": wall,
+    }
     result["markdown"] = _markdown(result)
     if not args.quick:
         path = H.save(f"audit_share_{args.model}", result, args.out)
@@ -311,26 +367,48 @@ def _markdown(r: Dict[str, Any]) -> str:
         met = None if target is None else c["share"] <= target
         top = sorted(c["per_method_s"].items(), key=lambda kv: -kv[1])
         where = ", ".join(f"{m} {s:.1f} s" for m, s in top[:3]) or "-"
-        rows.append((name, c["audit_s"], c["audit_s_scaled"], f"{100 * c['share']:.1f}%",
-                     "-" if target is None else f"≤ {100 * target:.0f}%", "n/a" if met is None else
-                     ("yes" if met else "**no**"), where, len(c["times"])))
-    text = H.table(rows, ("configuration", f"audit s ({r['num_samples']} sentences, median)",
-                          f"audit s for {r['scale_to']}", "share of epoch", "target", "met?",
-                          "where the time goes (s per audit)", "runs"))
+        rows.append(
+            (
+                name,
+                c["audit_s"],
+                c["audit_s_scaled"],
+                f"{100 * c['share']:.1f}%",
+                "-" if target is None else f"≤ {100 * target:.0f}%",
+                "n/a" if met is None else ("yes" if met else "**no**"),
+                where,
+                len(c["times"]),
+            )
+        )
+    text = H.table(
+        rows,
+        (
+            "configuration",
+            f"audit s ({r['num_samples']} sentences, median)",
+            f"audit s for {r['scale_to']}",
+            "share of epoch",
+            "target",
+            "met?",
+            "where the time goes (s per audit)",
+            "runs",
+        ),
+    )
     f = r["loo_floor"]
     loo = r["configs"].get("attention_loo")
-    text += (f"\n\nEpoch: {r['train_batches_timed']} training batches of 32 timed per round, median "
-             f"{H.fmt(H.median(r['train_s_per_batch']))} s/batch × {r['full_batches']} batches = "
-             f"{H.fmt(r['epoch_s_extrapolated'])} s (extrapolated to the full 6,920-sentence split). "
-             f"Leave-one-out floor: {f['forward_passes']} forward passes (Σ L_i) in {f['batches']} batches, "
-             f"{H.fmt(f['seconds'])} s")
+    text += (
+        f"\n\nEpoch: {r['train_batches_timed']} training batches of 32 timed per round, median "
+        f"{H.fmt(H.median(r['train_s_per_batch']))} s/batch × {r['full_batches']} batches = "
+        f"{H.fmt(r['epoch_s_extrapolated'])} s (extrapolated to the full 6,920-sentence split). "
+        f"Leave-one-out floor: {f['forward_passes']} forward passes (Σ L_i) in {f['batches']} batches, "
+        f"{H.fmt(f['seconds'])} s"
+    )
     if loo:
         text += f"; leave-one-out audit / floor = {H.fmt(loo['vs_floor'])}× (target ≤ 1.5×)"
-    scaled = (f", audit times scaled linearly to {r['scale_to']} sentences" if r["scale_to"] != r["num_samples"]
-              else "")
-    text += (f". {r['rounds']} rounds, {r['num_samples']} dev sentences audited{scaled}, {r['env']['threads']} "
-             "threads, 1-min load "
-             f"{r['env']['loadavg_1_5_15'][0]} ({r['env']['utc']}). Command: `{r['command']}`")
+    scaled = f", audit times scaled linearly to {r['scale_to']} sentences" if r["scale_to"] != r["num_samples"] else ""
+    text += (
+        f". {r['rounds']} rounds, {r['num_samples']} dev sentences audited{scaled}, {r['env']['threads']} "
+        "threads, 1-min load "
+        f"{r['env']['loadavg_1_5_15'][0]} ({r['env']['utc']}). Command: `{r['command']}`"
+    )
     return text
 
 

@@ -9,6 +9,7 @@ forward, losses, backward, optimiser step, logging). Runs alternate (plain, pena
 
 Usage: ``OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_deception.py``
 """
+
 from __future__ import annotations
 
 import copy
@@ -59,8 +60,7 @@ def main(argv=None) -> dict:
     dm = M.datamodule(args.dataset)
     train = dm.dataset("train")
     torch.manual_seed(0)
-    initial = AttentionClassifier(dm.vocab_size, dm.num_classes, embedding_dim=args.embedding,
-                                  hidden_dim=args.hidden)
+    initial = AttentionClassifier(dm.vocab_size, dm.num_classes, embedding_dim=args.embedding, hidden_dim=args.hidden)
     batches = [collate([train[i] for i in range(k * 32, (k + 1) * 32)]) for k in range(args.steps)]
 
     def run(penalty: bool):
@@ -68,12 +68,19 @@ def main(argv=None) -> dict:
         if penalty:
             model.objectives.append(DeceptionPenalty(weight=1.0))
         timer = StepTimer()
-        trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                             enable_model_summary=False, callbacks=[timer], num_sanity_val_steps=0,
-                             default_root_dir=str(H.CACHE / "trainer"))
+        trainer = pl.Trainer(
+            max_epochs=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[timer],
+            num_sanity_val_steps=0,
+            default_root_dir=str(H.CACHE / "trainer"),
+        )
         loader = torch.utils.data.DataLoader(batches, batch_size=None)
         trainer.fit(model, loader)
-        return timer.times[args.skip:]
+        return timer.times[args.skip :]
 
     times = {"plain": [], "deception": []}
     run(False)  # warm-up
@@ -83,11 +90,19 @@ def main(argv=None) -> dict:
             times[name].extend(run(name == "deception"))
     med = {k: H.median(v) for k, v in times.items()}
     overhead = med["deception"] / med["plain"] - 1.0
-    result = {"benchmark": "deception_penalty", "command": H.command_line(), "env": H.environment(threads),
-              "dataset": args.dataset, "steps_per_run": args.steps, "runs_each": args.repeats,
-              "median_step_seconds": med, "steps_counted": {k: len(v) for k, v in times.items()},
-              "overhead": overhead, "met": overhead <= TARGET,
-              "model": f"AttentionClassifier(embedding {args.embedding}, bilstm {args.hidden}, tanh), batch 32"}
+    result = {
+        "benchmark": "deception_penalty",
+        "command": H.command_line(),
+        "env": H.environment(threads),
+        "dataset": args.dataset,
+        "steps_per_run": args.steps,
+        "runs_each": args.repeats,
+        "median_step_seconds": med,
+        "steps_counted": {k: len(v) for k, v in times.items()},
+        "overhead": overhead,
+        "met": overhead <= TARGET,
+        "model": f"AttentionClassifier(embedding {args.embedding}, bilstm {args.hidden}, tanh), batch 32",
+    }
     result["markdown"] = markdown(result)
     path = H.save("deception", result, args.out)
     print(result["markdown"])
@@ -97,13 +112,29 @@ def main(argv=None) -> dict:
 
 def markdown(r: dict) -> str:
     med = r["median_step_seconds"]
-    lines = [f"**DeceptionPenalty per training step**, {r['model']}, `{r['dataset']}` train, {r['runs_each']} "
-             f"alternating runs × {r['steps_per_run']} steps each; {r['env']['threads']} threads, {r['env']['utc']}, "
-             f"load {r['env']['loadavg_1_5_15']}.", "", f"Command: `{r['command']}`", ""]
-    lines.append(H.table([("plain CE", med["plain"] * 1e3, "", "", ""),
-                          ("CE + DeceptionPenalty(weight=1)", med["deception"] * 1e3, r["overhead"] * 100, "≤ 5%",
-                           "yes" if r["met"] else "**no**")],
-                         ("training step", "median ms", "overhead %", "target", "met?")))
+    lines = [
+        f"**DeceptionPenalty per training step**, {r['model']}, `{r['dataset']}` train, {r['runs_each']} "
+        f"alternating runs × {r['steps_per_run']} steps each; {r['env']['threads']} threads, {r['env']['utc']}, "
+        f"load {r['env']['loadavg_1_5_15']}.",
+        "",
+        f"Command: `{r['command']}`",
+        "",
+    ]
+    lines.append(
+        H.table(
+            [
+                ("plain CE", med["plain"] * 1e3, "", "", ""),
+                (
+                    "CE + DeceptionPenalty(weight=1)",
+                    med["deception"] * 1e3,
+                    r["overhead"] * 100,
+                    "≤ 5%",
+                    "yes" if r["met"] else "**no**",
+                ),
+            ],
+            ("training step", "median ms", "overhead %", "target", "met?"),
+        )
+    )
     return "\n".join(lines)
 
 

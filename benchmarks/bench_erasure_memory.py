@@ -18,6 +18,7 @@ configuration.
 
 Usage: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_erasure_memory.py``
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,9 +73,16 @@ def tiny_bert(vocab_size: int):
     from lightning_xai.adapters import HuggingFaceAdapter
 
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=POSITIONS, num_labels=2,
-                        attn_implementation="eager")
+    config = BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=POSITIONS,
+        num_labels=2,
+        attn_implementation="eager",
+    )
     adapter = HuggingFaceAdapter(BertForSequenceClassification(config).eval())
     adapter.bench_info = {"weights": "tiny random BERT (hidden 32, 2 layers, 2 heads, 2,048 positions), seed 0"}
     return adapter
@@ -98,6 +106,7 @@ def configs(adapter, batch):
             finally:
                 replay.override_replay.__kwdefaults__["max_elements"] = saved
             return found.values
+
         return call
 
     return {"budgeted": run(PASS_BUDGET_ELEMENTS), "unbudgeted": run(None)}
@@ -129,23 +138,30 @@ def main(argv=None) -> dict:
     if args.quick:
         args.pieces, args.repeats, args.no_memory = min(args.pieces, 64), min(args.repeats, 2), True
     adapter, batch = setup(args)
-    result = {"benchmark": "erasure_memory", "command": H.command_line(), "env": H.environment(threads),
-              "model_info": adapter.bench_info, "pieces": args.pieces,
-              "batch": {"documents": int(batch["mask"].shape[0]), "pieces": int(batch["mask"].sum(1).max())}}
+    result = {
+        "benchmark": "erasure_memory",
+        "command": H.command_line(),
+        "env": H.environment(threads),
+        "model_info": adapter.bench_info,
+        "pieces": args.pieces,
+        "batch": {"documents": int(batch["mask"].shape[0]), "pieces": int(batch["mask"].sum(1).max())},
+    }
     fns = configs(adapter, batch)
     outputs = {}
 
     def keep(name):
         def call():
             outputs[name] = fns[name]()
+
         return call
 
     times = H.interleaved({k: keep(k) for k in CONFIGS}, repeats=args.repeats, warmup=0)
     med = {k: H.median(v) for k, v in times.items()}
     result["seconds"] = {k: {"median": med[k], "all": v} for k, v in times.items()}
     budgeted, unbudgeted = outputs["budgeted"], outputs["unbudgeted"]
-    result["max_abs_value_diff"] = max(float((budgeted[k] - unbudgeted[k]).abs().nan_to_num(0.0).max())
-                                       for k in budgeted)
+    result["max_abs_value_diff"] = max(
+        float((budgeted[k] - unbudgeted[k]).abs().nan_to_num(0.0).max()) for k in budgeted
+    )
     result["same_nan_pattern"] = all(bool((budgeted[k].isnan() == unbudgeted[k].isnan()).all()) for k in budgeted)
     memory = {}
     if not args.no_memory:
@@ -163,18 +179,39 @@ def main(argv=None) -> dict:
 
 def markdown(r: dict) -> str:
     med, mem = {k: v["median"] for k, v in r["seconds"].items()}, r["peak_rss_delta_mib"]
-    lines = [f"**ErasureAudit() on {r['batch']['documents']} documents of {r['batch']['pieces']} word pieces** "
-             f"({r['model_info']['weights']}); {r['env']['threads']} threads, {r['env']['utc']}, "
-             f"load {r['env']['loadavg_1_5_15']}.", "", f"Command: `{r['command']}`", ""]
+    lines = [
+        f"**ErasureAudit() on {r['batch']['documents']} documents of {r['batch']['pieces']} word pieces** "
+        f"({r['model_info']['weights']}); {r['env']['threads']} threads, {r['env']['utc']}, "
+        f"load {r['env']['loadavg_1_5_15']}.",
+        "",
+        f"Command: `{r['command']}`",
+        "",
+    ]
     rows = [(k, med[k], H.fmt(mem[k]) if k in mem else "n/a") for k in CONFIGS]
     lines.append(H.table(rows, ("configuration", "median s", "peak RSS growth MiB")))
-    lines += ["", f"Max |budgeted − unbudgeted| audit value = {r['max_abs_value_diff']:.2e} "
-              f"(same NaN pattern: {r['same_nan_pattern']}).", ""]
-    trows = [H.target_row("time budgeted / unbudgeted", r["ratios"]["time_budgeted_vs_unbudgeted"],
-                          f"≤ {TIME_TARGET:g}×", r["met"]["time_budgeted_vs_unbudgeted"])]
+    lines += [
+        "",
+        f"Max |budgeted − unbudgeted| audit value = {r['max_abs_value_diff']:.2e} "
+        f"(same NaN pattern: {r['same_nan_pattern']}).",
+        "",
+    ]
+    trows = [
+        H.target_row(
+            "time budgeted / unbudgeted",
+            r["ratios"]["time_budgeted_vs_unbudgeted"],
+            f"≤ {TIME_TARGET:g}×",
+            r["met"]["time_budgeted_vs_unbudgeted"],
+        )
+    ]
     if "budgeted" in mem:
-        trows.append(H.target_row("peak memory, budgeted (MiB)", mem["budgeted"], f"≤ {MEMORY_TARGET_MIB:g}",
-                                  r["met"]["peak_memory_budgeted"]))
+        trows.append(
+            H.target_row(
+                "peak memory, budgeted (MiB)",
+                mem["budgeted"],
+                f"≤ {MEMORY_TARGET_MIB:g}",
+                r["met"]["peak_memory_budgeted"],
+            )
+        )
     lines.append(H.table(trows, ("figure", "value", "target", "met?")))
     return "\n".join(lines)
 

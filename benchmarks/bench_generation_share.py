@@ -22,6 +22,7 @@ Usage::
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_generation_share.py --train-batches 20 --rounds 5
     .venv/bin/python benchmarks/bench_generation_share.py --quick                 # smoke run
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,12 @@ def _callbacks(names: List[str], num_samples: int) -> Dict[str, Any]:
     from lightning_xai.callbacks import AlignmentAudit, AttentionAudit
 
     kinds = {"attention_default": AttentionAudit, "alignment_default": AlignmentAudit}
-    return {name: kinds[name](every_n_epochs=1, num_samples=num_samples, budget=None, log_prefix=name,
-                              on_validate=False, on_test=False) for name in names}
+    return {
+        name: kinds[name](
+            every_n_epochs=1, num_samples=num_samples, budget=None, log_prefix=name, on_validate=False, on_test=False
+        )
+        for name in names
+    }
 
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
@@ -83,6 +88,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
                 return _inner(*a, **k)
             finally:
                 clock["audit"][_name].append(time.perf_counter() - start)
+
         audit.run_audit = run_audit
 
     class Rotate(pl.Callback):
@@ -100,10 +106,19 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
             for name in names[r:] + names[:r]:
                 audits[name]._epoch_audit(trainer, pl_module)
 
-    trainer = pl.Trainer(max_epochs=args.rounds, limit_train_batches=args.train_batches, limit_val_batches=0,
-                         num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[*audits.values(), Rotate()], gradient_clip_val=1.0,
-                         default_root_dir=str(H.CACHE / "generation_share"))
+    trainer = pl.Trainer(
+        max_epochs=args.rounds,
+        limit_train_batches=args.train_batches,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[*audits.values(), Rotate()],
+        gradient_clip_val=1.0,
+        default_root_dir=str(H.CACHE / "generation_share"),
+    )
     for audit in audits.values():  # their epoch-end audits run from Rotate instead
         audit.on_train_epoch_end = lambda *a, **k: None
     started = time.perf_counter()
@@ -116,12 +131,27 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     for name in names:
         seconds = H.median(clock["audit"][name]) if clock["audit"][name] else float("nan")
         metrics = audits[name].history[-1]["metrics"] if audits[name].history else {}
-        configs[name] = {"audit_s": seconds, "times": clock["audit"][name], "share": seconds / epoch,
-                         "target": TARGETS.get(name), "keys": len(metrics)}
-    result = {"model": "translation", "info": info, "env": H.environment(threads), "command": H.command_line(),
-              "train_batches_timed": args.train_batches, "full_batches": full_batches, "rounds": args.rounds,
-              "train_s_per_batch": per_batch, "epoch_s_extrapolated": epoch, "num_samples": args.num_samples,
-              "configs": configs, "wall_s": wall}
+        configs[name] = {
+            "audit_s": seconds,
+            "times": clock["audit"][name],
+            "share": seconds / epoch,
+            "target": TARGETS.get(name),
+            "keys": len(metrics),
+        }
+    result = {
+        "model": "translation",
+        "info": info,
+        "env": H.environment(threads),
+        "command": H.command_line(),
+        "train_batches_timed": args.train_batches,
+        "full_batches": full_batches,
+        "rounds": args.rounds,
+        "train_s_per_batch": per_batch,
+        "epoch_s_extrapolated": epoch,
+        "num_samples": args.num_samples,
+        "configs": configs,
+        "wall_s": wall,
+    }
     result["markdown"] = _markdown(result)
     if not args.quick:
         path = H.save("generation_share", result, args.out)
@@ -137,16 +167,35 @@ def _markdown(r: Dict[str, Any]) -> str:
     for name, c in r["configs"].items():
         target = c.get("target")
         met = None if target is None else c["share"] <= target
-        rows.append((name, c["audit_s"], f"{100 * c['share']:.1f}%", "-" if target is None else f"≤ {100 * target:.0f}%",
-                     "n/a" if met is None else ("yes" if met else "**no**"), len(c["times"])))
-    text = H.table(rows, (f"configuration ({r['num_samples']} val verses)", "audit s (median)", "share of epoch",
-                          "target", "met?", "runs"))
+        rows.append(
+            (
+                name,
+                c["audit_s"],
+                f"{100 * c['share']:.1f}%",
+                "-" if target is None else f"≤ {100 * target:.0f}%",
+                "n/a" if met is None else ("yes" if met else "**no**"),
+                len(c["times"]),
+            )
+        )
+    text = H.table(
+        rows,
+        (
+            f"configuration ({r['num_samples']} val verses)",
+            "audit s (median)",
+            "share of epoch",
+            "target",
+            "met?",
+            "runs",
+        ),
+    )
     env = r["env"]
-    text += (f"\n\nEpoch: {r['train_batches_timed']} training batches timed per round, median "
-             f"{H.fmt(H.median(r['train_s_per_batch']))} s/batch × {r['full_batches']} batches = "
-             f"{H.fmt(r['epoch_s_extrapolated'])} s (extrapolated to the full train split, "
-             f"{r['info']['train_verses']} verses). {r['rounds']} rounds, {env['threads']} threads, 1-min load "
-             f"{env['loadavg_1_5_15'][0]} ({env['utc']}). Command: `{r['command']}`")
+    text += (
+        f"\n\nEpoch: {r['train_batches_timed']} training batches timed per round, median "
+        f"{H.fmt(H.median(r['train_s_per_batch']))} s/batch × {r['full_batches']} batches = "
+        f"{H.fmt(r['epoch_s_extrapolated'])} s (extrapolated to the full train split, "
+        f"{r['info']['train_verses']} verses). {r['rounds']} rounds, {env['threads']} threads, 1-min load "
+        f"{env['loadavg_1_5_15'][0]} ({env['utc']}). Command: `{r['command']}`"
+    )
     return text
 
 

@@ -12,6 +12,7 @@ Same model, batch (SST-2 dev, first 256 sentences), target (predicted class) and
 
 Usage: ``OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_gradients.py --model reference``
 """
+
 from __future__ import annotations
 
 import sys
@@ -29,8 +30,12 @@ from benchmarks import models as M  # noqa: E402
 def main(argv=None) -> dict:
     parser = H.common_args(__doc__.splitlines()[0])
     parser.add_argument("--model", default="reference", choices=["reference", "unpacked", "minilm"])
-    parser.add_argument("--weights", default="trained", choices=["trained", "random"],
-                        help="reference weights trained 2 epochs on SST-2 (cached) or seeded random")
+    parser.add_argument(
+        "--weights",
+        default="trained",
+        choices=["trained", "random"],
+        help="reference weights trained 2 epochs on SST-2 (cached) or seeded random",
+    )
     parser.add_argument("--samples", type=int, default=30)
     args = parser.parse_args(argv)
     threads = H.set_threads(args.threads)
@@ -43,31 +48,48 @@ def main(argv=None) -> dict:
     with torch.no_grad():
         emb = model.embed(batch)
     real = mask.unsqueeze(-1)
-    sigma = 0.15 * (emb.masked_fill(~real, float("-inf")).amax((1, 2)) - emb.masked_fill(~real, float("inf")).amin((1, 2)))
+    sigma = 0.15 * (
+        emb.masked_fill(~real, float("-inf")).amax((1, 2)) - emb.masked_fill(~real, float("inf")).amin((1, 2))
+    )
     stdev = float(sigma.mean())
     S = args.samples
     pairs = {
-        "gradient": (lambda: attribute(model, batch, "gradient", target),
-                     lambda: CB.saliency(model, batch, target, "l2")),
-        "grad_x_input": (lambda: attribute(model, batch, "grad_x_input", target),
-                         lambda: CB.input_x_gradient(model, batch, target)),
-        "smooth_grad": (lambda: attribute(model, batch, "smooth_grad", target, n_samples=S),
-                        lambda: CB.noise_tunnel_saliency(model, batch, target, stdevs=stdev, nt_samples=S)),
+        "gradient": (
+            lambda: attribute(model, batch, "gradient", target),
+            lambda: CB.saliency(model, batch, target, "l2"),
+        ),
+        "grad_x_input": (
+            lambda: attribute(model, batch, "grad_x_input", target),
+            lambda: CB.input_x_gradient(model, batch, target),
+        ),
+        "smooth_grad": (
+            lambda: attribute(model, batch, "smooth_grad", target, n_samples=S),
+            lambda: CB.noise_tunnel_saliency(model, batch, target, stdevs=stdev, nt_samples=S),
+        ),
     }
     fns = {}
     for name, (ours, theirs) in pairs.items():
         fns[f"ours_{name}"], fns[f"captum_{name}"] = ours, theirs
-    result = {"benchmark": "gradients", "command": H.command_line(), "env": H.environment(threads),
-              "model": args.model, "model_info": getattr(model, "bench_info", {}), "batch": M.batch_stats(batch),
-              "smooth_grad_samples": S, "captum_stdev": stdev}
+    result = {
+        "benchmark": "gradients",
+        "command": H.command_line(),
+        "env": H.environment(threads),
+        "model": args.model,
+        "model_info": getattr(model, "bench_info", {}),
+        "batch": M.batch_stats(batch),
+        "smooth_grad_samples": S,
+        "captum_stdev": stdev,
+    }
     times = H.interleaved(fns, repeats=args.repeats, warmup=1)
     med = {k: H.median(v) for k, v in times.items()}
     result["seconds"] = {k: {"median": med[k], "all": v} for k, v in times.items()}
     result["ratios"] = {name: med[f"captum_{name}"] / med[f"ours_{name}"] for name in pairs}
 
     # numerical agreement at the same settings
-    agree = {"gradient": float((pairs["gradient"][0]() - pairs["gradient"][1]()).abs().max()),
-             "grad_x_input": float((pairs["grad_x_input"][0]() - pairs["grad_x_input"][1]()).abs().max())}
+    agree = {
+        "gradient": float((pairs["gradient"][0]() - pairs["gradient"][1]()).abs().max()),
+        "grad_x_input": float((pairs["grad_x_input"][0]() - pairs["grad_x_input"][1]()).abs().max()),
+    }
     ours_abs = attribute(model, batch, "gradient", target, reduction="abs_sum")
     agree["gradient_abs_sum"] = float((ours_abs - CB.saliency(model, batch, target, "abs_sum")).abs().max())
     k = min(S, 8)
@@ -89,17 +111,35 @@ def main(argv=None) -> dict:
 def markdown(r: dict) -> str:
     b = r["batch"]
     med = {k: v["median"] for k, v in r["seconds"].items()}
-    lines = [f"**gradient / grad×input / SmoothGrad, model `{r['model']}`**, batch {b['sentences']} sentences, "
-             f"T_max {b['max_len']}; SmoothGrad {r['smooth_grad_samples']} samples; {r['env']['threads']} threads, "
-             f"{r['env']['utc']}, load {r['env']['loadavg_1_5_15']}.", "", f"Command: `{r['command']}`", ""]
-    rows = [(name, med[f"ours_{name}"], med[f"captum_{name}"], r["ratios"][name],
-             r["agreement_max_abs"].get(name if name != "smooth_grad" else "smooth_grad_same_noise"))
-            for name in ("gradient", "grad_x_input", "smooth_grad")]
-    lines.append(H.table(rows, ("method", "ours median s", "Captum median s", "speed-up (Captum/ours)",
-                                "max abs diff vs Captum")))
-    lines += ["", f"Max abs diff, gradient with |·|-sum reduction: {r['agreement_max_abs']['gradient_abs_sum']:.2e}. "
-              "SmoothGrad agreement uses the same noise tensor for both; its timing row compares ours with "
-              "Captum NoiseTunnel(Saliency) at equal samples."]
+    lines = [
+        f"**gradient / grad×input / SmoothGrad, model `{r['model']}`**, batch {b['sentences']} sentences, "
+        f"T_max {b['max_len']}; SmoothGrad {r['smooth_grad_samples']} samples; {r['env']['threads']} threads, "
+        f"{r['env']['utc']}, load {r['env']['loadavg_1_5_15']}.",
+        "",
+        f"Command: `{r['command']}`",
+        "",
+    ]
+    rows = [
+        (
+            name,
+            med[f"ours_{name}"],
+            med[f"captum_{name}"],
+            r["ratios"][name],
+            r["agreement_max_abs"].get(name if name != "smooth_grad" else "smooth_grad_same_noise"),
+        )
+        for name in ("gradient", "grad_x_input", "smooth_grad")
+    ]
+    lines.append(
+        H.table(
+            rows, ("method", "ours median s", "Captum median s", "speed-up (Captum/ours)", "max abs diff vs Captum")
+        )
+    )
+    lines += [
+        "",
+        f"Max abs diff, gradient with |·|-sum reduction: {r['agreement_max_abs']['gradient_abs_sum']:.2e}. "
+        "SmoothGrad agreement uses the same noise tensor for both; its timing row compares ours with "
+        "Captum NoiseTunnel(Saliency) at equal samples.",
+    ]
     return "\n".join(lines)
 
 

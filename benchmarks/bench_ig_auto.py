@@ -23,6 +23,7 @@ Usage::
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_ig_auto.py --model minilm_sst2 --batch-size 32
     .venv/bin/python benchmarks/bench_ig_auto.py --quick
 """
+
 from __future__ import annotations
 
 import copy
@@ -63,8 +64,9 @@ def errors(maps, reference) -> dict:
 def main(argv=None) -> dict:
     parser = H.common_args(__doc__.splitlines()[0])
     parser.add_argument("--model", default="minilm_sst2", choices=["minilm_sst2", "minilm", "reference"])
-    parser.add_argument("--token-rtol", type=float, nargs="*", default=[],
-                        help="also time n_steps='auto' at these token tolerances")
+    parser.add_argument(
+        "--token-rtol", type=float, nargs="*", default=[], help="also time n_steps='auto' at these token tolerances"
+    )
     parser.add_argument("--reference-steps", type=int, default=REFERENCE_STEPS)
     args = parser.parse_args(argv)
     threads = H.set_threads(args.threads)
@@ -81,28 +83,45 @@ def main(argv=None) -> dict:
 
     def run(name):
         def call():
-            outputs[name] = attribute(model, batch, "integrated_gradients", target, return_n_steps=True,
-                                      **options, **configs[name])
+            outputs[name] = attribute(
+                model, batch, "integrated_gradients", target, return_n_steps=True, **options, **configs[name]
+            )
+
         return call
 
     times = H.interleaved({name: run(name) for name in configs}, repeats=args.repeats, warmup=1)
     seconds = {name: H.median(t) for name, t in times.items()}
     exact = copy.deepcopy(model).double()
-    reference = CB.layer_integrated_gradients(exact, batch, target, n_steps=args.reference_steps,
-                                              internal_batch_size=256).double()
+    reference = CB.layer_integrated_gradients(
+        exact, batch, target, n_steps=args.reference_steps, internal_batch_size=256
+    ).double()
     accuracy = errors({name: out[0] for name, out in outputs.items()}, reference)
     steps = {name: float(out[1].float().mean()) for name, out in outputs.items()}
-    result = {"benchmark": "ig_auto", "command": H.command_line(), "env": H.environment(threads),
-              "model": args.model, "model_info": getattr(model, "bench_info", {}), "batch": M.batch_stats(batch),
-              "reference_steps": args.reference_steps, "seconds": {k: {"median": seconds[k], "all": times[k]}
-                                                                   for k in seconds},
-              "mean_gradient_evaluations": steps, "rel_l1_error": accuracy}
-    result["ratios"] = {name: {"speed_vs_gl50": seconds["gl50"] / seconds[name],
-                               "p95_error_vs_gl50": accuracy[name]["p95"] / max(accuracy["gl50"]["p95"], 1e-300),
-                               "max_error_vs_gl50": accuracy[name]["max"] / max(accuracy["gl50"]["max"], 1e-300)}
-                        for name in configs if name != "gl50"}
-    result["met"] = {name: r["speed_vs_gl50"] >= 1.0 and r["p95_error_vs_gl50"] <= 1.0 and r["max_error_vs_gl50"] <= 1.0
-                     for name, r in result["ratios"].items()}
+    result = {
+        "benchmark": "ig_auto",
+        "command": H.command_line(),
+        "env": H.environment(threads),
+        "model": args.model,
+        "model_info": getattr(model, "bench_info", {}),
+        "batch": M.batch_stats(batch),
+        "reference_steps": args.reference_steps,
+        "seconds": {k: {"median": seconds[k], "all": times[k]} for k in seconds},
+        "mean_gradient_evaluations": steps,
+        "rel_l1_error": accuracy,
+    }
+    result["ratios"] = {
+        name: {
+            "speed_vs_gl50": seconds["gl50"] / seconds[name],
+            "p95_error_vs_gl50": accuracy[name]["p95"] / max(accuracy["gl50"]["p95"], 1e-300),
+            "max_error_vs_gl50": accuracy[name]["max"] / max(accuracy["gl50"]["max"], 1e-300),
+        }
+        for name in configs
+        if name != "gl50"
+    }
+    result["met"] = {
+        name: r["speed_vs_gl50"] >= 1.0 and r["p95_error_vs_gl50"] <= 1.0 and r["max_error_vs_gl50"] <= 1.0
+        for name, r in result["ratios"].items()
+    }
     result["markdown"] = markdown(result)
     if not args.quick:
         path = H.save(f"ig_auto_{args.model}", result, args.out)
@@ -115,18 +134,34 @@ def main(argv=None) -> dict:
 
 def markdown(r: dict) -> str:
     b = r["batch"]
-    lines = [f"**`n_steps='auto'` vs 50 fixed nodes, model `{r['model']}`** ({r['model_info'].get('weights', '')}; "
-             f"dev acc {r['model_info'].get('dev_acc', 'n/a')}), {b['sentences']} SST-2 dev sentences, T_max "
-             f"{b['max_len']}; reference: Captum GL-{r['reference_steps']} on a float64 copy; {r['env']['threads']} "
-             f"threads, {r['env']['utc']}, load {r['env']['loadavg_1_5_15']}.", "", f"Command: `{r['command']}`", "",
-             "| IG | median s | gradient evaluations / sentence | rel. L1 err median | p95 | max | speed vs GL-50 | "
-             "p95 err / GL-50's | max err / GL-50's | criterion met? |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"**`n_steps='auto'` vs 50 fixed nodes, model `{r['model']}`** ({r['model_info'].get('weights', '')}; "
+        f"dev acc {r['model_info'].get('dev_acc', 'n/a')}), {b['sentences']} SST-2 dev sentences, T_max "
+        f"{b['max_len']}; reference: Captum GL-{r['reference_steps']} on a float64 copy; {r['env']['threads']} "
+        f"threads, {r['env']['utc']}, load {r['env']['loadavg_1_5_15']}.",
+        "",
+        f"Command: `{r['command']}`",
+        "",
+        "| IG | median s | gradient evaluations / sentence | rel. L1 err median | p95 | max | speed vs GL-50 | "
+        "p95 err / GL-50's | max err / GL-50's | criterion met? |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, sec in r["seconds"].items():
         a, ratio = r["rel_l1_error"][name], r["ratios"].get(name)
-        cells = ([f"{ratio['speed_vs_gl50']:.2f}×", f"{ratio['p95_error_vs_gl50']:.3g}", f"{ratio['max_error_vs_gl50']:.3g}",
-                  "yes" if r["met"][name] else "**no**"] if ratio else ["1", "1", "1", "-"])
-        lines.append(f"| {name} | {sec['median']:.2f} | {r['mean_gradient_evaluations'][name]:.1f} | {a['median']:.2g} | "
-                     f"{a['p95']:.2g} | {a['max']:.2g} | " + " | ".join(cells) + " |")
+        cells = (
+            [
+                f"{ratio['speed_vs_gl50']:.2f}×",
+                f"{ratio['p95_error_vs_gl50']:.3g}",
+                f"{ratio['max_error_vs_gl50']:.3g}",
+                "yes" if r["met"][name] else "**no**",
+            ]
+            if ratio
+            else ["1", "1", "1", "-"]
+        )
+        lines.append(
+            f"| {name} | {sec['median']:.2f} | {r['mean_gradient_evaluations'][name]:.1f} | {a['median']:.2g} | "
+            f"{a['p95']:.2g} | {a['max']:.2g} | " + " | ".join(cells) + " |"
+        )
     return "\n".join(lines)
 
 

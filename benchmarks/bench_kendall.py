@@ -14,6 +14,7 @@ unrelated work costs.
 
 Usage: ``OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_kendall.py``
 """
+
 from __future__ import annotations
 
 import sys
@@ -59,7 +60,7 @@ def blocks(fns: dict, block: int, rounds: int) -> dict:
     for name in names:  # warm-up
         fns[name]()
     for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             for i in range(block if name != "scipy" else 2):
                 started = time.perf_counter()
                 fns[name]()
@@ -77,23 +78,33 @@ def main(argv=None) -> dict:
         args.batch_size, args.repeats, args.block = 4, 2, 2
     from lightning_xai.metrics.functional import kendall_tau
 
-    result = {"benchmark": "kendall_tau", "command": H.command_line(), "env": H.environment(threads),
-              "shape": [args.batch_size, args.tokens], "block": args.block, "settings": {}}
+    result = {
+        "benchmark": "kendall_tau",
+        "command": H.command_line(),
+        "env": H.environment(threads),
+        "shape": [args.batch_size, args.tokens],
+        "block": args.block,
+        "settings": {},
+    }
     for setting in ("all_real", "sst2_lengths", "ties"):
         a, s, m = inputs(setting, args.batch_size, args.tokens)
-        times = blocks({"ours": lambda a=a, s=s, m=m: kendall_tau(a, s, m),
-                         "scipy": lambda a=a, s=s, m=m: scipy_loop(a, s, m)},
-                       block=args.block, rounds=args.repeats)
+        times = blocks(
+            {"ours": lambda a=a, s=s, m=m: kendall_tau(a, s, m), "scipy": lambda a=a, s=s, m=m: scipy_loop(a, s, m)},
+            block=args.block,
+            rounds=args.repeats,
+        )
         tau, p = kendall_tau(a, s, m)
         ref_tau, ref_p = scipy_loop(a, s, m)
         scipy = H.median(times["scipy"]["cold"] + times["scipy"]["warm"])
         warm, cold = H.median(times["ours"]["warm"]), H.median(times["ours"]["cold"])
         result["settings"][setting] = {
             "seconds": {"ours_warm": warm, "ours_cold": cold, "scipy": scipy, "all": times},
-            "speedup": scipy / warm, "speedup_cold": scipy / cold,
+            "speedup": scipy / warm,
+            "speedup_cold": scipy / cold,
             "max_abs_diff_tau": float(np.nanmax(np.abs(tau.numpy() - ref_tau))),
             "max_abs_diff_p": float(np.nanmax(np.abs(p.numpy() - ref_p))),
-            "met": scipy / warm >= TARGET}
+            "met": scipy / warm >= TARGET,
+        }
     result["markdown"] = markdown(result)
     path = H.save("kendall", result, args.out)
     print(result["markdown"])
@@ -103,19 +114,51 @@ def main(argv=None) -> dict:
 
 def markdown(r: dict) -> str:
     B, T = r["shape"]
-    lines = [f"**Kendall τ-b per instance, {B} × {T} tokens** (float64 maps); {r['env']['threads']} threads, "
-             f"{r['env']['utc']}, load {r['env']['loadavg_1_5_15']}.", "", f"Command: `{r['command']}`", ""]
+    lines = [
+        f"**Kendall τ-b per instance, {B} × {T} tokens** (float64 maps); {r['env']['threads']} threads, "
+        f"{r['env']['utc']}, load {r['env']['loadavg_1_5_15']}.",
+        "",
+        f"Command: `{r['command']}`",
+        "",
+    ]
     rows = []
     for name, s in r["settings"].items():
         sec = s["seconds"]
-        rows.append((name, sec["ours_warm"] * 1e3, sec["ours_cold"] * 1e3, sec["scipy"] * 1e3, s["speedup"],
-                     s["speedup_cold"], "≥ 50×", "yes" if s["met"] else "**no**",
-                     f"{s['max_abs_diff_tau']:.1e} / {s['max_abs_diff_p']:.1e}"))
-    lines.append(H.table(rows, ("setting", "ours ms (warm)", "ours ms (cold)", "scipy loop ms", "speed-up (warm)",
-                                "speed-up (cold)", "target", "met?", "max abs diff τ / p vs scipy")))
-    lines += ["", f"Warm = median of calls 2…{r['block']} of each block of back-to-back calls (timeit style; the "
-              "target is judged on it); cold = the first call of each block, right after the scipy loop evicted "
-              "the caches."]
+        rows.append(
+            (
+                name,
+                sec["ours_warm"] * 1e3,
+                sec["ours_cold"] * 1e3,
+                sec["scipy"] * 1e3,
+                s["speedup"],
+                s["speedup_cold"],
+                "≥ 50×",
+                "yes" if s["met"] else "**no**",
+                f"{s['max_abs_diff_tau']:.1e} / {s['max_abs_diff_p']:.1e}",
+            )
+        )
+    lines.append(
+        H.table(
+            rows,
+            (
+                "setting",
+                "ours ms (warm)",
+                "ours ms (cold)",
+                "scipy loop ms",
+                "speed-up (warm)",
+                "speed-up (cold)",
+                "target",
+                "met?",
+                "max abs diff τ / p vs scipy",
+            ),
+        )
+    )
+    lines += [
+        "",
+        f"Warm = median of calls 2…{r['block']} of each block of back-to-back calls (timeit style; the "
+        "target is judged on it); cold = the first call of each block, right after the scipy loop evicted "
+        "the caches.",
+    ]
     return "\n".join(lines)
 
 

@@ -10,6 +10,7 @@ while one call runs, in a fresh process per configuration (``benchmarks.harness.
 
 Usage: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_kendall_memory.py``
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,24 +63,43 @@ def main(argv=None) -> dict:
     threads = H.set_threads(args.threads)
     if args.quick:
         args.lengths, args.repeats, args.no_memory = [n for n in args.lengths if n <= 1_000], 2, True
-    result = {"benchmark": "kendall_memory", "command": H.command_line(), "env": H.environment(threads),
-              "lengths": {}}
+    result = {"benchmark": "kendall_memory", "command": H.command_line(), "env": H.environment(threads), "lengths": {}}
     rows = []
     for length in args.lengths:
         fns = calls(length)
         ours, ref = fns["lightning_xai"](), fns["scipy"]()
         tau, p = float(ours[0][0]), float(ours[1][0])
-        assert abs(tau - ref.statistic) <= 1e-12 and abs(p - ref.pvalue) <= 1e-9 * abs(ref.pvalue) + 1e-300, \
-            (length, tau, ref.statistic, p, ref.pvalue)
+        assert abs(tau - ref.statistic) <= 1e-12 and abs(p - ref.pvalue) <= 1e-9 * abs(ref.pvalue) + 1e-300, (
+            length,
+            tau,
+            ref.statistic,
+            p,
+            ref.pvalue,
+        )
         times = H.interleaved(fns, repeats=args.repeats)
         extra = ["--length", str(length)] + (["--threads", str(args.threads)] if args.threads else [])
-        memory = {} if args.no_memory else {
-            name: H.memory_in_subprocess("benchmarks.bench_kendall_memory", name, extra) for name in fns}
-        entry = {"tau": tau, "p_value": p, "time_s": {k: H.median(v) for k, v in times.items()},
-                 "time_s_all": times, "peak_rss_delta_mib": memory}
+        memory = (
+            {}
+            if args.no_memory
+            else {name: H.memory_in_subprocess("benchmarks.bench_kendall_memory", name, extra) for name in fns}
+        )
+        entry = {
+            "tau": tau,
+            "p_value": p,
+            "time_s": {k: H.median(v) for k, v in times.items()},
+            "time_s_all": times,
+            "peak_rss_delta_mib": memory,
+        }
         result["lengths"][str(length)] = entry
-        rows.append((f"{length:,}", memory.get("lightning_xai", float("nan")), memory.get("scipy", float("nan")),
-                     1e3 * entry["time_s"]["lightning_xai"], 1e3 * entry["time_s"]["scipy"]))
+        rows.append(
+            (
+                f"{length:,}",
+                memory.get("lightning_xai", float("nan")),
+                memory.get("scipy", float("nan")),
+                1e3 * entry["time_s"]["lightning_xai"],
+                1e3 * entry["time_s"]["scipy"],
+            )
+        )
     measured = [r[1] for r in rows if r[1] == r[1]]
     worst = max(measured) if measured else float("nan")
     result["memory_target_met"] = (worst <= MEMORY_TARGET_MIB) if measured else None
@@ -89,13 +109,25 @@ def main(argv=None) -> dict:
 
 
 def markdown(r: dict, rows: list, worst: float) -> str:
-    lines = [f"**Kendall τ-b of one long row** (all tokens real, ties in the second map); {r['env']['threads']} "
-             f"threads, {r['env']['utc']}, load {r['env']['loadavg_1_5_15']}.", "", f"Command: `{r['command']}`", "",
-             H.table(rows, ("T", "peak RSS growth, ours (MiB)", "scipy (MiB)", "time, ours (ms)", "scipy (ms)")), ""]
+    lines = [
+        f"**Kendall τ-b of one long row** (all tokens real, ties in the second map); {r['env']['threads']} "
+        f"threads, {r['env']['utc']}, load {r['env']['loadavg_1_5_15']}.",
+        "",
+        f"Command: `{r['command']}`",
+        "",
+        H.table(rows, ("T", "peak RSS growth, ours (MiB)", "scipy (MiB)", "time, ours (ms)", "scipy (ms)")),
+        "",
+    ]
     met = r["memory_target_met"]
-    lines.append(f"Target ≤ {MEMORY_TARGET_MIB:g} MiB peak RSS growth at every T: "
-                 + ("not measured (--no-memory)" if met is None else
-                    f"{'met' if met else '**not met**'} (worst {H.fmt(worst)} MiB)") + ".")
+    lines.append(
+        f"Target ≤ {MEMORY_TARGET_MIB:g} MiB peak RSS growth at every T: "
+        + (
+            "not measured (--no-memory)"
+            if met is None
+            else f"{'met' if met else '**not met**'} (worst {H.fmt(worst)} MiB)"
+        )
+        + "."
+    )
     return "\n".join(lines)
 
 

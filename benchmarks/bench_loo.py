@@ -13,6 +13,7 @@ target probability. Configurations:
 
 Usage: ``OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_loo.py --model reference``
 """
+
 from __future__ import annotations
 
 import sys
@@ -33,8 +34,12 @@ TARGETS = {"reference": 3.0, "unpacked": 2.0, "minilm": 2.0}  # minilm: issue 18
 def main(argv=None) -> dict:
     parser = H.common_args(__doc__.splitlines()[0])
     parser.add_argument("--model", default="reference", choices=["reference", "unpacked", "minilm"])
-    parser.add_argument("--weights", default="trained", choices=["trained", "random"],
-                        help="reference weights trained 2 epochs on SST-2 (cached) or seeded random")
+    parser.add_argument(
+        "--weights",
+        default="trained",
+        choices=["trained", "random"],
+        help="reference weights trained 2 epochs on SST-2 (cached) or seeded random",
+    )
     parser.add_argument("--sweep", type=int, nargs="*", default=list(SWEEP))
     parser.add_argument("--sweep-repeats", type=int, default=2)
     args = parser.parse_args(argv)
@@ -45,17 +50,27 @@ def main(argv=None) -> dict:
     from lightning_xai.attribution import attribute
 
     model, batch, target = M.model_batch_target(args.model, args.batch_size, args.weights)
-    result = {"benchmark": "leave_one_out", "command": H.command_line(), "env": H.environment(threads),
-              "model": args.model, "model_info": getattr(model, "bench_info", {}), "batch": M.batch_stats(batch)}
-    captum = {f"captum_ppe{k}": (lambda k=k: CB.feature_ablation(model, batch, target, perturbations_per_eval=k))
-              for k in args.sweep}
+    result = {
+        "benchmark": "leave_one_out",
+        "command": H.command_line(),
+        "env": H.environment(threads),
+        "model": args.model,
+        "model_info": getattr(model, "bench_info", {}),
+        "batch": M.batch_stats(batch),
+    }
+    captum = {
+        f"captum_ppe{k}": (lambda k=k: CB.feature_ablation(model, batch, target, perturbations_per_eval=k))
+        for k in args.sweep
+    }
     sweep = H.interleaved(captum, repeats=args.sweep_repeats, warmup=0)
     best = min(sweep, key=lambda k: H.median(sweep[k]))
     result["captum_sweep_seconds"] = {k: H.median(v) for k, v in sweep.items()}
     result["captum_best"] = best
-    fns = {"ours_delete": lambda: attribute(model, batch, "leave_one_out", target),
-           "ours_pad": lambda: attribute(model, batch, "leave_one_out", target, mode="pad"),
-           best: captum[best]}
+    fns = {
+        "ours_delete": lambda: attribute(model, batch, "leave_one_out", target),
+        "ours_pad": lambda: attribute(model, batch, "leave_one_out", target, mode="pad"),
+        best: captum[best],
+    }
     times = H.interleaved(fns, repeats=args.repeats, warmup=1)
     med = {k: H.median(v) for k, v in times.items()}
     result["seconds"] = {k: {"median": med[k], "all": v} for k, v in times.items()}
@@ -63,8 +78,10 @@ def main(argv=None) -> dict:
     result["sentences_per_second"] = {k: n / v for k, v in med.items()}
     ours_pad, theirs = fns["ours_pad"](), captum[best]()
     result["agreement_pad_vs_captum_max_abs"] = float((ours_pad - theirs).abs().max())
-    result["ratios"] = {"delete_vs_captum_best": med[best] / med["ours_delete"],
-                        "pad_vs_captum_best": med[best] / med["ours_pad"]}
+    result["ratios"] = {
+        "delete_vs_captum_best": med[best] / med["ours_delete"],
+        "pad_vs_captum_best": med[best] / med["ours_pad"],
+    }
     goal = TARGETS[args.model]
     result["target"] = goal
     result["met"] = {k: v >= goal for k, v in result["ratios"].items()}
@@ -77,20 +94,35 @@ def main(argv=None) -> dict:
 
 def markdown(r: dict) -> str:
     b, med, best = r["batch"], {k: v["median"] for k, v in r["seconds"].items()}, r["captum_best"]
-    lines = [f"**Leave-one-out, model `{r['model']}`**, batch {b['sentences']} sentences, T_max {b['max_len']}, "
-             f"{b['real_tokens']} real tokens (Captum evaluates B × T_max = {b['padded_positions']} variants); "
-             f"{r['env']['threads']} threads, {r['env']['utc']}, load {r['env']['loadavg_1_5_15']}.", "",
-             f"Command: `{r['command']}`", ""]
+    lines = [
+        f"**Leave-one-out, model `{r['model']}`**, batch {b['sentences']} sentences, T_max {b['max_len']}, "
+        f"{b['real_tokens']} real tokens (Captum evaluates B × T_max = {b['padded_positions']} variants); "
+        f"{r['env']['threads']} threads, {r['env']['utc']}, load {r['env']['loadavg_1_5_15']}.",
+        "",
+        f"Command: `{r['command']}`",
+        "",
+    ]
     rows = [(k, med[k], r["sentences_per_second"][k]) for k in ("ours_delete", "ours_pad", best)]
     lines.append(H.table(rows, ("configuration", "median s", "sentences/s")))
-    lines += ["", "Captum perturbations_per_eval sweep (median s): " + ", ".join(
-        f"{k[len('captum_ppe'):]}: {H.fmt(v)}" for k, v in r["captum_sweep_seconds"].items()),
-        f"Max |ours_pad − Captum FeatureAblation| = {r['agreement_pad_vs_captum_max_abs']:.2e}.", ""]
+    lines += [
+        "",
+        "Captum perturbations_per_eval sweep (median s): "
+        + ", ".join(f"{k[len('captum_ppe') :]}: {H.fmt(v)}" for k, v in r["captum_sweep_seconds"].items()),
+        f"Max |ours_pad − Captum FeatureAblation| = {r['agreement_pad_vs_captum_max_abs']:.2e}.",
+        "",
+    ]
     goal = r["target"]
-    trows = [H.target_row("delete (default) vs Captum best", r["ratios"]["delete_vs_captum_best"], f"≥ {goal:g}×",
-                          r["met"]["delete_vs_captum_best"]),
-             H.target_row("pad vs Captum best", r["ratios"]["pad_vs_captum_best"], f"≥ {goal:g}×",
-                          r["met"]["pad_vs_captum_best"])]
+    trows = [
+        H.target_row(
+            "delete (default) vs Captum best",
+            r["ratios"]["delete_vs_captum_best"],
+            f"≥ {goal:g}×",
+            r["met"]["delete_vs_captum_best"],
+        ),
+        H.target_row(
+            "pad vs Captum best", r["ratios"]["pad_vs_captum_best"], f"≥ {goal:g}×", r["met"]["pad_vs_captum_best"]
+        ),
+    ]
     lines.append(H.table(trows, ("ratio", "value", "target", "met?")))
     return "\n".join(lines)
 

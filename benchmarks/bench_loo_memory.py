@@ -16,6 +16,7 @@ median of ``--repeats``; peak memory is the growth of peak RSS in a fresh proces
 
 Usage: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_loo_memory.py``
 """
+
 from __future__ import annotations
 
 import sys
@@ -55,10 +56,14 @@ def configs(model, batch):
         def call():
             with torch.no_grad():
                 return model.deletion_logits(model.embed(batch), batch, rows, positions, max_elements=budget)
+
         return call
 
-    return {"chunked": deletions(DELETION_BUDGET_ELEMENTS), "one_buffer": deletions(None),
-            "attribute": lambda: attribute(model, batch, "leave_one_out", 0)}
+    return {
+        "chunked": deletions(DELETION_BUDGET_ELEMENTS),
+        "one_buffer": deletions(None),
+        "attribute": lambda: attribute(model, batch, "leave_one_out", 0),
+    }
 
 
 def setup(args):
@@ -87,14 +92,20 @@ def main(argv=None) -> dict:
     if args.quick:
         args.length, args.repeats, args.no_memory = min(args.length, 64), min(args.repeats, 2), True
     model, batch = setup(args)
-    result = {"benchmark": "leave_one_out_memory", "command": H.command_line(), "env": H.environment(threads),
-              "model_info": getattr(model, "bench_info", {}), "batch": M.batch_stats(batch)}
+    result = {
+        "benchmark": "leave_one_out_memory",
+        "command": H.command_line(),
+        "env": H.environment(threads),
+        "model_info": getattr(model, "bench_info", {}),
+        "batch": M.batch_stats(batch),
+    }
     fns = configs(model, batch)
     outputs = {}
 
     def keep(name):
         def call():
             outputs[name] = fns[name]()
+
         return call
 
     times = H.interleaved({k: keep(k) for k in ("chunked", "one_buffer")}, repeats=args.repeats, warmup=0)
@@ -120,16 +131,26 @@ def main(argv=None) -> dict:
 
 def markdown(r: dict) -> str:
     b, med, mem = r["batch"], {k: v["median"] for k, v in r["seconds"].items()}, r["peak_rss_delta_mib"]
-    lines = [f"**Leave-one-out on one {b['max_len']}-token row** (reference BiLSTM, {r['model_info'].get('weights')}); "
-             f"{r['env']['threads']} threads, {r['env']['utc']}, load {r['env']['loadavg_1_5_15']}.", "",
-             f"Command: `{r['command']}`", ""]
+    lines = [
+        f"**Leave-one-out on one {b['max_len']}-token row** (reference BiLSTM, {r['model_info'].get('weights')}); "
+        f"{r['env']['threads']} threads, {r['env']['utc']}, load {r['env']['loadavg_1_5_15']}.",
+        "",
+        f"Command: `{r['command']}`",
+        "",
+    ]
     rows = [(k, med[k], H.fmt(mem[k]) if k in mem else "n/a") for k in ("chunked", "one_buffer")]
     if "attribute" in mem:
         rows.append(("attribute(…, 'leave_one_out')", "n/a", H.fmt(mem["attribute"])))
     lines.append(H.table(rows, ("configuration", "median s", "peak RSS growth MiB")))
     lines += ["", f"Max |chunked − one_buffer| logit = {r['max_abs_logit_diff']:.2e}.", ""]
-    trows = [H.target_row("time chunked / one buffer", r["ratios"]["time_chunked_vs_one_buffer"],
-                          f"≤ {TIME_TARGET:g}×", r["met"]["time_chunked_vs_one_buffer"])]
+    trows = [
+        H.target_row(
+            "time chunked / one buffer",
+            r["ratios"]["time_chunked_vs_one_buffer"],
+            f"≤ {TIME_TARGET:g}×",
+            r["met"]["time_chunked_vs_one_buffer"],
+        )
+    ]
     for key, what in (("chunked", "peak memory, chunked (MiB)"), ("attribute", "peak memory, attribute (MiB)")):
         if key in mem:
             trows.append(H.target_row(what, mem[key], f"≤ {MEMORY_TARGET_MIB:g}", r["met"][f"peak_memory_{key}"]))

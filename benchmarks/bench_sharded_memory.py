@@ -16,6 +16,7 @@ process holds sharded, and those the model holds in full. The reference row is t
 
 Usage: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_sharded_memory.py``
 """
+
 from __future__ import annotations
 
 import collections
@@ -33,8 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import harness as H  # noqa: E402
 
-SIZES = {"full": dict(hidden=256, layers=4, heads=4, ffn=1024, vocab=8000, train=128, batch=16, audit=32),
-         "quick": dict(hidden=32, layers=2, heads=2, ffn=64, vocab=300, train=16, batch=4, audit=4)}
+SIZES = {
+    "full": dict(hidden=256, layers=4, heads=4, ffn=1024, vocab=8000, train=128, batch=16, audit=32),
+    "quick": dict(hidden=32, layers=2, heads=2, ffn=64, vocab=300, train=16, batch=4, audit=4),
+}
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
@@ -65,10 +68,13 @@ def worker(out_dir: str, size: str, sharded: bool = True) -> None:
         tokenizer: Any = None
 
         def _loader(self, split: str, n: int) -> Any:
-            rows = [dict(tokenizer(" ".join(e.tokens), truncation=True, max_length=64), labels=e.label)
-                    for e in read_split("sst2", split)[:n]]
-            return torch.utils.data.DataLoader(rows, batch_size=s["batch"],
-                                               collate_fn=tf.DataCollatorWithPadding(tokenizer))
+            rows = [
+                dict(tokenizer(" ".join(e.tokens), truncation=True, max_length=64), labels=e.label)
+                for e in read_split("sst2", split)[:n]
+            ]
+            return torch.utils.data.DataLoader(
+                rows, batch_size=s["batch"], collate_fn=tf.DataCollatorWithPadding(tokenizer)
+            )
 
         def train_dataloader(self) -> Any:
             return self._loader("train", s["train"])
@@ -81,9 +87,15 @@ def worker(out_dir: str, size: str, sharded: bool = True) -> None:
     class Classifier(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            config = tf.BertConfig(vocab_size=len(tokenizer), hidden_size=s["hidden"], num_hidden_layers=s["layers"],
-                                   num_attention_heads=s["heads"], intermediate_size=s["ffn"],
-                                   max_position_embeddings=128, num_labels=2)
+            config = tf.BertConfig(
+                vocab_size=len(tokenizer),
+                hidden_size=s["hidden"],
+                num_hidden_layers=s["layers"],
+                num_attention_heads=s["heads"],
+                intermediate_size=s["ffn"],
+                max_position_embeddings=128,
+                num_labels=2,
+            )
             self.model = tf.BertForSequenceClassification._from_config(config, attn_implementation="eager")
 
         def configure_model(self) -> None:
@@ -129,28 +141,52 @@ def worker(out_dir: str, size: str, sharded: bool = True) -> None:
             finally:
                 audits.append(growth())
 
-    audit = MeasuredAudit(methods=("gradient", "integrated_gradients", "leave_one_out"), num_samples=s["audit"],
-                          batch_size=s["batch"], budget=None, method_options={"integrated_gradients": {"n_steps": 16}})
+    audit = MeasuredAudit(
+        methods=("gradient", "integrated_gradients", "leave_one_out"),
+        num_samples=s["audit"],
+        batch_size=s["batch"],
+        budget=None,
+        method_options={"integrated_gradients": {"n_steps": 16}},
+    )
     L.seed_everything(0, verbose=False)
     module = Classifier()
     where: Dict[str, Any] = dict(devices=1)
     if sharded:
         where = dict(devices=2, strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1))
-    trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                        default_root_dir=out_dir, callbacks=[StepMemory(), audit], **where)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=out_dir,
+        callbacks=[StepMemory(), audit],
+        **where,
+    )
     trainer.fit(module, Data())
     if sharded:  # FSDP keeps the root gathered after a no-grad forward (validation): count the shards
         for owner in (*module.model.bert.encoder.layer, module.model):
             owner.reshard()
-    local = sum(p.to_local().numel() * p.element_size() if hasattr(p, "to_local") else p.numel() * p.element_size()
-                for p in module.parameters())
+    local = sum(
+        p.to_local().numel() * p.element_size() if hasattr(p, "to_local") else p.numel() * p.element_size()
+        for p in module.parameters()
+    )
     full = sum(p.numel() * p.element_size() for p in module.parameters())  # a DTensor's numel is the full one
     rank = torch.distributed.get_rank() if sharded else -1
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({
-        "rank": rank, "train_step_peak_growth_mib": steps, "audit_peak_growth_mib": audits,
-        "audited": audit.history[0]["num_examples"] if audit.history else 0,
-        "params_local_mib": local / 2 ** 20, "params_full_mib": full / 2 ** 20}))
+    Path(out_dir, f"rank{rank}.json").write_text(
+        json.dumps(
+            {
+                "rank": rank,
+                "train_step_peak_growth_mib": steps,
+                "audit_peak_growth_mib": audits,
+                "audited": audit.history[0]["num_examples"] if audit.history else 0,
+                "params_local_mib": local / 2**20,
+                "params_full_mib": full / 2**20,
+            }
+        )
+    )
     if sharded:
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
@@ -160,12 +196,31 @@ def launch(size: str, timeout: float, sharded: bool = True) -> List[Dict[str, An
     """Both processes' measurements (the fit in a fresh process group, killed on a hang); ``sharded=False``: the
     one process of the unsharded reference."""
     with tempfile.TemporaryDirectory() as out_dir:
-        env = dict(os.environ, PL_DISABLE_FORK="1", PYTHONWARNINGS="ignore",
-                   PYTHONPATH=str(H.ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = dict(
+            os.environ,
+            PL_DISABLE_FORK="1",
+            PYTHONWARNINGS="ignore",
+            PYTHONPATH=str(H.ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        )
         env.pop("LOCAL_RANK", None)
-        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.bench_sharded_memory", "--worker", out_dir,
-                                 "--size", size, *([] if sharded else ["--unsharded"])], cwd=H.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.bench_sharded_memory",
+                "--worker",
+                out_dir,
+                "--size",
+                size,
+                *([] if sharded else ["--unsharded"]),
+            ],
+            cwd=H.ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
             _, stderr = proc.communicate(timeout=timeout)
         finally:
@@ -183,17 +238,30 @@ def markdown(result: Dict[str, Any]) -> str:
     for r in result["ranks"] + result["unsharded"]:
         step, audit = max(r["train_step_peak_growth_mib"]), max(r["audit_peak_growth_mib"])
         name = f"sharded, process {r['rank']} of 2" if r["rank"] >= 0 else "unsharded, one process (reference)"
-        rows.append((name, step, audit, audit / step if step > 0 else float("nan"),
-                     r["params_local_mib"], r["params_full_mib"]))
-    return "\n".join([
-        f"Command: `{result['command']}`  ",
-        f"{result['env']['utc']}, load {result['env']['loadavg_1_5_15'][0]}, {result['env']['threads']} thread(s) per "
-        f"process, torch {result['env']['torch']}; {result['ranks'][0]['audited']} sentences audited (every process "
-        f"audits all of them), {len(result['ranks'][0]['train_step_peak_growth_mib'])} training steps of "
-        f"{result['model']['batch']} sentences per process.",
-        "",
-        H.table(rows, ["", "training step: peak RSS growth (MiB, largest step)", "audit: peak RSS growth (MiB)",
-                       "audit / step", "parameters held (MiB)", "model parameters in full (MiB)"])])
+        rows.append(
+            (name, step, audit, audit / step if step > 0 else float("nan"), r["params_local_mib"], r["params_full_mib"])
+        )
+    return "\n".join(
+        [
+            f"Command: `{result['command']}`  ",
+            f"{result['env']['utc']}, load {result['env']['loadavg_1_5_15'][0]}, {result['env']['threads']} thread(s) per "
+            f"process, torch {result['env']['torch']}; {result['ranks'][0]['audited']} sentences audited (every process "
+            f"audits all of them), {len(result['ranks'][0]['train_step_peak_growth_mib'])} training steps of "
+            f"{result['model']['batch']} sentences per process.",
+            "",
+            H.table(
+                rows,
+                [
+                    "",
+                    "training step: peak RSS growth (MiB, largest step)",
+                    "audit: peak RSS growth (MiB)",
+                    "audit / step",
+                    "parameters held (MiB)",
+                    "model parameters in full (MiB)",
+                ],
+            ),
+        ]
+    )
 
 
 def main(argv=None) -> dict:
@@ -207,8 +275,13 @@ def main(argv=None) -> dict:
         return {}
     threads = H.set_threads(args.threads)
     size = "quick" if args.quick else args.size
-    result: Dict[str, Any] = {"benchmark": "sharded_memory", "command": H.command_line(),
-                              "env": H.environment(threads), "size": size, "model": SIZES[size]}
+    result: Dict[str, Any] = {
+        "benchmark": "sharded_memory",
+        "command": H.command_line(),
+        "env": H.environment(threads),
+        "size": size,
+        "model": SIZES[size],
+    }
     result["ranks"] = launch(size, timeout=1800)
     result["unsharded"] = launch(size, timeout=1800, sharded=False)
     result["markdown"] = markdown(result)

@@ -5,6 +5,7 @@ the target is the predicted class, so Captum's and lightning_xai's maps are comp
 Captum's ``[B, T, E]`` attributions are reduced to tokens the way lightning_xai does (sum over E for IG and
 grad×input, L2 / |·|-sum for gradients), and pads are zeroed.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
@@ -17,8 +18,15 @@ PER_EXAMPLE_SKIP = ("labels", "index")
 
 def _split(batch: Dict[str, Any]) -> Tuple[Tuple[str, ...], Tuple[Tensor, ...]]:
     """Per-example tensors the forward needs besides ``input_ids`` (Captum repeats them along with the inputs)."""
-    keys = tuple(k for k, v in batch.items() if isinstance(v, Tensor) and k not in PER_EXAMPLE_SKIP
-                 and k != "input_ids" and v.dim() >= 1 and v.shape[0] == batch["input_ids"].shape[0])
+    keys = tuple(
+        k
+        for k, v in batch.items()
+        if isinstance(v, Tensor)
+        and k not in PER_EXAMPLE_SKIP
+        and k != "input_ids"
+        and v.dim() >= 1
+        and v.shape[0] == batch["input_ids"].shape[0]
+    )
     return keys, tuple(batch[k] for k in keys)
 
 
@@ -54,9 +62,15 @@ def embedding_layer(model):
     return model.model.get_input_embeddings()
 
 
-def layer_integrated_gradients(model, batch, target: Tensor, n_steps: int = 50,
-                               internal_batch_size: Optional[int] = None, method: str = "gausslegendre",
-                               pad_id: int = 0) -> Tensor:
+def layer_integrated_gradients(
+    model,
+    batch,
+    target: Tensor,
+    n_steps: int = 50,
+    internal_batch_size: Optional[int] = None,
+    method: str = "gausslegendre",
+    pad_id: int = 0,
+) -> Tensor:
     """Captum ``LayerIntegratedGradients`` on the embedding layer, baseline = pad ids (zero vector), ``[B, T]``."""
     from captum.attr import LayerIntegratedGradients
 
@@ -65,8 +79,15 @@ def layer_integrated_gradients(model, batch, target: Tensor, n_steps: int = 50,
     mask = model.token_mask(batch)
     baseline = torch.where(mask, torch.full_like(ids, pad_id), ids)
     lig = LayerIntegratedGradients(forward, embedding_layer(model))
-    attr = lig.attribute(ids, baselines=baseline, target=target, additional_forward_args=extra, n_steps=n_steps,
-                         method=method, internal_batch_size=internal_batch_size)
+    attr = lig.attribute(
+        ids,
+        baselines=baseline,
+        target=target,
+        additional_forward_args=extra,
+        n_steps=n_steps,
+        method=method,
+        internal_batch_size=internal_batch_size,
+    )
     return attr.sum(-1).masked_fill(~mask, 0.0).detach()
 
 
@@ -86,8 +107,14 @@ def feature_ablation(model, batch, target: Tensor, perturbations_per_eval: int =
     feature_mask = torch.arange(T).view(1, T, 1).expand(B, T, E)
     ablation = FeatureAblation(forward)
     with torch.no_grad():
-        attr = ablation.attribute(emb, baselines=0.0, target=target, additional_forward_args=extra,
-                                  feature_mask=feature_mask, perturbations_per_eval=perturbations_per_eval)
+        attr = ablation.attribute(
+            emb,
+            baselines=0.0,
+            target=target,
+            additional_forward_args=extra,
+            feature_mask=feature_mask,
+            perturbations_per_eval=perturbations_per_eval,
+        )
     return attr[..., 0].abs().masked_fill(~mask, 0.0)
 
 
@@ -119,8 +146,9 @@ def input_x_gradient(model, batch, target: Tensor) -> Tensor:
     return attr.sum(-1).masked_fill(~model.token_mask(batch), 0.0).detach()
 
 
-def noise_tunnel_saliency(model, batch, target: Tensor, stdevs: float, nt_samples: int = 30,
-                          nt_samples_batch_size: Optional[int] = None) -> Tensor:
+def noise_tunnel_saliency(
+    model, batch, target: Tensor, stdevs: float, nt_samples: int = 30, nt_samples_batch_size: Optional[int] = None
+) -> Tensor:
     """Captum ``NoiseTunnel(Saliency)`` smoothgrad; the map is the L2 norm over E of the mean gradient.
 
     Note: Captum's smoothgrad averages the *gradients* and lightning_xai's SmoothGrad averages the per-sample
@@ -132,6 +160,14 @@ def noise_tunnel_saliency(model, batch, target: Tensor, stdevs: float, nt_sample
     forward, extra = embeddings_forward(model, batch)
     emb = model.embed(batch).detach()
     nt = NoiseTunnel(Saliency(forward))
-    grads = nt.attribute(emb, nt_type="smoothgrad", nt_samples=nt_samples, stdevs=stdevs, target=target,
-                         additional_forward_args=extra, nt_samples_batch_size=nt_samples_batch_size, abs=False)
+    grads = nt.attribute(
+        emb,
+        nt_type="smoothgrad",
+        nt_samples=nt_samples,
+        stdevs=stdevs,
+        target=target,
+        additional_forward_args=extra,
+        nt_samples_batch_size=nt_samples_batch_size,
+        abs=False,
+    )
     return grads.pow(2).sum(-1).sqrt().masked_fill(~model.token_mask(batch), 0.0).detach()

@@ -7,6 +7,7 @@ delta), or the error the method raises.
 
 Usage: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/context_mixing_families.py``
 """
+
 from __future__ import annotations
 
 import sys

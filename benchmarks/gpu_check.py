@@ -29,6 +29,7 @@ the transfer limit and loaded back as float32)::
     python benchmarks/gpu_check.py --model-dir .gpu/minilm --out $OUT/gpu_check.json
     .venv/bin/python benchmarks/gpu_check.py --quick          # CPU smoke run of the same code
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,9 +59,14 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="CPU smoke run: 2 training batches, 4 sentences")
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--export-model", type=Path, default=None, metavar="DIR",
-                        help="only write the bundled model's files to DIR, weights as float16 (45 MB: under the "
-                             "device tool's 64 MiB transfer limit), and exit")
+    parser.add_argument(
+        "--export-model",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="only write the bundled model's files to DIR, weights as float16 (45 MB: under the "
+        "device tool's 64 MiB transfer limit), and exit",
+    )
     return parser.parse_args(argv)
 
 
@@ -86,6 +92,7 @@ def _interleaved(fns: Dict[str, Callable[[], Any]], device: torch.device, repeat
         def call() -> None:
             fn()
             _sync(device)
+
         return call
 
     _sync(device)
@@ -104,7 +111,7 @@ def ceilings(device: torch.device) -> Dict[str, float]:
         for _ in range(3):
             a @ b
         seconds = _timed(lambda a=a, b=b: [a @ b for _ in range(10)], device) / 10
-        out[f"matmul_{name}_tflops"] = 2 * n ** 3 / seconds / 1e12
+        out[f"matmul_{name}_tflops"] = 2 * n**3 / seconds / 1e12
     torch.cuda.empty_cache()
     return out
 
@@ -141,11 +148,16 @@ def fine_tune_with_audits(hf, tokenizer, device: torch.device, args) -> Dict[str
     for precision in ("auto", "trainer"):
         tag = "" if precision == "auto" else "_bf16"
         audits[f"attention_default{tag}"] = AttentionAudit(precision=precision, log_prefix=f"a{tag}", **common)
-        audits[f"attention_loo{tag}"] = AttentionAudit(methods=("leave_one_out",), precision=precision,
-                                                       log_prefix=f"loo{tag}", **common)
-        audits[f"attention_ig{tag}"] = AttentionAudit(methods=("integrated_gradients",), precision=precision,
-                                                      method_options={"integrated_gradients": {"n_steps": steps}},
-                                                      log_prefix=f"ig{tag}", **common)
+        audits[f"attention_loo{tag}"] = AttentionAudit(
+            methods=("leave_one_out",), precision=precision, log_prefix=f"loo{tag}", **common
+        )
+        audits[f"attention_ig{tag}"] = AttentionAudit(
+            methods=("integrated_gradients",),
+            precision=precision,
+            method_options={"integrated_gradients": {"n_steps": steps}},
+            log_prefix=f"ig{tag}",
+            **common,
+        )
         audits[f"erasure_default{tag}"] = ErasureAudit(precision=precision, log_prefix=f"e{tag}", **common)
     names = list(audits)
     clock: Dict[str, Any] = {"train": [], "batches": [], "audit": {n: [] for n in names}}
@@ -161,25 +173,41 @@ def fine_tune_with_audits(hf, tokenizer, device: torch.device, args) -> Dict[str
             clock["batches"].append(trainer.num_training_batches)
             r = trainer.current_epoch % len(names)
             for name in names[r:] + names[:r]:
-                clock["audit"][name].append(_timed(lambda name=name: audits[name]._epoch_audit(trainer, pl_module), device))
+                clock["audit"][name].append(
+                    _timed(lambda name=name: audits[name]._epoch_audit(trainer, pl_module), device)
+                )
 
     accelerator = "gpu" if device.type == "cuda" else "cpu"
-    trainer = pl.Trainer(accelerator=accelerator, devices=1, precision="bf16-mixed" if accelerator == "gpu" else
-                         "32-true", max_epochs=1 if args.quick else args.epochs,
-                         limit_train_batches=2 if args.quick else None, limit_val_batches=0, num_sanity_val_steps=0,
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[*audits.values(), Rotate()],
-                         default_root_dir=tempfile.mkdtemp(prefix="gpu_check_"))
+    trainer = pl.Trainer(
+        accelerator=accelerator,
+        devices=1,
+        precision="bf16-mixed" if accelerator == "gpu" else "32-true",
+        max_epochs=1 if args.quick else args.epochs,
+        limit_train_batches=2 if args.quick else None,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[*audits.values(), Rotate()],
+        default_root_dir=tempfile.mkdtemp(prefix="gpu_check_"),
+    )
     for audit in audits.values():
         audit.on_train_epoch_end = lambda *a, **k: None  # run from Rotate, timed
     trainer.fit(module, datamodule=dm)
     last = -1
     epoch_s = clock["train"][last]
-    out: Dict[str, Any] = {"epochs": len(clock["train"]), "train_s": clock["train"], "batches": clock["batches"],
-                           "epoch_s": epoch_s, "audit_s": {n: clock["audit"][n] for n in names},
-                           "audit_share": {n: clock["audit"][n][last] / epoch_s for n in names},
-                           "audit_metrics": {n: _scalars(audits[n]) for n in names},
-                           "attn_implementation": hf.config._attn_implementation}
+    out: Dict[str, Any] = {
+        "epochs": len(clock["train"]),
+        "train_s": clock["train"],
+        "batches": clock["batches"],
+        "epoch_s": epoch_s,
+        "audit_s": {n: clock["audit"][n] for n in names},
+        "audit_share": {n: clock["audit"][n][last] / epoch_s for n in names},
+        "audit_metrics": {n: _scalars(audits[n]) for n in names},
+        "attn_implementation": hf.config._attn_implementation,
+    }
     module.to(device).eval()
     return {"fit": out, "adapter": module.adapter}
 
@@ -216,8 +244,9 @@ def rates(model, batch: Dict[str, Any], device: torch.device, repeats: int, swee
             emb = model.embed(big).detach()
             fns = {}
             for tag in ("", "_bf16"):
+
                 def cast(tag=tag):
-                    return (torch.autocast(device.type, dtype=torch.bfloat16) if tag else contextlib.nullcontext())
+                    return torch.autocast(device.type, dtype=torch.bfloat16) if tag else contextlib.nullcontext()
 
                 def fwd_bwd(big=big, emb=emb, cast=cast):
                     with cast():
@@ -246,8 +275,9 @@ def flops_per_token(config, width: int) -> float:
     return layers * (2 * (4 * d * d + 2 * d * ff) + 4 * width * d)
 
 
-def ig_accuracy(model, batch: Dict[str, Any], device: torch.device, repeats: int,
-                reference_steps: int = 300) -> Dict[str, Any]:
+def ig_accuracy(
+    model, batch: Dict[str, Any], device: torch.device, repeats: int, reference_steps: int = 300
+) -> Dict[str, Any]:
     """IG with 50 Gauss–Legendre nodes and ``n_steps="auto"`` (float32) against ``reference_steps`` nodes on a
     float64 copy of the model."""
     import copy
@@ -265,16 +295,20 @@ def ig_accuracy(model, batch: Dict[str, Any], device: torch.device, repeats: int
         def run(name, **options):
             def fn():
                 maps[name] = attribute(model, batch, "integrated_gradients", return_n_steps=True, **options)
+
             return fn
 
-        seconds = _interleaved({"gl50": run("gl50", n_steps=50), "auto": run("auto", n_steps="auto")}, device,
-                               repeats)
+        seconds = _interleaved({"gl50": run("gl50", n_steps=50), "auto": run("auto", n_steps="auto")}, device, repeats)
     del model64
     for name, (scores, steps) in maps.items():
         rel = (scores.double() - reference).abs().sum(1) / reference.abs().sum(1).clamp_min(1e-300)
-        out[name] = {"seconds": seconds[name], "mean_steps": float(steps.float().mean()),
-                     "rel_l1_err_median": float(rel.median()), "rel_l1_err_p95": float(rel.quantile(0.95)),
-                     "rel_l1_err_max": float(rel.max())}
+        out[name] = {
+            "seconds": seconds[name],
+            "mean_steps": float(steps.float().mean()),
+            "rel_l1_err_median": float(rel.median()),
+            "rel_l1_err_p95": float(rel.quantile(0.95)),
+            "rel_l1_err_max": float(rel.max()),
+        }
     out["auto_speedup_vs_gl50"] = seconds["gl50"] / seconds["auto"]
     return out
 
@@ -285,8 +319,9 @@ def _kendall(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> torch.Tens
     return kendall_tau(a.float(), b.float(), mask)[0]
 
 
-def maps_and_bf16(model, batch: Dict[str, Any], device: torch.device, repeats: int, rate: Dict[str, Any],
-                  ig_steps: int = IG_STEPS) -> Dict[str, Any]:
+def maps_and_bf16(
+    model, batch: Dict[str, Any], device: torch.device, repeats: int, rate: Dict[str, Any], ig_steps: int = IG_STEPS
+) -> Dict[str, Any]:
     """Time IG-50, leave-one-out and gradient in float32 and under bf16 autocast; compare the bf16 maps."""
     from lightning_xai.attribution import attribute
 
@@ -308,6 +343,7 @@ def maps_and_bf16(model, batch: Dict[str, Any], device: torch.device, repeats: i
                     maps[f"{method}{'_bf16' if bf16 else ''}"] = attribute(model, batch, method, **options)
             else:
                 maps[method] = attribute(model, batch, method, **options)
+
         return run
 
     fns = {}
@@ -341,64 +377,106 @@ def maps_and_bf16(model, batch: Dict[str, Any], device: torch.device, repeats: i
         ref, low = maps[method].float(), maps[method + "_bf16"].float()
         rel = (low - ref).abs().sum(1) / ref.abs().sum(1).clamp_min(1e-12)
         tau = _kendall(ref, low, mask)
-        results[method + "_bf16"].update({
-            "speedup_vs_fp32": seconds[method] / seconds[method + "_bf16"],
-            "rel_l1_err_median": float(rel.median()), "rel_l1_err_p95": float(rel.quantile(0.95)),
-            "rel_l1_err_max": float(rel.max()), "kendall_tau_vs_fp32_median": float(tau.nanmedian()),
-            "kendall_tau_vs_fp32_min": float(tau[~tau.isnan()].min()) if bool((~tau.isnan()).any()) else None,
-            "map_dtype": str(maps[method + "_bf16"].dtype)})
-    return {"batch": {"sentences": B, "T_max": T, "real_tokens": int(lengths.sum()), "padded_tokens": B * T},
-            "maps": results}
+        results[method + "_bf16"].update(
+            {
+                "speedup_vs_fp32": seconds[method] / seconds[method + "_bf16"],
+                "rel_l1_err_median": float(rel.median()),
+                "rel_l1_err_p95": float(rel.quantile(0.95)),
+                "rel_l1_err_max": float(rel.max()),
+                "kendall_tau_vs_fp32_median": float(tau.nanmedian()),
+                "kendall_tau_vs_fp32_min": float(tau[~tau.isnan()].min()) if bool((~tau.isnan()).any()) else None,
+                "map_dtype": str(maps[method + "_bf16"].dtype),
+            }
+        )
+    return {
+        "batch": {"sentences": B, "T_max": T, "real_tokens": int(lengths.sum()), "padded_tokens": B * T},
+        "maps": results,
+    }
 
 
 def _markdown(r: Dict[str, Any]) -> str:
-    lines = [f"**GPU check** on {r['env'].get('gpu', 'cpu')} (torch {r['env']['torch']}, "
-             f"{r['env']['when']}). Command: `{r['command']}`", ""]
+    lines = [
+        f"**GPU check** on {r['env'].get('gpu', 'cpu')} (torch {r['env']['torch']}, "
+        f"{r['env']['when']}). Command: `{r['command']}`",
+        "",
+    ]
     c = r.get("ceilings", {})
     if c:
-        lines.append(f"Card: bf16 matmul {c['matmul_bf16_tflops']:.0f} TFLOP/s, fp32 (TF32 off) "
-                     f"{c['matmul_fp32_tflops']:.1f} TFLOP/s (8192³).")
+        lines.append(
+            f"Card: bf16 matmul {c['matmul_bf16_tflops']:.0f} TFLOP/s, fp32 (TF32 off) "
+            f"{c['matmul_fp32_tflops']:.1f} TFLOP/s (8192³)."
+        )
     f = r["fit"]
-    lines += ["", f"Fine-tuning (bf16-mixed, {f['attn_implementation']}): epoch {len(f['train_s'])} "
-              f"{f['epoch_s']:.2f} s for {f['batches'][-1]} batches of 32.", "",
-              "| audit (256 dev sentences) | precision | seconds | share of the epoch |", "|---|---|---|---|"]
+    lines += [
+        "",
+        f"Fine-tuning (bf16-mixed, {f['attn_implementation']}): epoch {len(f['train_s'])} "
+        f"{f['epoch_s']:.2f} s for {f['batches'][-1]} batches of 32.",
+        "",
+        "| audit (256 dev sentences) | precision | seconds | share of the epoch |",
+        "|---|---|---|---|",
+    ]
     for name, share in f["audit_share"].items():
         base, prec = (name[:-5], "bf16 (trainer)") if name.endswith("_bf16") else (name, "auto (fp32 maps)")
         lines.append(f"| {base} | {prec} | {f['audit_s'][name][-1]:.2f} | {share:.1%} |")
     t = r["throughput"]
     rt = r["rates"]
-    lines += ["", f"Rates on the trained model ({t['batch']['sentences']} sentences, T_max {t['batch']['T_max']}; "
-              "padded tokens/s, best of the batch sweep; matrix-product TFLOP/s by the count of `flops_per_token` and "
-              "its share of the card's measured peak):", "",
-              "| pass | float32 | bf16 autocast |", "|---|---|---|"]
+    lines += [
+        "",
+        f"Rates on the trained model ({t['batch']['sentences']} sentences, T_max {t['batch']['T_max']}; "
+        "padded tokens/s, best of the batch sweep; matrix-product TFLOP/s by the count of `flops_per_token` and "
+        "its share of the card's measured peak):",
+        "",
+        "| pass | float32 | bf16 autocast |",
+        "|---|---|---|",
+    ]
     for name in ("fwd_bwd", "fwd"):
         cells = []
         for tag, peak in (("", c.get("matmul_fp32_tflops")), ("_bf16", c.get("matmul_bf16_tflops"))):
             rate = rt[f"{name}{tag}_tokens_per_s"]
             tflops = rate * r["flops_per_token"] * (2 if name == "fwd_bwd" else 1) / 1e12
             cells.append(f"{rate:.3g} tok/s, {tflops:.1f} TFLOP/s" + (f" ({tflops / peak:.0%})" if peak else ""))
-        lines.append(f"| {'forward + backward to the embeddings' if name == 'fwd_bwd' else 'forward'} | "
-                     f"{cells[0]} | {cells[1]} |")
-    lines += ["", "Maps on the same batch (the bf16 rows against the bf16 rates):", "",
-              "| map | seconds | fraction of fwd+bwd rate | fraction of fwd rate | bf16 speed-up | bf16 rel. L1 err "
-              "(median / p95 / max) | bf16 Kendall τ vs fp32 (median / min) |", "|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {'forward + backward to the embeddings' if name == 'fwd_bwd' else 'forward'} | "
+            f"{cells[0]} | {cells[1]} |"
+        )
+    lines += [
+        "",
+        "Maps on the same batch (the bf16 rows against the bf16 rates):",
+        "",
+        "| map | seconds | fraction of fwd+bwd rate | fraction of fwd rate | bf16 speed-up | bf16 rel. L1 err "
+        "(median / p95 / max) | bf16 Kendall τ vs fp32 (median / min) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, m in t["maps"].items():
-        err = (f"{m['rel_l1_err_median']:.2g} / {m['rel_l1_err_p95']:.2g} / {m['rel_l1_err_max']:.2g}"
-               if "rel_l1_err_median" in m else "-")
-        tau = (f"{m['kendall_tau_vs_fp32_median']:.3f} / {m['kendall_tau_vs_fp32_min']:.3f}"
-               if m.get("kendall_tau_vs_fp32_min") is not None else "-")
+        err = (
+            f"{m['rel_l1_err_median']:.2g} / {m['rel_l1_err_p95']:.2g} / {m['rel_l1_err_max']:.2g}"
+            if "rel_l1_err_median" in m
+            else "-"
+        )
+        tau = (
+            f"{m['kendall_tau_vs_fp32_median']:.3f} / {m['kendall_tau_vs_fp32_min']:.3f}"
+            if m.get("kendall_tau_vs_fp32_min") is not None
+            else "-"
+        )
         frac_fb = f"{m['fraction_of_fwd_bwd_rate']:.2f}" if "fraction_of_fwd_bwd_rate" in m else "-"
         frac_f = f"{m['fraction_of_fwd_rate']:.2f}" if "fraction_of_fwd_rate" in m else "-"
         speed = f"{m['speedup_vs_fp32']:.2f}×" if "speedup_vs_fp32" in m else "-"
         lines.append(f"| {name} | {m['seconds']:.3f} | {frac_fb} | {frac_f} | {speed} | {err} | {tau} |")
     a = r.get("ig_accuracy")
     if a and "gl50" in a:
-        lines += ["", "IG on the trained model against 300 Gauss–Legendre nodes on a float64 copy (float32 maps):", "",
-                  "| IG | seconds | mean gradient evaluations | rel. L1 err median | p95 | max |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "IG on the trained model against 300 Gauss–Legendre nodes on a float64 copy (float32 maps):",
+            "",
+            "| IG | seconds | mean gradient evaluations | rel. L1 err median | p95 | max |",
+            "|---|---|---|---|---|---|",
+        ]
         for name in ("gl50", "auto"):
             m = a[name]
-            lines.append(f"| {name} | {m['seconds']:.3f} | {m['mean_steps']:.1f} | {m['rel_l1_err_median']:.2g} | "
-                         f"{m['rel_l1_err_p95']:.2g} | {m['rel_l1_err_max']:.2g} |")
+            lines.append(
+                f"| {name} | {m['seconds']:.3f} | {m['mean_steps']:.1f} | {m['rel_l1_err_median']:.2g} | "
+                f"{m['rel_l1_err_p95']:.2g} | {m['rel_l1_err_max']:.2g} |"
+            )
         lines.append(f"\n`n_steps='auto'` speed-up over 50 fixed nodes: {a['auto_speedup_vs_gl50']:.2f}×.")
     elif a:
         lines += ["", f"IG accuracy check failed: {a.get('error')}"]
@@ -413,13 +491,16 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         print(f"wrote {export_minilm_float16(args.export_model)}")
         return {}
     device = torch.device("cuda" if torch.cuda.is_available() and not args.quick else "cpu")
-    env = {"torch": torch.__version__, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "device": device.type}
+    env = {
+        "torch": torch.__version__,
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "device": device.type,
+    }
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
         env["cuda"] = torch.version.cuda
-    import transformers
     import pytorch_lightning as pl
+    import transformers
 
     env.update(transformers=transformers.__version__, pytorch_lightning=pl.__version__)
     result: Dict[str, Any] = {"benchmark": "gpu_check", "env": env, "command": "python " + " ".join(sys.argv)}
@@ -434,8 +515,9 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     repeats = 1 if args.quick else args.repeats
     result["rates"] = rates(model, batch, device, repeats, sweep)
     result["flops_per_token"] = flops_per_token(hf.config, int(model.token_mask(batch).shape[1]))
-    result["throughput"] = maps_and_bf16(model, batch, device, repeats, result["rates"],
-                                         QUICK_IG_STEPS if args.quick else IG_STEPS)
+    result["throughput"] = maps_and_bf16(
+        model, batch, device, repeats, result["rates"], QUICK_IG_STEPS if args.quick else IG_STEPS
+    )
     try:
         result["ig_accuracy"] = ig_accuracy(model, batch, device, repeats, 60 if args.quick else 300)
     except Exception as err:  # the throughput figures above stand on their own

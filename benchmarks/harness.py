@@ -10,6 +10,7 @@ configuration so that memory freed by an earlier configuration and kept by the a
 
 The models and data the benchmarks run on are in :mod:`benchmarks.models`; this module knows none of them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,7 +63,7 @@ def interleaved(fns: Dict[str, Callable[[], Any]], repeats: int = 5, warmup: int
             fns[name]()
     times: Dict[str, List[float]] = {name: [] for name in names}
     for r in range(repeats):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             started = time.perf_counter()
             fns[name]()
@@ -112,8 +113,14 @@ def memory_in_subprocess(module: str, config: str, extra: Sequence[str] = (), ti
     """Run ``python -m <module> --memory-of <config>`` in a fresh process; it prints the peak RSS delta (MiB)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-m", module, "--memory-of", config, *extra], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--memory-of", config, *extra],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"memory run of {config} failed:\n{proc.stderr[-3000:]}")
     for line in proc.stdout.splitlines()[::-1]:
@@ -130,9 +137,15 @@ def environment(threads: int) -> Dict[str, Any]:
         load = os.getloadavg()
     except OSError:
         load = (float("nan"),) * 3
-    return {"utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "threads": threads,
-            "loadavg_1_5_15": [round(x, 2) for x in load], "cpus": os.cpu_count(), "torch": torch.__version__,
-            "python": platform.python_version(), "mem_available_mb": round(available_mb())}
+    return {
+        "utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "threads": threads,
+        "loadavg_1_5_15": [round(x, 2) for x in load],
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "mem_available_mb": round(available_mb()),
+    }
 
 
 def command_line() -> str:

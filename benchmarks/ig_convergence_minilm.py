@@ -10,6 +10,7 @@ Accuracy only (no timing): it says how many gradient evaluations *any* rule need
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/ig_convergence_minilm.py --sentences 16 --reference 150 \
         --aitken 12 14 16 --aitken 14 16 18 --aitken 12 16 20
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,15 @@ def main(argv=None) -> dict:
     parser.add_argument("--sentences", type=int, default=8)
     parser.add_argument("--reference", type=int, default=150)
     parser.add_argument("--steps", type=int, nargs="+", default=[15, 30, 50])
-    parser.add_argument("--aitken", type=int, nargs=3, action="append", default=None, metavar=("A", "B", "C"),
-                        help="also Aitken's delta-squared extrapolation of GL-A, GL-B, GL-C per token (repeatable)")
+    parser.add_argument(
+        "--aitken",
+        type=int,
+        nargs=3,
+        action="append",
+        default=None,
+        metavar=("A", "B", "C"),
+        help="also Aitken's delta-squared extrapolation of GL-A, GL-B, GL-C per token (repeatable)",
+    )
     args = parser.parse_args(argv)
     model, why = build_minilm()
     if model is None:
@@ -50,8 +58,9 @@ def main(argv=None) -> dict:
     def integrand(alphas: np.ndarray) -> torch.Tensor:
         row = torch.arange(n_rows).repeat_interleave(len(alphas))
         alpha = torch.tensor(np.tile(alphas, n_rows))
-        return _ig_integrand(model, batch, emb, base, target, row, alpha, output="probability",
-                             create_graph=False, rows=512).view(n_rows, len(alphas), -1)
+        return _ig_integrand(
+            model, batch, emb, base, target, row, alpha, output="probability", create_graph=False, rows=512
+        ).view(n_rows, len(alphas), -1)
 
     def rule(n: int) -> torch.Tensor:
         alphas, weights = ig_nodes(n)
@@ -70,9 +79,11 @@ def main(argv=None) -> dict:
     values = integrand(alphas)
     kron = torch.einsum("nkt,k->nt", values, torch.tensor(kw))
     gauss = torch.einsum("nkt,k->nt", values, torch.tensor(gw))
-    result["kronrod15"] = {"error": stats(((kron - ref).abs() * mask).sum(1) / l1),
-                           "max_token_error": stats(((kron - ref).abs() * mask).amax(1) / l1),
-                           "max_token_estimate": stats(((kron - gauss).abs() * mask).amax(1) / l1)}
+    result["kronrod15"] = {
+        "error": stats(((kron - ref).abs() * mask).sum(1) / l1),
+        "max_token_error": stats(((kron - ref).abs() * mask).amax(1) / l1),
+        "max_token_estimate": stats(((kron - gauss).abs() * mask).amax(1) / l1),
+    }
     # Aitken's Δ² per token over three rules: exact if each token's error were c·r^n (A + B + C gradient evaluations)
     for a, b, c in args.aitken or []:
         ia, ib, ic = rule(a), rule(b), rule(c)

@@ -12,6 +12,7 @@
 
 Timing, memory and result files are in :mod:`benchmarks.harness`, which imports nothing from here.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,7 +27,6 @@ from torch import Tensor, nn
 from benchmarks.harness import CACHE, ROOT
 from lightning_xai.adapters.protocol import ExplainOutput
 from lightning_xai.models.attention import TanhAttention, masked_softmax
-
 
 # --- data --------------------------------------------------------------------------------------------------------
 _DM = {}
@@ -52,13 +52,24 @@ def sst2_dev_batch(n: int = 256) -> Dict[str, Any]:
 
 def batch_stats(batch: Dict[str, Any]) -> Dict[str, Any]:
     mask = batch["mask"]
-    return {"sentences": int(mask.shape[0]), "max_len": int(mask.shape[1]), "real_tokens": int(mask.sum()),
-            "padded_positions": int(mask.numel())}
+    return {
+        "sentences": int(mask.shape[0]),
+        "max_len": int(mask.shape[1]),
+        "real_tokens": int(mask.sum()),
+        "padded_positions": int(mask.numel()),
+    }
 
 
 # --- the reference AttentionClassifier, trained once per machine -------------------------------------------------
-REFERENCE_CONFIG = {"embedding_dim": 300, "hidden_dim": 128, "encoder": "bilstm", "attention": "tanh",
-                    "embedding_std": 1.0, "epochs": 2, "seed": 0}
+REFERENCE_CONFIG = {
+    "embedding_dim": 300,
+    "hidden_dim": 128,
+    "encoder": "bilstm",
+    "attention": "tanh",
+    "embedding_std": 1.0,
+    "epochs": 2,
+    "seed": 0,
+}
 
 
 def reference_model(train: bool = True):
@@ -75,13 +86,28 @@ def reference_model(train: bool = True):
     dm = datamodule("sst2")
     cfg = dict(REFERENCE_CONFIG)
     torch.manual_seed(cfg["seed"])
-    model = AttentionClassifier(dm.vocab_size, dm.num_classes, encoder=cfg["encoder"], attention=cfg["attention"],
-                                embedding_dim=cfg["embedding_dim"], hidden_dim=cfg["hidden_dim"],
-                                embedding_std=cfg["embedding_std"], vocab=dm.vocab.itos)
+    model = AttentionClassifier(
+        dm.vocab_size,
+        dm.num_classes,
+        encoder=cfg["encoder"],
+        attention=cfg["attention"],
+        embedding_dim=cfg["embedding_dim"],
+        hidden_dim=cfg["hidden_dim"],
+        embedding_std=cfg["embedding_std"],
+        vocab=dm.vocab.itos,
+    )
     info: Dict[str, Any] = {"weights": "seeded random (torch.manual_seed(0))", **cfg}
     if train:
-        info.update(trained_once("reference_sst2", cfg, model, dm, model,
-                                 f"trained {cfg['epochs']} epochs on SST-2 train (batch 32, seed 0)"))
+        info.update(
+            trained_once(
+                "reference_sst2",
+                cfg,
+                model,
+                dm,
+                model,
+                f"trained {cfg['epochs']} epochs on SST-2 train (batch 32, seed 0)",
+            )
+        )
     model.eval()
     model.bench_info = info
     return model
@@ -104,12 +130,22 @@ def trained_once(name: str, cfg: Dict[str, Any], module: Any, dm: Any, weights: 
     CACHE.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(cfg["seed"], verbose=False)
     started = time.perf_counter()
-    trainer = pl.Trainer(max_epochs=cfg["epochs"], logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(CACHE / "trainer"))
+    trainer = pl.Trainer(
+        max_epochs=cfg["epochs"],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(CACHE / "trainer"),
+    )
     trainer.fit(module, datamodule=dm)
     metrics = trainer.validate(module, datamodule=dm, verbose=False)[0]
-    info = {"weights": describe, "dev_acc": round(float(metrics["val/acc"]), 4),
-            "train_seconds": round(time.perf_counter() - started, 1), **cfg}
+    info = {
+        "weights": describe,
+        "dev_acc": round(float(metrics["val/acc"]), 4),
+        "train_seconds": round(time.perf_counter() - started, 1),
+        **cfg,
+    }
     torch.save({"state_dict": weights.state_dict(), "info": info}, path)
     return info
 
@@ -129,8 +165,11 @@ class UnpackedBiLSTMClassifier(nn.Module):
     def from_reference(cls, reference: nn.Module) -> "UnpackedBiLSTMClassifier":
         hp = reference.hparams
         model = cls(hp.vocab_size, hp.num_classes, hp.embedding_dim, hp.hidden_dim)
-        state = {k.replace("encoder.rnn.", "rnn."): v for k, v in reference.state_dict().items()
-                 if k.startswith(("embedding.", "encoder.rnn.", "attention.", "classifier."))}
+        state = {
+            k.replace("encoder.rnn.", "rnn."): v
+            for k, v in reference.state_dict().items()
+            if k.startswith(("embedding.", "encoder.rnn.", "attention.", "classifier."))
+        }
         model.load_state_dict(state)
         return model
 
@@ -141,15 +180,17 @@ class UnpackedBiLSTMClassifier(nn.Module):
     def token_mask(self, batch: Dict[str, Any]) -> Tensor:
         return batch["mask"]
 
-    def forward_from_embeddings(self, embeddings: Tensor, batch: Dict[str, Any], *,
-                                attention_override: Optional[Tensor] = None) -> ExplainOutput:
+    def forward_from_embeddings(
+        self, embeddings: Tensor, batch: Dict[str, Any], *, attention_override: Optional[Tensor] = None
+    ) -> ExplainOutput:
         mask = self.token_mask(batch)
         hidden, _ = self.rnn(embeddings)
         scores = self.attention(hidden).masked_fill(~mask, float("-inf"))
         attention = masked_softmax(scores, mask) if attention_override is None else attention_override * mask
         context = torch.einsum("bt,bth->bh", attention, hidden)
-        return ExplainOutput(logits=self.classifier(context), attention=attention, hidden_states=hidden,
-                             attention_scores=scores)
+        return ExplainOutput(
+            logits=self.classifier(context), attention=attention, hidden_states=hidden, attention_scores=scores
+        )
 
     def forward(self, batch: Dict[str, Any]) -> ExplainOutput:
         return self.forward_from_embeddings(self.embed(batch), batch)
@@ -186,8 +227,10 @@ def build_minilm(seed: int = 0):
     model = load_hf_classifier(path, num_labels=2).eval()
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     adapter = HuggingFaceAdapter(model, tokenizer).eval()
-    adapter.bench_info = {"weights": "all-MiniLM-L6-v2 encoder (bundled) + seeded random 2-class head",
-                          "dev_acc": "n/a (head untrained)"}
+    adapter.bench_info = {
+        "weights": "all-MiniLM-L6-v2 encoder (bundled) + seeded random 2-class head",
+        "dev_acc": "n/a (head untrained)",
+    }
     adapter.tokenizer_for_bench = tokenizer
     return adapter, "ok"
 
@@ -232,9 +275,15 @@ def finetuned_minilm():
     hf.set_attn_implementation(cfg["attn_implementation"])
     module = HFClassifier(model=hf, tokenizer=tokenizer, lr=cfg["lr"])
     dm = HFTextClassificationDataModule(tokenizer, "sst2", batch_size=cfg["batch_size"], seed=cfg["seed"])
-    info = trained_once("minilm_sst2", cfg, module, dm, hf,
-                        f"all-MiniLM-L6-v2 fine-tuned {cfg['epochs']} epoch(s) on SST-2 train (HFClassifier, batch "
-                        f"{cfg['batch_size']}, lr {cfg['lr']}, seed {cfg['seed']}, sdpa)")
+    info = trained_once(
+        "minilm_sst2",
+        cfg,
+        module,
+        dm,
+        hf,
+        f"all-MiniLM-L6-v2 fine-tuned {cfg['epochs']} epoch(s) on SST-2 train (HFClassifier, batch "
+        f"{cfg['batch_size']}, lr {cfg['lr']}, seed {cfg['seed']}, sdpa)",
+    )
     adapter = module.adapter.eval()
     adapter.bench_info = info
     adapter.tokenizer_for_bench = tokenizer
@@ -248,7 +297,6 @@ TRAINED_LLAMA = {"hidden": 64, "layers": 2, "epochs": 3, "lr": 2e-3, "weight_dec
 def llama_example():
     """``examples/llama_sst2.py`` as a module: its ``DecoderSST2`` data module and ``tiny_llama`` builder."""
     import sys
-
 
     folder = str(ROOT / "examples")
     if folder not in sys.path:
@@ -276,9 +324,15 @@ def trained_llama():
     hf = example.tiny_llama(dm.vocab_size, cfg["hidden"], cfg["layers"], cfg["seed"])
     hf.set_attn_implementation("sdpa")
     module = HFClassifier(model=hf, lr=cfg["lr"], weight_decay=cfg["weight_decay"])
-    info = trained_once("llama_sst2", cfg, module, dm, hf,
-                        f"Llama-architecture classifier (examples/llama_sst2.py) trained {cfg['epochs']} epochs from "
-                        f"scratch on SST-2 train (HFClassifier, batch {cfg['batch_size']}, lr {cfg['lr']}, sdpa)")
+    info = trained_once(
+        "llama_sst2",
+        cfg,
+        module,
+        dm,
+        hf,
+        f"Llama-architecture classifier (examples/llama_sst2.py) trained {cfg['epochs']} epochs from "
+        f"scratch on SST-2 train (HFClassifier, batch {cfg['batch_size']}, lr {cfg['lr']}, sdpa)",
+    )
     return hf, dm, info
 
 
@@ -294,8 +348,11 @@ def _recast_model_dir(source: Path, target: Path, dtype: torch.dtype) -> Path:
         if f.is_file() and f.name != "model.safetensors":
             shutil.copy(f, target / f.name)
     state = load_file(str(source / "model.safetensors"))
-    save_file({k: v.to(dtype).contiguous() if v.is_floating_point() else v for k, v in state.items()},
-              str(target / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v.to(dtype).contiguous() if v.is_floating_point() else v for k, v in state.items()},
+        str(target / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     return target
 
 
@@ -326,8 +383,9 @@ def predicted_class(model, batch) -> Tensor:
         return model.forward_from_embeddings(model.embed(batch), batch).logits.argmax(-1)
 
 
-def model_batch_target(model_name: str, batch_size: int,
-                       weights: str = "trained") -> Tuple[Any, Dict[str, Any], Tensor]:
+def model_batch_target(
+    model_name: str, batch_size: int, weights: str = "trained"
+) -> Tuple[Any, Dict[str, Any], Tensor]:
     """(model, batch, predicted class) for ``reference``, ``unpacked`` or ``minilm``; ``weights`` "trained" or "random".
 
     ``reference`` / ``unpacked``: the first ``batch_size`` SST-2 dev sentences; ``minilm``: the same sentences as word
@@ -367,10 +425,14 @@ def _verse_row(example: Any, verse: Any, source_vocab: Any, target_vocab: Any) -
     """One val verse as the alignment audit reads it: the model's ids (``source </s>`` → ``target </s>``), each
     position's word (-1: none), the gold links and the unaligned target words."""
     source, target = example.encode(verse, source_vocab, target_vocab)
-    return {"input_ids": torch.tensor(source), "labels": torch.tensor(target),
-            "source_words": torch.tensor([*range(len(verse.source)), -1]),
-            "target_words": torch.tensor([*range(len(verse.target)), -1]),
-            "alignment": list(verse.sure), "target_exclude": list(verse.target_exclude)}
+    return {
+        "input_ids": torch.tensor(source),
+        "labels": torch.tensor(target),
+        "source_words": torch.tensor([*range(len(verse.source)), -1]),
+        "target_words": torch.tensor([*range(len(verse.target)), -1]),
+        "alignment": list(verse.sure),
+        "target_exclude": list(verse.target_exclude),
+    }
 
 
 def _verse_collate(rows: Any) -> Dict[str, Any]:
@@ -409,6 +471,10 @@ def translation_task(example: Any, settings: Any) -> Tuple[Any, Any, Dict[str, A
             return DataLoader(rows, batch_size=32, collate_fn=_verse_collate)
 
     data = Verses()
-    info = {"train_verses": len(train), "val_verses": len(val), "train_batches": len(data.train_dataloader()),
-            "settings": dict(vars(settings)) if hasattr(settings, "__dict__") else str(settings)}
+    info = {
+        "train_verses": len(train),
+        "val_verses": len(val),
+        "train_batches": len(data.train_dataloader()),
+        "settings": dict(vars(settings)) if hasattr(settings, "__dict__") else str(settings),
+    }
     return module, data, info

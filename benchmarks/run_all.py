@@ -9,6 +9,7 @@ Usage:
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/run_all.py --only ig_reference kendall
     .venv/bin/python benchmarks/run_all.py --quick --no-update-readme        # smoke run, seconds (JSON to a temp folder)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,10 +27,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import harness as H  # noqa: E402
 
 
-
 def jobs(quick: bool):
-    from benchmarks import (bench_deception, bench_erasure_memory, bench_gradients, bench_ig, bench_kendall,
-                            bench_kendall_memory, bench_loo, bench_loo_memory, bench_step_overhead)
+    from benchmarks import (
+        bench_deception,
+        bench_erasure_memory,
+        bench_gradients,
+        bench_ig,
+        bench_kendall,
+        bench_kendall_memory,
+        bench_loo,
+        bench_loo_memory,
+        bench_step_overhead,
+    )
 
     common = ["--quick"] if quick else []
     out = {}
@@ -43,8 +52,15 @@ def jobs(quick: bool):
     # run uses the random-head MiniLM, which needs no fine-tuning
     from benchmarks import bench_ig_auto
 
-    out["ig_auto_minilm_sst2"] = (bench_ig_auto.main, (["--model", "minilm"] if quick else [
-        "--model", "minilm_sst2", "--batch-size", "32", "--token-rtol", "0.01", "0.03"]) + common)
+    out["ig_auto_minilm_sst2"] = (
+        bench_ig_auto.main,
+        (
+            ["--model", "minilm"]
+            if quick
+            else ["--model", "minilm_sst2", "--batch-size", "32", "--token-rtol", "0.01", "0.03"]
+        )
+        + common,
+    )
     out["kendall"] = (bench_kendall.main, common)
     out["kendall_memory"] = (bench_kendall_memory.main, common)
     out["deception"] = (bench_deception.main, common)
@@ -52,8 +68,10 @@ def jobs(quick: bool):
     from benchmarks import bench_audit_share
 
     out["audit_share_reference"] = (bench_audit_share.main, ["--model", "reference", "--train-batches", "20"] + common)
-    out["audit_share_minilm"] = (bench_audit_share.main, ["--model", "minilm", "--train-batches", "4", "--rounds", "1",
-                                                          "--num-samples", "48"] + common)
+    out["audit_share_minilm"] = (
+        bench_audit_share.main,
+        ["--model", "minilm", "--train-batches", "4", "--rounds", "1", "--num-samples", "48"] + common,
+    )
     out["audit_share_llama"] = (bench_audit_share.main, ["--model", "llama", "--train-batches", "40"] + common)
     # issue 31: the generation audits' share of an epoch of the Greek→English translation model
     from benchmarks import bench_generation_share
@@ -91,59 +109,129 @@ def summary(results_dir: Path = H.RESULTS) -> str:
     rows = []
 
     def add(what, value, target, met, r):
-        rows.append((what, H.fmt(value), target, "yes" if met else ("n/a" if met is None else "**no**"),
-                     f"{r['env']['utc'][11:]} load {r['env']['loadavg_1_5_15'][0]}, {r['env']['threads']} thr"))
+        rows.append(
+            (
+                what,
+                H.fmt(value),
+                target,
+                "yes" if met else ("n/a" if met is None else "**no**"),
+                f"{r['env']['utc'][11:]} load {r['env']['loadavg_1_5_15'][0]}, {r['env']['threads']} thr",
+            )
+        )
 
     for model in ("minilm", "reference", "llama"):
         r = _load(f"audit_share_{model}", results_dir)
         for name, c in (r or {}).get("configs", {}).items():
             if c.get("target") is not None:
-                add(f"{name} audit share of a training epoch ({model})", c["share"], f"≤ {c['target']:.0%}",
-                    c["share"] <= c["target"], r)
+                add(
+                    f"{name} audit share of a training epoch ({model})",
+                    c["share"],
+                    f"≤ {c['target']:.0%}",
+                    c["share"] <= c["target"],
+                    r,
+                )
             if "vs_floor" in c:
-                add(f"leave-one-out audit / its floor of Σ L_i forwards ({model})", c["vs_floor"], "≤ 1.5×",
-                    c["vs_floor"] <= 1.5, r)
+                add(
+                    f"leave-one-out audit / its floor of Σ L_i forwards ({model})",
+                    c["vs_floor"],
+                    "≤ 1.5×",
+                    c["vs_floor"] <= 1.5,
+                    r,
+                )
     r = _load("generation_share", results_dir)
     for name, c in (r or {}).get("configs", {}).items():
-        add(f"{name} audit share of a training epoch (translation, {r['num_samples']} verses)", c["share"],
-            f"≤ {c['target']:.0%}", c["share"] <= c["target"], r)
+        add(
+            f"{name} audit share of a training epoch (translation, {r['num_samples']} verses)",
+            c["share"],
+            f"≤ {c['target']:.0%}",
+            c["share"] <= c["target"],
+            r,
+        )
     r = _load("ig_auto_minilm_sst2", results_dir)
     if r:
         for name, ratio in r["ratios"].items():
-            add(f"IG {name} vs 50 fixed nodes ({r['model']}): speed, at p95 / max error ratio "
+            add(
+                f"IG {name} vs 50 fixed nodes ({r['model']}): speed, at p95 / max error ratio "
                 f"{H.fmt(ratio['p95_error_vs_gl50'])} / {H.fmt(ratio['max_error_vs_gl50'])} (both ≤ 1 needed)",
-                ratio["speed_vs_gl50"], "≥ 1.0×", r["met"][name], r)
+                ratio["speed_vs_gl50"],
+                "≥ 1.0×",
+                r["met"][name],
+                r,
+            )
     for model in ("reference", "unpacked", "minilm"):
         r = _load(f"ig_{model}", results_dir)
         if r:
             ra, met = r["ratios"], r["met"]
-            add(f"IG default vs Captum default, throughput ({model})", ra["throughput_vs_captum_default"], "≥ 1.8×",
-                met["throughput_vs_captum_default"], r)
+            add(
+                f"IG default vs Captum default, throughput ({model})",
+                ra["throughput_vs_captum_default"],
+                "≥ 1.8×",
+                met["throughput_vs_captum_default"],
+                r,
+            )
             if "memory_vs_captum_default" in ra:
-                add(f"IG default vs Captum default, peak memory ({model})", ra["memory_vs_captum_default"], "≤ 0.25",
-                    met["memory_vs_captum_default"], r)
-            add(f"IG default time / Captum best-tuned ({model})", ra["time_vs_captum_best"], "≤ 1.15×",
-                met["time_vs_captum_best"], r)
-            add(f"IG auto (rtol 0.01) speed-up vs Captum n=50 best ({model})", ra["auto_speedup_vs_captum_best"],
-                "≥ 3×", met["auto_speedup_vs_captum_best"], r)
+                add(
+                    f"IG default vs Captum default, peak memory ({model})",
+                    ra["memory_vs_captum_default"],
+                    "≤ 0.25",
+                    met["memory_vs_captum_default"],
+                    r,
+                )
+            add(
+                f"IG default time / Captum best-tuned ({model})",
+                ra["time_vs_captum_best"],
+                "≤ 1.15×",
+                met["time_vs_captum_best"],
+                r,
+            )
+            add(
+                f"IG auto (rtol 0.01) speed-up vs Captum n=50 best ({model})",
+                ra["auto_speedup_vs_captum_best"],
+                "≥ 3×",
+                met["auto_speedup_vs_captum_best"],
+                r,
+            )
             acc = r["accuracy_vs_300_steps"]
-            add(f"IG auto p95 error / Captum n=50 p95 error ({model})",
-                acc["ours_auto"]["rel_l1_p95"] / max(acc["captum_n50"]["rel_l1_p95"], 1e-12), "≤ 1",
-                acc["ours_auto"]["rel_l1_p95"] <= acc["captum_n50"]["rel_l1_p95"], r)
+            add(
+                f"IG auto p95 error / Captum n=50 p95 error ({model})",
+                acc["ours_auto"]["rel_l1_p95"] / max(acc["captum_n50"]["rel_l1_p95"], 1e-12),
+                "≤ 1",
+                acc["ours_auto"]["rel_l1_p95"] <= acc["captum_n50"]["rel_l1_p95"],
+                r,
+            )
             if "rel_l1_max" in acc["ours_auto"]:
-                add(f"IG auto max error / Captum n=50 max error ({model})",
-                    acc["ours_auto"]["rel_l1_max"] / max(acc["captum_n50"]["rel_l1_max"], 1e-12), "≤ 1",
-                    acc["ours_auto"]["rel_l1_max"] <= acc["captum_n50"]["rel_l1_max"], r)
+                add(
+                    f"IG auto max error / Captum n=50 max error ({model})",
+                    acc["ours_auto"]["rel_l1_max"] / max(acc["captum_n50"]["rel_l1_max"], 1e-12),
+                    "≤ 1",
+                    acc["ours_auto"]["rel_l1_max"] <= acc["captum_n50"]["rel_l1_max"],
+                    r,
+                )
             if "oracle" in r:
-                add(f"IG oracle bound: best per-sentence GL rule vs Captum n=50 at equal accuracy ({model})",
-                    r["oracle"]["max_speedup_at_equal_accuracy"], "(bound)", None, r)
+                add(
+                    f"IG oracle bound: best per-sentence GL rule vs Captum n=50 at equal accuracy ({model})",
+                    r["oracle"]["max_speedup_at_equal_accuracy"],
+                    "(bound)",
+                    None,
+                    r,
+                )
     for model in ("reference", "unpacked"):
         r = _load(f"loo_{model}", results_dir)
         if r:
-            add(f"leave-one-out (delete, default) vs Captum FeatureAblation best ({model})",
-                r["ratios"]["delete_vs_captum_best"], f"≥ {r['target']:g}×", r["met"]["delete_vs_captum_best"], r)
-            add(f"leave-one-out (pad) vs Captum FeatureAblation best ({model})",
-                r["ratios"]["pad_vs_captum_best"], f"≥ {r['target']:g}×", r["met"]["pad_vs_captum_best"], r)
+            add(
+                f"leave-one-out (delete, default) vs Captum FeatureAblation best ({model})",
+                r["ratios"]["delete_vs_captum_best"],
+                f"≥ {r['target']:g}×",
+                r["met"]["delete_vs_captum_best"],
+                r,
+            )
+            add(
+                f"leave-one-out (pad) vs Captum FeatureAblation best ({model})",
+                r["ratios"]["pad_vs_captum_best"],
+                f"≥ {r['target']:g}×",
+                r["met"]["pad_vs_captum_best"],
+                r,
+            )
         r = _load(f"gradients_{model}", results_dir)
         if r:
             for name, value in r["ratios"].items():
@@ -153,27 +241,57 @@ def summary(results_dir: Path = H.RESULTS) -> str:
         for setting, s in r["settings"].items():
             add(f"Kendall τ vectorised vs scipy loop ({setting}, warm)", s["speedup"], "≥ 50×", s["met"], r)
             if "speedup_cold" in s:
-                add(f"Kendall τ vectorised vs scipy loop ({setting}, cold single call)", s["speedup_cold"], "(none)",
-                    None, r)
+                add(
+                    f"Kendall τ vectorised vs scipy loop ({setting}, cold single call)",
+                    s["speedup_cold"],
+                    "(none)",
+                    None,
+                    r,
+                )
     r = _load("loo_memory", results_dir)
     if r:
-        add("leave-one-out, one 2,000-token row: time chunked / one buffer", r["ratios"]["time_chunked_vs_one_buffer"],
-            "≤ 1.2×", r["met"]["time_chunked_vs_one_buffer"], r)
+        add(
+            "leave-one-out, one 2,000-token row: time chunked / one buffer",
+            r["ratios"]["time_chunked_vs_one_buffer"],
+            "≤ 1.2×",
+            r["met"]["time_chunked_vs_one_buffer"],
+            r,
+        )
         if "chunked" in r["peak_rss_delta_mib"]:
-            add("leave-one-out, one 2,000-token row: peak RSS growth (MiB)", r["peak_rss_delta_mib"]["chunked"],
-                "≤ 512", r["met"]["peak_memory_chunked"], r)
+            add(
+                "leave-one-out, one 2,000-token row: peak RSS growth (MiB)",
+                r["peak_rss_delta_mib"]["chunked"],
+                "≤ 512",
+                r["met"]["peak_memory_chunked"],
+                r,
+            )
     r = _load("kendall_memory", results_dir)
     if r and r.get("memory_target_met") is not None:
         worst = max(e["peak_rss_delta_mib"]["lightning_xai"] for e in r["lengths"].values())
-        add(f"Kendall τ, one row of up to {max(int(t) for t in r['lengths']):,} tokens: peak RSS growth (MiB)", worst,
-            "≤ 256", r["memory_target_met"], r)
+        add(
+            f"Kendall τ, one row of up to {max(int(t) for t in r['lengths']):,} tokens: peak RSS growth (MiB)",
+            worst,
+            "≤ 256",
+            r["memory_target_met"],
+            r,
+        )
     r = _load("erasure_memory", results_dir)
     if r:
-        add("ErasureAudit, two 2,000-piece documents: time budgeted / unbudgeted",
-            r["ratios"]["time_budgeted_vs_unbudgeted"], "≤ 1.2×", r["met"]["time_budgeted_vs_unbudgeted"], r)
+        add(
+            "ErasureAudit, two 2,000-piece documents: time budgeted / unbudgeted",
+            r["ratios"]["time_budgeted_vs_unbudgeted"],
+            "≤ 1.2×",
+            r["met"]["time_budgeted_vs_unbudgeted"],
+            r,
+        )
         if "budgeted" in r["peak_rss_delta_mib"]:
-            add("ErasureAudit, two 2,000-piece documents: peak RSS growth (MiB)", r["peak_rss_delta_mib"]["budgeted"],
-                "≤ 1024", r["met"]["peak_memory_budgeted"], r)
+            add(
+                "ErasureAudit, two 2,000-piece documents: peak RSS growth (MiB)",
+                r["peak_rss_delta_mib"]["budgeted"],
+                "≤ 1024",
+                r["met"]["peak_memory_budgeted"],
+                r,
+            )
     r = _load("deception", results_dir)
     if r:
         add("DeceptionPenalty per-step overhead", r["overhead"], "≤ 0.05", r["met"], r)
@@ -183,12 +301,34 @@ def summary(results_dir: Path = H.RESULTS) -> str:
             continue
         for setting, s in r["settings"].items():
             where = f", {r['env']['gpu']} {r['precision']}" if r.get("accelerator") == "gpu" else ""
-            add(f"MiniLM (sdpa) training step with the audit callbacks attached, between audits ({setting}, "
-                f"batch {s['batch_size']}{where})", s["step"]["median"], f"≤ {r['target']:g}×", s["met"], r)
-    expected = ["ig_reference", "ig_unpacked", "ig_minilm", "loo_reference", "loo_unpacked", "gradients_reference",
-                "gradients_unpacked", "kendall", "kendall_memory", "deception", "loo_memory", "erasure_memory",
-                "step_overhead", "audit_share_minilm", "audit_share_reference", "audit_share_llama", "generation_share",
-                "ig_auto_minilm_sst2"]
+            add(
+                f"MiniLM (sdpa) training step with the audit callbacks attached, between audits ({setting}, "
+                f"batch {s['batch_size']}{where})",
+                s["step"]["median"],
+                f"≤ {r['target']:g}×",
+                s["met"],
+                r,
+            )
+    expected = [
+        "ig_reference",
+        "ig_unpacked",
+        "ig_minilm",
+        "loo_reference",
+        "loo_unpacked",
+        "gradients_reference",
+        "gradients_unpacked",
+        "kendall",
+        "kendall_memory",
+        "deception",
+        "loo_memory",
+        "erasure_memory",
+        "step_overhead",
+        "audit_share_minilm",
+        "audit_share_reference",
+        "audit_share_llama",
+        "generation_share",
+        "ig_auto_minilm_sst2",
+    ]
     missing = [name for name in expected if _load(name, results_dir) is None]
     text = H.table(rows, ("ratio", "value", "target", "met?", "measured (UTC, 1-min load, threads)"))
     if missing:

@@ -15,6 +15,7 @@
 4. Jain & Wallace's per-instance search (K=5, 500 Adam steps) on the test sentences: distribution of the
    max JSD found within |Δŷ| ≤ 0.05.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import losses_common as C  # noqa: E402
 
-from lightning_xai.audits.adversarial import (adversarial_attention_search, jensen_shannon_divergence,  # noqa: E402
-                                              kl_divergence, summarize_search, total_variation)
+from lightning_xai.audits.adversarial import (
+    adversarial_attention_search,
+    jensen_shannon_divergence,  # noqa: E402
+    kl_divergence,
+    summarize_search,
+    total_variation,
+)
 from lightning_xai.losses import ModelConsistentAdversary  # noqa: E402
 from lightning_xai.models import AttentionClassifier  # noqa: E402
 
@@ -110,8 +116,17 @@ class DevSelection(pl.Callback):
             self.state = copy.deepcopy(pl_module.state_dict())
 
 
-def adversary_tag(lam: float, epochs: int, freeze_encoder: bool = False, lr: float = 1e-3, select: str = "last",
-                  init: Optional[str] = None, checks: int = 1, drop: float = 0.0, min_dev_jsd: float = 0.45) -> str:
+def adversary_tag(
+    lam: float,
+    epochs: int,
+    freeze_encoder: bool = False,
+    lr: float = 1e-3,
+    select: str = "last",
+    init: Optional[str] = None,
+    checks: int = 1,
+    drop: float = 0.0,
+    min_dev_jsd: float = 0.45,
+) -> str:
     tag = f"sst2_adversary_lam{lam:g}_ep{epochs}" + ("_frozen" if freeze_encoder else "")
     if drop:
         tag += f"_drop{drop:g}"
@@ -124,10 +139,20 @@ def adversary_tag(lam: float, epochs: int, freeze_encoder: bool = False, lr: flo
     return tag
 
 
-def train_adversary(dm, base: AttentionClassifier, lam: float, epochs: int, seed: int = 0,
-                    freeze_encoder: bool = False, lr: float = 1e-3, select: str = "last",
-                    init: Optional[str] = None, checks: int = 1, min_dev_jsd: float = 0.45,
-                    drop: float = 0.0) -> AdversaryClassifier:
+def train_adversary(
+    dm,
+    base: AttentionClassifier,
+    lam: float,
+    epochs: int,
+    seed: int = 0,
+    freeze_encoder: bool = False,
+    lr: float = 1e-3,
+    select: str = "last",
+    init: Optional[str] = None,
+    checks: int = 1,
+    min_dev_jsd: float = 0.45,
+    drop: float = 0.0,
+) -> AdversaryClassifier:
     """Train (or load the cached) adversary.
 
     Args:
@@ -146,8 +171,15 @@ def train_adversary(dm, base: AttentionClassifier, lam: float, epochs: int, seed
     tag = adversary_tag(lam, epochs, freeze_encoder, lr, select, init, checks, drop, min_dev_jsd)
     path = C.RUNS / f"{tag}.pt"
     frozen = copy.deepcopy(base)
-    adversary = AdversaryClassifier(dm.vocab_size, dm.num_classes, vocab=dm.vocab.itos, attention="tanh", lr=lr,
-                                    objectives=[ModelConsistentAdversary(frozen, weight=lam)], **C.MODEL_KWARGS)
+    adversary = AdversaryClassifier(
+        dm.vocab_size,
+        dm.num_classes,
+        vocab=dm.vocab.itos,
+        attention="tanh",
+        lr=lr,
+        objectives=[ModelConsistentAdversary(frozen, weight=lam)],
+        **C.MODEL_KWARGS,
+    )
     if path.exists():
         adversary.load_state_dict(torch.load(path, map_location="cpu"))
         print(f"[{tag}] loaded cached weights")
@@ -166,18 +198,28 @@ def train_adversary(dm, base: AttentionClassifier, lam: float, epochs: int, seed
             p.requires_grad_(False)
     selection = DevSelection(min_dev_jsd)
     train = C.loader(dm, "train", shuffle=True, seed=seed)
-    info = C.fit(adversary, train, C.loader(dm, "val"), epochs, seed, select_best=False, callbacks=[selection],
-                 trainer_kwargs={"val_check_interval": max(1, len(train) // checks)} if checks > 1 else None)
+    info = C.fit(
+        adversary,
+        train,
+        C.loader(dm, "val"),
+        epochs,
+        seed,
+        select_best=False,
+        callbacks=[selection],
+        trainer_kwargs={"val_check_interval": max(1, len(train) // checks)} if checks > 1 else None,
+    )
     print(f"[{tag}] trained {epochs} epochs in {info['seconds']:.0f}s")
     if select == "dev":
         if selection.state is None:
-            raise RuntimeError(f"[{tag}] no validation check reached dev mean JSD >= {min_dev_jsd}; "
-                               f"history: {selection.history}")
+            raise RuntimeError(
+                f"[{tag}] no validation check reached dev mean JSD >= {min_dev_jsd}; history: {selection.history}"
+            )
         adversary.load_state_dict(selection.state)
         print(f"[{tag}] selected on dev: {selection.chosen}")
     torch.save(adversary.state_dict(), path)
-    (C.RUNS / f"{tag}.history.json").write_text(json.dumps({"history": selection.history,
-                                                           "chosen": selection.chosen if select == "dev" else None}))
+    (C.RUNS / f"{tag}.history.json").write_text(
+        json.dumps({"history": selection.history, "chosen": selection.chosen if select == "dev" else None})
+    )
     return adversary.eval()
 
 
@@ -194,8 +236,17 @@ def parse_config(text: str, defaults: Dict[str, Any]) -> Dict[str, Any]:
             config[key] = value
         else:
             config[positional.pop(0)] = part
-    kinds = {"lam": float, "epochs": int, "lr": float, "checks": int, "min_dev_jsd": float, "select": str,
-             "init": str, "freeze_encoder": bool, "drop": float}
+    kinds = {
+        "lam": float,
+        "epochs": int,
+        "lr": float,
+        "checks": int,
+        "min_dev_jsd": float,
+        "select": str,
+        "init": str,
+        "freeze_encoder": bool,
+        "drop": float,
+    }
     unknown = set(config) - set(kinds)
     if unknown:
         raise ValueError(f"unknown adversary option(s) {sorted(unknown)} in {text!r}; use {sorted(kinds)}.")
@@ -214,10 +265,17 @@ def compare(adversary, base, batches) -> Dict[str, float]:
         acc_base += int((b.logits.argmax(-1) == batch["labels"]).sum())
         n += len(batch["labels"])
     jsd_t, kl_t, tvd_t = torch.cat(jsd), torch.cat(kl), torch.cat(tvd)
-    return {"jsd": jsd_t.mean().item(), "jsd_median": jsd_t.median().item(), "kl": kl_t.mean().item(),
-            "tvd": tvd_t.mean().item(), "tvd_median": tvd_t.median().item(),
-            "frac_tvd_le_0.05": (tvd_t <= 0.05).double().mean().item(),
-            "acc_adversary": acc_adv / n, "acc_base": acc_base / n, "n": n}
+    return {
+        "jsd": jsd_t.mean().item(),
+        "jsd_median": jsd_t.median().item(),
+        "kl": kl_t.mean().item(),
+        "tvd": tvd_t.mean().item(),
+        "tvd_median": tvd_t.median().item(),
+        "frac_tvd_le_0.05": (tvd_t <= 0.05).double().mean().item(),
+        "acc_adversary": acc_adv / n,
+        "acc_base": acc_base / n,
+        "n": n,
+    }
 
 
 def search(base, dm, limit, steps) -> Dict[str, Any]:
@@ -235,7 +293,8 @@ SEARCH_CALLBACK_NOTE = (
     "While a model trains, `lightning_xai.callbacks.AdversarialSearchAudit(steps=..., num_samples=..., "
     "every_n_epochs=...)` runs this search on a fixed audit subset at validation end and logs the same distribution "
     "(`adversarial_search/fraction_found`, `fraction_jsd_at_least_threshold`, `jsd/mean`, `jsd/q10` … `jsd/q90`, "
-    "`output_change/mean`) to the trainer's loggers.")
+    "`output_change/mean`) to the trainer's loggers."
+)
 
 
 def main(argv=None) -> None:
@@ -246,17 +305,30 @@ def main(argv=None) -> None:
     parser.add_argument("--search-steps", type=int, default=500)
     parser.add_argument("--skip-search", action="store_true")
     parser.add_argument("--skip-adversary", action="store_true", help="only run the per-instance search")
-    parser.add_argument("--configs", nargs="*", default=None,
-                        help="several adversaries: 'lam,epochs' or 'lam,epochs,frozen' (overrides --lam/--epochs)")
-    parser.add_argument("--freeze-encoder", action="store_true",
-                        help="train only the adversary's attention scorer and output layer")
+    parser.add_argument(
+        "--configs",
+        nargs="*",
+        default=None,
+        help="several adversaries: 'lam,epochs' or 'lam,epochs,frozen' (overrides --lam/--epochs)",
+    )
+    parser.add_argument(
+        "--freeze-encoder", action="store_true", help="train only the adversary's attention scorer and output layer"
+    )
     args = parser.parse_args(argv)
     C.setup_threads()
     dm = C.datamodule("sst2")
     base = C.sst2_base(dm)
     test = list(C.loader(dm, "test"))
-    defaults = {"epochs": args.epochs, "freeze_encoder": args.freeze_encoder, "lr": 1e-3, "select": "last",
-                "init": None, "checks": 1, "min_dev_jsd": 0.45, "drop": 0.0}
+    defaults = {
+        "epochs": args.epochs,
+        "freeze_encoder": args.freeze_encoder,
+        "lr": 1e-3,
+        "select": "last",
+        "init": None,
+        "checks": 1,
+        "min_dev_jsd": 0.45,
+        "drop": 0.0,
+    }
     configs = [dict(defaults, lam=lam) for lam in args.lam]
     if args.configs:
         configs = [parse_config(c, defaults) for c in args.configs]
@@ -268,44 +340,103 @@ def main(argv=None) -> None:
         adversary = train_adversary(dm, base, **config)
         r, d = compare(adversary, base, test), compare(adversary, base, dev)
         print(f"{config}: test {r} dev {d}")
-        recipe = ("frozen" if config["freeze_encoder"] else "trained")
+        recipe = "frozen" if config["freeze_encoder"] else "trained"
         if config["lr"] != 1e-3:
             recipe += f", lr {config['lr']:g}"
         if config["drop"]:
             recipe += f", word dropout {config['drop']:g}"
         if config["init"] is not None:
             recipe += f", from {config['init'].replace('sst2_adversary_', '')}"
-        selection = ("last" if config["select"] == "last"
-                     else f"dev ({config['checks']}/epoch, JSD ≥ {config['min_dev_jsd']:g})")
-        rows.append([f"{config['lam']:g}", config["epochs"], recipe, selection, d["jsd"], f"{d['tvd']:.4f}",
-                     r["jsd"], r["jsd_median"], r["kl"], f"{r['tvd']:.4f}", r["tvd_median"], r["frac_tvd_le_0.05"],
-                     r["acc_base"], r["acc_adversary"]])
-    text = [] if not rows else ["### Model-consistent adversary (Wiegreffe & Pinter) on SST-2", "",
+        selection = (
+            "last" if config["select"] == "last" else f"dev ({config['checks']}/epoch, JSD ≥ {config['min_dev_jsd']:g})"
+        )
+        rows.append(
+            [
+                f"{config['lam']:g}",
+                config["epochs"],
+                recipe,
+                selection,
+                d["jsd"],
+                f"{d['tvd']:.4f}",
+                r["jsd"],
+                r["jsd_median"],
+                r["kl"],
+                f"{r['tvd']:.4f}",
+                r["tvd_median"],
+                r["frac_tvd_le_0.05"],
+                r["acc_base"],
+                r["acc_adversary"],
+            ]
+        )
+    text = (
+        []
+        if not rows
+        else [
+            "### Model-consistent adversary (Wiegreffe & Pinter) on SST-2",
+            "",
             f"Base: BiLSTM + tanh attention (test accuracy {rows[0][12]:.3f}). Adversary: the base's weights with a "
             "fresh attention scorer, trained on TVD(ŷ_adv, ŷ_base) − λ·KL(α_adv‖α_base) only (no gold labels); "
             "'recipe' says whether its embeddings and BiLSTM were trained or kept frozen at the base's, the "
             "learning rate when not 1e-3, and the adversary it continued from (a second stage); 'selection' is "
             "the last weights or the dev check with the lowest dev mean TVD among those with dev mean JSD above "
             "the bar (dev split, 872 sentences; the test split is never used to choose). "
-            f"Test set ({len(dm.dataset('test'))} sentences). JSD in nats (max ln 2 = 0.693).", "",
-            C.markdown_table(["λ", "epochs", "recipe", "selection", "dev JSD", "dev TVD", "mean JSD", "median JSD",
-                              "mean KL", "mean TVD", "median TVD", "share TVD ≤ 0.05", "base acc",
-                              "adversary acc"], rows), "",
-            "Command: `OMP_NUM_THREADS=1 python examples/adversary_sst2.py " + " ".join(argv or sys.argv[1:]) + "`"]
+            f"Test set ({len(dm.dataset('test'))} sentences). JSD in nats (max ln 2 = 0.693).",
+            "",
+            C.markdown_table(
+                [
+                    "λ",
+                    "epochs",
+                    "recipe",
+                    "selection",
+                    "dev JSD",
+                    "dev TVD",
+                    "mean JSD",
+                    "median JSD",
+                    "mean KL",
+                    "mean TVD",
+                    "median TVD",
+                    "share TVD ≤ 0.05",
+                    "base acc",
+                    "adversary acc",
+                ],
+                rows,
+            ),
+            "",
+            "Command: `OMP_NUM_THREADS=1 python examples/adversary_sst2.py " + " ".join(argv or sys.argv[1:]) + "`",
+        ]
+    )
     if not args.skip_search:
         s = search(base, dm, args.search_limit, args.search_steps)
         print("search:", s)
         n = int(s["count"])
-        search_text = ["### Per-instance adversarial attention search (Jain & Wallace) on SST-2", "",
-                 f"The SST-2 base model (BiLSTM + tanh attention), {n} test sentences" + ("" if args.search_limit is None else " (first of the test split)")
-                 + f", K=5 candidates, {args.search_steps} Adam steps (lr 0.01, amsgrad), keep |Δŷ| ≤ 0.05. "
-                 f"{s['seconds']:.0f} s wall time on one thread.", "",
-                 C.markdown_table(["found (Δŷ ≤ 0.05)", "JSD ≥ 0.3", "mean", "q10", "q25", "median", "q75", "q90"],
-                                  [[s["fraction_found"], s["fraction_at_least_threshold"], s.get("mean", float("nan")),
-                                    s.get("q10", float("nan")), s.get("q25", float("nan")), s.get("median", float("nan")),
-                                    s.get("q75", float("nan")), s.get("q90", float("nan"))]]), "",
-                       "Command: `OMP_NUM_THREADS=1 python examples/adversary_sst2.py " + " ".join(argv or sys.argv[1:])
-                       + "`", "", SEARCH_CALLBACK_NOTE]
+        search_text = [
+            "### Per-instance adversarial attention search (Jain & Wallace) on SST-2",
+            "",
+            f"The SST-2 base model (BiLSTM + tanh attention), {n} test sentences"
+            + ("" if args.search_limit is None else " (first of the test split)")
+            + f", K=5 candidates, {args.search_steps} Adam steps (lr 0.01, amsgrad), keep |Δŷ| ≤ 0.05. "
+            f"{s['seconds']:.0f} s wall time on one thread.",
+            "",
+            C.markdown_table(
+                ["found (Δŷ ≤ 0.05)", "JSD ≥ 0.3", "mean", "q10", "q25", "median", "q75", "q90"],
+                [
+                    [
+                        s["fraction_found"],
+                        s["fraction_at_least_threshold"],
+                        s.get("mean", float("nan")),
+                        s.get("q10", float("nan")),
+                        s.get("q25", float("nan")),
+                        s.get("median", float("nan")),
+                        s.get("q75", float("nan")),
+                        s.get("q90", float("nan")),
+                    ]
+                ],
+            ),
+            "",
+            "Command: `OMP_NUM_THREADS=1 python examples/adversary_sst2.py " + " ".join(argv or sys.argv[1:]) + "`",
+            "",
+            SEARCH_CALLBACK_NOTE,
+        ]
         C.write_section("adversarial_search_sst2", "\n".join(search_text))
     if rows:
         C.write_section("adversary_sst2", "\n".join(text))

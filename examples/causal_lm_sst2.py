@@ -34,6 +34,7 @@ Usage::
     OMP_NUM_THREADS=1 python examples/causal_lm_sst2.py --epochs 3 --audit-samples 256 \\
         --output examples/results/causal_lm_sst2.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,11 @@ MODEL_NAMES = {"causal_lm": "LlamaForCausalLM", "classifier": "LlamaForSequenceC
 ROWS: Tuple[Tuple[str, str, str], ...] = (
     ("τ(attention, gradient)", "attention_audit", "kendall_tau/attention_vs_gradient"),
     ("τ(attention, \\|grad×input\\|)", "attention_audit", "kendall_tau/attention_vs_grad_x_input"),
-    *((f"{r}: {v}", "erasure_audit", f"{r}/{v}") for r in ("attention", "attention_gradient", "random")
-      for v in ("fraction_removed", "flipped", "comprehensiveness", "sufficiency")),
+    *(
+        (f"{r}: {v}", "erasure_audit", f"{r}/{v}")
+        for r in ("attention", "attention_gradient", "random")
+        for v in ("fraction_removed", "flipped", "comprehensiveness", "sufficiency")
+    ),
 )
 
 
@@ -79,19 +83,25 @@ def prompt_item(item: Dict[str, Any], bos: int, cue: Sequence[int], label_ids: S
     words = list(item["input_ids"])
     label = label_ids[item["labels"]]
     ids = [bos, *words, *cue, label]
-    return {"input_ids": ids, "mask": [False, *[True] * len(words), *[False] * (len(cue) + 1)],
-            "labels": [IGNORE] * (len(ids) - 1) + [label], "index": item["index"]}
+    return {
+        "input_ids": ids,
+        "mask": [False, *[True] * len(words), *[False] * (len(cue) + 1)],
+        "labels": [IGNORE] * (len(ids) - 1) + [label],
+        "index": item["index"],
+    }
 
 
 def prompt_collate(items: List[Dict[str, Any]]) -> Dict[str, torch.Tensor]:
     """Right-padded batch: ``input_ids`` (pad 0), ``attention_mask``, ``mask`` (bool), ``labels`` (pad -100),
     ``index``."""
     width = max(len(item["input_ids"]) for item in items)
-    out = {"input_ids": torch.zeros(len(items), width, dtype=torch.long),
-           "attention_mask": torch.zeros(len(items), width, dtype=torch.long),
-           "mask": torch.zeros(len(items), width, dtype=torch.bool),
-           "labels": torch.full((len(items), width), IGNORE, dtype=torch.long),
-           "index": torch.tensor([item["index"] for item in items], dtype=torch.long)}
+    out = {
+        "input_ids": torch.zeros(len(items), width, dtype=torch.long),
+        "attention_mask": torch.zeros(len(items), width, dtype=torch.long),
+        "mask": torch.zeros(len(items), width, dtype=torch.bool),
+        "labels": torch.full((len(items), width), IGNORE, dtype=torch.long),
+        "index": torch.tensor([item["index"] for item in items], dtype=torch.long),
+    }
     for row, item in enumerate(items):
         n = len(item["input_ids"])
         out["input_ids"][row, :n] = torch.tensor(item["input_ids"])
@@ -169,32 +179,47 @@ def tiny_causal_llama(vocab_size: int, hidden: int, layers: int, seed: int, bos:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=2 * hidden, max_position_embeddings=max_positions,
-                         pad_token_id=0, bos_token_id=bos, eos_token_id=None, attn_implementation="eager")
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=max_positions,
+        pad_token_id=0,
+        bos_token_id=bos,
+        eos_token_id=None,
+        attn_implementation="eager",
+    )
     return LlamaForCausalLM(config)
 
 
-def adamw_with_schedule(module: pl.LightningModule, named: Any, lr: float, weight_decay: float,
-                        warmup_ratio: float = 0.1) -> Dict[str, Any]:
+def adamw_with_schedule(
+    module: pl.LightningModule, named: Any, lr: float, weight_decay: float, warmup_ratio: float = 0.1
+) -> Dict[str, Any]:
     """HFClassifier's optimiser: AdamW (no decay on biases and LayerNorm), linear warm-up then linear decay."""
     skip = {id(p) for n, p in named if n.endswith("bias") or "LayerNorm" in n}
     decay = [p for p in module.parameters() if id(p) not in skip]
     no_decay = [p for p in module.parameters() if id(p) in skip]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=lr)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
+    )
     total = max(1, int(module.trainer.estimated_stepping_batches))
     warmup = int(warmup_ratio * total)
 
     def schedule(step: int) -> float:
         return (step + 1) / (warmup + 1) if step < warmup else max(0.0, (total - step) / max(1, total - warmup))
 
-    return {"optimizer": optimizer,
-            "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, schedule), "interval": "step"}}
+    return {
+        "optimizer": optimizer,
+        "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, schedule), "interval": "step"},
+    }
 
 
-def label_word_choice(logits: torch.Tensor, labels: torch.Tensor, label_ids: Sequence[int]) -> Tuple[torch.Tensor,
-                                                                                                     torch.Tensor]:
+def label_word_choice(
+    logits: torch.Tensor, labels: torch.Tensor, label_ids: Sequence[int]
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """(predicted class, gold class) ``[B]``: the label word with the higher logit (hence log-probability) at the
     position that predicts each row's one target token, and the class of that target."""
     rows, where = (labels != IGNORE).nonzero(as_tuple=True)
@@ -209,8 +234,9 @@ def label_word_choice(logits: torch.Tensor, labels: torch.Tensor, label_ids: Seq
 class LabelWordLM(pl.LightningModule):
     """The user's own module: a causal LM trained on the LM loss of the label word (the batch's ``labels``)."""
 
-    def __init__(self, model: torch.nn.Module, label_ids: Sequence[int], vocab: Sequence[str], lr: float,
-                 weight_decay: float) -> None:
+    def __init__(
+        self, model: torch.nn.Module, label_ids: Sequence[int], vocab: Sequence[str], lr: float, weight_decay: float
+    ) -> None:
         super().__init__()
         self.model, self.label_ids, self.vocab = model, list(label_ids), list(vocab)
         self.lr, self.weight_decay = lr, weight_decay
@@ -267,36 +293,79 @@ def train_and_audit(kind: str, settings: Dict[str, Any], log: Callable[[str], No
     """Train one model with both audits attached (every epoch); its per-epoch accuracy and audit metrics."""
     pl.seed_everything(settings["seed"], verbose=False)
     module, dm = build(kind, settings)
-    audits = [AttentionAudit(num_samples=settings["audit_samples"], budget=None),
-              ErasureAudit(num_samples=settings["audit_samples"], budget=None)]
+    audits = [
+        AttentionAudit(num_samples=settings["audit_samples"], budget=None),
+        ErasureAudit(num_samples=settings["audit_samples"], budget=None),
+    ]
     accuracy = EpochAccuracy()
-    trainer = pl.Trainer(max_epochs=settings["epochs"], callbacks=[*audits, accuracy], logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         num_sanity_val_steps=0, default_root_dir=settings.get("root"))
+    trainer = pl.Trainer(
+        max_epochs=settings["epochs"],
+        callbacks=[*audits, accuracy],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=settings.get("root"),
+    )
     start = time.perf_counter()
     trainer.fit(module, datamodule=dm)
     seconds = time.perf_counter() - start
-    out: Dict[str, Any] = {"model": MODEL_NAMES[kind], "train_examples": len(dm.dataset("train")),
-                           "val_examples": len(dm.dataset("val")),
-                           "val_acc": accuracy.values, "fit_seconds_with_audits": round(seconds, 1)}
+    out: Dict[str, Any] = {
+        "model": MODEL_NAMES[kind],
+        "train_examples": len(dm.dataset("train")),
+        "val_examples": len(dm.dataset("val")),
+        "val_acc": accuracy.values,
+        "fit_seconds_with_audits": round(seconds, 1),
+    }
     for audit in audits:
-        out[audit.log_prefix] = [{"epoch": r["epoch"], "num_examples": r["num_examples"],
-                                  "explained_quantity": r.get("explained_quantity"), "metrics": r["metrics"]}
-                                 for r in audit.history]
+        out[audit.log_prefix] = [
+            {
+                "epoch": r["epoch"],
+                "num_examples": r["num_examples"],
+                "explained_quantity": r.get("explained_quantity"),
+                "metrics": r["metrics"],
+            }
+            for r in audit.history
+        ]
     log(f"{kind}: {seconds:.0f}s, val acc {[round(a, 4) for a in accuracy.values]}")
     return out
 
 
-def run(*, epochs: int = 3, hidden: int = 64, layers: int = 2, lr: float = 2e-3, weight_decay: float = 0.01,
-        batch_size: int = 32, audit_samples: int = 256, seed: int = 0, train_size: Optional[int] = None,
-        val_size: Optional[int] = None, root: Optional[str] = None,
-        log: Callable[[str], None] = print) -> Dict[str, Any]:
+def run(
+    *,
+    epochs: int = 3,
+    hidden: int = 64,
+    layers: int = 2,
+    lr: float = 2e-3,
+    weight_decay: float = 0.01,
+    batch_size: int = 32,
+    audit_samples: int = 256,
+    seed: int = 0,
+    train_size: Optional[int] = None,
+    val_size: Optional[int] = None,
+    root: Optional[str] = None,
+    log: Callable[[str], None] = print,
+) -> Dict[str, Any]:
     """Both models trained and audited with the same settings: ``{"settings", "causal_lm", "classifier"}``."""
-    settings = dict(epochs=epochs, hidden=hidden, layers=layers, lr=lr, weight_decay=weight_decay,
-                    batch_size=batch_size, audit_samples=audit_samples, seed=seed, train_size=train_size,
-                    val_size=val_size)
-    result: Dict[str, Any] = {"settings": dict(settings), "prompt": f"<sos> w1 … wn {' '.join(CUE)} <label word>",
-                              "label_words": list(LABEL_WORDS), "source": "the review words w1 … wn"}
+    settings = dict(
+        epochs=epochs,
+        hidden=hidden,
+        layers=layers,
+        lr=lr,
+        weight_decay=weight_decay,
+        batch_size=batch_size,
+        audit_samples=audit_samples,
+        seed=seed,
+        train_size=train_size,
+        val_size=val_size,
+    )
+    result: Dict[str, Any] = {
+        "settings": dict(settings),
+        "prompt": f"<sos> w1 … wn {' '.join(CUE)} <label word>",
+        "label_words": list(LABEL_WORDS),
+        "source": "the review words w1 … wn",
+    }
     for kind in ("causal_lm", "classifier"):
         result[kind] = train_and_audit(kind, dict(settings, root=root), log)
     return result
@@ -333,9 +402,17 @@ def main() -> None:
     parser.add_argument("--train-size", type=int, default=None, help="first N training sentences (default: all)")
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
-    result = run(epochs=args.epochs, hidden=args.hidden, layers=args.layers, lr=args.lr,
-                 weight_decay=args.weight_decay, batch_size=args.batch_size, audit_samples=args.audit_samples,
-                 seed=args.seed, train_size=args.train_size)
+    result = run(
+        epochs=args.epochs,
+        hidden=args.hidden,
+        layers=args.layers,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        batch_size=args.batch_size,
+        audit_samples=args.audit_samples,
+        seed=args.seed,
+        train_size=args.train_size,
+    )
     result["command"] = "OMP_NUM_THREADS=1 python examples/causal_lm_sst2.py " + " ".join(sys.argv[1:])
     print(table(result))
     if args.output:

@@ -14,6 +14,7 @@ On the test split: accuracy, mean conicity of the hidden states, and Serrano & S
 the attention ranking (lightning_xai.audits.erasure.decision_flip): share of sentences whose decision flips
 and the fraction of tokens removed before it does (over flipped sentences), with the random ranking alongside.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,11 +67,16 @@ def parse_variant(spec: str, default_epochs: int):
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--variants", nargs="+", default=["conicity", "ortho", "erasure"],
-                        help="'conicity', 'ortho' or 'erasure', optionally with ':<loss weight>' and/or "
-                             "'@<epochs>' (e.g. erasure:0.5@8); the default epochs are --epochs")
-    parser.add_argument("--train-limit", type=int, default=None,
-                        help="train the variants on the first N training sentences only")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=["conicity", "ortho", "erasure"],
+        help="'conicity', 'ortho' or 'erasure', optionally with ':<loss weight>' and/or "
+        "'@<epochs>' (e.g. erasure:0.5@8); the default epochs are --epochs",
+    )
+    parser.add_argument(
+        "--train-limit", type=int, default=None, help="train the variants on the first N training sentences only"
+    )
     parser.add_argument("--flip-limit", type=int, default=512, help="test sentences for the decision-flip test")
     args = parser.parse_args(argv)
     C.setup_threads()
@@ -93,26 +99,50 @@ def main(argv=None) -> None:
         tag = f"sst2_{key}" + ("" if weight is None else f"_w{weight:g}") + f"_ep{epochs}"
         if args.train_limit is not None:
             tag += f"_n{args.train_limit}"
-        models[f"{label}, {epochs} ep"] = C.cached_classifier(tag, dm, epochs=epochs, attention="tanh",
-                                                             train_limit=args.train_limit, **kwargs)
+        models[f"{label}, {epochs} ep"] = C.cached_classifier(
+            tag, dm, epochs=epochs, attention="tanh", train_limit=args.train_limit, **kwargs
+        )
     rows = []
     for label, model in models.items():
         r = measure(model, test, args.flip_limit)
         print(label, r)
-        rows.append([label, r["acc"], r["conicity"], r["attention_flipped"], r["attention_fraction"],
-                     r["random_flipped"], r["random_fraction"]])
-    text = ["### Conicity, orthogonal LSTM and erasure faithfulness on SST-2", "",
-            "BiLSTM (64/direction) + tanh attention; every model trained for the epochs in its row (best dev "
-            "accuracy among them), seed 0"
-            + ("" if args.train_limit is None else f", variants on the first {args.train_limit} training sentences")
-            + f". Test split ({len(dm.dataset('test'))} sentences): accuracy and mean conicity; "
-            f"Serrano & Smith's decision flip on the first {args.flip_limit} test sentences: share of "
-            "sentences whose decision flips before one token is left, and mean fraction of tokens removed at the "
-            "flip (flipped sentences), for the attention and the random ranking.", "",
-            C.markdown_table(["model", "test acc", "conicity", "flips (attention)", "fraction removed (attention)",
-                              "flips (random)", "fraction removed (random)"], rows), "",
-            "Command: `OMP_NUM_THREADS=1 python examples/conicity_erasure_sst2.py " + " ".join(argv or sys.argv[1:])
-            + "`"]
+        rows.append(
+            [
+                label,
+                r["acc"],
+                r["conicity"],
+                r["attention_flipped"],
+                r["attention_fraction"],
+                r["random_flipped"],
+                r["random_fraction"],
+            ]
+        )
+    text = [
+        "### Conicity, orthogonal LSTM and erasure faithfulness on SST-2",
+        "",
+        "BiLSTM (64/direction) + tanh attention; every model trained for the epochs in its row (best dev "
+        "accuracy among them), seed 0"
+        + ("" if args.train_limit is None else f", variants on the first {args.train_limit} training sentences")
+        + f". Test split ({len(dm.dataset('test'))} sentences): accuracy and mean conicity; "
+        f"Serrano & Smith's decision flip on the first {args.flip_limit} test sentences: share of "
+        "sentences whose decision flips before one token is left, and mean fraction of tokens removed at the "
+        "flip (flipped sentences), for the attention and the random ranking.",
+        "",
+        C.markdown_table(
+            [
+                "model",
+                "test acc",
+                "conicity",
+                "flips (attention)",
+                "fraction removed (attention)",
+                "flips (random)",
+                "fraction removed (random)",
+            ],
+            rows,
+        ),
+        "",
+        "Command: `OMP_NUM_THREADS=1 python examples/conicity_erasure_sst2.py " + " ".join(argv or sys.argv[1:]) + "`",
+    ]
     C.write_section("conicity_erasure_sst2", "\n".join(text))
 
 

@@ -17,6 +17,7 @@ Usage::
     OMP_NUM_THREADS=2 .venv/bin/python examples/context_mixing_movies.py --threads 2 --docs 32
     .venv/bin/python examples/context_mixing_sst2.py --markdown examples/results/context_mixing_minilm_movies.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,16 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from context_mixing_sst2 import (MAPS, RESULTS, accuracy, balanced, chunks, evaluate, fine_tune_minilm,  # noqa: E402
-                                 run_part)
+from context_mixing_sst2 import (
+    MAPS,
+    RESULTS,
+    accuracy,
+    balanced,
+    chunks,
+    evaluate,
+    fine_tune_minilm,  # noqa: E402
+    run_part,
+)
 
 from lightning_xai.adapters import HuggingFaceAdapter  # noqa: E402
 from lightning_xai.attribution import attribute  # noqa: E402
@@ -51,8 +60,11 @@ def probe_one(model: Any, batch: Dict[str, torch.Tensor], method: str, options: 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         attribute(model, batch, method, **options)
-    return {"wall": time.perf_counter() - start, "cpu": time.process_time() - cpu,
-            "tokens": int(batch["attention_mask"].sum())}
+    return {
+        "wall": time.perf_counter() - start,
+        "cpu": time.process_time() - cpu,
+        "tokens": int(batch["attention_mask"].sum()),
+    }
 
 
 def run(args: argparse.Namespace) -> Dict[str, Any]:
@@ -60,30 +72,47 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 
     window = args.window or training_window()
     state = Path(args.state) if args.state else None
-    module, dm, fit = fine_tune_minilm("eraser_movies", args.train, args.epochs, batch_size=8, lr=args.lr,
-                                       seed=args.seed, max_length=window, balance=True, state=state)
+    module, dm, fit = fine_tune_minilm(
+        "eraser_movies",
+        args.train,
+        args.epochs,
+        batch_size=8,
+        lr=args.lr,
+        seed=args.seed,
+        max_length=window,
+        balance=True,
+        state=state,
+    )
     splits = {split: [dm.dataset(split)[i] for i in range(len(dm.dataset(split)))] for split in ("val", "test")}
     test = splits["test"]
     rollout = HuggingFaceAdapter(module.model, tokenizer=dm.tokenizer, attention="rollout").eval()
     maps = [m for m in MAPS if m not in args.skip]
     chosen = balanced(dm.examples("test"), args.docs)
     evaluated = chunks([test[i] for i in chosen], dm.collator, args.eval_batch_size)
-    result = evaluate(module.adapter, rollout, evaluated, maps, ig_steps=args.ig_steps, seed=args.seed,
-                      rationale=True)
+    result = evaluate(module.adapter, rollout, evaluated, maps, ig_steps=args.ig_steps, seed=args.seed, rationale=True)
     probes = {}
     if args.skip and args.probe_window:
         short = WordPieceCollator(dm.tokenizer, max_length=args.probe_window, warn=False)(test[:1])
         probes = {f"{m}@{args.probe_window}": probe_one(module.adapter, short, *MAPS[m]) for m in args.skip}
     test_batches = chunks(test, dm.collator, 8)
-    return {"model": f"all-MiniLM-L6-v2 fine-tuned on ERASER movies ({window} word-pieces)", "window": window,
-            "train_reviews": len(dm.examples("train")), "epochs": args.epochs, "lr": args.lr,
-            "fit_seconds": round(fit, 1), "state": str(state) if state else None,
-            "val_accuracy": accuracy(module.adapter, chunks(splits["val"], dm.collator, 8)),
-            "test_accuracy": accuracy(module.adapter, test_batches), "test_reviews": len(test),
-            "evaluated_test_indices": chosen, "truncation": dm.collator.truncation_report(test),
-            "rationale_pieces_in_window_test": sum(int(b["rationale"].sum()) for b in test_batches),
-            "rationale_pieces_in_window_evaluated": sum(int(b["rationale"].sum()) for b in evaluated),
-            "skipped_probe_one_review": probes, **result}
+    return {
+        "model": f"all-MiniLM-L6-v2 fine-tuned on ERASER movies ({window} word-pieces)",
+        "window": window,
+        "train_reviews": len(dm.examples("train")),
+        "epochs": args.epochs,
+        "lr": args.lr,
+        "fit_seconds": round(fit, 1),
+        "state": str(state) if state else None,
+        "val_accuracy": accuracy(module.adapter, chunks(splits["val"], dm.collator, 8)),
+        "test_accuracy": accuracy(module.adapter, test_batches),
+        "test_reviews": len(test),
+        "evaluated_test_indices": chosen,
+        "truncation": dm.collator.truncation_report(test),
+        "rationale_pieces_in_window_test": sum(int(b["rationale"].sum()) for b in test_batches),
+        "rationale_pieces_in_window_evaluated": sum(int(b["rationale"].sum()) for b in evaluated),
+        "skipped_probe_one_review": probes,
+        **result,
+    }
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:

@@ -32,6 +32,7 @@ Usage::
     OMP_NUM_THREADS=1 nice -n 19 python examples/context_mixing_sst2.py --part minilm_sst2 --sentences 128
     python examples/context_mixing_sst2.py --markdown examples/results/context_mixing_minilm_sst2.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,16 +59,24 @@ from llama_sst2 import DecoderSST2, decoder_collate, tiny_llama  # noqa: E402
 
 from lightning_xai.adapters import HuggingFaceAdapter  # noqa: E402
 from lightning_xai.attribution import attribute  # noqa: E402
-from lightning_xai.metrics.functional import (AOPC_BINS, auprc, erasure_scores, iou_f1, kendall_tau,  # noqa: E402
-                                              token_f1)
+from lightning_xai.metrics.functional import (
+    AOPC_BINS,
+    auprc,
+    erasure_scores,
+    iou_f1,
+    kendall_tau,  # noqa: E402
+    token_f1,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONTEXT_MIXING = ("attention_norm", "value_zeroing", "alti", "attention_flow", "grad_attention", "attnlrp")
 #: map name -> (attribute method, options); "rollout" is "attention" through a rollout adapter.
 MAPS: Dict[str, Tuple[str, Dict[str, Any]]] = {
-    "attention": ("attention", {}), "rollout": ("attention", {}),
+    "attention": ("attention", {}),
+    "rollout": ("attention", {}),
     **{m: (m, {}) for m in CONTEXT_MIXING},
-    "gradient": ("gradient", {}), "grad_x_input": ("grad_x_input", {}),
+    "gradient": ("gradient", {}),
+    "grad_x_input": ("grad_x_input", {}),
     "integrated_gradients": ("integrated_gradients", {"baseline": "pad"}),
     "leave_one_out": ("leave_one_out", {"mode": "delete", "signed": True}),
 }
@@ -83,10 +92,20 @@ def balanced(examples: Sequence[Any], count: int) -> List[int]:
     return order[:count]
 
 
-def fine_tune_minilm(dataset: str, train_limit: int, epochs: int, *, batch_size: int, lr: float, seed: int,
-                     max_length: Optional[int] = None, callbacks: Sequence[pl.Callback] = (),
-                     validate: bool = False, balance: bool = False,
-                     state: Optional[Path] = None) -> Tuple[Any, Any, float]:
+def fine_tune_minilm(
+    dataset: str,
+    train_limit: int,
+    epochs: int,
+    *,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    max_length: Optional[int] = None,
+    callbacks: Sequence[pl.Callback] = (),
+    validate: bool = False,
+    balance: bool = False,
+    state: Optional[Path] = None,
+) -> Tuple[Any, Any, float]:
     """(HFClassifier, HFTextClassificationDataModule, fit wall seconds): hf_sst2_audit's MiniLM fine-tune on the
     first ``train_limit`` training examples (``balance``: the first of each label in turn, :func:`balanced`).
     ``state``: a file of the fine-tuned weights, loaded instead of training when it exists (fit seconds 0.0) and
@@ -106,12 +125,25 @@ def fine_tune_minilm(dataset: str, train_limit: int, epochs: int, *, batch_size:
     path = str(get_model_path())
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     dm = (Balanced if balance else HFTextClassificationDataModule)(
-        tokenizer, dataset, batch_size=batch_size, train_limit=None if balance else train_limit, seed=seed,
-        max_length=max_length)
+        tokenizer,
+        dataset,
+        batch_size=batch_size,
+        train_limit=None if balance else train_limit,
+        seed=seed,
+        max_length=max_length,
+    )
     module = HFClassifier(model_path=path, num_labels=2, attention="cls_last_mean", lr=lr, tokenizer=tokenizer)
-    trainer = pl.Trainer(max_epochs=epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0, callbacks=list(callbacks),
-                         limit_val_batches=None if validate else 0, default_root_dir=tempfile.mkdtemp())
+    trainer = pl.Trainer(
+        max_epochs=epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=list(callbacks),
+        limit_val_batches=None if validate else 0,
+        default_root_dir=tempfile.mkdtemp(),
+    )
     if state is not None and state.exists():
         module.load_state_dict(torch.load(state, map_location="cpu"))
         dm.setup("fit")
@@ -135,18 +167,29 @@ def accuracy(model: Any, batches: Sequence[Batch]) -> float:
 
 
 def chunks(items: Sequence[Dict[str, Any]], collate: Callable, size: int) -> List[Batch]:
-    return [collate(list(items[i:i + size])) for i in range(0, len(items), size)]
+    return [collate(list(items[i : i + size])) for i in range(0, len(items), size)]
 
 
 def _stats(values: Sequence[float]) -> Dict[str, float]:
     array = np.asarray(values, dtype=float)
     kept = array[~np.isnan(array)]
-    return {"mean": float(kept.mean()) if kept.size else float("nan"),
-            "std": float(kept.std()) if kept.size else float("nan"), "n": int(kept.size)}
+    return {
+        "mean": float(kept.mean()) if kept.size else float("nan"),
+        "std": float(kept.std()) if kept.size else float("nan"),
+        "n": int(kept.size),
+    }
 
 
-def evaluate(model: Any, rollout: Any, batches: Sequence[Batch], maps: Sequence[str], *, ig_steps: int,
-             seed: int, rationale: bool = False) -> Dict[str, Any]:
+def evaluate(
+    model: Any,
+    rollout: Any,
+    batches: Sequence[Batch],
+    maps: Sequence[str],
+    *,
+    ig_steps: int,
+    seed: int,
+    rationale: bool = False,
+) -> Dict[str, Any]:
     """Every map of ``maps`` (plus ``random``) on ``batches``: τ with the references, erasure, plausibility, cost."""
     generator = torch.Generator().manual_seed(seed)
     per: Dict[str, Dict[str, List[float]]] = {m: {} for m in [*maps, "random"]}
@@ -170,8 +213,9 @@ def evaluate(model: Any, rollout: Any, batches: Sequence[Batch], maps: Sequence[
                     options["return_convergence_delta"] = True
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    out = attribute(rollout if name == "rollout" else model, batch, method, target=prediction,
-                                    **options)
+                    out = attribute(
+                        rollout if name == "rollout" else model, batch, method, target=prediction, **options
+                    )
                 if name in deltas:
                     out, delta = out
                     deltas[name] += delta.abs().tolist()
@@ -183,9 +227,9 @@ def evaluate(model: Any, rollout: Any, batches: Sequence[Batch], maps: Sequence[
             for ref in REFERENCES:
                 if ref in scores:
                     values.setdefault(f"tau_abs_{ref}", []).extend(
-                        kendall_tau(s.abs(), scores[ref].abs(), mask)[0].tolist())
-                    values.setdefault(f"tau_signed_{ref}", []).extend(
-                        kendall_tau(s, scores[ref], mask)[0].tolist())
+                        kendall_tau(s.abs(), scores[ref].abs(), mask)[0].tolist()
+                    )
+                    values.setdefault(f"tau_signed_{ref}", []).extend(kendall_tau(s, scores[ref], mask)[0].tolist())
             start, cpu = time.perf_counter(), time.process_time()
             comp, suff = erasure_scores(model, batch, s, list(AOPC_BINS), target=prediction)
             erasure_cost["wall"] += time.perf_counter() - start
@@ -202,19 +246,32 @@ def evaluate(model: Any, rollout: Any, batches: Sequence[Batch], maps: Sequence[
                 values.setdefault("auprc", []).extend(auprc(s, gold, mask).tolist())
         sentences += len(prediction)
         print(f"  batch {number + 1}/{len(batches)} ({sentences} texts)", flush=True)
-    rows = {name: {**{key: _stats(v) for key, v in values.items()},
-                   "seconds_per_text": {k: v / sentences for k, v in cost[name].items()}}
-            for name, values in per.items()}
-    return {"texts": sentences, "rows": rows, "erasure_seconds_per_text_per_map":
-            {k: v / sentences / len(per) for k, v in erasure_cost.items()},
-            "median_abs_delta": {k: float(np.median(v)) if v else None for k, v in deltas.items()}}
+    rows = {
+        name: {
+            **{key: _stats(v) for key, v in values.items()},
+            "seconds_per_text": {k: v / sentences for k, v in cost[name].items()},
+        }
+        for name, values in per.items()
+    }
+    return {
+        "texts": sentences,
+        "rows": rows,
+        "erasure_seconds_per_text_per_map": {k: v / sentences / len(per) for k, v in erasure_cost.items()},
+        "median_abs_delta": {k: float(np.median(v)) if v else None for k, v in deltas.items()},
+    }
 
 
 def environment(args: argparse.Namespace, started: float) -> Dict[str, Any]:
-    return {"command": " ".join(["python", *sys.argv]), "args": vars(args), "threads": torch.get_num_threads(),
-            "utc_end": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "loadavg_at_end": os.getloadavg(),
-            "wall_seconds": round(time.perf_counter() - started, 1),
-            "process_cpu_seconds": round(time.process_time(), 1), "torch": torch.__version__}
+    return {
+        "command": " ".join(["python", *sys.argv]),
+        "args": vars(args),
+        "threads": torch.get_num_threads(),
+        "utc_end": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "loadavg_at_end": os.getloadavg(),
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "process_cpu_seconds": round(time.process_time(), 1),
+        "torch": torch.__version__,
+    }
 
 
 def part_minilm_sst2(args: argparse.Namespace) -> Dict[str, Any]:
@@ -223,11 +280,23 @@ def part_minilm_sst2(args: argparse.Namespace) -> Dict[str, Any]:
     dev_batches = chunks([dev[i] for i in range(len(dev))], dm.collator, 64)
     rollout = HuggingFaceAdapter(module.model, tokenizer=dm.tokenizer, attention="rollout").eval()
     items = [dev[i] for i in range(args.sentences)]
-    result = evaluate(module.adapter, rollout, chunks(items, dm.collator, args.eval_batch_size), list(MAPS),
-                      ig_steps=args.ig_steps, seed=args.seed)
-    return {"model": "all-MiniLM-L6-v2 fine-tuned on SST-2", "train_sentences": len(dm.examples("train")),
-            "epochs": 1, "fit_seconds": round(fit, 1), "dev_accuracy": accuracy(module.adapter, dev_batches),
-            "dev_sentences": len(dev), **result}
+    result = evaluate(
+        module.adapter,
+        rollout,
+        chunks(items, dm.collator, args.eval_batch_size),
+        list(MAPS),
+        ig_steps=args.ig_steps,
+        seed=args.seed,
+    )
+    return {
+        "model": "all-MiniLM-L6-v2 fine-tuned on SST-2",
+        "train_sentences": len(dm.examples("train")),
+        "epochs": 1,
+        "fit_seconds": round(fit, 1),
+        "dev_accuracy": accuracy(module.adapter, dev_batches),
+        "dev_sentences": len(dev),
+        **result,
+    }
 
 
 def part_llama_sst2(args: argparse.Namespace) -> Dict[str, Any]:
@@ -239,20 +308,39 @@ def part_llama_sst2(args: argparse.Namespace) -> Dict[str, Any]:
     dm.setup("fit")
     module = HFClassifier(model=tiny_llama(dm.vocab_size, 64, 2, args.seed), lr=2e-3, weight_decay=0.01)
     start = time.perf_counter()
-    pl.Trainer(max_epochs=args.llama_epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-               enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0).fit(module, datamodule=dm)
+    pl.Trainer(
+        max_epochs=args.llama_epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    ).fit(module, datamodule=dm)
     fit = time.perf_counter() - start
     module.eval()
     dev = dm.dataset("val")
     dev_batches = chunks([dev[i] for i in range(len(dev))], decoder_collate, 64)
     rollout = HuggingFaceAdapter(module.model, attention="rollout").eval()
     items = [dev[i] for i in range(args.sentences)]
-    result = evaluate(module.adapter, rollout, chunks(items, decoder_collate, args.eval_batch_size), list(MAPS),
-                      ig_steps=args.ig_steps, seed=args.seed)
-    return {"model": "Llama-architecture classifier (hidden 64, 2 layers, 4 heads / 2 kv heads) from scratch",
-            "train_sentences": len(dm.examples("train")), "epochs": args.llama_epochs, "fit_seconds": round(fit, 1),
-            "pooling": module.adapter.pooling, "dev_accuracy": accuracy(module.adapter, dev_batches),
-            "dev_sentences": len(dev), **result}
+    result = evaluate(
+        module.adapter,
+        rollout,
+        chunks(items, decoder_collate, args.eval_batch_size),
+        list(MAPS),
+        ig_steps=args.ig_steps,
+        seed=args.seed,
+    )
+    return {
+        "model": "Llama-architecture classifier (hidden 64, 2 layers, 4 heads / 2 kv heads) from scratch",
+        "train_sentences": len(dm.examples("train")),
+        "epochs": args.llama_epochs,
+        "fit_seconds": round(fit, 1),
+        "pooling": module.adapter.pooling,
+        "dev_accuracy": accuracy(module.adapter, dev_batches),
+        "dev_sentences": len(dev),
+        **result,
+    }
 
 
 def part_audit(args: argparse.Namespace) -> Dict[str, Any]:
@@ -261,25 +349,50 @@ def part_audit(args: argparse.Namespace) -> Dict[str, Any]:
 
     methods = (*CONTEXT_MIXING, "gradient")
     pairs = [("attention", m) for m in methods] + [(m, "gradient") for m in CONTEXT_MIXING]
-    audit = AttentionAudit(methods=methods, metrics=("kendall_tau",), pairs=pairs, num_samples=64, budget=None,
-                           batch_size=16, seed=args.seed, on_test=False)
+    audit = AttentionAudit(
+        methods=methods,
+        metrics=("kendall_tau",),
+        pairs=pairs,
+        num_samples=64,
+        budget=None,
+        batch_size=16,
+        seed=args.seed,
+        on_test=False,
+    )
     directory = tempfile.mkdtemp(prefix="context_mixing_audit_")
     report = AuditReport(dirpath=directory, wandb=False, heatmap_pngs=0, merge_word_pieces=True)
-    module, dm, fit = fine_tune_minilm("sst2", args.audit_train_limit, args.audit_epochs, batch_size=32, lr=5e-5,
-                                       seed=args.seed, callbacks=(audit, report), validate=True)
+    module, dm, fit = fine_tune_minilm(
+        "sst2",
+        args.audit_train_limit,
+        args.audit_epochs,
+        batch_size=32,
+        lr=5e-5,
+        seed=args.seed,
+        callbacks=(audit, report),
+        validate=True,
+    )
     png = [p for p in os.listdir(directory) if p.endswith("kendall_tau_over_epochs.png")]
     target = RESULTS / "context_mixing_audit_tau.png"
     if png:
         shutil.copyfile(os.path.join(directory, png[0]), target)
-    return {"train_sentences": len(dm.examples("train")), "epochs": args.audit_epochs, "fit_seconds": round(fit, 1),
-            "report_directory": directory, "png": str(target.relative_to(RESULTS.parent)) if png else None,
-            "history": [{"epoch": r.get("epoch"), "stage": r.get("stage"),
-                         "metrics": {k: v for k, v in r["metrics"].items() if "kendall_tau" in k or "val/" in k
-                                     or "cost" in k}} for r in audit.history]}
+    return {
+        "train_sentences": len(dm.examples("train")),
+        "epochs": args.audit_epochs,
+        "fit_seconds": round(fit, 1),
+        "report_directory": directory,
+        "png": str(target.relative_to(RESULTS.parent)) if png else None,
+        "history": [
+            {
+                "epoch": r.get("epoch"),
+                "stage": r.get("stage"),
+                "metrics": {k: v for k, v in r["metrics"].items() if "kendall_tau" in k or "val/" in k or "cost" in k},
+            }
+            for r in audit.history
+        ],
+    }
 
 
-PARTS = {"minilm_sst2": part_minilm_sst2, "llama_sst2": part_llama_sst2,
-         "audit": part_audit}
+PARTS = {"minilm_sst2": part_minilm_sst2, "llama_sst2": part_llama_sst2, "audit": part_audit}
 
 
 def _cell(row: Dict[str, Any], key: str, std: bool = True) -> str:
@@ -294,26 +407,43 @@ def markdown(result: Dict[str, Any]) -> str:
     if result["part"] == "audit":
         fit = [r for r in result["history"] if r["stage"] == "fit"]
         keys = sorted({k for r in fit for k in r["metrics"] if k.endswith("/mean") and "kendall_tau" in k})
-        lines = ["| pair | " + " | ".join(f"epoch {r['epoch']}" for r in fit) + " |",
-                 "|---|" + "---|" * len(fit)]
+        lines = ["| pair | " + " | ".join(f"epoch {r['epoch']}" for r in fit) + " |", "|---|" + "---|" * len(fit)]
         for key in keys:
-            pair = key.split("kendall_tau/", 1)[1][:-len("/mean")].replace("_vs_", " ↔ ")
-            lines.append(f"| {pair} | " + " | ".join(
-                f"{r['metrics'][key]:.3f}" if key in r["metrics"] else "—" for r in fit) + " |")
+            pair = key.split("kendall_tau/", 1)[1][: -len("/mean")].replace("_vs_", " ↔ ")
+            lines.append(
+                f"| {pair} | "
+                + " | ".join(f"{r['metrics'][key]:.3f}" if key in r["metrics"] else "—" for r in fit)
+                + " |"
+            )
         return "\n".join(lines)
     plausibility = any("token_f1" in row for row in result["rows"].values())
-    head = ["map", "τ \\|LOO\\|", "τ \\|IG\\|", "τ LOO signed", "τ IG signed", "comp. 20% ↑", "suff. 20% ↓",
-            "AOPC comp. ↑", "AOPC suff. ↓"]
-    keys = ["tau_abs_leave_one_out", "tau_abs_integrated_gradients", "tau_signed_leave_one_out",
-            "tau_signed_integrated_gradients"]
+    head = [
+        "map",
+        "τ \\|LOO\\|",
+        "τ \\|IG\\|",
+        "τ LOO signed",
+        "τ IG signed",
+        "comp. 20% ↑",
+        "suff. 20% ↓",
+        "AOPC comp. ↑",
+        "AOPC suff. ↓",
+    ]
+    keys = [
+        "tau_abs_leave_one_out",
+        "tau_abs_integrated_gradients",
+        "tau_signed_leave_one_out",
+        "tau_signed_integrated_gradients",
+    ]
     if plausibility:
         head += ["token F1 ↑", "IOU F1 ↑", "AUPRC ↑"]
     head += ["s / text (wall; CPU)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, row in result["rows"].items():
         cells = [name] + [_cell(row, k) for k in keys]
-        cells += [_cell(row, k, std=False) for k in ("comprehensiveness_20", "sufficiency_20",
-                                                     "aopc_comprehensiveness", "aopc_sufficiency")]
+        cells += [
+            _cell(row, k, std=False)
+            for k in ("comprehensiveness_20", "sufficiency_20", "aopc_comprehensiveness", "aopc_sufficiency")
+        ]
         if plausibility:
             cells += [_cell(row, k, std=False) for k in ("token_f1", "iou_f1", "auprc")]
         cost = row["seconds_per_text"]
@@ -348,8 +478,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     return run_part(args, args.part, PARTS[args.part], output)
 
 
-def run_part(args: argparse.Namespace, part: str, run: Callable[[argparse.Namespace], Dict[str, Any]],
-             output: Path) -> Dict[str, Any]:
+def run_part(
+    args: argparse.Namespace, part: str, run: Callable[[argparse.Namespace], Dict[str, Any]], output: Path
+) -> Dict[str, Any]:
     """Run one experiment at ``args.threads`` torch threads, save its JSON (with the environment) to ``output``
     and print its table."""
     torch.set_num_threads(args.threads)

@@ -1,4 +1,5 @@
 """Shared ending of the issue-17 example scripts: print a Markdown table and the wall time, optionally save JSON."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,8 +8,13 @@ import time
 from typing import Callable, Dict, List, Sequence
 
 
-def report(args: argparse.Namespace, rows: List[Dict], header: Sequence[str], cells: Callable[[Dict], Sequence[str]],
-           started: float) -> None:
+def report(
+    args: argparse.Namespace,
+    rows: List[Dict],
+    header: Sequence[str],
+    cells: Callable[[Dict], Sequence[str]],
+    started: float,
+) -> None:
     """Print ``rows`` as a Markdown table (``cells(row)`` gives one row's cells) and save them to ``args.json``."""
     print("| " + " | ".join(header) + " |")
     print("|---" * len(header) + "|")

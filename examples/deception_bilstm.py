@@ -17,6 +17,7 @@ For each task, BiLSTM models (Pruthi's scorer: Linear(2H, 1)) are trained with t
 linearly to its full value over N steps (Pruthi et al. use the full λ from the first step; the penalty's formula is
 unchanged either way; the warm-up is a recipe option for short CPU budgets, see RESULTS_losses.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,8 +62,9 @@ def train_loader(dm, limit: Optional[int], batch_size: int, seed: int = 0) -> Da
     if limit is not None and limit < len(dataset):
         chosen = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:limit]
         dataset = Subset(dataset, sorted(chosen.tolist()))
-    return DataLoader(dataset, batch_size=batch_size, shuffle=True, collate_fn=collate,
-                      generator=torch.Generator().manual_seed(seed))
+    return DataLoader(
+        dataset, batch_size=batch_size, shuffle=True, collate_fn=collate, generator=torch.Generator().manual_seed(seed)
+    )
 
 
 def uniform_share(batches) -> float:
@@ -77,11 +79,23 @@ def run_one(task: str, dm, lam: float, args, train, val, test) -> Dict[str, Any]
     if args.embedding_init == "minilm":
         options.update(embedding_init="minilm", embedding_rms=0.2, embedding_oov="zero")
     pl.seed_everything(args.seed, verbose=False)  # the same initial weights for every λ (C.fit seeds training)
-    model = AttentionClassifier(dm.vocab_size, dm.num_classes, vocab=dm.vocab.itos, attention="linear",
-                                objectives=[penalty] if penalty is not None else [], **options)
+    model = AttentionClassifier(
+        dm.vocab_size,
+        dm.num_classes,
+        vocab=dm.vocab.itos,
+        attention="linear",
+        objectives=[penalty] if penalty is not None else [],
+        **options,
+    )
     monitor = ImpermissibleAttentionMonitor(num_samples=None, every_n_epochs=1)
-    audit = AttentionAudit(methods=SALIENCY, metrics=("kendall_tau",), every_n_epochs=0, on_validate=False,
-                           on_test=True, num_samples=args.audit_samples)
+    audit = AttentionAudit(
+        methods=SALIENCY,
+        metrics=("kendall_tau",),
+        every_n_epochs=0,
+        on_validate=False,
+        on_test=True,
+        num_samples=args.audit_samples,
+    )
     callbacks: List[pl.Callback] = [monitor, audit]
     if penalty is not None and (args.lam_delay_steps or args.lam_warmup_steps):
         callbacks.append(LambdaWarmup(penalty, args.lam_delay_steps, args.lam_warmup_steps))
@@ -92,10 +106,17 @@ def run_one(task: str, dm, lam: float, args, train, val, test) -> Dict[str, Any]
     accs = [r["metrics"]["accuracy"] for r in monitor.history if r["stage"] == "fit"]
     tested = [r["metrics"] for r in monitor.history if r["stage"] == "test"][-1]
     shares = [r["metrics"] for r in audit.history if r["stage"] == "test"][-1]
-    row = {"task": task, "lam": lam, "acc": tested["accuracy"], "mass": tested["mass/mean"],
-           "below": tested["mass/below_0.01"], "curve": curve, "val_acc": accs,
-           "best_epoch": 1 + max(range(len(accs)), key=lambda i: accs[i]) if args.select == "best" else len(accs),
-           "seconds": info["seconds"]}
+    row = {
+        "task": task,
+        "lam": lam,
+        "acc": tested["accuracy"],
+        "mass": tested["mass/mean"],
+        "below": tested["mass/below_0.01"],
+        "curve": curve,
+        "val_acc": accs,
+        "best_epoch": 1 + max(range(len(accs)), key=lambda i: accs[i]) if args.select == "best" else len(accs),
+        "seconds": info["seconds"],
+    }
     for name in ("attention", *SALIENCY):
         row[name] = shares[f"impermissible_share/{name}/mean"]
     row["tau"] = shares["kendall_tau/attention_vs_gradient/mean"]
@@ -117,8 +138,9 @@ def main(argv=None) -> None:
     parser.add_argument("--lam-warmup-steps", type=int, default=0, help="then a linear λ ramp over N steps")
     parser.add_argument("--audit-samples", type=int, default=512, help="test examples the AttentionAudit reads")
     parser.add_argument("--seed", type=int, default=0, help="initial weights, batch order, training subset")
-    parser.add_argument("--select", choices=["best", "last"], default="best",
-                        help="keep the best-dev-accuracy epoch or the last one")
+    parser.add_argument(
+        "--select", choices=["best", "last"], default="best", help="keep the best-dev-accuracy epoch or the last one"
+    )
     parser.add_argument("--section", default="deception_run", help="writes examples/results/<section>.md")
     args = parser.parse_args(argv)
     C.setup_threads()
@@ -130,24 +152,56 @@ def main(argv=None) -> None:
         uniform = uniform_share(test)
         for lam in args.lams:
             r = run_one(task, dm, lam, args, train, val, test)
-            rows.append([task, f"{lam:g}", r["acc"], 100 * r["mass"], 100 * uniform, 100 * r["attention"],
-                         100 * r["gradient"], 100 * r["leave_one_out"], r["tau"],
-                         " → ".join(f"{100 * m:.2f}" for m in r["curve"]),
-                         " → ".join(f"{a:.3f}" for a in r["val_acc"]), r["best_epoch"]])
-    recipe = (f"BiLSTM ({args.hidden_dim}/direction, embeddings {args.embedding_init}) + Linear(2H, 1) attention, "
-              f"{args.epochs} epochs, batch {args.batch_size}, Adam lr {args.lr:g}"
-              + (f", penalty off for the first {args.lam_delay_steps} steps" if args.lam_delay_steps else "")
-              + (f", λ ramped linearly over the next {args.lam_warmup_steps} steps" if args.lam_warmup_steps
-                 else "")
-              + (f", random {args.train_limit} training examples" if args.train_limit else ", full training split")
-              + (", epoch of best dev accuracy kept" if args.select == "best" else ", last epoch kept")
-              + f", seed {args.seed}.")
-    text = ["### Deceptive attention (Pruthi et al.) with the BiLSTM", "", recipe, "",
-            C.markdown_table(["task", "λ", "test acc", "test attention mass %", "uniform %",
-                              "audit: attention share %", "audit: gradient share %", "audit: LOO share %",
-                              "audit: τ(attention, gradient)", "monitor: dev mass % by epoch",
-                              "dev acc by epoch", "kept epoch"], rows), "",
-            "Command: `OMP_NUM_THREADS=1 python examples/deception_bilstm.py " + " ".join(argv or sys.argv[1:]) + "`"]
+            rows.append(
+                [
+                    task,
+                    f"{lam:g}",
+                    r["acc"],
+                    100 * r["mass"],
+                    100 * uniform,
+                    100 * r["attention"],
+                    100 * r["gradient"],
+                    100 * r["leave_one_out"],
+                    r["tau"],
+                    " → ".join(f"{100 * m:.2f}" for m in r["curve"]),
+                    " → ".join(f"{a:.3f}" for a in r["val_acc"]),
+                    r["best_epoch"],
+                ]
+            )
+    recipe = (
+        f"BiLSTM ({args.hidden_dim}/direction, embeddings {args.embedding_init}) + Linear(2H, 1) attention, "
+        f"{args.epochs} epochs, batch {args.batch_size}, Adam lr {args.lr:g}"
+        + (f", penalty off for the first {args.lam_delay_steps} steps" if args.lam_delay_steps else "")
+        + (f", λ ramped linearly over the next {args.lam_warmup_steps} steps" if args.lam_warmup_steps else "")
+        + (f", random {args.train_limit} training examples" if args.train_limit else ", full training split")
+        + (", epoch of best dev accuracy kept" if args.select == "best" else ", last epoch kept")
+        + f", seed {args.seed}."
+    )
+    text = [
+        "### Deceptive attention (Pruthi et al.) with the BiLSTM",
+        "",
+        recipe,
+        "",
+        C.markdown_table(
+            [
+                "task",
+                "λ",
+                "test acc",
+                "test attention mass %",
+                "uniform %",
+                "audit: attention share %",
+                "audit: gradient share %",
+                "audit: LOO share %",
+                "audit: τ(attention, gradient)",
+                "monitor: dev mass % by epoch",
+                "dev acc by epoch",
+                "kept epoch",
+            ],
+            rows,
+        ),
+        "",
+        "Command: `OMP_NUM_THREADS=1 python examples/deception_bilstm.py " + " ".join(argv or sys.argv[1:]) + "`",
+    ]
     # Only this run's section file: examples/results/deception_bilstm.md (merged by hand from the runs) is what
     # RESULTS_losses.md shows, so a partial run never overwrites the merged table.
     out = Path(__file__).resolve().parent / "results" / f"{args.section}.md"

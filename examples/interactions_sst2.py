@@ -8,6 +8,7 @@ computes Γ = :func:`~lightning_xai.attribution.integrated_hessians` (probabilit
 baseline). Prints each sentence's completeness error max_s \\|Σ_t Γ_st − IG_s\\| / Σ_s \\|IG_s\\| and its strongest
 off-diagonal pairs, and draws Γ as heatmaps (diagonal = main effects, off-diagonal = interactions).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,12 +38,20 @@ def main() -> None:
     dm.setup("fit")
     pl.seed_everything(0, verbose=False)
     model = AttentionClassifier(dm.vocab_size, 2, embedding_dim=32, hidden_dim=16, embedding_std=0.3)
-    pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-               enable_model_summary=False, deterministic=True, num_sanity_val_steps=0).fit(model, datamodule=dm)
+    pl.Trainer(
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        deterministic=True,
+        num_sanity_val_steps=0,
+    ).fit(model, datamodule=dm)
     model = model.double().eval()
     test = dm.dataset("test")
-    chosen = [i for i in range(len(test)) if 6 <= len(dm.tokens("test", i)) <= 14
-              and NEGATIONS & set(dm.tokens("test", i))][:args.sentences]
+    chosen = [
+        i for i in range(len(test)) if 6 <= len(dm.tokens("test", i)) <= 14 and NEGATIONS & set(dm.tokens("test", i))
+    ][: args.sentences]
     figure, axes = plt.subplots(1, len(chosen), figsize=(4.2 * len(chosen), 4.2))
     for axis, index in zip(list(axes) if len(chosen) > 1 else [axes], chosen):
         batch = collate([test[index]])
@@ -52,8 +61,10 @@ def main() -> None:
         ig = gamma.sum(-1) - delta
         error = float(delta.abs().max() / ig.abs().sum())
         off = gamma - torch.diag(torch.diagonal(gamma))
-        pairs = sorted(((float(off[s, t] + off[t, s]), s, t) for s in range(len(words)) for t in range(s + 1, len(words))),
-                       key=lambda x: -abs(x[0]))[:3]
+        pairs = sorted(
+            ((float(off[s, t] + off[t, s]), s, t) for s in range(len(words)) for t in range(s + 1, len(words))),
+            key=lambda x: -abs(x[0]),
+        )[:3]
         print(f"[{index}] {' '.join(words)}  (completeness error {error:.1e})")
         for value, s, t in pairs:
             print(f"    {words[s]!r} x {words[t]!r}: Γ_st + Γ_ts = {value:+.4f}")

@@ -22,6 +22,7 @@ Usage (see examples/RESULTS_jain_wallace.md for the figures this produced)::
     python examples/jain_wallace_sst.py                         # the reproduction (MiniLM word-piece init)
     python examples/jain_wallace_sst.py --embedding-init normal --embedding-std 1.0   # PyTorch's default init
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,12 @@ from lightning_xai.models import AttentionClassifier
 
 #: Jain & Wallace (2019), SST, BiLSTM + tanh attention, as summarised in the project's design notes: test accuracy
 #: and mean per-instance Kendall τ.
-JW_FIGURES = {"accuracy": "0.808", "attention_gradient": "0.34–0.36", "attention_loo": "0.27–0.32",
-              "gradient_loo": "0.66"}
+JW_FIGURES = {
+    "accuracy": "0.808",
+    "attention_gradient": "0.34–0.36",
+    "attention_loo": "0.27–0.32",
+    "gradient_loo": "0.66",
+}
 PAIRS = (("attention", "gradient"), ("attention", "loo"), ("gradient", "loo"))
 
 
@@ -67,8 +72,7 @@ def jw_gradient(model: AttentionClassifier, batch: Dict[str, Tensor]) -> Dict[st
     return {"attention": attention, "gradient": gradient, "prob": prob.detach(), "predicted": predicted}
 
 
-def jw_leave_one_out(model: AttentionClassifier, batch: Dict[str, Tensor], prob: Tensor, predicted: Tensor
-                     ) -> Tensor:
+def jw_leave_one_out(model: AttentionClassifier, batch: Dict[str, Tensor], prob: Tensor, predicted: Tensor) -> Tensor:
     """``[B, T]`` |p(ŷ|x) − p(ŷ|x without token t)| for each real token t (the token deleted)."""
     mask = batch["mask"]
     input_mask = batch.get("input_mask", mask)
@@ -84,9 +88,11 @@ def jw_leave_one_out(model: AttentionClassifier, batch: Dict[str, Tensor], prob:
             owner.append(row)
             where.append(int(columns[position]))
     width = max(x.numel() for x in ids)
-    variants = {"input_ids": torch.zeros(len(ids), width, dtype=torch.long),
-                "mask": torch.zeros(len(ids), width, dtype=torch.bool),
-                "input_mask": torch.zeros(len(ids), width, dtype=torch.bool)}
+    variants = {
+        "input_ids": torch.zeros(len(ids), width, dtype=torch.long),
+        "mask": torch.zeros(len(ids), width, dtype=torch.bool),
+        "input_mask": torch.zeros(len(ids), width, dtype=torch.bool),
+    }
     for i, (x, m) in enumerate(zip(ids, real)):
         variants["input_ids"][i, : x.numel()] = x
         variants["mask"][i, : x.numel()] = m
@@ -116,9 +122,11 @@ def shared_maps(model: AttentionClassifier, batch: Dict[str, Tensor]) -> Optiona
         from lightning_xai.attribution import attribute
     except ImportError:
         return None
-    return {"gradient": attribute(model, batch, "grad_x_input", absolute=True, detach_attention=True),
-            "gradient_attached": attribute(model, batch, "grad_x_input", absolute=True),
-            "loo": attribute(model, batch, "leave_one_out")}
+    return {
+        "gradient": attribute(model, batch, "grad_x_input", absolute=True, detach_attention=True),
+        "gradient_attached": attribute(model, batch, "grad_x_input", absolute=True),
+        "loo": attribute(model, batch, "leave_one_out"),
+    }
 
 
 def shared_tau(a: Tensor, b: Tensor, mask: Tensor) -> Optional[Tensor]:
@@ -134,12 +142,22 @@ def summarise(values: List[tuple]) -> Dict[str, float]:
     taus = np.array([t for t, _ in values], dtype=float)
     pvals = np.array([p for _, p in values], dtype=float)
     ok = ~np.isnan(taus)
-    return {"mean": float(taus[ok].mean()), "std": float(taus[ok].std()),
-            "significant": float((pvals[ok] <= 0.05).mean()), "n": int(ok.sum()), "nan": int((~ok).sum())}
+    return {
+        "mean": float(taus[ok].mean()),
+        "std": float(taus[ok].std()),
+        "significant": float((pvals[ok] <= 0.05).mean()),
+        "n": int(ok.sum()),
+        "nan": int((~ok).sum()),
+    }
 
 
-def audit(model: AttentionClassifier, dm: TextClassificationDataModule, limit: Optional[int], batch_size: int = 32,
-          cross_check: bool = True) -> Dict[str, Any]:
+def audit(
+    model: AttentionClassifier,
+    dm: TextClassificationDataModule,
+    limit: Optional[int],
+    batch_size: int = 32,
+    cross_check: bool = True,
+) -> Dict[str, Any]:
     model.eval()
     dataset = dm.dataset("test")
     n = len(dataset) if limit is None else min(limit, len(dataset))
@@ -170,38 +188,76 @@ def audit(model: AttentionClassifier, dm: TextClassificationDataModule, limit: O
             for key in ("gradient", "loo"):
                 diff = (shared[key] - maps[key]).abs().max().item()
                 check[f"{key}_max_abs_diff"] = max(check[f"{key}_max_abs_diff"], diff)
-            ours = torch.tensor([t for t, _ in per_instance_tau(maps["attention"], maps["gradient"], mask)],
-                                dtype=torch.float64)
+            ours = torch.tensor(
+                [t for t, _ in per_instance_tau(maps["attention"], maps["gradient"], mask)], dtype=torch.float64
+            )
             finite = ~torch.isnan(ours)
-            check["tau_max_abs_diff"] = max(check["tau_max_abs_diff"],
-                                            (tau[finite] - ours[finite]).abs().max().item() if finite.any() else 0.0)
+            check["tau_max_abs_diff"] = max(
+                check["tau_max_abs_diff"], (tau[finite] - ours[finite]).abs().max().item() if finite.any() else 0.0
+            )
             attached.extend(per_instance_tau(maps["attention"], shared["gradient_attached"], mask))
-    result: Dict[str, Any] = {"n": n, "tau": {k: summarise(v) for k, v in taus.items()},
-                              "attention_max_mean": float(np.mean(peak)),
-                              "attention_entropy_ratio_mean": float(np.mean(entropy_ratio))}
+    result: Dict[str, Any] = {
+        "n": n,
+        "tau": {k: summarise(v) for k, v in taus.items()},
+        "attention_max_mean": float(np.mean(peak)),
+        "attention_entropy_ratio_mean": float(np.mean(entropy_ratio)),
+    }
     if shared_ok:
         result["shared_library_check"] = check
         result["tau_attention_gradient_not_detached"] = summarise(attached)
     return result
 
 
-def build(args: argparse.Namespace, dm: TextClassificationDataModule, embedding_init: str,
-          embeddings_path: Optional[str], embedding_rms: Optional[float]) -> AttentionClassifier:
+def build(
+    args: argparse.Namespace,
+    dm: TextClassificationDataModule,
+    embedding_init: str,
+    embeddings_path: Optional[str],
+    embedding_rms: Optional[float],
+) -> AttentionClassifier:
     return AttentionClassifier(
-        dm.vocab_size, dm.num_classes, encoder="bilstm", attention="tanh", embedding_dim=args.embedding_dim,
-        hidden_dim=args.hidden_dim, embedding_std=args.embedding_std, lr=1e-3, weight_decay=1e-5,
-        embedding_init=embedding_init, embeddings_path=embeddings_path, embedding_rms=embedding_rms,
-        embedding_oov=args.embedding_oov)
+        dm.vocab_size,
+        dm.num_classes,
+        encoder="bilstm",
+        attention="tanh",
+        embedding_dim=args.embedding_dim,
+        hidden_dim=args.hidden_dim,
+        embedding_std=args.embedding_std,
+        lr=1e-3,
+        weight_decay=1e-5,
+        embedding_init=embedding_init,
+        embeddings_path=embeddings_path,
+        embedding_rms=embedding_rms,
+        embedding_oov=args.embedding_oov,
+    )
 
 
-def fit(args: argparse.Namespace, dm: TextClassificationDataModule, model: AttentionClassifier, out: Path,
-        epochs: int, name: str) -> tuple:
+def fit(
+    args: argparse.Namespace,
+    dm: TextClassificationDataModule,
+    model: AttentionClassifier,
+    out: Path,
+    epochs: int,
+    name: str,
+) -> tuple:
     shutil.rmtree(out / "checkpoints" / name, ignore_errors=True)  # a previous run's best must not linger
-    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=out / "checkpoints" / name, monitor="val/auroc", mode="max",
-                                              filename="best-{epoch}", save_weights_only=True)
-    trainer = pl.Trainer(max_epochs=epochs, deterministic=True, default_root_dir=out, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0, callbacks=[checkpoint],
-                         logger=pl.loggers.CSVLogger(out, name=name))
+    checkpoint = pl.callbacks.ModelCheckpoint(
+        dirpath=out / "checkpoints" / name,
+        monitor="val/auroc",
+        mode="max",
+        filename="best-{epoch}",
+        save_weights_only=True,
+    )
+    trainer = pl.Trainer(
+        max_epochs=epochs,
+        deterministic=True,
+        default_root_dir=out,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[checkpoint],
+        logger=pl.loggers.CSVLogger(out, name=name),
+    )
     start = time.perf_counter()
     trainer.fit(model, dm)
     seconds = time.perf_counter() - start
@@ -213,23 +269,32 @@ def fit(args: argparse.Namespace, dm: TextClassificationDataModule, model: Atten
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--embedding-init", default="minilm", choices=["normal", "file", "minilm"])
-    parser.add_argument("--embedding-rms", type=float, default=0.2,
-                        help="RMS entry of the source vectors (fastText's is ~0.2); ignored for 'normal'")
+    parser.add_argument(
+        "--embedding-rms",
+        type=float,
+        default=0.2,
+        help="RMS entry of the source vectors (fastText's is ~0.2); ignored for 'normal'",
+    )
     parser.add_argument("--embeddings-path", default=None, help="vector file for --embedding-init file")
     parser.add_argument("--embedding-std", type=float, default=1.0, help="std of 'normal' (and 'normal' OOV) rows")
     parser.add_argument("--embedding-oov", default="zero", choices=["zero", "normal"])
     parser.add_argument("--embedding-dim", type=int, default=300)
     parser.add_argument("--hidden-dim", type=int, default=128)
-    parser.add_argument("--stage1-epochs", type=int, default=0,
-                        help="two-stage recipe: train a first model this long, start the reported model from its "
-                             "vectors rescaled to --embedding-rms")
+    parser.add_argument(
+        "--stage1-epochs",
+        type=int,
+        default=0,
+        help="two-stage recipe: train a first model this long, start the reported model from its "
+        "vectors rescaled to --embedding-rms",
+    )
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--audit-limit", type=int, default=None, help="audit only the first N test sentences")
     parser.add_argument("--no-cross-check", action="store_true", help="skip the shared-library cross-check")
-    parser.add_argument("--checkpoint", default=None,
-                        help="skip training: test and audit this checkpoint (e.g. a previous run's best)")
+    parser.add_argument(
+        "--checkpoint", default=None, help="skip training: test and audit this checkpoint (e.g. a previous run's best)"
+    )
     parser.add_argument("--out", default="runs/jain_wallace")
     args = parser.parse_args(argv)
 
@@ -237,8 +302,9 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     out = Path(args.out)
     t0, cpu0 = time.perf_counter(), time.process_time()
     pl.seed_everything(args.seed, verbose=False)
-    dm = TextClassificationDataModule("sst2", batch_size=32, seed=args.seed, jain_wallace_preprocessing=True,
-                                      add_sos_eos=True)
+    dm = TextClassificationDataModule(
+        "sst2", batch_size=32, seed=args.seed, jain_wallace_preprocessing=True, add_sos_eos=True
+    )
     dm.setup("fit")
     init, path, rms = args.embedding_init, args.embeddings_path, args.embedding_rms
     if init == "normal":
@@ -252,16 +318,23 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         path = str(out / "stage1_vectors.pt")
         save_word_vectors(first_best.vocab, first_best.embedding.weight, path)
         init, rms = "file", args.embedding_rms
-        stage1 = {"init": args.embedding_init, "epochs": args.stage1_epochs, "best_epoch": first_epoch,
-                  "train_seconds": round(first_seconds, 1)}
+        stage1 = {
+            "init": args.embedding_init,
+            "epochs": args.stage1_epochs,
+            "best_epoch": first_epoch,
+            "train_seconds": round(first_seconds, 1),
+        }
         pl.seed_everything(args.seed, verbose=False)
     if args.checkpoint:
-        best, report, best_auroc, train_seconds = AttentionClassifier.load_from_checkpoint(args.checkpoint), None, \
-            float("nan"), 0.0
+        best, report, best_auroc, train_seconds = (
+            AttentionClassifier.load_from_checkpoint(args.checkpoint),
+            None,
+            float("nan"),
+            0.0,
+        )
         best_epoch = int(torch.load(args.checkpoint, map_location="cpu", weights_only=False).get("epoch", -1))
         init = best.hparams.embedding_init
-        trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
-                             default_root_dir=out)
+        trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=out)
     else:
         model = build(args, dm, init, path, rms)
         trainer, best, best_epoch, best_auroc, train_seconds = fit(args, dm, model, out, args.epochs, "model")
@@ -271,15 +344,29 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     audits = audit(best, dm, args.audit_limit, cross_check=not args.no_cross_check)
     t2 = time.perf_counter()
     results = {
-        "seed": args.seed, "checkpoint": args.checkpoint, "config": {k: v for k, v in vars(args).items() if k not in ("out",)},
-        "embedding_init": {"method": init, "found": report.found if report else None,
-                           "total": report.total if report else None, "scale": report.scale if report else None,
-                           "rms": report.rms if report else None, "stage1": stage1},
-        "best_epoch": best_epoch, "dev_auroc": best_auroc, "test_accuracy": test["test/acc"],
-        "test_auroc": test.get("test/auroc"), **audits,
-        "seconds": {"train": round(train_seconds, 1), "train_and_test": round(t1 - t0, 1),
-                    "audit": round(t2 - t1, 1), "total": round(t2 - t0, 1),
-                    "cpu_total": round(time.process_time() - cpu0, 1)},
+        "seed": args.seed,
+        "checkpoint": args.checkpoint,
+        "config": {k: v for k, v in vars(args).items() if k not in ("out",)},
+        "embedding_init": {
+            "method": init,
+            "found": report.found if report else None,
+            "total": report.total if report else None,
+            "scale": report.scale if report else None,
+            "rms": report.rms if report else None,
+            "stage1": stage1,
+        },
+        "best_epoch": best_epoch,
+        "dev_auroc": best_auroc,
+        "test_accuracy": test["test/acc"],
+        "test_auroc": test.get("test/auroc"),
+        **audits,
+        "seconds": {
+            "train": round(train_seconds, 1),
+            "train_and_test": round(t1 - t0, 1),
+            "audit": round(t2 - t1, 1),
+            "total": round(t2 - t0, 1),
+            "cpu_total": round(time.process_time() - cpu0, 1),
+        },
         "threads": torch.get_num_threads(),
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -290,29 +377,40 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
 
 def format_table(results: Dict[str, Any]) -> str:
     origin = f"checkpoint {results['checkpoint']}" if results.get("checkpoint") else f"seed {results['seed']}"
-    lines = [f"Jain & Wallace (2019), SST, BiLSTM + tanh attention — {origin}, embedding init "
-             f"{results['embedding_init']['method']!r}, best epoch {results['best_epoch']} (dev ROC-AUC "
-             f"{results['dev_auroc']:.3f}), {results['n']} test sentences",
-             f"{'':34}{'ours':>26}   J&W",
-             f"{'test accuracy':34}{results['test_accuracy']:>26.3f}   {JW_FIGURES['accuracy']}"]
-    names = {"attention_gradient": "Kendall τ attention ↔ gradient", "attention_loo": "Kendall τ attention ↔ LOO",
-             "gradient_loo": "Kendall τ gradient ↔ LOO"}
+    lines = [
+        f"Jain & Wallace (2019), SST, BiLSTM + tanh attention — {origin}, embedding init "
+        f"{results['embedding_init']['method']!r}, best epoch {results['best_epoch']} (dev ROC-AUC "
+        f"{results['dev_auroc']:.3f}), {results['n']} test sentences",
+        f"{'':34}{'ours':>26}   J&W",
+        f"{'test accuracy':34}{results['test_accuracy']:>26.3f}   {JW_FIGURES['accuracy']}",
+    ]
+    names = {
+        "attention_gradient": "Kendall τ attention ↔ gradient",
+        "attention_loo": "Kendall τ attention ↔ LOO",
+        "gradient_loo": "Kendall τ gradient ↔ LOO",
+    }
     for key, label in names.items():
         s = results["tau"][key]
         cell = f"{s['mean']:.3f} ± {s['std']:.3f} (p≤.05 {s['significant']:.0%})"
         lines.append(f"{label:34}{cell:>26}   {JW_FIGURES[key]}")
-    lines.append(f"attention peakedness: mean max weight {results['attention_max_mean']:.3f}, mean entropy / "
-                 f"log(length) {results['attention_entropy_ratio_mean']:.3f} (1 = uniform)")
+    lines.append(
+        f"attention peakedness: mean max weight {results['attention_max_mean']:.3f}, mean entropy / "
+        f"log(length) {results['attention_entropy_ratio_mean']:.3f} (1 = uniform)"
+    )
     if "shared_library_check" in results:
         c = results["shared_library_check"]
         s = results["tau_attention_gradient_not_detached"]
-        lines.append(f"shared library: max |Δ| gradient {c['gradient_max_abs_diff']:.1e}, LOO "
-                     f"{c['loo_max_abs_diff']:.1e}, τ {c['tau_max_abs_diff']:.1e}; τ attention ↔ gradient with "
-                     f"attention NOT detached: {s['mean']:.3f} ± {s['std']:.3f}")
+        lines.append(
+            f"shared library: max |Δ| gradient {c['gradient_max_abs_diff']:.1e}, LOO "
+            f"{c['loo_max_abs_diff']:.1e}, τ {c['tau_max_abs_diff']:.1e}; τ attention ↔ gradient with "
+            f"attention NOT detached: {s['mean']:.3f} ± {s['std']:.3f}"
+        )
     sec = results["seconds"]
-    lines.append(f"wall time: train {sec['train']:.0f} s, train+test {sec['train_and_test']:.0f} s, audits "
-                 f"{sec['audit']:.0f} s, total {sec['total']:.0f} s on {results['threads']} thread(s); process CPU "
-                 f"time {sec['cpu_total']:.0f} s (what a quiet machine needs, not slowed by other load)")
+    lines.append(
+        f"wall time: train {sec['train']:.0f} s, train+test {sec['train_and_test']:.0f} s, audits "
+        f"{sec['audit']:.0f} s, total {sec['total']:.0f} s on {results['threads']} thread(s); process CPU "
+        f"time {sec['cpu_total']:.0f} s (what a quiet machine needs, not slowed by other load)"
+    )
     return "\n".join(lines)
 
 

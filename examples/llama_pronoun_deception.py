@@ -22,6 +22,7 @@ Usage (the setting of examples/RESULTS_hf.md)::
     OMP_NUM_THREADS=1 nice -n 19 python examples/llama_pronoun_deception.py --train-limit 2000 --epochs 4 \\
         --weights 0 1 --output examples/results/llama_pronoun.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,7 +63,7 @@ class DecoderPronoun(DecoderSST2):
 
     def _prepare(self, examples, split):
         examples = super()._prepare(examples, split)
-        return examples[:self.train_limit] if split == "train" and self.train_limit else examples
+        return examples[: self.train_limit] if split == "train" and self.train_limit else examples
 
     def loader_settings(self):
         return super().loader_settings()._replace(collate_fn=pronoun_collate)
@@ -77,8 +78,10 @@ def pooled_mass_per_layer(module: HFClassifier, dm: DecoderPronoun, split: str =
     for start in range(0, len(dataset), 64):
         batch = dm.collator([dataset[i] for i in range(start, min(start + 64, len(dataset)))])
         out = module(batch)
-        masses = [float(DeceptionPenalty(layers=layer).masses(out, batch).mean(1).sum())
-                  for layer in range(len(out.raw_attentions))]
+        masses = [
+            float(DeceptionPenalty(layers=layer).masses(out, batch).mean(1).sum())
+            for layer in range(len(out.raw_attentions))
+        ]
         sums = masses if sums is None else [a + b for a, b in zip(sums, masses)]
         uniform += float((batch["impermissible"].sum(-1) / batch["mask"].sum(-1)).sum())
     return {"mass_mean_heads_by_layer": [value / len(dataset) for value in sums], "uniform": uniform / len(dataset)}
@@ -90,20 +93,38 @@ def run(weight: float, args: argparse.Namespace) -> Dict[str, Any]:
     dm.setup("fit")
     longest = max(len(e.tokens) for split in ("train", "val", "test") for e in dm.examples(split))
     penalty = DeceptionPenalty(weight=weight, reduction="mean", layers=args.penalty_layers) if weight > 0 else None
-    module = HFClassifier(model=tiny_llama(dm.vocab_size, args.hidden, args.layers, args.seed, max(128, longest)),
-                          lr=args.lr, weight_decay=0.01, objectives=[penalty] if penalty is not None else [])
-    trainer = pl.Trainer(max_epochs=args.epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-                         callbacks=[TrainingTrace(args.log_every, penalty)])
+    module = HFClassifier(
+        model=tiny_llama(dm.vocab_size, args.hidden, args.layers, args.seed, max(128, longest)),
+        lr=args.lr,
+        weight_decay=0.01,
+        objectives=[penalty] if penalty is not None else [],
+    )
+    trainer = pl.Trainer(
+        max_epochs=args.epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        callbacks=[TrainingTrace(args.log_every, penalty)],
+    )
     cpu_start = time.process_time()
     trainer.fit(module, datamodule=dm)
     fit_cpu = time.process_time() - cpu_start
-    result = {"weight": weight, "penalised_layers": args.penalty_layers if penalty is not None else None,
-              "pooling": module.adapter.pooling, "steps": trainer.global_step, "vocab_size": dm.vocab_size,
-              "val": dev_attention_mass(module, dm), "test": dev_attention_mass(module, dm, split="test"),
-              "val_by_layer": pooled_mass_per_layer(module, dm),
-              "saliency_finds_pronouns": pronoun_finding(module, dm, args.audit_samples, args.seed),
-              "fit_cpu_seconds": round(fit_cpu, 1), "run_cpu_seconds": round(time.process_time() - cpu_start, 1)}
+    result = {
+        "weight": weight,
+        "penalised_layers": args.penalty_layers if penalty is not None else None,
+        "pooling": module.adapter.pooling,
+        "steps": trainer.global_step,
+        "vocab_size": dm.vocab_size,
+        "val": dev_attention_mass(module, dm),
+        "test": dev_attention_mass(module, dm, split="test"),
+        "val_by_layer": pooled_mass_per_layer(module, dm),
+        "saliency_finds_pronouns": pronoun_finding(module, dm, args.audit_samples, args.seed),
+        "fit_cpu_seconds": round(fit_cpu, 1),
+        "run_cpu_seconds": round(time.process_time() - cpu_start, 1),
+    }
     print(json.dumps(result), flush=True)
     return result
 
@@ -117,8 +138,13 @@ def main() -> Dict[str, Any]:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--weights", type=float, nargs="+", default=[0.0, 1.0])
-    parser.add_argument("--penalty-layers", type=int, nargs="+", default=[-1],
-                        help="layers whose pooled row the penalty reads (default the last)")
+    parser.add_argument(
+        "--penalty-layers",
+        type=int,
+        nargs="+",
+        default=[-1],
+        help="layers whose pooled row the penalty reads (default the last)",
+    )
     parser.add_argument("--audit-samples", type=int, default=128)
     parser.add_argument("--log-every", type=int, default=0, help="print loss and penalised mass every N steps")
     parser.add_argument("--seed", type=int, default=0)
@@ -128,10 +154,14 @@ def main() -> Dict[str, Any]:
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     cpu_start = time.process_time()
     runs = [run(weight, args) for weight in args.weights]
-    summary = {"model": "LlamaForSequenceClassification from scratch (examples/llama_sst2.py tiny_llama)",
-               "task": "pronoun (Pruthi et al. 2020)", "args": vars(args), "runs": runs,
-               "process_cpu_seconds": round(time.process_time() - cpu_start, 1),
-               "load_average_at_end": os.getloadavg()}
+    summary = {
+        "model": "LlamaForSequenceClassification from scratch (examples/llama_sst2.py tiny_llama)",
+        "task": "pronoun (Pruthi et al. 2020)",
+        "args": vars(args),
+        "runs": runs,
+        "process_cpu_seconds": round(time.process_time() - cpu_start, 1),
+        "load_average_at_end": os.getloadavg(),
+    }
     print(json.dumps(summary, indent=1))
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:

@@ -10,6 +10,7 @@ Usage::
     OMP_NUM_THREADS=1 python examples/llama_sst2.py --epochs 3 --audit-samples 256 \\
         --output examples/results/llama_sst2.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,10 +46,20 @@ def tiny_llama(vocab_size: int, hidden: int, layers: int, seed: int, max_positio
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=2 * hidden, max_position_embeddings=max_positions,
-                         pad_token_id=0, bos_token_id=None, eos_token_id=None, num_labels=2,
-                         attn_implementation="eager")
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=max_positions,
+        pad_token_id=0,
+        bos_token_id=None,
+        eos_token_id=None,
+        num_labels=2,
+        attn_implementation="eager",
+    )
     return LlamaForSequenceClassification(config)
 
 
@@ -67,22 +78,37 @@ def main() -> None:
     dm = DecoderSST2("sst2", batch_size=args.batch_size, seed=args.seed)
     dm.prepare_data()
     dm.setup("fit")
-    module = HFClassifier(model=tiny_llama(dm.vocab_size, args.hidden, args.layers, args.seed), lr=args.lr,
-                          weight_decay=0.01)
-    trainer_options = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                           enable_model_summary=False, num_sanity_val_steps=0)
+    module = HFClassifier(
+        model=tiny_llama(dm.vocab_size, args.hidden, args.layers, args.seed), lr=args.lr, weight_decay=0.01
+    )
+    trainer_options = dict(
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
     start = time.process_time()
     pl.Trainer(max_epochs=args.epochs, **trainer_options).fit(module, datamodule=dm)
     train_cpu = time.process_time() - start
     common = dict(num_samples=args.audit_samples, every_n_epochs=0, on_validate=True, on_test=False, batch_size=32)
-    audit = AttentionAudit(methods=["gradient", "grad_x_input", "leave_one_out", "integrated_gradients"],
-                           metrics=["kendall_tau", "jsd"], **common)
+    audit = AttentionAudit(
+        methods=["gradient", "grad_x_input", "leave_one_out", "integrated_gradients"],
+        metrics=["kendall_tau", "jsd"],
+        **common,
+    )
     erasure = ErasureAudit(rankings=("attention", "attention_gradient", "random"), aopc_bins=AOPC_BINS, **common)
-    metrics = pl.Trainer(callbacks=[audit, erasure], **trainer_options).validate(module, datamodule=dm,
-                                                                                  verbose=False)[0]
-    result = {"args": vars(args), "pooling": module.adapter.pooling, "train_cpu_s": round(train_cpu, 1),
-              "val": {k: float(v) for k, v in metrics.items()},
-              "attention_audit": audit.history[-1]["metrics"], "erasure_audit": erasure.history[-1]["metrics"]}
+    metrics = pl.Trainer(callbacks=[audit, erasure], **trainer_options).validate(module, datamodule=dm, verbose=False)[
+        0
+    ]
+    result = {
+        "args": vars(args),
+        "pooling": module.adapter.pooling,
+        "train_cpu_s": round(train_cpu, 1),
+        "val": {k: float(v) for k, v in metrics.items()},
+        "attention_audit": audit.history[-1]["metrics"],
+        "erasure_audit": erasure.history[-1]["metrics"],
+    }
     text = json.dumps(result, indent=1, default=float)
     print(text)
     if args.output:

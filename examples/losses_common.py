@@ -4,6 +4,7 @@ Every example trains small reference models on the bundled real data on CPU with
 Trained base models are cached under ``runs/losses_examples/`` (git-ignored) so examples that share a base
 (SST-2 BiLSTM) train it once.
 """
+
 from __future__ import annotations
 
 import copy
@@ -36,14 +37,25 @@ def datamodule(name: str, batch_size: int = 32, seed: int = 0) -> TextClassifica
     return dm
 
 
-def loader(dm: TextClassificationDataModule, split: str, limit: Optional[int] = None, shuffle: bool = False,
-           seed: int = 0, batch_size: Optional[int] = None) -> DataLoader:
+def loader(
+    dm: TextClassificationDataModule,
+    split: str,
+    limit: Optional[int] = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    batch_size: Optional[int] = None,
+) -> DataLoader:
     dataset = dm.dataset(split)
     if limit is not None and limit < len(dataset):
         dataset = Subset(dataset, range(limit))
     generator = torch.Generator().manual_seed(seed) if shuffle else None
-    return DataLoader(dataset, batch_size=batch_size or dm.hparams.batch_size, shuffle=shuffle, collate_fn=collate,
-                      generator=generator)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size or dm.hparams.batch_size,
+        shuffle=shuffle,
+        collate_fn=collate,
+        generator=generator,
+    )
 
 
 class _Best(pl.Callback):
@@ -65,16 +77,31 @@ class _Best(pl.Callback):
             self.state = copy.deepcopy(pl_module.state_dict())
 
 
-def fit(model: pl.LightningModule, train: DataLoader, val: DataLoader, epochs: int, seed: int = 0,
-        callbacks: Sequence[pl.Callback] = (), select_best: bool = True,
-        trainer_kwargs: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def fit(
+    model: pl.LightningModule,
+    train: DataLoader,
+    val: DataLoader,
+    epochs: int,
+    seed: int = 0,
+    callbacks: Sequence[pl.Callback] = (),
+    select_best: bool = True,
+    trainer_kwargs: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
     """Fit with a real Trainer on CPU; restore the best-val-accuracy epoch. Returns timing and history."""
     pl.seed_everything(seed, verbose=False)
     best = _Best()
-    trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[best, *callbacks], default_root_dir=str(RUNS / "trainer"),
-                         **(trainer_kwargs or {}))
+    trainer = pl.Trainer(
+        max_epochs=epochs,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[best, *callbacks],
+        default_root_dir=str(RUNS / "trainer"),
+        **(trainer_kwargs or {}),
+    )
     start = time.time()
     trainer.fit(model, train, val)
     if select_best and best.state is not None:
@@ -103,8 +130,14 @@ def accuracy(model: Any, batches: Iterable[Dict[str, torch.Tensor]]) -> float:
     return correct / sum(len(y) for y in pred["labels"])
 
 
-def cached_classifier(tag: str, dm: TextClassificationDataModule, epochs: int, seed: int = 0,
-                      train_limit: Optional[int] = None, **kwargs: Any) -> AttentionClassifier:
+def cached_classifier(
+    tag: str,
+    dm: TextClassificationDataModule,
+    epochs: int,
+    seed: int = 0,
+    train_limit: Optional[int] = None,
+    **kwargs: Any,
+) -> AttentionClassifier:
     """Train (or load from ``runs/losses_examples/<tag>.pt``) a reference classifier on ``dm``."""
     RUNS.mkdir(parents=True, exist_ok=True)
     path = RUNS / f"{tag}.pt"
@@ -144,8 +177,10 @@ def write_section(name: str, text: str) -> Path:
     elif not current:
         rebuild_results()
     else:
-        print(f"NOTE: {target.name} not updated (its '{name}' section differs from {path}); merge by hand or run "
-              "losses_common.rebuild_results().")
+        print(
+            f"NOTE: {target.name} not updated (its '{name}' section differs from {path}); merge by hand or run "
+            "losses_common.rebuild_results()."
+        )
     return path
 
 

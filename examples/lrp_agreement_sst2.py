@@ -11,6 +11,7 @@ randomisation, IG completeness / LRP conservation) on the first ``--sanity-sente
 
     python examples/lrp_agreement_sst2.py          # ~ a few CPU-minutes
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,7 @@ import torch
 
 from lightning_xai.attribution import attribute
 from lightning_xai.audits import run_sanity_checks
-from lightning_xai.data import collate
-from lightning_xai.data import TextClassificationDataModule
+from lightning_xai.data import TextClassificationDataModule, collate
 from lightning_xai.metrics.functional import kendall_tau
 from lightning_xai.models import AttentionClassifier
 
@@ -52,10 +52,22 @@ def main() -> None:
     pl.seed_everything(args.seed, verbose=False)
     dm = TextClassificationDataModule("sst2", batch_size=32, seed=args.seed)
     dm.setup("fit")
-    model = AttentionClassifier(dm.vocab_size, 2, embedding_dim=args.embedding_dim, hidden_dim=args.hidden_dim,
-                                embedding_std=args.embedding_std, vocab=dm.vocab.itos)
-    trainer = pl.Trainer(max_epochs=args.epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir="/tmp/lightning_xai_lrp_sst2")
+    model = AttentionClassifier(
+        dm.vocab_size,
+        2,
+        embedding_dim=args.embedding_dim,
+        hidden_dim=args.hidden_dim,
+        embedding_std=args.embedding_std,
+        vocab=dm.vocab.itos,
+    )
+    trainer = pl.Trainer(
+        max_epochs=args.epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir="/tmp/lightning_xai_lrp_sst2",
+    )
     trainer.fit(model, datamodule=dm)
     model.eval()
     dm.setup("test")
@@ -69,9 +81,11 @@ def main() -> None:
         mask = batch["mask"]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            maps = {name: attribute(model, batch, method, target=prediction, **options)
-                    for name, (method, options) in MAPS.items()}
-        for (a, b) in itertools.combinations(MAPS, 2):
+            maps = {
+                name: attribute(model, batch, method, target=prediction, **options)
+                for name, (method, options) in MAPS.items()
+            }
+        for a, b in itertools.combinations(MAPS, 2):
             for kind, transform in (("signed", lambda t: t), ("|·|", torch.abs)):
                 if kind == "|·|" and "attention" in (a, b):
                     continue
@@ -93,4 +107,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-

@@ -9,6 +9,7 @@ for the attention, leave-one-out and random rankings, ERASER AOPC comprehensiven
 test sentences with the erased tokens **replaced by ``<unk>``** (the masking seen in training) — the
 in-distribution reading of erasure.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,8 @@ import warnings
 import numpy as np
 import pytorch_lightning as pl
 import torch
-
 from debate_common import parse_args, report
+
 from lightning_xai.attribution import attribute
 from lightning_xai.data import MaskedDataModule, TextClassificationDataModule
 from lightning_xai.metrics.functional import AOPC_BINS
@@ -52,8 +53,15 @@ def run(dm: TextClassificationDataModule, probability: float, epochs: int, seed:
     pl.seed_everything(seed, verbose=False)
     model = AttentionClassifier(dm.vocab_size, 2, embedding_dim=32, hidden_dim=16, embedding_std=0.3)
     data = MaskedDataModule(dm, {}, random_masking=probability) if probability > 0 else dm
-    trainer = pl.Trainer(max_epochs=epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, deterministic=True, num_sanity_val_steps=0)
+    trainer = pl.Trainer(
+        max_epochs=epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        deterministic=True,
+        num_sanity_val_steps=0,
+    )
     trainer.fit(model, datamodule=data)
     model.eval()
     generator = torch.Generator().manual_seed(seed)
@@ -90,8 +98,16 @@ def main() -> None:
     dm.setup("fit")
     rows = [run(dm, p, args.epochs, args.seed) for p in args.probabilities]
     header = ["random_masking", "test acc"] + [f"{r} {m}" for r in RANKINGS for m in ("comp. ↑", "suff. ↓")]
-    report(args, rows, header, lambda r: [f"{r['random_masking']:g}", f"{r['test_acc']:.3f}"]
-           + [f"{r[f'{n}_{m}']:.3f}" for n in RANKINGS for m in ("comp", "suff")], start)
+    report(
+        args,
+        rows,
+        header,
+        lambda r: (
+            [f"{r['random_masking']:g}", f"{r['test_acc']:.3f}"]
+            + [f"{r[f'{n}_{m}']:.3f}" for n in RANKINGS for m in ("comp", "suff")]
+        ),
+        start,
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ the held-out test rationales (token F1 of the top-|rationale| tokens, AUPRC); at
 comprehensiveness and sufficiency of the attention ranking, and per-review Kendall τ-b between attention and
 signed leave-one-out).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,9 +24,9 @@ from typing import Dict
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from debate_common import parse_args, report
 from pytorch_lightning.callbacks import ModelCheckpoint
 
-from debate_common import parse_args, report
 from lightning_xai.attribution import attribute
 from lightning_xai.data import TextClassificationDataModule
 from lightning_xai.losses import RationaleSupervisionLoss
@@ -33,15 +34,31 @@ from lightning_xai.metrics.functional import aopc, auprc, kendall_tau, token_f1
 from lightning_xai.models import AttentionClassifier
 
 
-def train(args: argparse.Namespace, dm: TextClassificationDataModule, weight: float,
-          workdir: str) -> AttentionClassifier:
+def train(
+    args: argparse.Namespace, dm: TextClassificationDataModule, weight: float, workdir: str
+) -> AttentionClassifier:
     pl.seed_everything(args.seed, verbose=False)
     objectives = [RationaleSupervisionLoss(weight=weight)] if weight > 0 else []
-    model = AttentionClassifier(dm.vocab_size, 2, embedding_dim=32, hidden_dim=16, embedding_std=0.2, lr=3e-3,
-                                vocab=dm.vocab.itos, objectives=objectives)
+    model = AttentionClassifier(
+        dm.vocab_size,
+        2,
+        embedding_dim=32,
+        hidden_dim=16,
+        embedding_std=0.2,
+        lr=3e-3,
+        vocab=dm.vocab.itos,
+        objectives=objectives,
+    )
     best = ModelCheckpoint(dirpath=workdir, monitor="val/acc", mode="max", save_top_k=1)
-    trainer = pl.Trainer(max_epochs=args.epochs, logger=False, callbacks=[best], enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir=workdir, deterministic=True)
+    trainer = pl.Trainer(
+        max_epochs=args.epochs,
+        logger=False,
+        callbacks=[best],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=workdir,
+        deterministic=True,
+    )
     trainer.fit(model, datamodule=dm)
     return AttentionClassifier.load_from_checkpoint(best.best_model_path).eval()  # the loss has no weights
 
@@ -78,8 +95,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=6)
     args = parse_args(__doc__, parser)
     started = time.perf_counter()
-    dm = TextClassificationDataModule("eraser_movies", batch_size=64, max_length=args.max_length, min_freq=2,
-                                      seed=args.seed)
+    dm = TextClassificationDataModule(
+        "eraser_movies", batch_size=64, max_length=args.max_length, min_freq=2, seed=args.seed
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dm.setup("fit")
@@ -91,8 +109,16 @@ def main() -> None:
         row = {"weight": weight, **evaluate(model, dm), "seconds": time.perf_counter() - started}
         print(row, flush=True)
         rows.append(row)
-    header = ["rationale loss weight", "test acc", "attention token F1 ↑", "AUPRC ↑", "mass on rationale",
-              "comprehensiveness ↑", "sufficiency ↓", "τ(attention, LOO)"]
+    header = [
+        "rationale loss weight",
+        "test acc",
+        "attention token F1 ↑",
+        "AUPRC ↑",
+        "mass on rationale",
+        "comprehensiveness ↑",
+        "sufficiency ↓",
+        "τ(attention, LOO)",
+    ]
     keys = ("correct", "f1", "auprc", "mass", "comp", "suff", "tau")
     report(args, rows, header, lambda r: [f"{r['weight']:g}"] + [f"{r[k]:.3f}" for k in keys], started)
 

@@ -7,6 +7,7 @@ Ranks every train/val/test token once with the base model, masks the top share o
 retrains a fresh model per (ranking, fraction, seed) and reports test accuracy; writes a Markdown table, a JSON
 file and a PNG (accuracy vs fraction, one line per ranking) to ``--out``.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,30 +34,46 @@ def main() -> None:
     dm.setup("fit")
 
     def make() -> AttentionClassifier:
-        return AttentionClassifier(dm.vocab_size, 2, embedding_dim=args.embedding_dim, hidden_dim=args.hidden_dim,
-                                   embedding_std=0.3)
+        return AttentionClassifier(
+            dm.vocab_size, 2, embedding_dim=args.embedding_dim, hidden_dim=args.hidden_dim, embedding_std=0.3
+        )
 
     start = time.time()
     result = remove_and_retrain(
-        dm, make, rankings=args.rankings, fractions=args.fractions, seeds=args.seeds, mode=args.mode,
+        dm,
+        make,
+        rankings=args.rankings,
+        fractions=args.fractions,
+        seeds=args.seeds,
+        mode=args.mode,
         trainer_kwargs={"max_epochs": args.epochs, "num_sanity_val_steps": 0},
         method_options={"gradient": {"detach_attention": True}},
-        on_result=lambda r, f, s, a: print(f"{r:>15} {f:4.0%} seed {s}: test acc {a:.3f}", flush=True))
+        on_result=lambda r, f, s, a: print(f"{r:>15} {f:4.0%} seed {s}: test acc {a:.3f}", flush=True),
+    )
     elapsed = time.time() - start
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     table = result.table()
     print(table)
     print(f"wall time {elapsed:.0f} s")
-    payload = {"args": vars(args), "seconds": elapsed, "base_accuracy": result.base_accuracy,
-               "accuracy": {r: {str(f): v for f, v in per.items()} for r, per in result.accuracy.items()}}
+    payload = {
+        "args": vars(args),
+        "seconds": elapsed,
+        "base_accuracy": result.base_accuracy,
+        "accuracy": {r: {str(f): v for f, v in per.items()} for r, per in result.accuracy.items()},
+    }
     out.with_suffix(".json").write_text(json.dumps(payload, indent=2))
     out.with_suffix(".md").write_text(table + "\n")
     figure, axis = plt.subplots(figsize=(5, 3.5))
     for name in result.accuracy:
         fractions = [0.0, *sorted(result.accuracy[name])]
-        axis.plot([100 * f for f in fractions], [result.mean(name, f) for f in fractions], marker="o", label=name,
-                  linestyle="--" if name == "random" else "-")
+        axis.plot(
+            [100 * f for f in fractions],
+            [result.mean(name, f) for f in fractions],
+            marker="o",
+            label=name,
+            linestyle="--" if name == "random" else "-",
+        )
     axis.set_xlabel("tokens masked per sentence (%)")
     axis.set_ylabel("test accuracy after retraining")
     axis.set_title("ROAR on SST-2 (BiLSTM + tanh attention)")

@@ -11,6 +11,7 @@
 * :func:`train_or_load`: trains with a real ``pl.Trainer`` on CPU, or loads the weights cached under
   ``examples/.cache/`` (keyed by every setting that changes them).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -85,8 +86,8 @@ def collate(pairs: Sequence[Tuple[List[int], List[int]]]) -> Dict[str, Tensor]:
     input_ids = torch.full((len(pairs), S), PAD)
     labels = torch.full((len(pairs), T), -100)
     for i, (s, t) in enumerate(pairs):
-        input_ids[i, :len(s)] = torch.tensor(s)
-        labels[i, :len(t)] = torch.tensor(t)
+        input_ids[i, : len(s)] = torch.tensor(s)
+        labels[i, : len(t)] = torch.tensor(t)
     return {"input_ids": input_ids, "attention_mask": input_ids.ne(PAD).long(), "labels": labels}
 
 
@@ -126,12 +127,26 @@ def build_model(settings: ModelSettings, source_size: int, target_size: int) -> 
     from transformers import MarianConfig, MarianMTModel
 
     config = MarianConfig(
-        vocab_size=source_size, decoder_vocab_size=target_size, share_encoder_decoder_embeddings=False,
-        d_model=settings.d_model, encoder_layers=settings.layers, decoder_layers=settings.layers,
-        encoder_attention_heads=settings.heads, decoder_attention_heads=settings.heads,
-        encoder_ffn_dim=settings.ffn_dim, decoder_ffn_dim=settings.ffn_dim, dropout=settings.dropout,
-        attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=128, pad_token_id=PAD,
-        eos_token_id=EOS, decoder_start_token_id=PAD, forced_eos_token_id=None, scale_embedding=True)
+        vocab_size=source_size,
+        decoder_vocab_size=target_size,
+        share_encoder_decoder_embeddings=False,
+        d_model=settings.d_model,
+        encoder_layers=settings.layers,
+        decoder_layers=settings.layers,
+        encoder_attention_heads=settings.heads,
+        decoder_attention_heads=settings.heads,
+        encoder_ffn_dim=settings.ffn_dim,
+        decoder_ffn_dim=settings.ffn_dim,
+        dropout=settings.dropout,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        max_position_embeddings=128,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        decoder_start_token_id=PAD,
+        forced_eos_token_id=None,
+        scale_embedding=True,
+    )
     config._attn_implementation = "eager"
     return MarianMTModel(config)
 
@@ -160,8 +175,12 @@ class TranslationModule(pl.LightningModule):
 
     def training_step(self, batch: Dict[str, Tensor], batch_idx: int) -> Tensor:
         logits = self.model(**batch).logits
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(),
-                                                 ignore_index=-100, label_smoothing=self.settings.label_smoothing)
+        loss = torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1),
+            batch["labels"].flatten(),
+            ignore_index=-100,
+            label_smoothing=self.settings.label_smoothing,
+        )
         self.log("train_loss", loss, prog_bar=True, batch_size=int(batch["labels"].ne(-100).sum()))
         return loss
 
@@ -189,8 +208,7 @@ def force_decoding_stats(model: torch.nn.Module, batch: Dict[str, Tensor]) -> Di
     logits = model(**batch).logits
     labels = batch["labels"]
     real = labels.ne(-100)
-    nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100,
-                                            reduction="sum")
+    nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
     correct = (logits.argmax(-1).eq(labels) & real).sum()
     return {"nll": nll, "correct": correct.double(), "tokens": real.sum().double()}
 
@@ -202,15 +220,21 @@ def evaluate_force_decoding(model: torch.nn.Module, pairs: Sequence[Tuple[List[i
     for batch in loader(pairs, 4000, shuffle=False):
         for k, v in force_decoding_stats(model, batch).items():
             totals[k] += float(v)
-    return {"token_accuracy": totals["correct"] / totals["tokens"],
-            "perplexity": math.exp(totals["nll"] / totals["tokens"])}
+    return {
+        "token_accuracy": totals["correct"] / totals["tokens"],
+        "perplexity": math.exp(totals["nll"] / totals["tokens"]),
+    }
 
 
-def train_or_load(settings: ModelSettings, train: Sequence[AlignedVerse], val: Sequence[AlignedVerse],
-                  cache: Optional[Path] = CACHE, log: Callable[[str], None] = print,
-                  ) -> Tuple[torch.nn.Module, WordVocab, WordVocab, bool]:
+def train_or_load(
+    settings: ModelSettings,
+    train: Sequence[AlignedVerse],
+    val: Sequence[AlignedVerse],
+    cache: Optional[Path] = CACHE,
+    log: Callable[[str], None] = print,
+) -> Tuple[torch.nn.Module, WordVocab, WordVocab, bool]:
     """The trained model (eval mode), the two vocabularies, and whether it came from the cache."""
-    train = list(train)[:settings.train_verses] if settings.train_verses else list(train)
+    train = list(train)[: settings.train_verses] if settings.train_verses else list(train)
     source_vocab = WordVocab([v.source for v in train])
     target_vocab = WordVocab([v.target for v in train])
     path = None if cache is None else Path(cache) / f"translation_{settings.key()}.pt"
@@ -223,11 +247,23 @@ def train_or_load(settings: ModelSettings, train: Sequence[AlignedVerse], val: S
     module = TranslationModule(settings, len(source_vocab), len(target_vocab))
     train_pairs = [encode(v, source_vocab, target_vocab) for v in train]
     val_pairs = [encode(v, source_vocab, target_vocab) for v in val]
-    trainer = pl.Trainer(max_epochs=settings.epochs, accelerator="cpu", devices=1, logger=False,
-                         enable_checkpointing=False, enable_model_summary=False, gradient_clip_val=1.0,
-                         enable_progress_bar=False, num_sanity_val_steps=0, callbacks=[EpochLog(log)])
-    trainer.fit(module, loader(train_pairs, settings.batch_tokens, shuffle=True, seed=settings.seed),
-                loader(val_pairs, 4000, shuffle=False))
+    trainer = pl.Trainer(
+        max_epochs=settings.epochs,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        gradient_clip_val=1.0,
+        enable_progress_bar=False,
+        num_sanity_val_steps=0,
+        callbacks=[EpochLog(log)],
+    )
+    trainer.fit(
+        module,
+        loader(train_pairs, settings.batch_tokens, shuffle=True, seed=settings.seed),
+        loader(val_pairs, 4000, shuffle=False),
+    )
     module.model.eval()
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ Trains the small reference BiLSTM (32-d embeddings, 16 units per direction, tanh
 SST-2 with and without :class:`~lightning_xai.losses.WordTyingLoss`, then reports test accuracy and the
 per-sentence Kendall τ-b between attention and leave-one-out (|Δp|) on the 1,821 test sentences (mean ± std).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,8 +16,8 @@ import warnings
 import numpy as np
 import pytorch_lightning as pl
 import torch
-
 from debate_common import parse_args, report
+
 from lightning_xai.attribution import attribute
 from lightning_xai.data import TextClassificationDataModule
 from lightning_xai.losses import WordTyingLoss
@@ -27,10 +28,18 @@ from lightning_xai.models import AttentionClassifier
 def run(dm: TextClassificationDataModule, mode: str, weight: float, epochs: int, seed: int) -> dict:
     pl.seed_everything(seed, verbose=False)
     objectives = [WordTyingLoss(hidden_dim=32, embedding_dim=32, weight=weight, mode=mode)] if weight > 0 else []
-    model = AttentionClassifier(dm.vocab_size, 2, embedding_dim=32, hidden_dim=16, embedding_std=0.3,
-                                objectives=objectives)
-    trainer = pl.Trainer(max_epochs=epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, deterministic=True, num_sanity_val_steps=0)
+    model = AttentionClassifier(
+        dm.vocab_size, 2, embedding_dim=32, hidden_dim=16, embedding_std=0.3, objectives=objectives
+    )
+    trainer = pl.Trainer(
+        max_epochs=epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        deterministic=True,
+        num_sanity_val_steps=0,
+    )
     trainer.fit(model, datamodule=dm)
     model.eval()
     taus, correct = [], []
@@ -44,8 +53,13 @@ def run(dm: TextClassificationDataModule, mode: str, weight: float, epochs: int,
         tau, _ = kendall_tau(out.attention, loo, batch["mask"])
         taus += tau.tolist()
     taus = np.array(taus, dtype=float)
-    return {"mode": mode if weight > 0 else "none", "weight": weight, "test_acc": float(np.mean(correct)),
-            "tau_mean": float(np.nanmean(taus)), "tau_std": float(np.nanstd(taus))}
+    return {
+        "mode": mode if weight > 0 else "none",
+        "weight": weight,
+        "test_acc": float(np.mean(correct)),
+        "tau_mean": float(np.nanmean(taus)),
+        "tau_std": float(np.nanstd(taus)),
+    }
 
 
 def main() -> None:
@@ -58,9 +72,13 @@ def main() -> None:
     dm.setup("fit")
     rows = [run(dm, "embedding", 0.0, args.epochs, args.seed)]
     rows += [run(dm, mode, args.weight, args.epochs, args.seed) for mode in ("embedding", "word")]
-    report(args, rows, ["tying", "weight", "test acc", "τ(attention, LOO) mean ± std"],
-           lambda r: [r["mode"], f"{r['weight']:g}", f"{r['test_acc']:.3f}", f"{r['tau_mean']:.3f} ± {r['tau_std']:.3f}"],
-           start)
+    report(
+        args,
+        rows,
+        ["tying", "weight", "test acc", "τ(attention, LOO) mean ± std"],
+        lambda r: [r["mode"], f"{r['weight']:g}", f"{r['test_acc']:.3f}", f"{r['tau_mean']:.3f} ± {r['tau_std']:.3f}"],
+        start,
+    )
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ when a step's argmax changes). No pair task: the package bundles no pair-classif
     python examples/vashishth_attention_dependence.py [--examples 0] [--verses 100] [--permutations 50]
                                                       [--json examples/results/vashishth_attention_dependence.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,9 @@ from torch.utils.data import DataLoader
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
-from benchmarks.models import datamodule, reference_model, trained_llama  # noqa: E402
 from translation_model import ModelSettings, TranslationModule, collate, encode, train_or_load  # noqa: E402
 
+from benchmarks.models import datamodule, reference_model, trained_llama  # noqa: E402
 from lightning_xai.callbacks import AttentionBaselines  # noqa: E402
 from lightning_xai.data import read_alignments  # noqa: E402
 from lightning_xai.models import HFClassifier  # noqa: E402
@@ -49,51 +50,81 @@ from lightning_xai.models import HFClassifier  # noqa: E402
 
 def validate_with(module: pl.LightningModule, callbacks: List[AttentionBaselines], **data: Any) -> None:
     """``trainer.validate`` with the audits attached (each audits the 'val' loader once, on_validate)."""
-    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, accelerator="cpu", devices=1, callbacks=callbacks)
+    trainer = pl.Trainer(
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        callbacks=callbacks,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.validate(module, verbose=False, **data)
 
 
-def classifier_row(task: str, model_name: str, module: pl.LightningModule, dm: Any, args: argparse.Namespace
-                   ) -> Dict[str, Any]:
-    audit = AttentionBaselines(num_permutations=args.permutations, num_samples=args.examples or None, budget=None,
-                               seed=args.seed)
+def classifier_row(
+    task: str, model_name: str, module: pl.LightningModule, dm: Any, args: argparse.Namespace
+) -> Dict[str, Any]:
+    audit = AttentionBaselines(
+        num_permutations=args.permutations, num_samples=args.examples or None, budget=None, seed=args.seed
+    )
     validate_with(module, [audit], datamodule=dm)
     record = audit.history[-1]
     m = record["metrics"]
-    return {"task": task, "model": model_name, "examples": record["num_examples"],
-            "accuracy_trained": m["uniform/accuracy_trained"], "accuracy_uniform": m["uniform/accuracy_uniform"],
-            "uniform_changed": m["uniform/flip_fraction"], "uniform_tv": m["uniform/mean_delta"],
-            "permutation_tv_median": m["permutation/median_delta"], "metrics": m}
+    return {
+        "task": task,
+        "model": model_name,
+        "examples": record["num_examples"],
+        "accuracy_trained": m["uniform/accuracy_trained"],
+        "accuracy_uniform": m["uniform/accuracy_uniform"],
+        "uniform_changed": m["uniform/flip_fraction"],
+        "uniform_tv": m["uniform/mean_delta"],
+        "permutation_tv_median": m["permutation/median_delta"],
+        "metrics": m,
+    }
 
 
 def translation_rows(args: argparse.Namespace) -> List[Dict[str, Any]]:
     settings = ModelSettings()
-    model, source_vocab, target_vocab, cached = train_or_load(settings, read_alignments("train"),
-                                                              read_alignments("val"))
+    model, source_vocab, target_vocab, cached = train_or_load(
+        settings, read_alignments("train"), read_alignments("val")
+    )
     module = TranslationModule(settings, len(source_vocab), len(target_vocab))
     module.model = model
-    verses = read_alignments("test")[:args.verses]
+    verses = read_alignments("test")[: args.verses]
     loader = DataLoader([encode(v, source_vocab, target_vocab) for v in verses], batch_size=16, collate_fn=collate)
     force = AttentionBaselines(num_permutations=args.permutations, num_samples=None, budget=None, seed=args.seed)
-    free = AttentionBaselines(num_permutations=args.permutations, num_samples=None, budget=None, seed=args.seed,
-                              decoding="free", max_new_tokens=args.max_new_tokens, log_prefix="free")
+    free = AttentionBaselines(
+        num_permutations=args.permutations,
+        num_samples=None,
+        budget=None,
+        seed=args.seed,
+        decoding="free",
+        max_new_tokens=args.max_new_tokens,
+        log_prefix="free",
+    )
     validate_with(module, [force, free], dataloaders=loader)
     rows = []
     for audit, decoding in ((force, "force decoding (reference)"), (free, "free decoding (greedy output)")):
         record = audit.history[-1]
         m = record["metrics"]
-        rows.append({"task": f"Greek→English translation, {decoding}", "model": "Marian 3+3 layers (from scratch)"
-                     + (", cached weights" if cached else ""), "examples": record["num_examples"],
-                     "uniform_changed": m["uniform/greedy_token_changed/mean"],
-                     "permutation_changed": m["permutation/greedy_token_changed/mean"],
-                     "uniform_log_prob_per_token": m["uniform/log_prob_change_per_token/mean"],
-                     "uniform_abs_log_prob_per_token": m["uniform/abs_log_prob_change_per_token/mean"],
-                     "permutation_log_prob_per_token": m["permutation/log_prob_change_per_token/mean"],
-                     "permutation_abs_log_prob_per_token": m["permutation/abs_log_prob_change_per_token/mean"],
-                     "uniform_log_prob": m["uniform/log_prob_change/mean"], "metrics": m})
+        rows.append(
+            {
+                "task": f"Greek→English translation, {decoding}",
+                "model": "Marian 3+3 layers (from scratch)" + (", cached weights" if cached else ""),
+                "examples": record["num_examples"],
+                "uniform_changed": m["uniform/greedy_token_changed/mean"],
+                "permutation_changed": m["permutation/greedy_token_changed/mean"],
+                "uniform_log_prob_per_token": m["uniform/log_prob_change_per_token/mean"],
+                "uniform_abs_log_prob_per_token": m["uniform/abs_log_prob_change_per_token/mean"],
+                "permutation_log_prob_per_token": m["permutation/log_prob_change_per_token/mean"],
+                "permutation_abs_log_prob_per_token": m["permutation/abs_log_prob_change_per_token/mean"],
+                "uniform_log_prob": m["uniform/log_prob_change/mean"],
+                "metrics": m,
+            }
+        )
     return rows
 
 
@@ -104,26 +135,50 @@ def fmt(value: Optional[float], digits: int = 3, signed: bool = False) -> str:
 
 
 def table(rows: List[Dict[str, Any]]) -> str:
-    header = ("task", "model", "examples", "accuracy trained → uniform", "decisions / greedy tokens changed: uniform",
-              "greedy tokens changed: permuted (mean)", "Δ log p(target) per token: uniform",
-              "|Δ log p| per token: uniform", "Δ log p per token: permuted (median)", "|Δ log p| per token: permuted",
-              "Δŷ (TV): uniform (mean) / permuted (median)")
+    header = (
+        "task",
+        "model",
+        "examples",
+        "accuracy trained → uniform",
+        "decisions / greedy tokens changed: uniform",
+        "greedy tokens changed: permuted (mean)",
+        "Δ log p(target) per token: uniform",
+        "|Δ log p| per token: uniform",
+        "Δ log p per token: permuted (median)",
+        "|Δ log p| per token: permuted",
+        "Δŷ (TV): uniform (mean) / permuted (median)",
+    )
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for r in rows:
-        accuracy = (f"{r['accuracy_trained']:.3f} → {r['accuracy_uniform']:.3f}" if "accuracy_trained" in r else "—")
-        tv = (f"{r['uniform_tv']:.4f} / {r['permutation_tv_median']:.4f}" if "uniform_tv" in r else "—")
-        lines.append("| " + " | ".join([
-            r["task"], r["model"], str(r["examples"]), accuracy, fmt(r["uniform_changed"]),
-            fmt(r.get("permutation_changed")), fmt(r.get("uniform_log_prob_per_token"), signed=True),
-            fmt(r.get("uniform_abs_log_prob_per_token")), fmt(r.get("permutation_log_prob_per_token"), signed=True),
-            fmt(r.get("permutation_abs_log_prob_per_token")), tv]) + " |")
+        accuracy = f"{r['accuracy_trained']:.3f} → {r['accuracy_uniform']:.3f}" if "accuracy_trained" in r else "—"
+        tv = f"{r['uniform_tv']:.4f} / {r['permutation_tv_median']:.4f}" if "uniform_tv" in r else "—"
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["task"],
+                    r["model"],
+                    str(r["examples"]),
+                    accuracy,
+                    fmt(r["uniform_changed"]),
+                    fmt(r.get("permutation_changed")),
+                    fmt(r.get("uniform_log_prob_per_token"), signed=True),
+                    fmt(r.get("uniform_abs_log_prob_per_token")),
+                    fmt(r.get("permutation_log_prob_per_token"), signed=True),
+                    fmt(r.get("permutation_abs_log_prob_per_token")),
+                    tv,
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--examples", type=int, default=0,
-                        help="SST-2 dev sentences audited per classifier (0: all 872)")
+    parser.add_argument(
+        "--examples", type=int, default=0, help="SST-2 dev sentences audited per classifier (0: all 872)"
+    )
     parser.add_argument("--verses", type=int, default=100, help="the first N test verses (Mark) translated")
     parser.add_argument("--permutations", type=int, default=50)
     parser.add_argument("--max-new-tokens", type=int, default=80, help="the longest greedy translation")
@@ -135,21 +190,36 @@ def main() -> None:
     started = time.perf_counter()
     rows, seconds = [], {}
     bilstm = reference_model(train=True)
-    rows.append(classifier_row("SST-2 sentiment (single sequence)", "reference BiLSTM + tanh attention", bilstm,
-                               datamodule("sst2"), args))
+    rows.append(
+        classifier_row(
+            "SST-2 sentiment (single sequence)", "reference BiLSTM + tanh attention", bilstm, datamodule("sst2"), args
+        )
+    )
     seconds["bilstm"] = round(time.perf_counter() - started, 1)
     hf, dm, _ = trained_llama()
     hf.set_attn_implementation("eager")
-    rows.append(classifier_row("SST-2 sentiment (single sequence)", "Llama-architecture classifier (2 layers)",
-                               HFClassifier(model=hf), dm, args))
+    rows.append(
+        classifier_row(
+            "SST-2 sentiment (single sequence)",
+            "Llama-architecture classifier (2 layers)",
+            HFClassifier(model=hf),
+            dm,
+            args,
+        )
+    )
     seconds["llama"] = round(time.perf_counter() - started - sum(seconds.values()), 1)
     rows.extend(translation_rows(args))
     seconds["translation"] = round(time.perf_counter() - started - sum(seconds.values()), 1)
     print(table(rows))
     print(f"\nseconds: {seconds}, total {time.perf_counter() - started:.0f}")
     if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
-                                         "seconds": seconds}, indent=1, ensure_ascii=False))
+        args.json.write_text(
+            json.dumps(
+                {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows, "seconds": seconds},
+                indent=1,
+                ensure_ascii=False,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ when the data module has them (else it keeps the config's value).
 After ``fit`` the command tests the best checkpoint (``--test_after_fit true``, the default) and prints a
 results table built from the metrics the run logged.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -66,18 +67,28 @@ class XAICLI(LightningCLI):
         accepted = None if self.subclass_mode_model else inspect.signature(self._model_class).parameters
         for source, target in SIZE_LINKS:
             if accepted is None or target in accepted:  # subclass mode: jsonargparse skips absent arguments
-                parser.link_arguments("data", f"{prefix}.{target}", apply_on="instantiate",
-                                      compute_fn=self._size_from_data(source, f"{prefix}.{target}"))
-        parser.add_argument("--test_after_fit", type=bool, default=True,
-                            help="After fit, test the best checkpoint and print the results table.")
+                parser.link_arguments(
+                    "data",
+                    f"{prefix}.{target}",
+                    apply_on="instantiate",
+                    compute_fn=self._size_from_data(source, f"{prefix}.{target}"),
+                )
+        parser.add_argument(
+            "--test_after_fit",
+            type=bool,
+            default=True,
+            help="After fit, test the best checkpoint and print the results table.",
+        )
 
     def _size_from_data(self, source: str, key: str) -> Any:
         """``datamodule -> datamodule.<source>``, or the configured ``key`` when the data module has none."""
+
         def compute(datamodule: Any) -> Any:
             value = getattr(datamodule, source, None)
             if value is not None:
                 return value
             return self.config.get(str(self.subcommand), self.config).get(key)
+
         return compute
 
     def after_fit(self) -> None:
@@ -152,10 +163,14 @@ def main(args: Optional[List[str]] = None) -> XAICLI:
     ``class_path`` (:func:`given_class_paths`): then any ``LightningModule`` / ``LightningDataModule``.
     """
     model_path, data_path = given_class_paths(sys.argv[1:] if args is None else args)
-    return XAICLI(pl.LightningModule if model_path else AttentionClassifier,
-                  pl.LightningDataModule if data_path else TextClassificationDataModule,
-                  subclass_mode_model=model_path, subclass_mode_data=data_path, args=args,
-                  save_config_kwargs={"overwrite": True})
+    return XAICLI(
+        pl.LightningModule if model_path else AttentionClassifier,
+        pl.LightningDataModule if data_path else TextClassificationDataModule,
+        subclass_mode_model=model_path,
+        subclass_mode_data=data_path,
+        args=args,
+        save_config_kwargs={"overwrite": True},
+    )
 
 
 def run() -> None:

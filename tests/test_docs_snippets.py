@@ -1,5 +1,6 @@
 """The README's and the docs site's Python snippets compile and import only names that exist, so the pages cannot
 drift from the API they describe (the API reference itself is generated from the docstrings)."""
+
 from __future__ import annotations
 
 import ast

@@ -1,4 +1,5 @@
 """examples/causal_lm_sst2.py: the label-word prompts, the accuracy rule, and a tiny run of both audited models."""
+
 import math
 import sys
 from pathlib import Path
@@ -72,8 +73,16 @@ def test_accuracy_compares_the_label_words_log_probabilities(example, prompts):
 
 @pytest.mark.slow
 def test_tiny_run_audits_both_models_every_epoch(example, tmp_path):
-    out = example.run(epochs=2, hidden=16, layers=1, audit_samples=8, train_size=48, val_size=16, root=str(tmp_path),
-                      log=lambda _: None)
+    out = example.run(
+        epochs=2,
+        hidden=16,
+        layers=1,
+        audit_samples=8,
+        train_size=48,
+        val_size=16,
+        root=str(tmp_path),
+        log=lambda _: None,
+    )
     for kind in ("causal_lm", "classifier"):
         result = out[kind]
         assert result["train_examples"] == 48 and result["val_examples"] == 16

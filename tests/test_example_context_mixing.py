@@ -1,4 +1,5 @@
 """examples/context_mixing_sst2.py's evaluation loop on a tiny random Llama classifier (seconds, no training)."""
+
 import sys
 from pathlib import Path
 

@@ -1,4 +1,5 @@
 """examples/ibm_model1.py: EM against a plain-loop EM, grow-diag-final-and by hand, and a run on bundled verses."""
+
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -46,7 +47,12 @@ def test_em_equals_the_loop_version(example, iterations):
         assert model.t(f, e) == pytest.approx(value, abs=1e-12)
     assert model.t("haus", "book") == 0.0  # never co-occur
     # EM moves the mass the textbook way: das ← the, buch ← book, haus ← house (after one step t(das|the) = 1/2)
-    assert iterations == 1 or model.t("das", "the") > 0.5 and model.t("buch", "book") > 0.5 and model.t("haus", "house") > 0.5
+    assert (
+        iterations == 1
+        or model.t("das", "the") > 0.5
+        and model.t("buch", "book") > 0.5
+        and model.t("haus", "house") > 0.5
+    )
     for e in ("the", "house", "book", "a", None):
         assert sum(model.t(f, e) for f in ("das", "haus", "buch", "ein")) == pytest.approx(1.0)
 
@@ -78,8 +84,10 @@ def test_aligns_bundled_verses_better_than_chance(example):
 
     verses = read_alignments("val")
     sure = [v.sure for v in verses]
-    runs = {how: example.align_corpus(verses, verses, iterations=5, how=how)
-            for how in ("intersection", "grow-diag-final-and", "union")}
+    runs = {
+        how: example.align_corpus(verses, verses, iterations=5, how=how)
+        for how in ("intersection", "grow-diag-final-and", "union")
+    }
     for i, verse in enumerate(verses):
         assert runs["intersection"][i] <= runs["grow-diag-final-and"][i] <= runs["union"][i]
         assert all(not verse.target_exclude[t] for _, t in runs["union"][i])

@@ -1,4 +1,5 @@
 """examples/translation_bible.py: the hand saliency maps against per-step autograd loops, and a tiny end-to-end run."""
+
 import math
 import sys
 from pathlib import Path
@@ -43,8 +44,9 @@ def test_inputs_embeds_path_is_the_input_ids_path(modules, tiny):
     model, source, target = tiny
     decoder_input = torch.tensor([[0] + target[:-1]])
     by_ids = model(input_ids=torch.tensor([source]), decoder_input_ids=decoder_input).logits
-    by_embeds = model(inputs_embeds=saliency.source_embeddings(model, source).unsqueeze(0),
-                      decoder_input_ids=decoder_input).logits
+    by_embeds = model(
+        inputs_embeds=saliency.source_embeddings(model, source).unsqueeze(0), decoder_input_ids=decoder_input
+    ).logits
     torch.testing.assert_close(by_embeds, by_ids)
 
 
@@ -83,8 +85,9 @@ def test_integrated_gradients_is_complete(modules, tiny):
             (grad,) = torch.autograd.grad(_step_log_prob(model, embeds, target, t), embeds)
             total += weight * grad[0]
         signed = (total * (base - zeroed)).sum(-1)[:-1]
-        gap = _step_log_prob(model, base.unsqueeze(0), target, t) - _step_log_prob(model, zeroed.unsqueeze(0),
-                                                                                    target, t)
+        gap = _step_log_prob(model, base.unsqueeze(0), target, t) - _step_log_prob(
+            model, zeroed.unsqueeze(0), target, t
+        )
         assert float(signed.sum()) == pytest.approx(float(gap), abs=1e-4)
         ig = saliency.integrated_gradients(model, source, target, n_steps=24, rows_per_pass=7)
         torch.testing.assert_close(ig[:, t], signed.abs(), rtol=1e-3, atol=1e-7)
@@ -93,15 +96,17 @@ def test_integrated_gradients_is_complete(modules, tiny):
 def test_cross_attention_rows_and_shift(modules, tiny):
     _, saliency, _ = modules
     model, source, target = tiny
-    out = model(input_ids=torch.tensor([source]), decoder_input_ids=torch.tensor([[0] + target[:-1]]),
-                output_attentions=True)
+    out = model(
+        input_ids=torch.tensor([source]), decoder_input_ids=torch.tensor([[0] + target[:-1]]), output_attentions=True
+    )
     maps = saliency.cross_attention(model, source, target)  # [L, H, S, T]
     assert maps.shape == (2, 2, 4, 5)
     torch.testing.assert_close(maps[1, 0], out.cross_attentions[1][0, 0, :5, :4].T)
     assert bool((maps.sum(2) <= 1 + 1e-6).all())  # the </s> column is left out of a distribution
     shifted = saliency.cross_attention(model, source, target + [1], shift=1)
-    out = model(input_ids=torch.tensor([source]), decoder_input_ids=torch.tensor([[0] + target]),
-                output_attentions=True)
+    out = model(
+        input_ids=torch.tensor([source]), decoder_input_ids=torch.tensor([[0] + target]), output_attentions=True
+    )
     torch.testing.assert_close(shifted[0, 1], out.cross_attentions[0][0, 1, 1:6, :4].T)
 
 
@@ -125,18 +130,33 @@ def test_corpus_bleu(modules):
 @pytest.mark.slow
 def test_tiny_run_gives_a_well_formed_table(modules):
     translation_model, _, example = modules
-    settings = translation_model.ModelSettings(d_model=32, layers=2, heads=2, ffn_dim=64, epochs=1,
-                                               train_verses=120)
-    out = example.run(settings, test_verses=6, val_verses=4, heavy_verses=2, smooth_samples=2, ig_steps=4,
-                      cache=None, log=lambda _: None)
+    settings = translation_model.ModelSettings(d_model=32, layers=2, heads=2, ffn_dim=64, epochs=1, train_verses=120)
+    out = example.run(
+        settings,
+        test_verses=6,
+        val_verses=4,
+        heavy_verses=2,
+        smooth_samples=2,
+        ig_steps=4,
+        cache=None,
+        log=lambda _: None,
+    )
     assert out["test_verses"] == 6 and out["heavy_verses"] == 2 and not out["cached"]
     assert set(out["best_heads"]) == {1, 2} and all(h.startswith(f"head {k}.") for k, h in out["best_heads"].items())
-    cheap = {"cross-attention, layer 1, mean of heads", "cross-attention, layer 2, mean of heads",
-             "cross-attention, mean of all layers and heads", "gradient (L2)", "grad×input (absolute)",
-             "Shift-Att (Chen et al. 2020), layer 2, mean of heads",
-             f"cross-attention, layer 2, best head on val ({out['best_heads'][2].split()[1]})"}
-    heavy = {"SmoothGrad (2 samples, L2)", "integrated gradients (4 steps, zero baseline)",
-             "smoothed attention (2 samples), layer 1, mean of heads"}
+    cheap = {
+        "cross-attention, layer 1, mean of heads",
+        "cross-attention, layer 2, mean of heads",
+        "cross-attention, mean of all layers and heads",
+        "gradient (L2)",
+        "grad×input (absolute)",
+        "Shift-Att (Chen et al. 2020), layer 2, mean of heads",
+        f"cross-attention, layer 2, best head on val ({out['best_heads'][2].split()[1]})",
+    }
+    heavy = {
+        "SmoothGrad (2 samples, L2)",
+        "integrated gradients (4 steps, zero baseline)",
+        "smoothed attention (2 samples), layer 1, mean of heads",
+    }
     model1 = "IBM Model 1, 5 EM iterations, grow-diag-final-and"
     assert cheap | {model1} <= set(out["force"]) and not heavy & set(out["force"])
     assert cheap | heavy | {model1} <= set(out["force_subset"])

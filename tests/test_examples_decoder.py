@@ -1,4 +1,5 @@
 """The decoder examples' data and evaluation pieces (examples/llama_sst2.py, examples/llama_pronoun_deception.py)."""
+
 import sys
 from pathlib import Path
 
@@ -43,7 +44,9 @@ def test_pronoun_mass_reads_the_last_real_token_row(examples_path):
     expected = (rows * batch["impermissible"].unsqueeze(1)).sum(-1)
     assert result["mass_raw_mean_heads"] == pytest.approx(float(expected.mean()), abs=1e-6)
     assert result["mass_raw_max_head"] == pytest.approx(float(expected.amax(1).mean()), abs=1e-6)
-    assert float(raw[torch.arange(8), :, 0].mul(batch["impermissible"].unsqueeze(1)).sum(-1).mean()) != \
-        pytest.approx(result["mass_raw_mean_heads"], abs=1e-6)  # row 0 (the old reading) differs
-    assert torch.equal(batch["word_ids"][batch["mask"]], torch.arange(batch["mask"].shape[1]).expand(8, -1)[
-        batch["mask"]])
+    assert float(raw[torch.arange(8), :, 0].mul(batch["impermissible"].unsqueeze(1)).sum(-1).mean()) != pytest.approx(
+        result["mass_raw_mean_heads"], abs=1e-6
+    )  # row 0 (the old reading) differs
+    assert torch.equal(
+        batch["word_ids"][batch["mask"]], torch.arange(batch["mask"].shape[1]).expand(8, -1)[batch["mask"]]
+    )

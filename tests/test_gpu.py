@@ -5,6 +5,7 @@ Skipped without a GPU (CI and the developers' machines have none); run on a lent
 ``python -m pytest -q tests/test_gpu.py``. The model is a user's own LightningModule around a tiny random-init BERT
 (``from_config``, sdpa), on slices of the bundled SST-2 (``tests/callbacks/test_user_module.py``).
 """
+
 from __future__ import annotations
 
 import copy
@@ -35,9 +36,15 @@ def _user(tmp_path):
 def _audits():
     from lightning_xai.callbacks import AttentionAudit, ErasureAudit
 
-    return [AttentionAudit(methods=("gradient", "grad_x_input", "leave_one_out", "integrated_gradients"),
-                           method_options={"integrated_gradients": {"n_steps": 8}}, num_samples=16, budget=None),
-            ErasureAudit(num_samples=16, budget=None)]
+    return [
+        AttentionAudit(
+            methods=("gradient", "grad_x_input", "leave_one_out", "integrated_gradients"),
+            method_options={"integrated_gradients": {"n_steps": 8}},
+            num_samples=16,
+            budget=None,
+        ),
+        ErasureAudit(num_samples=16, budget=None),
+    ]
 
 
 def _fit(tmp_path, callbacks, strategy="auto", precision="bf16-mixed", epochs=2):
@@ -46,10 +53,20 @@ def _fit(tmp_path, callbacks, strategy="auto", precision="bf16-mixed", epochs=2)
     tokenizer, SST2, Classifier = _user(tmp_path)
     pl.seed_everything(0, verbose=False)
     model = Classifier(tokenizer.vocab_size)
-    trainer = pl.Trainer(accelerator=ACCELERATOR, devices=1, strategy=strategy, precision=precision, max_epochs=epochs,
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=str(tmp_path),
-                         callbacks=callbacks)
+    trainer = pl.Trainer(
+        accelerator=ACCELERATOR,
+        devices=1,
+        strategy=strategy,
+        precision=precision,
+        max_epochs=epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=str(tmp_path),
+        callbacks=callbacks,
+    )
     trainer.fit(model, datamodule=SST2(tokenizer))
     if strategy != "auto":
         return model, None
@@ -85,8 +102,10 @@ def test_maps_on_the_gpu_match_the_cpu(tmp_path):
     model = Classifier(tokenizer.vocab_size).model.eval()
     dm = SST2(tokenizer)
     batch = next(iter(dm.val_dataloader()))
-    adapters = {"cpu": HuggingFaceAdapter(model, tokenizer),
-                "cuda": HuggingFaceAdapter(copy.deepcopy(model).to(DEVICE).eval(), tokenizer)}
+    adapters = {
+        "cpu": HuggingFaceAdapter(model, tokenizer),
+        "cuda": HuggingFaceAdapter(copy.deepcopy(model).to(DEVICE).eval(), tokenizer),
+    }
     on = {"cpu": batch, "cuda": {k: v.to(DEVICE) for k, v in batch.items()}}
     for method, options in (("gradient", {}), ("leave_one_out", {}), ("integrated_gradients", {"n_steps": 16})):
         cpu, gpu = (attribute(adapters[d], on[d], method, **options) for d in ("cpu", "cuda"))

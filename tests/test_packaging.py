@@ -1,4 +1,5 @@
 """The package is described once: one version, the licence it declares, a changelog that names the version."""
+
 from __future__ import annotations
 
 import configparser
@@ -47,8 +48,13 @@ def _public_classes(package: str, base: type) -> dict:
             continue
         module = importlib.import_module(info.name)
         for name, cls in vars(module).items():
-            if (inspect.isclass(cls) and cls.__module__ == module.__name__ and issubclass(cls, base)
-                    and not name.startswith("_") and not inspect.isabstract(cls)):
+            if (
+                inspect.isclass(cls)
+                and cls.__module__ == module.__name__
+                and issubclass(cls, base)
+                and not name.startswith("_")
+                and not inspect.isabstract(cls)
+            ):
                 found[name] = cls
     return found
 
@@ -62,8 +68,11 @@ def test_every_public_callback_loss_and_metric_class_is_exported_once_by_its_sub
 
     from lightning_xai.callbacks import AuditCallback
 
-    kinds = {"lightning_xai.callbacks": pl.Callback, "lightning_xai.losses": torch.nn.Module,
-             "lightning_xai.metrics": torchmetrics.Metric}
+    kinds = {
+        "lightning_xai.callbacks": pl.Callback,
+        "lightning_xai.losses": torch.nn.Module,
+        "lightning_xai.metrics": torchmetrics.Metric,
+    }
     counts = {}
     for package, base in kinds.items():
         classes = _public_classes(package, base)
@@ -71,7 +80,9 @@ def test_every_public_callback_loss_and_metric_class_is_exported_once_by_its_sub
             classes = {n: c for n, c in classes.items() if c not in AuditCallback.__mro__}
         subpackage = importlib.import_module(package)
         for name, cls in classes.items():
-            assert subpackage.__all__.count(name) == 1, f"{package}.__all__ lists {name} {subpackage.__all__.count(name)}×"
+            assert subpackage.__all__.count(name) == 1, (
+                f"{package}.__all__ lists {name} {subpackage.__all__.count(name)}×"
+            )
             assert getattr(subpackage, name) is cls
             assert lightning_xai.__all__.count(name) == 1, f"lightning_xai.__all__ lacks {name}"
             assert getattr(lightning_xai, name) is cls
@@ -82,8 +93,16 @@ def test_every_public_callback_loss_and_metric_class_is_exported_once_by_its_sub
 def test_the_top_level_names_each_thing_once_and_every_name_exists():
     assert len(lightning_xai.__all__) == len(set(lightning_xai.__all__))
     assert all(hasattr(lightning_xai, name) for name in lightning_xai.__all__)
-    for name in ("attribute", "explanation_context", "ExplainableModel", "HookAdapter", "HuggingFaceAdapter",
-                 "TextClassificationDataModule", "HFTextClassificationDataModule", "AuditReport"):
+    for name in (
+        "attribute",
+        "explanation_context",
+        "ExplainableModel",
+        "HookAdapter",
+        "HuggingFaceAdapter",
+        "TextClassificationDataModule",
+        "HFTextClassificationDataModule",
+        "AuditReport",
+    ):
         assert name in lightning_xai.__all__
 
 
@@ -93,6 +112,9 @@ def test_no_module_serves_names_lazily():
     import importlib
     import pkgutil
 
-    lazy = [info.name for info in pkgutil.walk_packages(lightning_xai.__path__, "lightning_xai.")
-            if "__getattr__" in vars(importlib.import_module(info.name))]
+    lazy = [
+        info.name
+        for info in pkgutil.walk_packages(lightning_xai.__path__, "lightning_xai.")
+        if "__getattr__" in vars(importlib.import_module(info.name))
+    ]
     assert lazy == []

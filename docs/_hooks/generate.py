@@ -8,6 +8,7 @@
 
 The navigation is the hand-written ``nav`` of ``mkdocs.yml`` with the generated sections appended.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -96,8 +97,10 @@ def _rewrite(text: str, source: str, pages: Dict[str, str], page_uri: str, copie
 
 def _result_pages(config: Any) -> Tuple[List[File], List[Dict[str, Any]]]:
     present = [(title, path) for title, path in RESULTS if (ROOT / path).is_file()]
-    pages = {path: f"results/{Path(path).parent.name}-{Path(path).stem}.md".replace("examples-RESULTS_", "")
-             .lower() for _, path in present}
+    pages = {
+        path: f"results/{Path(path).parent.name}-{Path(path).stem}.md".replace("examples-RESULTS_", "").lower()
+        for _, path in present
+    }
     files, copies = [], {}
     nav: List[Dict[str, str]] = [{"Overview": "results/index.md"}]
     for title, path in present:

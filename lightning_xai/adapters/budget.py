@@ -5,6 +5,7 @@ them in chunks whose largest buffers hold at most :data:`PASS_BUDGET_ELEMENTS` e
 deletion reruns (``AttentionClassifier.deletion_logits``) and the last-layer attention of the ``transformers``
 override replay (:mod:`lightning_xai.adapters.huggingface.replay`) are sized by :func:`budget_chunks`.
 """
+
 from __future__ import annotations
 
 from typing import List, Optional, Tuple

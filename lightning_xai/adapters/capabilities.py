@@ -31,6 +31,7 @@ with ``overridable = False`` (:class:`~lightning_xai.adapters.HuggingFaceAdapter
 attention in its own modeling file and that it cannot hook, e.g. DeBERTa v1), so the audits that replace attention
 refuse it at setup.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Optional, Protocol, Tuple, runtime_checkable
@@ -39,9 +40,21 @@ from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
 
-__all__ = ["DeletionLogits", "EmbeddingShift", "HEAD_KINDS", "HeadKind", "LinearHead", "OverrideReplay", "OverrideScorer",
-           "ReferenceLogits", "TargetSequence", "TokenEncoder", "head_kind_of", "supports_attention_override",
-           "target_keys"]
+__all__ = [
+    "DeletionLogits",
+    "EmbeddingShift",
+    "HEAD_KINDS",
+    "HeadKind",
+    "LinearHead",
+    "OverrideReplay",
+    "OverrideScorer",
+    "ReferenceLogits",
+    "TargetSequence",
+    "TokenEncoder",
+    "head_kind_of",
+    "supports_attention_override",
+    "target_keys",
+]
 
 #: ``scorer(rows, attention_override) -> [N, C]`` logits of rows ``rows`` (``LongTensor[N]``) of a batch under an
 #: override (``None``: the model's own attention); see :class:`OverrideReplay`.
@@ -110,8 +123,7 @@ class DeletionLogits(Protocol):
         torch.Size([2, 2])
     """
 
-    def deletion_logits(self, embeddings: Tensor, batch: Batch, rows: Tensor, positions: Tensor
-                        ) -> Optional[Tensor]:
+    def deletion_logits(self, embeddings: Tensor, batch: Batch, rows: Tensor, positions: Tensor) -> Optional[Tensor]:
         """``[N, C]`` logits of row ``rows[k]`` of the batch with its token ``positions[k]`` deleted.
 
         ``embeddings`` are ``embed(batch)``. The result must equal running the model on the shortened rows (up
@@ -226,7 +238,7 @@ class TargetSequence(Protocol):
         ...
 
     def greedy_targets(self, batch: Batch, max_new_tokens: int = 20) -> Batch:
-        """"Free decoding": ``batch`` with its target replaced by the model's own greedy output (each row's source or
+        """ "Free decoding": ``batch`` with its target replaced by the model's own greedy output (each row's source or
         prompt kept, up to ``max_new_tokens`` tokens generated, the end-of-sequence token included)."""
         ...
 

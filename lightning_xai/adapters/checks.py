@@ -6,6 +6,7 @@ functions turn such inputs into one clear error naming the problem and the fix. 
 batch; callers run them where they cost nothing (:func:`check_logits` once, on the first audited batch; once per call of :func:`~lightning_xai.attribution.attribute`'s
 ``"attention"``, on the first audit batch, in the models' ``embed``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,8 +18,17 @@ from torch import Tensor, nn
 from lightning_xai.adapters.capabilities import ReferenceLogits
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 
-__all__ = ["ATTENTION_ATOL", "LOGITS_RTOL", "check_attention_distribution", "check_attention_mask", "check_logits",
-           "check_sequence_length", "check_token_ids", "evaluating", "vocabulary_size"]
+__all__ = [
+    "ATTENTION_ATOL",
+    "LOGITS_RTOL",
+    "check_attention_distribution",
+    "check_attention_mask",
+    "check_logits",
+    "check_sequence_length",
+    "check_token_ids",
+    "evaluating",
+    "vocabulary_size",
+]
 
 #: how far (absolute) a row's attention may sum from 1 over its real tokens, and leak onto other positions
 ATTENTION_ATOL = 1e-3
@@ -45,10 +55,12 @@ def check_token_ids(ids: Tensor, vocab_size: int, source: str = "input_ids") -> 
     if not bool(outside.any()):  # one reduction, one sync
         return
     bad = int(ids[outside][0])
-    raise ValueError(f"{source} contain id {bad} but the embedding table has {vocab_size} rows (valid ids "
-                     f"0..{vocab_size - 1}): the batch was encoded with another vocabulary than the model's. "
-                     "Encode it with the model's vocabulary (the data module the model was built with: "
-                     "vocab_size=dm.vocab_size, or the checkpoint's tokenizer).")
+    raise ValueError(
+        f"{source} contain id {bad} but the embedding table has {vocab_size} rows (valid ids "
+        f"0..{vocab_size - 1}): the batch was encoded with another vocabulary than the model's. "
+        "Encode it with the model's vocabulary (the data module the model was built with: "
+        "vocab_size=dm.vocab_size, or the checkpoint's tokenizer)."
+    )
 
 
 def check_attention_mask(attention_mask: Any, input_ids: Tensor, mask: Any = None) -> None:
@@ -71,13 +83,17 @@ def check_attention_mask(attention_mask: Any, input_ids: Tensor, mask: Any = Non
         ValueError: batch['attention_mask'] is all 0 on rows [1]: the model reads no position of them, so their output and any explanation of them mean nothing. Drop empty rows before batching, or fix the attention_mask (1 at every non-pad position, special tokens included).
     """
     if not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != tuple(input_ids.shape):
-        raise ValueError(f"batch['attention_mask'] has shape {tuple(getattr(attention_mask, 'shape', ()))} but "
-                         f"batch['input_ids'] has {tuple(input_ids.shape)}: they must be the same [B, T] (one 0/1 per "
-                         "input id). Collate both from one tokenizer call (lightning_xai.data.hf.WordPieceCollator), "
-                         "and slice/pad them together.")
+        raise ValueError(
+            f"batch['attention_mask'] has shape {tuple(getattr(attention_mask, 'shape', ()))} but "
+            f"batch['input_ids'] has {tuple(input_ids.shape)}: they must be the same [B, T] (one 0/1 per "
+            "input id). Collate both from one tokenizer call (lightning_xai.data.hf.WordPieceCollator), "
+            "and slice/pad them together."
+        )
     if mask is not None and (not isinstance(mask, Tensor) or tuple(mask.shape) != tuple(input_ids.shape)):
-        raise ValueError(f"batch['mask'] has shape {tuple(getattr(mask, 'shape', ()))} but batch['input_ids'] has "
-                         f"{tuple(input_ids.shape)}: the real-token mask is [B, T], one bool per input id.")
+        raise ValueError(
+            f"batch['mask'] has shape {tuple(getattr(mask, 'shape', ()))} but batch['input_ids'] has "
+            f"{tuple(input_ids.shape)}: the real-token mask is [B, T], one bool per input id."
+        )
     if attention_mask.numel() == 0:
         return
     attends = attention_mask != 0
@@ -86,15 +102,19 @@ def check_attention_mask(attention_mask: Any, input_ids: Tensor, mask: Any = Non
     if not bool((empty | unread).any()):  # one reduction, one sync
         return
     if bool(empty.any()):
-        raise ValueError(f"batch['attention_mask'] is all 0 on rows {empty.nonzero().flatten().tolist()[:10]}: the "
-                         "model reads no position of them, so their output and any explanation of them mean nothing. "
-                         "Drop empty rows before batching, or fix the attention_mask (1 at every non-pad position, "
-                         "special tokens included).")
+        raise ValueError(
+            f"batch['attention_mask'] is all 0 on rows {empty.nonzero().flatten().tolist()[:10]}: the "
+            "model reads no position of them, so their output and any explanation of them mean nothing. "
+            "Drop empty rows before batching, or fix the attention_mask (1 at every non-pad position, "
+            "special tokens included)."
+        )
     assert mask is not None  # without a mask nothing is unread: only empty rows fail, and they raised above
     row, position = (mask.to(attends.device) & ~attends).nonzero()[0].tolist()
-    raise ValueError(f"batch['mask'] calls position {position} of row {row} a real token but batch['attention_mask'] "
-                     "is 0 there: the model does not read it, so its explanation would describe nothing. Build both "
-                     "masks from one tokenization (mask = attention_mask minus the special tokens).")
+    raise ValueError(
+        f"batch['mask'] calls position {position} of row {row} a real token but batch['attention_mask'] "
+        "is 0 there: the model does not read it, so its explanation would describe nothing. Build both "
+        "masks from one tokenization (mask = attention_mask minus the special tokens)."
+    )
 
 
 def check_sequence_length(length: int, limit: Optional[int], offset: int = 0) -> None:
@@ -115,11 +135,16 @@ def check_sequence_length(length: int, limit: Optional[int], offset: int = 0) ->
     usable = int(limit) - int(offset)
     if length <= usable:
         return
-    why = (f" (max_position_embeddings={limit} less the {offset} position ids its embeddings skip, padding_idx + 1)"
-           if offset else "")
-    raise ValueError(f"Sequences of {length} word-pieces exceed the model's max length {usable}{why}; tokenize with "
-                     f"truncation=True, max_length={usable} (WordPieceCollator(max_length=...) truncates with a "
-                     "warning that counts the rationale/impermissible words cut off).")
+    why = (
+        f" (max_position_embeddings={limit} less the {offset} position ids its embeddings skip, padding_idx + 1)"
+        if offset
+        else ""
+    )
+    raise ValueError(
+        f"Sequences of {length} word-pieces exceed the model's max length {usable}{why}; tokenize with "
+        f"truncation=True, max_length={usable} (WordPieceCollator(max_length=...) truncates with a "
+        "warning that counts the rationale/impermissible words cut off)."
+    )
 
 
 def vocabulary_size(model: Any) -> Optional[int]:
@@ -150,8 +175,9 @@ def vocabulary_size(model: Any) -> Optional[int]:
     return int(size) if isinstance(size, int) else None
 
 
-def check_attention_distribution(attention: Tensor, mask: Tensor, *, atol: float = ATTENTION_ATOL,
-                                 source: str = "ExplainOutput.attention") -> None:
+def check_attention_distribution(
+    attention: Tensor, mask: Tensor, *, atol: float = ATTENTION_ATOL, source: str = "ExplainOutput.attention"
+) -> None:
     """Raise a ValueError unless ``attention`` ``[B, T]`` is a distribution over the real tokens of ``mask``.
 
     Every value finite and ``>= -tol``, each row summing to 1 within ``tol`` over the real tokens and to at most
@@ -178,8 +204,10 @@ def check_attention_distribution(attention: Tensor, mask: Tensor, *, atol: float
         ValueError: ExplainOutput.attention is not a distribution over the real tokens: row 0 sums to 5 over its real tokens (expected 1 within 0.001). The protocol's attention is softmax(scores) over the real tokens (token_mask), 0 elsewhere: return the normalised weights the model pools with (unnormalised scores go in attention_scores), renormalised over the real tokens if the model also attends to special tokens.
     """
     if not isinstance(attention, Tensor) or attention.dim() != 2 or tuple(attention.shape) != tuple(mask.shape):
-        raise ValueError(f"{source} has shape {tuple(getattr(attention, 'shape', ()))} but the token mask is "
-                         f"{tuple(mask.shape)}; the protocol's attention is [B, T], one weight per position.")
+        raise ValueError(
+            f"{source} has shape {tuple(getattr(attention, 'shape', ()))} but the token mask is "
+            f"{tuple(mask.shape)}; the protocol's attention is [B, T], one weight per position."
+        )
     if attention.numel() == 0:
         return
     tol = max(float(atol), 2 * torch.finfo(attention.dtype).eps) if attention.is_floating_point() else float(atol)
@@ -201,10 +229,12 @@ def check_attention_distribution(attention: Tensor, mask: Tensor, *, atol: float
         problem = f"puts mass {float(outside[row]):.4g} on positions outside the token mask (pads/special tokens)"
     else:
         problem = f"sums to {float(inside[row]):.4g} over its real tokens (expected 1 within {tol:.2g})"
-    raise ValueError(f"{source} is not a distribution over the real tokens: row {row} {problem}. The protocol's "
-                     "attention is softmax(scores) over the real tokens (token_mask), 0 elsewhere: return the "
-                     "normalised weights the model pools with (unnormalised scores go in attention_scores), "
-                     "renormalised over the real tokens if the model also attends to special tokens.")
+    raise ValueError(
+        f"{source} is not a distribution over the real tokens: row {row} {problem}. The protocol's "
+        "attention is softmax(scores) over the real tokens (token_mask), 0 elsewhere: return the "
+        "normalised weights the model pools with (unnormalised scores go in attention_scores), "
+        "renormalised over the real tokens if the model also attends to special tokens."
+    )
 
 
 @contextlib.contextmanager
@@ -281,11 +311,15 @@ def check_logits(model: Any, batch: Batch, *, rtol: float = LOGITS_RTOL) -> Opti
         mine = adapter.forward_from_embeddings(adapter.embed(batch), batch).logits
     name, fix = model.describe_reference()
     if tuple(own.shape) != tuple(mine.shape):
-        raise ValueError(f"{type(model).__name__}'s logits have shape {tuple(mine.shape)} but {name}'s own have "
-                         f"{tuple(own.shape)} on this batch: the explanations would describe a different function. "
-                         f"{fix}")
+        raise ValueError(
+            f"{type(model).__name__}'s logits have shape {tuple(mine.shape)} but {name}'s own have "
+            f"{tuple(own.shape)} on this batch: the explanations would describe a different function. "
+            f"{fix}"
+        )
     gap = float((own.double() - mine.double().to(own.device)).abs().max()) if own.numel() else 0.0
     if not gap <= rtol * max(1.0, float(own.abs().max()) if own.numel() else 1.0):  # NaN fails too
-        raise ValueError(f"{type(model).__name__}'s logits differ from {name}'s own by {gap:.3g} on this batch "
-                         f"(eval mode): the explanations would describe a different function. {fix}")
+        raise ValueError(
+            f"{type(model).__name__}'s logits differ from {name}'s own by {gap:.3g} on this batch "
+            f"(eval mode): the explanations would describe a different function. {fix}"
+        )
     return gap

@@ -35,6 +35,7 @@ states over the real tokens: the reported attention is the mean of the head-aver
 tokens of the token mask, and an override replaces every real token's row, so that mean is the override), or
 ``query_index=k`` (row ``k`` of every example). There is no default: a guess would silently describe another row.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional
@@ -62,8 +63,10 @@ def _logits_of(result: Any) -> Tensor:
         return result[0]
     if isinstance(result, dict) and "logits" in result:
         return result["logits"]
-    raise ProtocolError(f"The model returned {type(result).__name__}; HookAdapter needs logits: a tensor, a tuple "
-                        "whose first element is the logits, or an object/dict with 'logits'. Pass logits_fn=.")
+    raise ProtocolError(
+        f"The model returned {type(result).__name__}; HookAdapter needs logits: a tensor, a tuple "
+        "whose first element is the logits, or an object/dict with 'logits'. Pass logits_fn=."
+    )
 
 
 class HookAdapter(nn.Module):
@@ -147,12 +150,21 @@ class HookAdapter(nn.Module):
     _hidden: Optional[nn.Module]
     _multihead: Optional[nn.MultiheadAttention]
 
-    def __init__(self, module: nn.Module, embedding: str, attention: str, *,
-                 forward_fn: Optional[Callable[[nn.Module, Batch], Any]] = None,
-                 embedding_input: Optional[Callable[[Batch], Any]] = None,
-                 logits_fn: Optional[Callable[[Any], Tensor]] = None, mask_key: str = "mask",
-                 attention_index: Optional[int] = None, hidden: Optional[str] = None,
-                 pooling: Optional[str] = None, query_index: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        embedding: str,
+        attention: str,
+        *,
+        forward_fn: Optional[Callable[[nn.Module, Batch], Any]] = None,
+        embedding_input: Optional[Callable[[Batch], Any]] = None,
+        logits_fn: Optional[Callable[[Any], Tensor]] = None,
+        mask_key: str = "mask",
+        attention_index: Optional[int] = None,
+        hidden: Optional[str] = None,
+        pooling: Optional[str] = None,
+        query_index: Optional[int] = None,
+    ) -> None:
         super().__init__()
         self.module = module
         self.embedding_name, self.attention_name, self.hidden_name = embedding, attention, hidden
@@ -162,14 +174,20 @@ class HookAdapter(nn.Module):
         object.__setattr__(self, "_hidden", self._submodule(hidden, "hidden") if hidden is not None else None)
         object.__setattr__(self, "_multihead", multihead_attention_of(self._attention, attention))
         if self._multihead is not None and attention_index not in (None, 1):
-            raise ProtocolError(f"HookAdapter: {attention!r} is PyTorch attention, whose weights the adapter reads "
-                                "itself (element 1 of its output); leave attention_index=None.")
+            raise ProtocolError(
+                f"HookAdapter: {attention!r} is PyTorch attention, whose weights the adapter reads "
+                "itself (element 1 of its output); leave attention_index=None."
+            )
         if pooling not in (None, "first", "mean"):
-            raise ValueError(f"HookAdapter(pooling={pooling!r}): use 'first' (row 0, [CLS]), 'mean' (the mean of "
-                             "the real tokens' rows), or query_index=<row> for another row.")
+            raise ValueError(
+                f"HookAdapter(pooling={pooling!r}): use 'first' (row 0, [CLS]), 'mean' (the mean of "
+                "the real tokens' rows), or query_index=<row> for another row."
+            )
         if pooling is not None and query_index is not None:
-            raise ValueError(f"HookAdapter: pooling={pooling!r} and query_index={query_index} both say which row "
-                             "the classifier reads; pass one.")
+            raise ValueError(
+                f"HookAdapter: pooling={pooling!r} and query_index={query_index} both say which row "
+                "the classifier reads; pass one."
+            )
         self.forward_fn = forward_fn or _default_forward
         self.embedding_input = embedding_input or (lambda batch: batch["input_ids"])
         self.logits_fn = logits_fn or _logits_of
@@ -185,15 +203,19 @@ class HookAdapter(nn.Module):
             return self.module.get_submodule(name)
         except AttributeError:
             names = [n for n, _ in self.module.named_modules() if n]
-            raise ProtocolError(f"HookAdapter: {type(self.module).__name__} has no submodule {name!r} (the {role} "
-                                f"module). Its submodules are: {', '.join(names[:40])}"
-                                f"{' ...' if len(names) > 40 else ''}.") from None
+            raise ProtocolError(
+                f"HookAdapter: {type(self.module).__name__} has no submodule {name!r} (the {role} "
+                f"module). Its submodules are: {', '.join(names[:40])}"
+                f"{' ...' if len(names) > 40 else ''}."
+            ) from None
 
     # --- the ExplainableModel protocol -----------------------------------------------------------------------
     def token_mask(self, batch: Batch) -> Tensor:
         if self.mask_key not in batch:
-            raise KeyError(f"Batch has no {self.mask_key!r} (bool [B, T], True at real tokens); HookAdapter needs it "
-                           "(set mask_key= if your batches call it something else).")
+            raise KeyError(
+                f"Batch has no {self.mask_key!r} (bool [B, T], True at real tokens); HookAdapter needs it "
+                "(set mask_key= if your batches call it something else)."
+            )
         mask = batch[self.mask_key]
         if mask.dtype != torch.bool:
             raise TypeError(f"{self.mask_key!r} must be a bool tensor, got {mask.dtype}; use .bool().")
@@ -205,15 +227,19 @@ class HookAdapter(nn.Module):
             check_token_ids(inputs, self._embedding.num_embeddings, f"the ids fed to {self.embedding_name!r}")
         out = self._embedding(inputs)
         if not isinstance(out, Tensor) or out.dim() != 3:
-            raise ProtocolError(f"HookAdapter: the embedding module {self.embedding_name!r} returned "
-                                f"{getattr(out, 'shape', type(out))}; it must return [B, T, E] embeddings.")
+            raise ProtocolError(
+                f"HookAdapter: the embedding module {self.embedding_name!r} returned "
+                f"{getattr(out, 'shape', type(out))}; it must return [B, T, E] embeddings."
+            )
         return out
 
     def _weights(self, output: Any) -> Tensor:
         weights = output if self.attention_index is None else output[self.attention_index]
         if not isinstance(weights, Tensor):
-            raise ProtocolError(f"HookAdapter: the attention module {self.attention_name!r} returned "
-                                f"{type(output).__name__}; set attention_index= to the element holding the weights.")
+            raise ProtocolError(
+                f"HookAdapter: the attention module {self.attention_name!r} returned "
+                f"{type(output).__name__}; set attention_index= to the element holding the weights."
+            )
         return weights
 
     def _replace(self, output: Any, weights: Tensor) -> Any:
@@ -229,10 +255,13 @@ class HookAdapter(nn.Module):
             raise ProtocolError(
                 f"HookAdapter: the attention module {self.attention_name!r} gives self-attention "
                 f"{tuple(weights.shape)} ([B, heads, T, T]): say which query row the classifier reads — "
-                "pooling='first' (row 0, [CLS]), pooling='mean' (the mean over the real tokens), or query_index=<row>.")
+                "pooling='first' (row 0, [CLS]), pooling='mean' (the mean over the real tokens), or query_index=<row>."
+            )
         if weights.shape[-1] != mask.shape[-1] or weights.shape[-2] != mask.shape[-1]:
-            raise ProtocolError(f"HookAdapter: attention weights of shape {tuple(weights.shape)} but the token mask "
-                                f"is {tuple(mask.shape)}; expected [B, heads, T, T].")
+            raise ProtocolError(
+                f"HookAdapter: attention weights of shape {tuple(weights.shape)} but the token mask "
+                f"is {tuple(mask.shape)}; expected [B, heads, T, T]."
+            )
         return pooled_rows(self.pooling, self.query_index, mask.to(weights.device)).to(weights.dtype)
 
     def _override(self, weights: Tensor, override: Tensor, mask: Tensor) -> Tensor:
@@ -242,24 +271,31 @@ class HookAdapter(nn.Module):
         if weights.dim() == 4:
             rows = self._rows(weights, mask) > 0
             return torch.where(rows[:, None, :, None], override[:, None, None, :].expand_as(weights), weights)
-        raise ProtocolError(f"HookAdapter: cannot override attention weights of shape {tuple(weights.shape)}; "
-                            "expected [B, T] or [B, heads, T, T].")
+        raise ProtocolError(
+            f"HookAdapter: cannot override attention weights of shape {tuple(weights.shape)}; "
+            "expected [B, T] or [B, heads, T, T]."
+        )
 
-    def forward_from_embeddings(self, embeddings: Tensor, batch: Batch, *,
-                                attention_override: Optional[Tensor] = None) -> ExplainOutput:
+    def forward_from_embeddings(
+        self, embeddings: Tensor, batch: Batch, *, attention_override: Optional[Tensor] = None
+    ) -> ExplainOutput:
         mask = self.token_mask(batch)
         check_embeddings(embeddings, mask)
         if attention_override is not None and attention_override.shape != mask.shape:
-            raise ValueError(f"attention_override has shape {tuple(attention_override.shape)}; expected the token "
-                             f"mask's {tuple(mask.shape)}.")
+            raise ValueError(
+                f"attention_override has shape {tuple(attention_override.shape)}; expected the token "
+                f"mask's {tuple(mask.shape)}."
+            )
         captured: Dict[str, Any] = {}
         calls: List[int] = []
 
         def on_embedding(module: nn.Module, args: Any, output: Tensor) -> Tensor:
             if output.shape != embeddings.shape:
-                raise ProtocolError(f"HookAdapter: the embedding module {self.embedding_name!r} produced "
-                                    f"{tuple(output.shape)} inside the forward pass but the embeddings given have "
-                                    f"{tuple(embeddings.shape)}.")
+                raise ProtocolError(
+                    f"HookAdapter: the embedding module {self.embedding_name!r} produced "
+                    f"{tuple(output.shape)} inside the forward pass but the embeddings given have "
+                    f"{tuple(embeddings.shape)}."
+                )
             return embeddings
 
         def overridden(weights: Tensor) -> Tensor:
@@ -287,9 +323,13 @@ class HookAdapter(nn.Module):
         if self._multihead is None:
             handles.append(self._attention.register_forward_hook(on_attention))
         if self._hidden is not None:
-            handles.append(self._hidden.register_forward_hook(
-                lambda module, args, output: captured.update(
-                    hidden=output[0] if isinstance(output, (tuple, list)) else output)))
+            handles.append(
+                self._hidden.register_forward_hook(
+                    lambda module, args, output: captured.update(
+                        hidden=output[0] if isinstance(output, (tuple, list)) else output
+                    )
+                )
+            )
         try:
             if self._multihead is None:
                 logits = self.logits_fn(self.forward_fn(self.module, batch))
@@ -300,11 +340,15 @@ class HookAdapter(nn.Module):
             for handle in handles:
                 handle.remove()
         if not calls:
-            raise ProtocolError(f"HookAdapter: the attention module {self.attention_name!r} did not run during the "
-                                "forward pass; name the module that produces the attention weights.")
+            raise ProtocolError(
+                f"HookAdapter: the attention module {self.attention_name!r} did not run during the "
+                "forward pass; name the module that produces the attention weights."
+            )
         if len(calls) > 1:
-            raise ProtocolError(f"HookAdapter: the attention module {self.attention_name!r} ran {len(calls)} times "
-                                "in one forward pass; name one specific module (e.g. the last layer's).")
+            raise ProtocolError(
+                f"HookAdapter: the attention module {self.attention_name!r} ran {len(calls)} times "
+                "in one forward pass; name one specific module (e.g. the last layer's)."
+            )
         weights = captured["weights"]
         raw, extras = None, {}
         if weights.dim() == 4:
@@ -317,18 +361,22 @@ class HookAdapter(nn.Module):
         elif weights.dim() == 2:
             token = weights
         else:
-            raise ProtocolError(f"HookAdapter: attention weights of shape {tuple(weights.shape)}; expected [B, T] or "
-                                "[B, heads, T, T].")
+            raise ProtocolError(
+                f"HookAdapter: attention weights of shape {tuple(weights.shape)}; expected [B, T] or [B, heads, T, T]."
+            )
         if token.shape != mask.shape:
-            raise ProtocolError(f"HookAdapter: attention weights give {tuple(token.shape)} token scores but the token "
-                                f"mask is {tuple(mask.shape)}.")
+            raise ProtocolError(
+                f"HookAdapter: attention weights give {tuple(token.shape)} token scores but the token "
+                f"mask is {tuple(mask.shape)}."
+            )
         if attention_override is None:
             token = token.masked_fill(~mask, 0.0)
             token = token / token.sum(-1, keepdim=True).clamp_min(torch.finfo(token.dtype).tiny)
         else:
             token = attention_override.masked_fill(~mask, 0.0).to(token.dtype)
-        return ExplainOutput(logits=logits, attention=token, hidden_states=captured.get("hidden"),
-                             raw_attentions=raw, extras=extras)
+        return ExplainOutput(
+            logits=logits, attention=token, hidden_states=captured.get("hidden"), raw_attentions=raw, extras=extras
+        )
 
     def probe(self, batch: Batch) -> None:
         """Check on one batch what the audits rely on: the attention module runs once and returns weights, and
@@ -349,7 +397,8 @@ class HookAdapter(nn.Module):
                 f"HookAdapter: the output of the attention module {self.attention_name!r} "
                 f"({type(self._attention).__name__}) does not feed the logits, so attention overrides and attention "
                 "gradients would silently change nothing. Name the module whose output the rest of the network "
-                "consumes (e.g. a softmax module of its own).")
+                "consumes (e.g. a softmax module of its own)."
+            )
 
     def forward(self, batch: Batch, attention_override: Optional[Tensor] = None) -> ExplainOutput:
         return self.forward_from_embeddings(self.embed(batch), batch, attention_override=attention_override)

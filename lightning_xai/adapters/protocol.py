@@ -15,6 +15,7 @@ Optional capabilities (a fast path for leave-one-out's deletions, an embedding s
 check, a linear head, an encoder with an LRP rule) are small ``runtime_checkable`` protocols of their own in
 :mod:`lightning_xai.adapters.capabilities`; the generic layers ask for those, never for a model class.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -101,8 +102,10 @@ def check_embeddings(embeddings: Tensor, mask: Tensor) -> None:
         ValueError: embeddings have shape (2, 4) but the token mask is (2, 3); expected [B, T, E] with the batch's [B, T].
     """
     if embeddings.dim() != 3 or embeddings.shape[:2] != mask.shape:
-        raise ValueError(f"embeddings have shape {tuple(embeddings.shape)} but the token mask is "
-                         f"{tuple(mask.shape)}; expected [B, T, E] with the batch's [B, T].")
+        raise ValueError(
+            f"embeddings have shape {tuple(embeddings.shape)} but the token mask is "
+            f"{tuple(mask.shape)}; expected [B, T, E] with the batch's [B, T]."
+        )
 
 
 def as_explainable(model: Any) -> ExplainableModel:

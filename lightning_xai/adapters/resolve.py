@@ -18,6 +18,7 @@ an encoder–decoder: :func:`~lightning_xai.adapters.huggingface.is_generator`),
 callback's or loss's), never in the LightningModule: no duplicate state_dict keys, and checkpoints load in code
 that has never heard of lightning_xai.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -33,20 +34,31 @@ from lightning_xai.adapters.huggingface import HuggingFaceAdapter, is_generator
 from lightning_xai.adapters.huggingface.unwrap import unwrap
 from lightning_xai.adapters.protocol import ExplainableModel, ProtocolError, as_explainable
 
-__all__ = ["ADAPTER_OPTIONS", "ModelResolver", "ModelSpec", "explainable_model", "find_tokenizer",
-           "is_sequence_classifier", "split_spec"]
+__all__ = [
+    "ADAPTER_OPTIONS",
+    "ModelResolver",
+    "ModelSpec",
+    "explainable_model",
+    "find_tokenizer",
+    "is_sequence_classifier",
+    "split_spec",
+]
 
 #: how a model is named explicitly: an attribute path, the module itself, ``pl_module -> model``, or a mapping
 #: ``{"model": <one of those or None>, **adapter options}``
 ModelSpec = Union[None, str, nn.Module, Callable[[Any], Any], Mapping[str, Any]]
 
 #: the options a resolver passes to the :class:`~lightning_xai.adapters.HuggingFaceAdapter` it builds
-ADAPTER_OPTIONS = tuple(name for name in inspect.signature(HuggingFaceAdapter.__init__).parameters
-                        if name not in ("self", "model", "tokenizer"))
+ADAPTER_OPTIONS = tuple(
+    name
+    for name in inspect.signature(HuggingFaceAdapter.__init__).parameters
+    if name not in ("self", "model", "tokenizer")
+)
 
 
-def split_spec(spec: ModelSpec, options: Optional[Mapping[str, Any]] = None,
-               owner: str = "lightning_xai") -> Tuple[Any, Dict[str, Any]]:
+def split_spec(
+    spec: ModelSpec, options: Optional[Mapping[str, Any]] = None, owner: str = "lightning_xai"
+) -> Tuple[Any, Dict[str, Any]]:
     """``(model spec, adapter options)`` of a spec that may be a mapping carrying options; ``options`` add to them.
 
     Raises:
@@ -73,12 +85,17 @@ def split_spec(spec: ModelSpec, options: Optional[Mapping[str, Any]] = None,
         if key not in ADAPTER_OPTIONS:
             close = difflib.get_close_matches(str(key), ADAPTER_OPTIONS, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise TypeError(f"{owner}(model=...): unknown adapter option {key!r}{hint}; the options are "
-                            f"{', '.join(ADAPTER_OPTIONS)}.")
+            raise TypeError(
+                f"{owner}(model=...): unknown adapter option {key!r}{hint}; the options are "
+                f"{', '.join(ADAPTER_OPTIONS)}."
+            )
     return spec, found
 
-_RECIPE = ("name it: model='<attribute path>' (e.g. model='model') or model=lambda module: "
-           "HuggingFaceAdapter(module.net) / HookAdapter(module.net, embedding=..., attention=...)")
+
+_RECIPE = (
+    "name it: model='<attribute path>' (e.g. model='model') or model=lambda module: "
+    "HuggingFaceAdapter(module.net) / HookAdapter(module.net, embedding=..., attention=...)"
+)
 
 
 def is_sequence_classifier(module: Any) -> bool:
@@ -170,13 +187,20 @@ class ModelResolver:
         False
     """
 
-    def __init__(self, model: ModelSpec = None, tokenizer: Any = None, owner: str = "lightning_xai",
-                 options: Optional[Mapping[str, Any]] = None) -> None:
+    def __init__(
+        self,
+        model: ModelSpec = None,
+        tokenizer: Any = None,
+        owner: str = "lightning_xai",
+        options: Optional[Mapping[str, Any]] = None,
+    ) -> None:
         model, self.options = split_spec(model, options, owner)
         if model is not None and not isinstance(model, (str, nn.Module)) and not callable(model):
-            raise TypeError(f"{owner}(model) must be None, an attribute path, an nn.Module, a callable "
-                            f"pl_module -> model or a mapping {{'model': ..., **adapter options}}; got "
-                            f"{type(model).__name__}.")
+            raise TypeError(
+                f"{owner}(model) must be None, an attribute path, an nn.Module, a callable "
+                f"pl_module -> model or a mapping {{'model': ..., **adapter options}}; got "
+                f"{type(model).__name__}."
+            )
         self.model = model
         self.tokenizer = tokenizer
         self.owner = owner
@@ -195,8 +219,9 @@ class ModelResolver:
             try:
                 return operator.attrgetter(spec)(holder)
             except AttributeError as err:
-                raise ProtocolError(f"{self.owner}(model={spec!r}): {type(holder).__name__} has no attribute "
-                                    f"path {spec!r} ({err}).") from err
+                raise ProtocolError(
+                    f"{self.owner}(model={spec!r}): {type(holder).__name__} has no attribute path {spec!r} ({err})."
+                ) from err
         if spec is not None:
             if self._called is None or self._called[0] is not holder:
                 self._called = (holder, spec(holder))
@@ -210,13 +235,15 @@ class ModelResolver:
             try:
                 as_explainable(holder)
             except ProtocolError as err:
-                raise ProtocolError(f"{err} It holds no explainable submodule or transformers sequence classifier "
-                                    f"either; {_RECIPE}.") from err
+                raise ProtocolError(
+                    f"{err} It holds no explainable submodule or transformers sequence classifier either; {_RECIPE}."
+                ) from err
         what = ", ".join(f"{path} ({type(m).__name__})" for path, m in found)
         raise ProtocolError(
             f"{self.owner} cannot tell which model of {type(holder).__name__} to explain: it is not an "
             f"ExplainableModel itself and holds several explainable models or transformers sequence classifiers "
-            f"({what}); {_RECIPE}.")
+            f"({what}); {_RECIPE}."
+        )
 
     def _explainable(self, target: Any, holder: Any) -> ExplainableModel:
         if isinstance(target, ExplainableModel):
@@ -224,14 +251,16 @@ class ModelResolver:
                 raise ProtocolError(
                     f"{self.owner}: the adapter options {sorted(self.options)} apply to the HuggingFaceAdapter built "
                     f"for a transformers classifier, but {type(target).__name__} is explainable itself; give them "
-                    "to its own constructor instead.")
+                    "to its own constructor instead."
+                )
             return target
         if _explained_transformer(target):
             given, adapter = self._adapters.get(id(target), (None, None))
             if adapter is None or given is not target:
                 try:
-                    adapter = HuggingFaceAdapter(target, tokenizer=find_tokenizer(holder, self.tokenizer),
-                                                 **self.options)
+                    adapter = HuggingFaceAdapter(
+                        target, tokenizer=find_tokenizer(holder, self.tokenizer), **self.options
+                    )
                 except ValueError as err:
                     raise ProtocolError(f"{self.owner}: {err}") from err
                 self._adapters = {id(target): (target, adapter)}

@@ -33,6 +33,7 @@ non-finite logits set aside), two processes would part ways on a last-bit differ
 :func:`agree_flag`: process 0's value, broadcast to every process at the same point, so every process takes the same
 branch by construction. Outside it they return their argument.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -67,8 +68,12 @@ def lockstep(active: bool = True) -> Iterator[None]:
 
 
 def _sharing() -> bool:
-    return (_LOCKSTEP.get() and torch.distributed.is_available() and torch.distributed.is_initialized()
-            and torch.distributed.get_world_size() > 1)
+    return (
+        _LOCKSTEP.get()
+        and torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and torch.distributed.get_world_size() > 1
+    )
 
 
 def agree(value: Tensor) -> Tensor:
@@ -81,10 +86,16 @@ def agree(value: Tensor) -> Tensor:
     """
     if not _sharing():
         return value
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.distributed.get_backend() == "nccl" \
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if torch.distributed.get_backend() == "nccl"
         else torch.device("cpu")
-    shared = value.detach().to(device=device, dtype=torch.uint8 if value.dtype == torch.bool else value.dtype,
-                               copy=True).contiguous()
+    )
+    shared = (
+        value.detach()
+        .to(device=device, dtype=torch.uint8 if value.dtype == torch.bool else value.dtype, copy=True)
+        .contiguous()
+    )
     torch.distributed.broadcast(shared, src=0)
     return shared.to(device=value.device, dtype=value.dtype)
 
@@ -134,8 +145,9 @@ def is_sharded(model: nn.Module) -> bool:
         False
     """
     dtensor = _dtensor_type()
-    return bool(fsdp_modules(model)) or (dtensor is not None and any(isinstance(p, dtensor)
-                                                                     for p in model.parameters()))
+    return bool(fsdp_modules(model)) or (
+        dtensor is not None and any(isinstance(p, dtensor) for p in model.parameters())
+    )
 
 
 def _owner(model: nn.Module, module: nn.Module) -> Optional[nn.Module]:
@@ -199,7 +211,8 @@ def gathered(model: nn.Module, called: Iterable[nn.Module]) -> Iterator[None]:
                 raise ProtocolError(
                     f"the parameters of {type(module).__name__} are sharded by an FSDP module outside the explained "
                     f"model {type(model).__name__}, which the explanation cannot gather. Apply fully_shard to the "
-                    "explained model (and its layers) in configure_model, not to a module that holds it.")
+                    "explained model (and its layers) in configure_model, not to a module that holds it."
+                )
             continue
         if owner is not module and owner not in owners and _sharded_now(owner):
             owners.append(owner)
@@ -213,8 +226,9 @@ def gathered(model: nn.Module, called: Iterable[nn.Module]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def routed_through_root(model: nn.Module, embedding: nn.Module, kwargs: Dict[str, Any],
-                        input_ids: Optional[Tensor]) -> Iterator[None]:
+def routed_through_root(
+    model: nn.Module, embedding: nn.Module, kwargs: Dict[str, Any], input_ids: Optional[Tensor]
+) -> Iterator[None]:
     """Inside the block, ``model(**kwargs)`` of a sharded model with gradients on reads ``input_ids`` and the
     ``embedding`` module returns ``kwargs["inputs_embeds"]`` (module docstring); ``kwargs`` is changed in place,
     and the hook removed on exit. Otherwise (not sharded, no gradient, or ids of another shape) nothing changes.
@@ -229,8 +243,14 @@ def routed_through_root(model: nn.Module, embedding: nn.Module, kwargs: Dict[str
         ['inputs_embeds']
     """
     embeddings = kwargs.get("inputs_embeds")
-    if not (isinstance(embeddings, Tensor) and embeddings.requires_grad and torch.is_grad_enabled()
-            and isinstance(input_ids, Tensor) and input_ids.shape == embeddings.shape[:2] and is_sharded(model)):
+    if not (
+        isinstance(embeddings, Tensor)
+        and embeddings.requires_grad
+        and torch.is_grad_enabled()
+        and isinstance(input_ids, Tensor)
+        and input_ids.shape == embeddings.shape[:2]
+        and is_sharded(model)
+    ):
         yield
         return
     del kwargs["inputs_embeds"]
@@ -243,7 +263,8 @@ def routed_through_root(model: nn.Module, embedding: nn.Module, kwargs: Dict[str
             raise ProtocolError(
                 f"{type(model).__name__} calls its word embedding more than once in a forward pass, so a sharded "
                 "pass with gradients cannot replace its output by the given embeddings. Explain it unsharded, or "
-                "without gradients w.r.t. its parameters.")
+                "without gradients w.r.t. its parameters."
+            )
         return embeddings
 
     handle = embedding.register_forward_hook(replace)

@@ -15,6 +15,7 @@ and in eval mode without gradients PyTorch takes a *fast path* (a fused kernel, 
   own value and output projections, ``out_proj(Σ_s p_{h,q,s} · v_{h,s})``, with dropout as the module applies it;
   the other rows keep PyTorch's output bit for bit.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -51,9 +52,11 @@ def multihead_attention_of(module: nn.Module, name: str) -> Optional[nn.Multihea
     if not isinstance(found, nn.MultiheadAttention):
         return None
     if found.bias_k is not None or found.add_zero_attn:
-        raise ProtocolError(f"HookAdapter: the nn.MultiheadAttention at {name!r} adds key/value rows of its own "
-                            "(add_bias_kv=True or add_zero_attn=True), which belong to no token; build it without "
-                            "them, or compute the softmax in a module of its own and name that module.")
+        raise ProtocolError(
+            f"HookAdapter: the nn.MultiheadAttention at {name!r} adds key/value rows of its own "
+            "(add_bias_kv=True or add_zero_attn=True), which belong to no token; build it without "
+            "them, or compute the softmax in a module of its own and name that module."
+        )
     return found
 
 
@@ -116,8 +119,8 @@ def _mixed_rows(mha: nn.MultiheadAttention, call: Dict[str, Any], probabilities:
     value = _batch_first(mha, call["value"])
     B, S, _ = value.shape
     E, H = mha.embed_dim, mha.num_heads
-    weight = mha.in_proj_weight[2 * E:] if mha._qkv_same_embed_dim else mha.v_proj_weight
-    bias = None if mha.in_proj_bias is None else mha.in_proj_bias[2 * E:]
+    weight = mha.in_proj_weight[2 * E :] if mha._qkv_same_embed_dim else mha.v_proj_weight
+    bias = None if mha.in_proj_bias is None else mha.in_proj_bias[2 * E :]
     v = F.linear(value, weight, bias).view(B, S, H, E // H).transpose(1, 2)  # [B, H, S, d]
     probabilities = F.dropout(probabilities, p=mha.dropout, training=mha.training)
     mixed = (probabilities @ v).transpose(1, 2).reshape(B, probabilities.shape[2], E)
@@ -142,15 +145,18 @@ class MultiheadHooks:
         ([torch.Size([1, 2, 3, 3])], None, 0)
     """
 
-    def __init__(self, mha: nn.MultiheadAttention,
-                 on_weights: Callable[[Tensor], Optional[Tuple[Tensor, Tensor]]]) -> None:
+    def __init__(
+        self, mha: nn.MultiheadAttention, on_weights: Callable[[Tensor], Optional[Tuple[Tensor, Tensor]]]
+    ) -> None:
         self.mha, self.on_weights = mha, on_weights
         self._asked: List[Tuple[bool, bool]] = []
         self._handles: List[Any] = []
 
     def __enter__(self) -> "MultiheadHooks":
-        self._handles = [self.mha.register_forward_pre_hook(self._before, with_kwargs=True),
-                         self.mha.register_forward_hook(self._after, with_kwargs=True)]
+        self._handles = [
+            self.mha.register_forward_pre_hook(self._before, with_kwargs=True),
+            self.mha.register_forward_hook(self._after, with_kwargs=True),
+        ]
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -158,8 +164,9 @@ class MultiheadHooks:
             handle.remove()
         self._handles = []
 
-    def _before(self, module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]
-                ) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+    def _before(
+        self, module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]
+    ) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
         call = dict(zip(_PARAMETERS, args), **kwargs)
         self._asked.append((bool(call.get("need_weights", True)), bool(call.get("average_attn_weights", True))))
         call.update(need_weights=True, average_attn_weights=False)
@@ -169,14 +176,18 @@ class MultiheadHooks:
         need, average = self._asked.pop()
         attended, probabilities = output
         if probabilities is None or probabilities.dim() != 4:
-            raise ProtocolError("HookAdapter: nn.MultiheadAttention gave no per-head [B, heads, T, S] weights "
-                                "(an unbatched call?); call it on batched inputs.")
+            raise ProtocolError(
+                "HookAdapter: nn.MultiheadAttention gave no per-head [B, heads, T, S] weights "
+                "(an unbatched call?); call it on batched inputs."
+            )
         replaced = self.on_weights(probabilities)
         if replaced is not None:
             probabilities, rows = replaced
             recomputed = _mixed_rows(self.mha, kwargs, probabilities)
-            attended = _batch_first(self.mha, torch.where(rows[:, :, None].to(recomputed.device), recomputed,
-                                                         _batch_first(self.mha, attended)))
+            attended = _batch_first(
+                self.mha,
+                torch.where(rows[:, :, None].to(recomputed.device), recomputed, _batch_first(self.mha, attended)),
+            )
         if not need:
             return attended, None
         return attended, probabilities.mean(dim=1) if average else probabilities

@@ -12,6 +12,7 @@ transformer reads *word-pieces* (``"unbelievable"`` -> ``"un", "##bel", "##ievab
   keep additive attributions additive (Integrated Gradients' completeness holds per word). Compare word-level
   scores with word-level masks so that a word split into many pieces is not counted many times.
 """
+
 from __future__ import annotations
 
 from typing import Mapping, Optional
@@ -48,8 +49,10 @@ def words_to_pieces(word_values: Tensor, word_ids: Tensor) -> Tensor:
     """
     _check_word_ids(word_ids, word_values.shape[0])
     if word_ids.numel() and int(word_ids.max()) >= word_values.shape[1]:
-        raise ValueError(f"word_ids refer to word {int(word_ids.max())} but word_values has only "
-                         f"{word_values.shape[1]} words per row.")
+        raise ValueError(
+            f"word_ids refer to word {int(word_ids.max())} but word_values has only "
+            f"{word_values.shape[1]} words per row."
+        )
     valid = word_ids >= 0
     gathered = torch.gather(word_values, 1, word_ids.clamp_min(0))
     return torch.where(valid, gathered, torch.zeros((), dtype=word_values.dtype, device=word_values.device))
@@ -78,8 +81,9 @@ def pieces_to_words(scores: Tensor, word_ids: Tensor, num_words: Optional[int] =
     """
     _check_word_ids(word_ids, scores.shape[0])
     if scores.shape != word_ids.shape:
-        raise ValueError(f"scores have shape {tuple(scores.shape)} but word_ids {tuple(word_ids.shape)}; both are "
-                         "[B, T].")
+        raise ValueError(
+            f"scores have shape {tuple(scores.shape)} but word_ids {tuple(word_ids.shape)}; both are [B, T]."
+        )
     if num_words is None:
         num_words = int(word_ids.max()) + 1 if word_ids.numel() else 0
     valid = word_ids >= 0
@@ -103,6 +107,7 @@ def to_word_level(scores: Tensor, batch: Mapping[str, Tensor]) -> Tensor:
     """
     for key in ("word_ids", "word_mask"):
         if key not in batch:
-            raise KeyError(f"Batch has no {key!r}; word-level views need batches from "
-                           "lightning_xai.data.hf.WordPieceCollator.")
+            raise KeyError(
+                f"Batch has no {key!r}; word-level views need batches from lightning_xai.data.hf.WordPieceCollator."
+            )
     return pieces_to_words(scores, batch["word_ids"], batch["word_mask"].shape[1])

@@ -9,6 +9,7 @@ treated as per-example values too. The keys a generation model names as its targ
 (:func:`~lightning_xai.adapters.capabilities.target_keys`: an encoder–decoder's ``labels``, which may be as wide as
 the source by chance) are per-example values only: ``keep=`` leaves them out of token surgery.
 """
+
 from __future__ import annotations
 
 import functools
@@ -21,8 +22,19 @@ from lightning_xai.adapters.capabilities import target_keys
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
 from lightning_xai.adapters.sharding import agree_flag
 
-__all__ = ["batch_shape", "gather_rows", "repeat_rows", "remove_tokens", "erase_tokens", "replace_input_ids",
-           "pad_embeddings", "row_extents", "length_chunks", "padding_trimmer", "CPU_PASS_TOKENS"]
+__all__ = [
+    "batch_shape",
+    "gather_rows",
+    "repeat_rows",
+    "remove_tokens",
+    "erase_tokens",
+    "replace_input_ids",
+    "pad_embeddings",
+    "row_extents",
+    "length_chunks",
+    "padding_trimmer",
+    "CPU_PASS_TOKENS",
+]
 
 #: the fill of freed positions of per-token ``labels`` (transformers' ``ignore_index``: not a target)
 IGNORE_LABEL = -100
@@ -116,8 +128,7 @@ def remove_tokens(batch: Batch, remove: Tensor, *, fill: int = 0, keep: Collecti
     out: Dict[str, Any] = {}
     for key, value in batch.items():
         if key not in keep and isinstance(value, Tensor) and value.dim() >= 2 and tuple(value.shape[:2]) == (B, T):
-            index = order.to(value.device).view(B, width, *([1] * (value.dim() - 2))).expand(
-                B, width, *value.shape[2:])
+            index = order.to(value.device).view(B, width, *([1] * (value.dim() - 2))).expand(B, width, *value.shape[2:])
             moved = value.gather(1, index)
             tail = freed.to(value.device).view(B, width, *([1] * (value.dim() - 2)))
             out[key] = moved.masked_fill(tail, IGNORE_LABEL if key == "labels" else fill)
@@ -128,13 +139,17 @@ def remove_tokens(batch: Batch, remove: Tensor, *, fill: int = 0, keep: Collecti
 
 def _check_remove(remove: Tensor, mask: Tensor, name: str = "remove") -> None:
     if not isinstance(remove, Tensor) or remove.dtype != torch.bool:
-        raise TypeError(f"{name} must be a bool tensor [B, T]; got "
-                        f"{remove.dtype if isinstance(remove, Tensor) else type(remove).__name__}.")
+        raise TypeError(
+            f"{name} must be a bool tensor [B, T]; got "
+            f"{remove.dtype if isinstance(remove, Tensor) else type(remove).__name__}."
+        )
     if remove.shape != mask.shape:
         raise ValueError(f"{name} has shape {tuple(remove.shape)} but the token mask is {tuple(mask.shape)}.")
     if bool((remove & ~mask.to(remove.device)).any()):
-        raise ValueError(f"{name} marks positions that are not real tokens (pads or special tokens); only real "
-                         "tokens (model.token_mask(batch)) can be erased.")
+        raise ValueError(
+            f"{name} marks positions that are not real tokens (pads or special tokens); only real "
+            "tokens (model.token_mask(batch)) can be erased."
+        )
 
 
 def erase_tokens(model: ExplainableModel, batch: Batch, remove: Tensor) -> dict:
@@ -170,9 +185,14 @@ def erase_tokens(model: ExplainableModel, batch: Batch, remove: Tensor) -> dict:
 
 def _present(batch: Batch, batch_size: int) -> Optional[Tensor]:
     """The batch's own ``[B, T]`` non-pad indicator (``input_mask``, else ``attention_mask``, else ``mask``)."""
-    return next((batch[k] for k in ("input_mask", "attention_mask", "mask")
-                 if isinstance(batch.get(k), Tensor) and batch[k].dim() == 2 and batch[k].shape[0] == batch_size),
-                None)
+    return next(
+        (
+            batch[k]
+            for k in ("input_mask", "attention_mask", "mask")
+            if isinstance(batch.get(k), Tensor) and batch[k].dim() == 2 and batch[k].shape[0] == batch_size
+        ),
+        None,
+    )
 
 
 def _trim_padding(batch: dict, shape: tuple, keep: Collection[str] = ()) -> dict:
@@ -188,8 +208,15 @@ def _trim_padding(batch: dict, shape: tuple, keep: Collection[str] = ()) -> dict
     width = int(columns.max()) + 1 if columns.numel() else width_now
     if width == width_now:
         return batch
-    return {key: value[:, :width] if key not in keep and isinstance(value, Tensor) and value.dim() >= 2
-            and tuple(value.shape[:2]) == (B, width_now) else value for key, value in batch.items()}
+    return {
+        key: value[:, :width]
+        if key not in keep
+        and isinstance(value, Tensor)
+        and value.dim() >= 2
+        and tuple(value.shape[:2]) == (B, width_now)
+        else value
+        for key, value in batch.items()
+    }
 
 
 def _keep_width(batch: dict, shape: tuple) -> dict:
@@ -232,8 +259,9 @@ def padding_trimmer(model: Any, batch: Batch, batch_size: int) -> Callable[[dict
         b = _compared(model.forward_from_embeddings(model.embed(cut), cut))
     if not agree_flag(bool(torch.isfinite(a).all() & torch.isfinite(b).all())):  # agree_flag: lockstep (sharding)
         return _keep_width  # NaN logits (a diverged model) cannot show the trim is safe: keep the width
-    same = agree_flag(bool(torch.allclose(a.float(), b.float(), rtol=1e-4,
-                                          atol=1e-5 * float(a.abs().max().clamp_min(1)))))
+    same = agree_flag(
+        bool(torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-5 * float(a.abs().max().clamp_min(1))))
+    )
     return trim if same else _keep_width
 
 
@@ -261,16 +289,23 @@ def row_extents(batch: Batch, batch_size: int) -> Tensor:
     """
     present = _present(batch, batch_size)
     if present is None:
-        width = next((v.shape[1] for v in batch.values() if isinstance(v, Tensor) and v.dim() >= 2
-                      and v.shape[0] == batch_size), 0)
+        width = next(
+            (v.shape[1] for v in batch.values() if isinstance(v, Tensor) and v.dim() >= 2 and v.shape[0] == batch_size),
+            0,
+        )
         return torch.full((batch_size,), width, dtype=torch.long)
     T = present.shape[1]
     where = torch.arange(1, T + 1, device=present.device) * present.bool().long()
     return where.amax(1) if T else torch.zeros(batch_size, dtype=torch.long, device=present.device)
 
 
-def length_chunks(lengths: Union[Tensor, Sequence[int]], max_tokens: int, *, max_rows: Optional[int] = None,
-                  pass_cost: Optional[int] = None) -> List[Tensor]:
+def length_chunks(
+    lengths: Union[Tensor, Sequence[int]],
+    max_tokens: int,
+    *,
+    max_rows: Optional[int] = None,
+    pass_cost: Optional[int] = None,
+) -> List[Tensor]:
     """Variant indices grouped into forward passes, shortest first, each within a token budget.
 
     The variants are sorted by length (stably: equal lengths keep their order) and cut into consecutive
@@ -333,22 +368,25 @@ def length_chunks(lengths: Union[Tensor, Sequence[int]], max_tokens: int, *, max
     chunks: List[Tensor] = []
     for i, j in reversed(segments):
         rows = starts[j] - starts[i]
-        chunks += torch.tensor_split(order[starts[i]:starts[j]], -(-rows // per_pass(widths[j - 1])))
+        chunks += torch.tensor_split(order[starts[i] : starts[j]], -(-rows // per_pass(widths[j - 1])))
     return chunks
 
 
 def replace_input_ids(batch: Batch, where: Tensor, token_id: int) -> Dict[str, Any]:
     """A copy of ``batch`` whose ``input_ids`` are ``token_id`` where ``where`` is True (masks unchanged)."""
     if "input_ids" not in batch:
-        raise KeyError("This needs batch['input_ids'] (the pad baseline / pad occlusion embeds pad ids); "
-                       "use baseline='zero' or mode='delete' for models whose batches have no 'input_ids'.")
+        raise KeyError(
+            "This needs batch['input_ids'] (the pad baseline / pad occlusion embeds pad ids); "
+            "use baseline='zero' or mode='delete' for models whose batches have no 'input_ids'."
+        )
     out = dict(batch)
     out["input_ids"] = batch["input_ids"].masked_fill(where.to(batch["input_ids"].device), token_id)
     return out
 
 
-def pad_embeddings(model: ExplainableModel, batch: Batch, embeddings: Tensor, *,
-                   pad_token_id: int | None = None) -> Tensor:
+def pad_embeddings(
+    model: ExplainableModel, batch: Batch, embeddings: Tensor, *, pad_token_id: int | None = None
+) -> Tensor:
     """``embeddings`` with every real token's vector replaced by the pad token's embedding.
 
     Positions that are not real tokens (pads, ``<sos>``/``<eos>``, ``[CLS]``) keep their own embedding, so a
@@ -362,4 +400,3 @@ def pad_embeddings(model: ExplainableModel, batch: Batch, embeddings: Tensor, *,
     with torch.no_grad():
         pads = model.embed(replace_input_ids(batch, mask, pad_token_id)).to(embeddings.dtype)
     return torch.where(mask.unsqueeze(-1), pads, embeddings)
-

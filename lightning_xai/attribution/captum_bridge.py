@@ -7,6 +7,7 @@ reduced to ``[B, T]``. For a generation model the function returns one column, t
 target (:func:`~lightning_xai.attribution.targets.target_score`: a log-probability by default), and Captum's target
 is that column; the resolved targets travel with the rows as an additional forward argument.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -51,21 +52,33 @@ def _holders(method: Any) -> List[Any]:
     return holders
 
 
-def captum_attribute(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
-                     captum_method: Any = None, output: Optional[str] = None, reduction: str = "sum",
-                     **captum_options: Any) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+def captum_attribute(
+    model: ExplainableModel,
+    batch: Batch,
+    target: Any,
+    *,
+    create_graph: bool = False,
+    captum_method: Any = None,
+    output: Optional[str] = None,
+    reduction: str = "sum",
+    **captum_options: Any,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Run ``captum_method.attribute`` on the embeddings of ``batch`` and reduce over E (see :func:`attribute`)."""
     if create_graph:
-        raise ValueError("create_graph=True is not available for Captum attribution objects (Captum detaches its "
-                         "gradients); use a built-in method name such as 'gradient' or 'integrated_gradients'.")
+        raise ValueError(
+            "create_graph=True is not available for Captum attribution objects (Captum detaches its "
+            "gradients); use a built-in method name such as 'gradient' or 'integrated_gradients'."
+        )
     if output is not None and output not in OUTPUTS:
         raise ValueError(f"Unknown output {output!r}; choose one of {list(OUTPUTS)}.")
     if reduction not in CAPTUM_REDUCTIONS:
         raise ValueError(f"Unknown reduction {reduction!r}; choose one of {list(CAPTUM_REDUCTIONS)}.")
     if hasattr(captum_method, "layer") or hasattr(captum_method, "neuron"):
-        raise TypeError(f"{type(captum_method).__name__} attributes to a layer/neuron; attribute() runs Captum on the "
-                        "input embeddings, so pass the input-space method (e.g. IntegratedGradients instead of "
-                        "LayerIntegratedGradients).")
+        raise TypeError(
+            f"{type(captum_method).__name__} attributes to a layer/neuron; attribute() runs Captum on the "
+            "input embeddings, so pass the input-space method (e.g. IntegratedGradients instead of "
+            "LayerIntegratedGradients)."
+        )
     holders = _holders(captum_method)
     if not holders:
         raise TypeError(f"{type(captum_method).__name__} has no forward_func; pass a Captum attribution object.")
@@ -97,12 +110,20 @@ def captum_attribute(model: ExplainableModel, batch: Batch, target: Any, *, crea
     try:
         for holder, _ in saved:
             holder.forward_func = forward
-        result = captum_method.attribute(embeddings, target=torch.zeros_like(target) if generation else target,
-                                         additional_forward_args=values_in, **captum_options)
+        result = captum_method.attribute(
+            embeddings,
+            target=torch.zeros_like(target) if generation else target,
+            additional_forward_args=values_in,
+            **captum_options,
+        )
     finally:
         for holder, func in saved:
             holder.forward_func = func
-    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], Tensor) and \
-            captum_options.get("return_convergence_delta", False):
+    if (
+        isinstance(result, tuple)
+        and len(result) == 2
+        and isinstance(result[1], Tensor)
+        and captum_options.get("return_convergence_delta", False)
+    ):
         return _reduce(result[0], reduction), result[1]
     return _reduce(result, reduction)

@@ -1,4 +1,5 @@
 """Run explanations anywhere: inside ``trainer.validate``/``test`` (inference mode), training, or plain code."""
+
 from __future__ import annotations
 
 import random
@@ -10,8 +11,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-__all__ = ["explanation_context", "clone_inference_tensors", "get_random_states", "preserved_rng_state",
-           "set_random_states"]
+__all__ = [
+    "explanation_context",
+    "clone_inference_tensors",
+    "get_random_states",
+    "preserved_rng_state",
+    "set_random_states",
+]
 
 
 def get_random_states() -> Dict[str, Any]:
@@ -30,9 +36,12 @@ def get_random_states() -> Dict[str, Any]:
     state = np.random.get_state()
     assert isinstance(state, tuple)  # the global RandomState is MT19937, whose legacy state is this tuple
     name, keys, pos, has_gauss, cached = state
-    return {"python": random.getstate(), "torch": torch.get_rng_state(),
-            "numpy": (str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
-            "cuda": torch.cuda.get_rng_state_all() if cuda else None}
+    return {
+        "python": random.getstate(),
+        "torch": torch.get_rng_state(),
+        "numpy": (str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
+        "cuda": torch.cuda.get_rng_state_all() if cuda else None,
+    }
 
 
 def set_random_states(states: Dict[str, Any]) -> None:
@@ -46,9 +55,13 @@ def set_random_states(states: Dict[str, Any]) -> None:
     if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(cuda)
     elif cuda is not None:
-        warnings.warn(f"{len(cuda)} CUDA random states were saved but "
-                      f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} devices are visible; the CUDA "
-                      "random stream is not restored.", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"{len(cuda)} CUDA random states were saved but "
+            f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} devices are visible; the CUDA "
+            "random stream is not restored.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 @contextmanager
@@ -101,8 +114,7 @@ def _modules(model: Any) -> List[nn.Module]:
 
 
 @contextmanager
-def explanation_context(model: Any, batch: Optional[Any] = None, *,
-                        freeze_parameters: bool = False) -> Iterator[Any]:
+def explanation_context(model: Any, batch: Optional[Any] = None, *, freeze_parameters: bool = False) -> Iterator[Any]:
     """Context in which a model can be explained, whatever the caller's autograd state.
 
     On entry it

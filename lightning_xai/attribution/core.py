@@ -4,6 +4,7 @@ The target helpers (:func:`resolve_target`, :func:`target_score`, ...) live in
 :mod:`lightning_xai.attribution.targets` and are re-exported here; Captum objects are run by
 :mod:`lightning_xai.attribution.captum_bridge`, which needs only those helpers (no import circle).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -17,14 +18,40 @@ from lightning_xai.adapters.protocol import Batch, as_explainable
 from lightning_xai.attribution.batching import gather_rows
 from lightning_xai.attribution.captum_bridge import captum_attribute
 from lightning_xai.attribution.context import explanation_context
-from lightning_xai.attribution.registry import (ATTRIBUTION_METHODS, PAIRWISE_INTERACTIONS, SCORES, SCORES_AND_DELTA,
-                                                AttributionFn, MethodRecord, method_record, register_method)
-from lightning_xai.attribution.targets import (OUTPUTS, check_token_mask, predicted_class, resolve_target,
-                                               target_probabilities, target_score)
+from lightning_xai.attribution.registry import (
+    ATTRIBUTION_METHODS,
+    PAIRWISE_INTERACTIONS,
+    SCORES,
+    SCORES_AND_DELTA,
+    AttributionFn,
+    MethodRecord,
+    method_record,
+    register_method,
+)
+from lightning_xai.attribution.targets import (
+    OUTPUTS,
+    check_token_mask,
+    predicted_class,
+    resolve_target,
+    target_probabilities,
+    target_score,
+)
 
-__all__ = ["ATTRIBUTION_METHODS", "AttributionFn", "attribute", "check_method_options", "method_record",
-           "register_method", "resolve_target", "predicted_class", "target_probabilities", "check_token_mask",
-           "target_score", "NORMALIZATIONS", "OUTPUTS"]
+__all__ = [
+    "ATTRIBUTION_METHODS",
+    "AttributionFn",
+    "attribute",
+    "check_method_options",
+    "method_record",
+    "register_method",
+    "resolve_target",
+    "predicted_class",
+    "target_probabilities",
+    "check_token_mask",
+    "target_score",
+    "NORMALIZATIONS",
+    "OUTPUTS",
+]
 
 NORMALIZATIONS = ("l1", "max_abs")
 
@@ -34,15 +61,20 @@ def _lookup(method: Any) -> Tuple[MethodRecord, Dict[str, Any]]:
         return method_record(method), {}
     if callable(getattr(method, "attribute", None)):
         has_delta = callable(getattr(method, "has_convergence_delta", None)) and bool(method.has_convergence_delta())
-        record = MethodRecord(type(method).__name__, captum_attribute, resolves_target=True,
-                              returns=SCORES_AND_DELTA if has_delta else SCORES)
+        record = MethodRecord(
+            type(method).__name__,
+            captum_attribute,
+            resolves_target=True,
+            returns=SCORES_AND_DELTA if has_delta else SCORES,
+        )
         return record, {"captum_method": method}
-    raise TypeError(f"method must be a method name ({sorted(ATTRIBUTION_METHODS)}) or an attribution object "
-                    f"with an .attribute(...) method (e.g. captum.attr.Saliency); got {type(method).__name__}.")
+    raise TypeError(
+        f"method must be a method name ({sorted(ATTRIBUTION_METHODS)}) or an attribution object "
+        f"with an .attribute(...) method (e.g. captum.attr.Saliency); got {type(method).__name__}."
+    )
 
 
-def _check_options(fn: AttributionFn, name: str, options: Mapping[str, Any],
-                   also: Tuple[str, ...] = ()) -> None:
+def _check_options(fn: AttributionFn, name: str, options: Mapping[str, Any], also: Tuple[str, ...] = ()) -> None:
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # builtins without a signature
@@ -91,14 +123,19 @@ def check_method_options(method: str, options: Mapping[str, Any]) -> None:
 def _check_returns(record: MethodRecord, rest: Tuple[Any, ...], shape: Tuple[int, ...]) -> None:
     """The result has the shape the method's record declares (a wrong fact would mislead every caller)."""
     if record.returns == SCORES and rest:
-        raise RuntimeError(f"Method {record.name!r} returned a tuple of {1 + len(rest)}, but it is registered with "
-                           f"returns={SCORES!r} (a [B, T] map only); register it with the returns= that describes "
-                           "its result.")
+        raise RuntimeError(
+            f"Method {record.name!r} returned a tuple of {1 + len(rest)}, but it is registered with "
+            f"returns={SCORES!r} (a [B, T] map only); register it with the returns= that describes "
+            "its result."
+        )
     if record.returns == PAIRWISE_INTERACTIONS and (
-            not rest or not isinstance(rest[0], Tensor) or tuple(rest[0].shape) != (*shape, shape[-1])):
+        not rest or not isinstance(rest[0], Tensor) or tuple(rest[0].shape) != (*shape, shape[-1])
+    ):
         found = tuple(rest[0].shape) if rest and isinstance(rest[0], Tensor) else "nothing"
-        raise RuntimeError(f"Method {record.name!r} is registered with returns={PAIRWISE_INTERACTIONS!r}, so its "
-                           f"second result must be [B, T, T] = {(*shape, shape[-1])} interactions; got {found}.")
+        raise RuntimeError(
+            f"Method {record.name!r} is registered with returns={PAIRWISE_INTERACTIONS!r}, so its "
+            f"second result must be [B, T, T] = {(*shape, shape[-1])} interactions; got {found}."
+        )
 
 
 def _normalize(scores: Tensor, mode: str) -> Tensor:
@@ -114,45 +151,92 @@ def _normalize(scores: Tensor, mode: str) -> Tensor:
 def _empty_result(mask: Tensor, name: str, options: Mapping[str, Any]) -> Tensor:
     asked = sorted(key for key, value in options.items() if key.startswith("return_") and value)
     if asked:
-        raise ValueError(f"The batch is empty (B = 0): {name!r} has nothing to attribute, and only the empty "
-                         f"[0, T] map is defined for it, not {asked}; skip empty batches.")
+        raise ValueError(
+            f"The batch is empty (B = 0): {name!r} has nothing to attribute, and only the empty "
+            f"[0, T] map is defined for it, not {asked}; skip empty batches."
+        )
     return torch.zeros(mask.shape, dtype=torch.get_default_dtype(), device=mask.device)
 
 
 @overload
-def attribute(model: Any, batch: Batch, method: Literal["integrated_hessians"], target: Any = None, *,
-              create_graph: bool = False, normalize: Optional[str] = None,
-              **options: Any) -> Tuple[Tensor, ...]: ...  # (map, interactions[, delta])
+def attribute(
+    model: Any,
+    batch: Batch,
+    method: Literal["integrated_hessians"],
+    target: Any = None,
+    *,
+    create_graph: bool = False,
+    normalize: Optional[str] = None,
+    **options: Any,
+) -> Tuple[Tensor, ...]: ...  # (map, interactions[, delta])
 
 
 @overload
-def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = None, *,
-              create_graph: bool = False, normalize: Optional[str] = None, return_convergence_delta: Literal[True],
-              **options: Any) -> Tuple[Tensor, ...]: ...  # (map, delta[, n_steps])
+def attribute(
+    model: Any,
+    batch: Batch,
+    method: Any = "gradient",
+    target: Any = None,
+    *,
+    create_graph: bool = False,
+    normalize: Optional[str] = None,
+    return_convergence_delta: Literal[True],
+    **options: Any,
+) -> Tuple[Tensor, ...]: ...  # (map, delta[, n_steps])
 
 
 @overload
-def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = None, *,
-              create_graph: bool = False, normalize: Optional[str] = None, return_n_steps: Literal[True],
-              **options: Any) -> Tuple[Tensor, ...]: ...  # (map[, delta], n_steps)
+def attribute(
+    model: Any,
+    batch: Batch,
+    method: Any = "gradient",
+    target: Any = None,
+    *,
+    create_graph: bool = False,
+    normalize: Optional[str] = None,
+    return_n_steps: Literal[True],
+    **options: Any,
+) -> Tuple[Tensor, ...]: ...  # (map[, delta], n_steps)
 
 
 @overload
-def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = None, *,
-              create_graph: bool = False, normalize: Optional[str] = None,
-              return_convergence_delta: Literal[False] = False, return_n_steps: Literal[False] = False,
-              **options: Any) -> Tensor: ...
+def attribute(
+    model: Any,
+    batch: Batch,
+    method: Any = "gradient",
+    target: Any = None,
+    *,
+    create_graph: bool = False,
+    normalize: Optional[str] = None,
+    return_convergence_delta: Literal[False] = False,
+    return_n_steps: Literal[False] = False,
+    **options: Any,
+) -> Tensor: ...
 
 
 @overload
-def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = None, *,
-              create_graph: bool = False, normalize: Optional[str] = None,
-              **options: Any) -> Union[Tensor, Tuple[Tensor, ...]]: ...
+def attribute(
+    model: Any,
+    batch: Batch,
+    method: Any = "gradient",
+    target: Any = None,
+    *,
+    create_graph: bool = False,
+    normalize: Optional[str] = None,
+    **options: Any,
+) -> Union[Tensor, Tuple[Tensor, ...]]: ...
 
 
-def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = None, *,
-              create_graph: bool = False, normalize: Optional[str] = None,
-              **options: Any) -> Union[Tensor, Tuple[Tensor, ...]]:
+def attribute(
+    model: Any,
+    batch: Batch,
+    method: Any = "gradient",
+    target: Any = None,
+    *,
+    create_graph: bool = False,
+    normalize: Optional[str] = None,
+    **options: Any,
+) -> Union[Tensor, Tuple[Tensor, ...]]:
     """Token attributions ``[B, T]`` for ``batch`` from any :class:`ExplainableModel`.
 
     Methods (options in brackets, defaults first; every gradient method also takes
@@ -235,8 +319,7 @@ def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = 
         if mask.shape[0] == 0:  # B = 0: nothing to explain, an empty map (as torchmetrics' update is a no-op)
             return _empty_result(mask, name, options)
         if isinstance(target, str):
-            return _per_step(model, batch, method, target, create_graph=create_graph, normalize=normalize,
-                             **options)
+            return _per_step(model, batch, method, target, create_graph=create_graph, normalize=normalize, **options)
         if not record.resolves_target:
             with torch.no_grad():
                 out = model.forward_from_embeddings(model.embed(batch), batch)
@@ -246,8 +329,10 @@ def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = 
         scores, rest = (result[0], tuple(result[1:])) if isinstance(result, tuple) else (result, ())
         _check_returns(record, rest, tuple(mask.shape))
         if not isinstance(scores, Tensor) or tuple(scores.shape) != tuple(mask.shape):
-            raise RuntimeError(f"Method {name!r} returned {getattr(scores, 'shape', type(scores))}; an attribution "
-                               f"method must return a [B, T] = {tuple(mask.shape)} map.")
+            raise RuntimeError(
+                f"Method {name!r} returned {getattr(scores, 'shape', type(scores))}; an attribution "
+                f"method must return a [B, T] = {tuple(mask.shape)} map."
+            )
         if not scores.is_floating_point():
             scores = scores.float()
         scores = scores.masked_fill(~mask.to(scores.device), 0.0)
@@ -258,19 +343,22 @@ def attribute(model: Any, batch: Batch, method: Any = "gradient", target: Any = 
     return (scores, *rest) if rest else scores
 
 
-
 def _per_step(model: Any, batch: Batch, method: Any, target: str, **options: Any) -> Union[Tensor, Tuple[Tensor, ...]]:
     """``target="steps"``: one :func:`attribute` call per target step ``k`` on the rows that have one, stacked into
     ``[B, K, T]`` (``[B, K]`` for the extra per-row results), 0 where a row has no ``k``-th step."""
     if target != "steps":
-        raise ValueError(f"Unknown target {target!r}: the only string target is 'steps' (one map per target step of a "
-                         "generation model); otherwise give None, an int or a LongTensor[B].")
+        raise ValueError(
+            f"Unknown target {target!r}: the only string target is 'steps' (one map per target step of a "
+            "generation model); otherwise give None, an int or a LongTensor[B]."
+        )
     with torch.no_grad():
         out = model.forward_from_embeddings(model.embed(batch), batch)
     steps = getattr(out, "target_steps", None)
     if steps is None:
-        raise ValueError(f"target='steps' explains each step of a generated target, but {type(model).__name__} "
-                         "explains classes (its output has no target_steps); give a class or None.")
+        raise ValueError(
+            f"target='steps' explains each step of a generated target, but {type(model).__name__} "
+            "explains classes (its output has no target_steps); give a class or None."
+        )
     B, K = steps.shape
     parts: List[Tuple[Tensor, Union[Tensor, Tuple[Tensor, ...]]]] = []
     for k in range(K):

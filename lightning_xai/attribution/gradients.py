@@ -8,6 +8,7 @@ connected to the embedding table and every map is differentiable w.r.t. all para
 Integrated Gradients lives in :mod:`~lightning_xai.attribution.integrated_gradients` (its quadrature rules in
 :mod:`~lightning_xai.attribution.quadrature`), SmoothGrad in :mod:`~lightning_xai.attribution.smooth_grad`.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
@@ -16,8 +17,8 @@ from typing import Any, Iterator, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from lightning_xai.adapters.checks import check_attention_distribution
 from lightning_xai.adapters.capabilities import head_kind_of
+from lightning_xai.adapters.checks import check_attention_distribution
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution.registry import register_method
 from lightning_xai.attribution.targets import explained_attention, resolve_target, target_score
@@ -26,8 +27,8 @@ __all__ = ["auto_internal_batch_size", "shared_input_gradients", "attention_map"
 
 REDUCTIONS = ("l2", "abs_sum")
 #: elements of the ``[rows, T, E]`` embedding block handled per forward/backward pass by default
-_CPU_BUDGET = 3 * 2 ** 20
-_GPU_BUDGET = 2 ** 26
+_CPU_BUDGET = 3 * 2**20
+_GPU_BUDGET = 2**26
 
 
 def auto_internal_batch_size(seq_len: int, emb_dim: int, device: torch.device, *, forward_only: bool = False) -> int:
@@ -99,13 +100,27 @@ def shared_input_gradients() -> Iterator[None]:
 
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, Tensor) or isinstance(b, Tensor):
-        return (isinstance(a, Tensor) and isinstance(b, Tensor) and a.shape == b.shape and a.dtype == b.dtype
-                and a.device == b.device and bool(torch.equal(a, b)))
+        return (
+            isinstance(a, Tensor)
+            and isinstance(b, Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and a.device == b.device
+            and bool(torch.equal(a, b))
+        )
     return a == b
 
 
-def _input_gradients(model: ExplainableModel, batch: Batch, embeddings: Tensor, target: Any, *, output: Optional[str],
-                     create_graph: bool, detach_attention: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
+def _input_gradients(
+    model: ExplainableModel,
+    batch: Batch,
+    embeddings: Tensor,
+    target: Any,
+    *,
+    output: Optional[str],
+    create_graph: bool,
+    detach_attention: bool = False,
+) -> Tuple[Tensor, Tensor, Tensor]:
     """``(grad [N, T, E], inputs the grad is w.r.t., resolved target)`` of the target score.
 
     With ``detach_attention`` the attention distribution is computed first and fed back as a constant
@@ -114,20 +129,33 @@ def _input_gradients(model: ExplainableModel, batch: Batch, embeddings: Tensor, 
     sharing = _shared is not None and not create_graph
     if sharing and _shared:
         key, cached = _shared
-        if (key[0] is model and key[1:3] == (output, detach_attention) and _same(key[3], target)
-                and _same(key[4], embeddings) and _same(key[5], model.token_mask(batch))):
+        if (
+            key[0] is model
+            and key[1:3] == (output, detach_attention)
+            and _same(key[3], target)
+            and _same(key[4], embeddings)
+            and _same(key[5], model.token_mask(batch))
+        ):
             return cached
-    result = _compute_input_gradients(model, batch, embeddings, target, output=output, create_graph=create_graph,
-                                      detach_attention=detach_attention)
+    result = _compute_input_gradients(
+        model, batch, embeddings, target, output=output, create_graph=create_graph, detach_attention=detach_attention
+    )
     if sharing:
         assert _shared is not None  # sharing says so
         _shared[:] = [(model, output, detach_attention, target, embeddings.detach(), model.token_mask(batch)), result]
     return result
 
 
-def _compute_input_gradients(model: ExplainableModel, batch: Batch, embeddings: Tensor, target: Any, *,
-                             output: Optional[str], create_graph: bool,
-                             detach_attention: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
+def _compute_input_gradients(
+    model: ExplainableModel,
+    batch: Batch,
+    embeddings: Tensor,
+    target: Any,
+    *,
+    output: Optional[str],
+    create_graph: bool,
+    detach_attention: bool = False,
+) -> Tuple[Tensor, Tensor, Tensor]:
     if create_graph and embeddings.requires_grad:
         inputs = embeddings
     else:
@@ -152,26 +180,43 @@ def _safe_l2(grad: Tensor) -> Tensor:
 
 
 # --- kernels: (model, batch, embeddings, target) -> [N, T]; reused by SmoothGrad on noisy embeddings ------------
-def gradient_map(model: ExplainableModel, batch: Batch, embeddings: Tensor, target: Any, *,
-                 create_graph: bool = False, reduction: str = "l2", output: Optional[str] = None,
-                 detach_attention: bool = False) -> Tensor:
+def gradient_map(
+    model: ExplainableModel,
+    batch: Batch,
+    embeddings: Tensor,
+    target: Any,
+    *,
+    create_graph: bool = False,
+    reduction: str = "l2",
+    output: Optional[str] = None,
+    detach_attention: bool = False,
+) -> Tensor:
     """‖∂ score/∂e_t‖₂ (``"l2"``) or Σ_E \\|∂ score/∂e_t\\| (``"abs_sum"``) for each token."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"Unknown reduction {reduction!r} for 'gradient'; choose one of {list(REDUCTIONS)}.")
-    grad, _, _ = _input_gradients(model, batch, embeddings, target, output=output, create_graph=create_graph,
-                                  detach_attention=detach_attention)
+    grad, _, _ = _input_gradients(
+        model, batch, embeddings, target, output=output, create_graph=create_graph, detach_attention=detach_attention
+    )
     return _safe_l2(grad) if reduction == "l2" else grad.abs().sum(dim=-1)
 
 
-def grad_x_input_map(model: ExplainableModel, batch: Batch, embeddings: Tensor, target: Any, *,
-                     create_graph: bool = False, output: Optional[str] = None, absolute: bool = False,
-                     detach_attention: bool = False) -> Tensor:
+def grad_x_input_map(
+    model: ExplainableModel,
+    batch: Batch,
+    embeddings: Tensor,
+    target: Any,
+    *,
+    create_graph: bool = False,
+    output: Optional[str] = None,
+    absolute: bool = False,
+    detach_attention: bool = False,
+) -> Tensor:
     """Σ_E (∂ score/∂e_t)·e_t (Jain & Wallace: ``output="probability"``, ``absolute=True``, ``detach_attention=True``)."""
-    grad, inputs, _ = _input_gradients(model, batch, embeddings, target, output=output, create_graph=create_graph,
-                                       detach_attention=detach_attention)
+    grad, inputs, _ = _input_gradients(
+        model, batch, embeddings, target, output=output, create_graph=create_graph, detach_attention=detach_attention
+    )
     scores = (grad * inputs).sum(dim=-1)
     return scores.abs() if absolute else scores
-
 
 
 # --- registered methods ---------------------------------------------------------------------------------------
@@ -187,14 +232,46 @@ def attention_map(model: ExplainableModel, batch: Batch, target: Any, *, create_
 
 
 @register_method("gradient", resolves_target=True)
-def _gradient(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
-              reduction: str = "l2", output: Optional[str] = None, detach_attention: bool = False) -> Tensor:
-    return gradient_map(model, batch, _embed(model, batch, create_graph), target, create_graph=create_graph,
-                        reduction=reduction, output=output, detach_attention=detach_attention)
+def _gradient(
+    model: ExplainableModel,
+    batch: Batch,
+    target: Any,
+    *,
+    create_graph: bool = False,
+    reduction: str = "l2",
+    output: Optional[str] = None,
+    detach_attention: bool = False,
+) -> Tensor:
+    return gradient_map(
+        model,
+        batch,
+        _embed(model, batch, create_graph),
+        target,
+        create_graph=create_graph,
+        reduction=reduction,
+        output=output,
+        detach_attention=detach_attention,
+    )
 
 
 @register_method("grad_x_input", resolves_target=True)
-def _grad_x_input(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
-                  output: Optional[str] = None, absolute: bool = False, detach_attention: bool = False) -> Tensor:
-    return grad_x_input_map(model, batch, _embed(model, batch, create_graph), target, create_graph=create_graph,
-                            output=output, absolute=absolute, detach_attention=detach_attention)
+def _grad_x_input(
+    model: ExplainableModel,
+    batch: Batch,
+    target: Any,
+    *,
+    create_graph: bool = False,
+    output: Optional[str] = None,
+    absolute: bool = False,
+    detach_attention: bool = False,
+) -> Tensor:
+    return grad_x_input_map(
+        model,
+        batch,
+        _embed(model, batch, create_graph),
+        target,
+        create_graph=create_graph,
+        output=output,
+        absolute=absolute,
+        detach_attention=detach_attention,
+    )

@@ -4,6 +4,7 @@
 rules come from :mod:`lightning_xai.attribution.quadrature`, the rows per pass from
 :func:`~lightning_xai.attribution.gradients.auto_internal_batch_size`.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,13 +34,16 @@ BASELINES = ("zero", "pad")
 IG_AUTO_TOKEN_RTOL = 3e-3
 
 
-def _baseline(model: ExplainableModel, batch: Batch, embeddings: Tensor, baseline: Any,
-              pad_token_id: Optional[int]) -> Tensor:
+def _baseline(
+    model: ExplainableModel, batch: Batch, embeddings: Tensor, baseline: Any, pad_token_id: Optional[int]
+) -> Tensor:
     mask = model.token_mask(batch).unsqueeze(-1)
     if isinstance(baseline, Tensor):
         if baseline.shape != embeddings.shape:
-            raise ValueError(f"A baseline tensor must have the embeddings' shape {tuple(embeddings.shape)}; got "
-                             f"{tuple(baseline.shape)}.")
+            raise ValueError(
+                f"A baseline tensor must have the embeddings' shape {tuple(embeddings.shape)}; got "
+                f"{tuple(baseline.shape)}."
+            )
         return torch.where(mask, baseline.to(embeddings), embeddings)
     if baseline == "zero":
         return torch.where(mask, torch.zeros_like(embeddings), embeddings)
@@ -48,8 +52,19 @@ def _baseline(model: ExplainableModel, batch: Batch, embeddings: Tensor, baselin
     raise ValueError(f"Unknown baseline {baseline!r}; choose one of {list(BASELINES)} or pass a [B, T, E] tensor.")
 
 
-def _ig_path(model: ExplainableModel, batch: Batch, embeddings: Tensor, base: Tensor, target: Tensor,
-             alphas: np.ndarray, weights: np.ndarray, *, output: Optional[str], create_graph: bool, rows: int) -> Tensor:
+def _ig_path(
+    model: ExplainableModel,
+    batch: Batch,
+    embeddings: Tensor,
+    base: Tensor,
+    target: Tensor,
+    alphas: np.ndarray,
+    weights: np.ndarray,
+    *,
+    output: Optional[str],
+    create_graph: bool,
+    rows: int,
+) -> Tensor:
     """Σ_E (e − e′)·Σ_k w_k ∂F/∂e(e′ + α_k(e − e′)), all (step, row) pairs batched ``rows`` at a time."""
     B = embeddings.shape[0]
     alpha = torch.as_tensor(alphas, dtype=embeddings.dtype, device=embeddings.device)
@@ -82,16 +97,27 @@ def _ig_path(model: ExplainableModel, batch: Batch, embeddings: Tensor, base: Te
     return (diff * summed).sum(dim=-1)
 
 
-def _ig_integrand(model: ExplainableModel, batch: Batch, embeddings: Tensor, base: Tensor, target: Tensor,
-                  row: Tensor, alpha: Tensor, *, output: Optional[str], create_graph: bool, rows: int) -> Tensor:
+def _ig_integrand(
+    model: ExplainableModel,
+    batch: Batch,
+    embeddings: Tensor,
+    base: Tensor,
+    target: Tensor,
+    row: Tensor,
+    alpha: Tensor,
+    *,
+    output: Optional[str],
+    create_graph: bool,
+    rows: int,
+) -> Tensor:
     """``[P, T]``: Σ_E (e − e′)·∂F/∂e(e′ + α_p(e − e′)) of row ``row[p]`` at ``alpha[p]``, ``rows`` pairs per pass."""
     B = embeddings.shape[0]
     diff = embeddings - base
     pieces: List[Tensor] = []
     for start in range(0, row.numel(), rows):
-        r = row[start:start + rows]
+        r = row[start : start + rows]
         d = diff.index_select(0, r)
-        x = base.index_select(0, r) + alpha[start:start + rows].view(-1, 1, 1) * d
+        x = base.index_select(0, r) + alpha[start : start + rows].view(-1, 1, 1) * d
         if not create_graph:
             x = x.detach().requires_grad_(True)
         out = model.forward_from_embeddings(x, gather_rows(batch, r, B))
@@ -102,10 +128,24 @@ def _ig_integrand(model: ExplainableModel, batch: Batch, embeddings: Tensor, bas
     return torch.cat(pieces) if pieces else diff.new_zeros(0, diff.shape[1])
 
 
-def _ig_gauss_kronrod(model: ExplainableModel, batch: Batch, embeddings: Tensor, base: Tensor, target: Tensor,
-                      gap: Tensor, mask: Tensor, *, output: Optional[str], create_graph: bool, rows: int, rtol: float,
-                      atol: float, token_rtol: float, token_atol: float,
-                      max_steps: int) -> Tuple[Tensor, Tensor, Tensor]:
+def _ig_gauss_kronrod(
+    model: ExplainableModel,
+    batch: Batch,
+    embeddings: Tensor,
+    base: Tensor,
+    target: Tensor,
+    gap: Tensor,
+    mask: Tensor,
+    *,
+    output: Optional[str],
+    create_graph: bool,
+    rows: int,
+    rtol: float,
+    atol: float,
+    token_rtol: float,
+    token_atol: float,
+    max_steps: int,
+) -> Tuple[Tensor, Tensor, Tensor]:
     """Per-row globally adaptive G7/K15 on [0, 1]; returns ``(map [N, T], n_steps [N], converged [N] bool)``.
 
     Each row keeps its own list of intervals. A new interval [a, a+h] gets the 15 Kronrod nodes; per token,
@@ -139,8 +179,18 @@ def _ig_gauss_kronrod(model: ExplainableModel, batch: Batch, embeddings: Tensor,
         M = new_row.numel()
         pair_row = new_row.repeat_interleave(K)
         pair_alpha = (new_left.view(M, 1) + new_width.view(M, 1) * nodes.view(1, K)).reshape(-1)
-        f = _ig_integrand(model, batch, embeddings, base, target, pair_row, pair_alpha, output=output,
-                          create_graph=create_graph, rows=rows).view(M, K, T)
+        f = _ig_integrand(
+            model,
+            batch,
+            embeddings,
+            base,
+            target,
+            pair_row,
+            pair_alpha,
+            output=output,
+            create_graph=create_graph,
+            rows=rows,
+        ).view(M, K, T)
         k_new = torch.einsum("mkt,k->mt", f, kw) * new_width.view(M, 1)
         g_new = torch.einsum("mkt,k->mt", f.detach(), gw) * new_width.view(M, 1)
         steps.index_add_(0, new_row, torch.full_like(new_row, K))
@@ -175,13 +225,27 @@ def _ig_gauss_kronrod(model: ExplainableModel, batch: Batch, embeddings: Tensor,
     return scores * real, steps, converged
 
 
-def integrated_gradients_map(model: ExplainableModel, batch: Batch, embeddings: Tensor, target: Any, *,
-                             create_graph: bool = False, n_steps: Union[int, str] = 50, baseline: Any = "zero",
-                             rule: str = "gauss_legendre", internal_batch_size: Union[int, str, None] = "auto",
-                             output: Optional[str] = None, rtol: float = 0.01, atol: float = 1e-6,
-                             max_steps: int = 256, start_steps: Optional[int] = None,
-                             token_rtol: float = IG_AUTO_TOKEN_RTOL, token_atol: float = 1e-7, pad_token_id: Optional[int] = None,
-                             warn_threshold: float = 0.05) -> Tuple[Tensor, Tensor, Tensor]:
+def integrated_gradients_map(
+    model: ExplainableModel,
+    batch: Batch,
+    embeddings: Tensor,
+    target: Any,
+    *,
+    create_graph: bool = False,
+    n_steps: Union[int, str] = 50,
+    baseline: Any = "zero",
+    rule: str = "gauss_legendre",
+    internal_batch_size: Union[int, str, None] = "auto",
+    output: Optional[str] = None,
+    rtol: float = 0.01,
+    atol: float = 1e-6,
+    max_steps: int = 256,
+    start_steps: Optional[int] = None,
+    token_rtol: float = IG_AUTO_TOKEN_RTOL,
+    token_atol: float = 1e-7,
+    pad_token_id: Optional[int] = None,
+    warn_threshold: float = 0.05,
+) -> Tuple[Tensor, Tensor, Tensor]:
     r"""IG over embeddings; returns ``(map [N, T], delta [N], n_steps [N])``. See :func:`attribute`.
 
     ``n_steps`` an int: the fixed ``rule`` with that many nodes for every row.
@@ -226,40 +290,80 @@ def integrated_gradients_map(model: ExplainableModel, batch: Batch, embeddings: 
         out_x = model.forward_from_embeddings(embeddings, batch)
         target = resolve_target(out_x, target)
         gap = target_score(out_x, target, output, head_kind_of(model)) - target_score(
-            model.forward_from_embeddings(base, batch), target, output, head_kind_of(model))
+            model.forward_from_embeddings(base, batch), target, output, head_kind_of(model)
+        )
 
     def run(idx: Optional[Tensor], n: int) -> Tensor:
         alphas, weights = ig_nodes(n, rule)
         if idx is None:
-            return _ig_path(model, batch, embeddings, base, target, alphas, weights, output=output,
-                            create_graph=create_graph, rows=rows)
-        return _ig_path(model, gather_rows(batch, idx, N), embeddings.index_select(0, idx), base.index_select(0, idx),
-                        target.index_select(0, idx), alphas, weights, output=output, create_graph=create_graph,
-                        rows=rows)
+            return _ig_path(
+                model,
+                batch,
+                embeddings,
+                base,
+                target,
+                alphas,
+                weights,
+                output=output,
+                create_graph=create_graph,
+                rows=rows,
+            )
+        return _ig_path(
+            model,
+            gather_rows(batch, idx, N),
+            embeddings.index_select(0, idx),
+            base.index_select(0, idx),
+            target.index_select(0, idx),
+            alphas,
+            weights,
+            output=output,
+            create_graph=create_graph,
+            rows=rows,
+        )
 
     if n_steps == "auto" and start_steps is None and rule == "gauss_legendre":
         if not 0 < rtol < 1:
             raise ValueError(f"rtol must lie in (0, 1); got {rtol}.")
         if not 0 < token_rtol < 1 or not token_atol >= 0:
-            raise ValueError(f"token_rtol must lie in (0, 1) and token_atol be >= 0; got token_rtol={token_rtol}, "
-                             f"token_atol={token_atol}.")
+            raise ValueError(
+                f"token_rtol must lie in (0, 1) and token_atol be >= 0; got token_rtol={token_rtol}, "
+                f"token_atol={token_atol}."
+            )
         if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 15:
             raise ValueError(f"max_steps must be an int >= 15 (one 15-node Kronrod rule); got {max_steps!r}.")
         scores, steps, converged = _ig_gauss_kronrod(
-            model, batch, embeddings, base, target, gap, mask, output=output, create_graph=create_graph, rows=rows,
-            rtol=rtol, atol=atol, token_rtol=token_rtol, token_atol=token_atol, max_steps=max_steps)
+            model,
+            batch,
+            embeddings,
+            base,
+            target,
+            gap,
+            mask,
+            output=output,
+            create_graph=create_graph,
+            rows=rows,
+            rtol=rtol,
+            atol=atol,
+            token_rtol=token_rtol,
+            token_atol=token_atol,
+            max_steps=max_steps,
+        )
         missed = int((~converged).sum())
         if missed:
-            warnings.warn(f"n_steps='auto': {missed} of {N} rows missed the token tolerance (token_rtol={token_rtol}) "
-                          f"or the completeness tolerance (rtol={rtol}) at max_steps={max_steps}; raise max_steps.",
-                          RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"n_steps='auto': {missed} of {N} rows missed the token tolerance (token_rtol={token_rtol}) "
+                f"or the completeness tolerance (rtol={rtol}) at max_steps={max_steps}; raise max_steps.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
     elif n_steps == "auto":
         if not 0 < rtol < 1:
             raise ValueError(f"rtol must lie in (0, 1); got {rtol}.")
         n = 6 if start_steps is None else int(start_steps)
         if n < (1 if rule == "gauss_legendre" else 2) or max_steps < n:
-            raise ValueError(f"need 1 <= start_steps <= max_steps; got start_steps={start_steps}, "
-                             f"max_steps={max_steps}.")
+            raise ValueError(
+                f"need 1 <= start_steps <= max_steps; got start_steps={start_steps}, max_steps={max_steps}."
+            )
         scores = torch.zeros(N, T, dtype=embeddings.dtype, device=embeddings.device)
         steps = torch.zeros(N, dtype=torch.long, device=embeddings.device)
         active = torch.arange(N, device=embeddings.device)
@@ -275,8 +379,12 @@ def integrated_gradients_map(model: ExplainableModel, batch: Batch, embeddings: 
             n = min(2 * n, max_steps)
         unconverged = int(((scores.detach().sum(1) - gap).abs() > tolerance).sum())
         if unconverged:
-            warnings.warn(f"n_steps='auto': {unconverged} of {N} rows missed the completeness tolerance "
-                          f"(rtol={rtol}) at max_steps={max_steps}; raise max_steps.", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"n_steps='auto': {unconverged} of {N} rows missed the completeness tolerance "
+                f"(rtol={rtol}) at max_steps={max_steps}; raise max_steps.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
     else:
         if isinstance(n_steps, str):  # not "auto": ig_nodes' own error, raised before run() would get it
             raise ValueError(f"n_steps must be a positive int (or 'auto'); got {n_steps!r}.")
@@ -286,12 +394,14 @@ def integrated_gradients_map(model: ExplainableModel, batch: Batch, embeddings: 
     floor = math.sqrt(torch.finfo(embeddings.dtype).eps)
     bad = (delta.abs() > warn_threshold * gap.abs()) & (delta.abs() > floor)
     if bool(bad.any()):
-        warnings.warn(f"Integrated gradients: convergence delta exceeds {warn_threshold:.0%} of |F(x) - F(x')| "
-                      f"for {int(bad.sum())} of {N} rows ({_worst_delta(delta, gap, bad, floor)}); raise n_steps "
-                      "or use n_steps='auto'" + _precision_hint(embeddings, scores) + ".", RuntimeWarning,
-                      stacklevel=4)
+        warnings.warn(
+            f"Integrated gradients: convergence delta exceeds {warn_threshold:.0%} of |F(x) - F(x')| "
+            f"for {int(bad.sum())} of {N} rows ({_worst_delta(delta, gap, bad, floor)}); raise n_steps "
+            "or use n_steps='auto'" + _precision_hint(embeddings, scores) + ".",
+            RuntimeWarning,
+            stacklevel=4,
+        )
     return scores, delta, steps
-
 
 
 def _worst_delta(delta: Tensor, gap: Tensor, bad: Tensor, floor: float) -> str:
@@ -299,37 +409,72 @@ def _worst_delta(delta: Tensor, gap: Tensor, bad: Tensor, floor: float) -> str:
     error only where that gap exceeds ``floor`` (a gap of ~0 makes any ratio meaningless)."""
     worst = int(torch.where(bad, delta.abs(), torch.full_like(delta, -1.0)).argmax())
     d, g = abs(float(delta[worst])), abs(float(gap[worst]))
-    relative = f"{d / g:.1%} of |F(x) - F(x')| = {g:.3g}" if g > floor else \
-        f"|F(x) - F(x')| = {g:.3g} is below {floor:.2g}, so no relative error"
+    relative = (
+        f"{d / g:.1%} of |F(x) - F(x')| = {g:.3g}"
+        if g > floor
+        else f"|F(x) - F(x')| = {g:.3g} is below {floor:.2g}, so no relative error"
+    )
     return f"worst |delta| = {d:.3g}, {relative}"
 
 
 def _precision_hint(embeddings: Tensor, scores: Tensor) -> str:
     reduced = {t.dtype for t in (embeddings, scores)} & {torch.float16, torch.bfloat16} or (
-        {torch.get_autocast_dtype(embeddings.device.type)} if torch.is_autocast_enabled(embeddings.device.type)
-        else set())
+        {torch.get_autocast_dtype(embeddings.device.type)}
+        if torch.is_autocast_enabled(embeddings.device.type)
+        else set()
+    )
     if not reduced:
         return ""
-    return (f", and compute it in float32: the model runs in {', '.join(sorted(map(str, reduced)))} (the audit "
-            "callbacks do this by default, precision='auto')")
+    return (
+        f", and compute it in float32: the model runs in {', '.join(sorted(map(str, reduced)))} (the audit "
+        "callbacks do this by default, precision='auto')"
+    )
 
 
 @register_method("integrated_gradients", resolves_target=True, precision_sensitive=True, returns=SCORES_AND_DELTA)
-def _integrated_gradients(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
-                          n_steps: Union[int, str] = 50, baseline: Any = "zero", rule: str = "gauss_legendre",
-                          internal_batch_size: Union[int, str, None] = "auto",
-                          return_convergence_delta: bool = False, return_n_steps: bool = False,
-                          output: Optional[str] = None, rtol: float = 0.01, atol: float = 1e-6,
-                          max_steps: int = 256, start_steps: Optional[int] = None, token_rtol: float = IG_AUTO_TOKEN_RTOL,
-                          token_atol: float = 1e-7, pad_token_id: Optional[int] = None,
-                          warn_threshold: float = 0.05) -> Union[Tensor, Tuple[Tensor, ...]]:
+def _integrated_gradients(
+    model: ExplainableModel,
+    batch: Batch,
+    target: Any,
+    *,
+    create_graph: bool = False,
+    n_steps: Union[int, str] = 50,
+    baseline: Any = "zero",
+    rule: str = "gauss_legendre",
+    internal_batch_size: Union[int, str, None] = "auto",
+    return_convergence_delta: bool = False,
+    return_n_steps: bool = False,
+    output: Optional[str] = None,
+    rtol: float = 0.01,
+    atol: float = 1e-6,
+    max_steps: int = 256,
+    start_steps: Optional[int] = None,
+    token_rtol: float = IG_AUTO_TOKEN_RTOL,
+    token_atol: float = 1e-7,
+    pad_token_id: Optional[int] = None,
+    warn_threshold: float = 0.05,
+) -> Union[Tensor, Tuple[Tensor, ...]]:
     if not (n_steps == "auto" or isinstance(n_steps, (int, np.integer))) or isinstance(n_steps, bool):
         raise ValueError(f"n_steps must be a positive int or 'auto'; got {n_steps!r}.")
     scores, delta, steps = integrated_gradients_map(
-        model, batch, _embed(model, batch, create_graph), target, create_graph=create_graph, n_steps=n_steps,
-        baseline=baseline, rule=rule, internal_batch_size=internal_batch_size, output=output, rtol=rtol, atol=atol,
-        max_steps=max_steps, start_steps=start_steps, token_rtol=token_rtol, token_atol=token_atol,
-        pad_token_id=pad_token_id, warn_threshold=warn_threshold)
+        model,
+        batch,
+        _embed(model, batch, create_graph),
+        target,
+        create_graph=create_graph,
+        n_steps=n_steps,
+        baseline=baseline,
+        rule=rule,
+        internal_batch_size=internal_batch_size,
+        output=output,
+        rtol=rtol,
+        atol=atol,
+        max_steps=max_steps,
+        start_steps=start_steps,
+        token_rtol=token_rtol,
+        token_atol=token_atol,
+        pad_token_id=pad_token_id,
+        warn_threshold=warn_threshold,
+    )
     extras: Sequence[Tensor] = ([delta] if return_convergence_delta else []) + ([steps] if return_n_steps else [])
     return (scores, *extras) if extras else scores
-

@@ -19,6 +19,7 @@ about ``n_steps × inner_steps`` forward+backward passes plus ``T`` double-backw
 element is the ``[B, T]`` map every attribution method returns (equal to IG up to quadrature), the second the
 interactions; call :func:`integrated_hessians` for Γ alone.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -39,8 +40,17 @@ from lightning_xai.attribution.registry import PAIRWISE_INTERACTIONS, register_m
 __all__ = ["integrated_hessians", "integrated_hessians_map"]
 
 
-def _inner_ig(model: ExplainableModel, batch: Batch, z: Tensor, base: Tensor, target: Tensor, betas: Tensor,
-              weights: Tensor, output: str, create_graph: bool) -> Tensor:
+def _inner_ig(
+    model: ExplainableModel,
+    batch: Batch,
+    z: Tensor,
+    base: Tensor,
+    target: Tensor,
+    betas: Tensor,
+    weights: Tensor,
+    output: str,
+    create_graph: bool,
+) -> Tensor:
     """``[K, N, T]``: IG of every token at the inputs ``z`` ``[K, N, T, E]`` (baseline ``base``), β rule given."""
     K, N, T, E = z.shape
     L = betas.numel()
@@ -53,11 +63,20 @@ def _inner_ig(model: ExplainableModel, batch: Batch, z: Tensor, base: Tensor, ta
     return ((z - base) * averaged).sum(-1)
 
 
-def integrated_hessians_map(model: ExplainableModel, batch: Batch, embeddings: Tensor, target: Any = None, *,
-                            n_steps: int = 16, inner_steps: Optional[int] = None, baseline: Any = "zero",
-                            output: str = "probability", pad_token_id: Optional[int] = None,
-                            internal_batch_size: Union[int, str, None] = "auto",
-                            warn_threshold: float = 0.01) -> Tuple[Tensor, Tensor]:
+def integrated_hessians_map(
+    model: ExplainableModel,
+    batch: Batch,
+    embeddings: Tensor,
+    target: Any = None,
+    *,
+    n_steps: int = 16,
+    inner_steps: Optional[int] = None,
+    baseline: Any = "zero",
+    output: str = "probability",
+    pad_token_id: Optional[int] = None,
+    internal_batch_size: Union[int, str, None] = "auto",
+    warn_threshold: float = 0.01,
+) -> Tuple[Tensor, Tensor]:
     """``(Γ [B, T, T], delta [B, T])`` for ``embeddings`` (call inside :func:`explanation_context`).
 
     ``delta = Σ_t Γ_st − IG_s(x)``, IG computed with the same ``inner_steps`` Gauss–Legendre rule; a warning is
@@ -85,7 +104,7 @@ def integrated_hessians_map(model: ExplainableModel, batch: Batch, embeddings: T
     tokens = [s for s in range(T) if bool(mask[:, s].any())]
     gamma = embeddings.new_zeros(N, T, T)
     for first in range(0, n_steps, per_pass):
-        a, w = alphas[first:first + per_pass], alpha_w[first:first + per_pass]
+        a, w = alphas[first : first + per_pass], alpha_w[first : first + per_pass]
         z = (base + a.view(-1, 1, 1, 1) * delta_x).requires_grad_(True)  # [K, N, T, E]
         ig_z = _inner_ig(model, batch, z, base, target, betas, beta_w, output, create_graph=True)
         for s in tokens:
@@ -94,22 +113,33 @@ def integrated_hessians_map(model: ExplainableModel, batch: Batch, embeddings: T
     real = mask.to(gamma.dtype)
     gamma = gamma * real.unsqueeze(2) * real.unsqueeze(1)
     start = embeddings.unsqueeze(0).clone().requires_grad_(True)
-    ig_x = _inner_ig(model, batch, start, base, target, betas, beta_w, output,
-                     create_graph=False)[0].detach() * real
+    ig_x = _inner_ig(model, batch, start, base, target, betas, beta_w, output, create_graph=False)[0].detach() * real
     delta = gamma.sum(-1) - ig_x
     scale = ig_x.abs().sum(1)
     bad = delta.abs().amax(1) > warn_threshold * scale.clamp_min(torch.finfo(scale.dtype).tiny)
     if bool(bad.any()):
-        warnings.warn(f"Integrated Hessians: sum_t Gamma_st misses IG_s by more than {warn_threshold:.0%} of the "
-                      f"row's sum |IG| for {int(bad.sum())} of {N} rows; raise n_steps.", RuntimeWarning,
-                      stacklevel=4)
+        warnings.warn(
+            f"Integrated Hessians: sum_t Gamma_st misses IG_s by more than {warn_threshold:.0%} of the "
+            f"row's sum |IG| for {int(bad.sum())} of {N} rows; raise n_steps.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
     return gamma, delta
 
 
-def integrated_hessians(model: Any, batch: Batch, target: Any = None, *, n_steps: int = 16,
-                        inner_steps: Optional[int] = None, baseline: Any = "zero", output: str = "probability",
-                        pad_token_id: Optional[int] = None, internal_batch_size: Union[int, str, None] = "auto",
-                        return_convergence_delta: bool = False) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+def integrated_hessians(
+    model: Any,
+    batch: Batch,
+    target: Any = None,
+    *,
+    n_steps: int = 16,
+    inner_steps: Optional[int] = None,
+    baseline: Any = "zero",
+    output: str = "probability",
+    pad_token_id: Optional[int] = None,
+    internal_batch_size: Union[int, str, None] = "auto",
+    return_convergence_delta: bool = False,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Token-pair interactions Γ ``[B, T, T]`` of any :class:`ExplainableModel` (Integrated Hessians).
 
     Args:
@@ -137,26 +167,61 @@ def integrated_hessians(model: Any, batch: Batch, target: Any = None, *, n_steps
         >>> gamma.shape, bool(delta.abs().max() < 1e-6), gamma[1, 2].abs().sum().item()
         (torch.Size([2, 3, 3]), True, 0.0)
     """
-    result = attribute(model, batch, "integrated_hessians", target, n_steps=n_steps, inner_steps=inner_steps,
-                       baseline=baseline, output=output, pad_token_id=pad_token_id,
-                       internal_batch_size=internal_batch_size, return_convergence_delta=return_convergence_delta)
+    result = attribute(
+        model,
+        batch,
+        "integrated_hessians",
+        target,
+        n_steps=n_steps,
+        inner_steps=inner_steps,
+        baseline=baseline,
+        output=output,
+        pad_token_id=pad_token_id,
+        internal_batch_size=internal_batch_size,
+        return_convergence_delta=return_convergence_delta,
+    )
     return (result[1], result[2]) if return_convergence_delta else result[1]
 
 
-@register_method("integrated_hessians", resolves_target=True, precision_sensitive=True, returns=PAIRWISE_INTERACTIONS,
-                 unshardable="its second-order gradients through FSDP2's hooks crash the process (a segmentation "
-                             "fault on CPU, torch 2.13)")
-def _integrated_hessians(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
-                         n_steps: int = 16, inner_steps: Optional[int] = None, baseline: Any = "zero",
-                         output: str = "probability", pad_token_id: Optional[int] = None,
-                         internal_batch_size: Union[int, str, None] = "auto",
-                         return_convergence_delta: bool = False) -> Tuple[Tensor, ...]:
+@register_method(
+    "integrated_hessians",
+    resolves_target=True,
+    precision_sensitive=True,
+    returns=PAIRWISE_INTERACTIONS,
+    unshardable="its second-order gradients through FSDP2's hooks crash the process (a segmentation "
+    "fault on CPU, torch 2.13)",
+)
+def _integrated_hessians(
+    model: ExplainableModel,
+    batch: Batch,
+    target: Any,
+    *,
+    create_graph: bool = False,
+    n_steps: int = 16,
+    inner_steps: Optional[int] = None,
+    baseline: Any = "zero",
+    output: str = "probability",
+    pad_token_id: Optional[int] = None,
+    internal_batch_size: Union[int, str, None] = "auto",
+    return_convergence_delta: bool = False,
+) -> Tuple[Tensor, ...]:
     if create_graph:
-        raise ValueError("integrated_hessians does not support create_graph=True (its maps are built from "
-                         "double-backward passes and returned detached); use integrated_gradients in losses.")
+        raise ValueError(
+            "integrated_hessians does not support create_graph=True (its maps are built from "
+            "double-backward passes and returned detached); use integrated_gradients in losses."
+        )
     with torch.no_grad():
         embeddings = model.embed(batch)
-    gamma, delta = integrated_hessians_map(model, batch, embeddings, target, n_steps=n_steps, inner_steps=inner_steps,
-                                           baseline=baseline, output=output, pad_token_id=pad_token_id,
-                                           internal_batch_size=internal_batch_size)
+    gamma, delta = integrated_hessians_map(
+        model,
+        batch,
+        embeddings,
+        target,
+        n_steps=n_steps,
+        inner_steps=inner_steps,
+        baseline=baseline,
+        output=output,
+        pad_token_id=pad_token_id,
+        internal_batch_size=internal_batch_size,
+    )
     return (gamma.sum(-1), gamma, delta) if return_convergence_delta else (gamma.sum(-1), gamma)

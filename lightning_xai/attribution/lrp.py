@@ -34,6 +34,7 @@ float error plus the relevance that lands on positions outside the token mask (`
 encoder reads but which the returned map zeroes). With ``bias_factor=0`` the delta is minus the relevance
 absorbed by all biases and by ε.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, Optional, Tuple, Type, Union
@@ -47,8 +48,16 @@ from lightning_xai.attribution.lrp_rules import _safe_div, _sign, lrp_linear, ls
 from lightning_xai.attribution.registry import SCORES_AND_DELTA, register_method
 from lightning_xai.attribution.targets import resolve_target
 
-__all__ = ["LRP_ENCODER_RULES", "EncoderRule", "lrp", "lrp_linear", "lstm_forward", "lstm_rule", "per_token_rule",
-           "register_lrp_encoder"]
+__all__ = [
+    "LRP_ENCODER_RULES",
+    "EncoderRule",
+    "lrp",
+    "lrp_linear",
+    "lstm_forward",
+    "lstm_rule",
+    "per_token_rule",
+    "register_lrp_encoder",
+]
 
 EncoderRule = Callable[..., Tuple[Tensor, Tensor]]
 """``rule(encoder, x, input_mask, relevance_hidden, *, eps, bias_factor) -> (relevance_x, hidden)``.
@@ -108,7 +117,8 @@ def _check_precision(model: Any, encoder: nn.Module, hidden: Tensor, logits: Ten
         f"({type(encoder).__name__}) is re-run in float64 and checked against the model's own hidden states, which "
         f"{reduced} rounds by ~1e-3, so the relevances cannot be trusted. The cause is precision, not a missing "
         "rule: cast the model to float32 for LRP (model.float(), outside torch.autocast; Trainer(precision='32') "
-        "for audits), or use a gradient-based method.")
+        "for audits), or use a gradient-based method."
+    )
 
 
 def lrp(
@@ -187,23 +197,32 @@ def lrp(
             picked = logits.gather(1, target_index.unsqueeze(1))
             relevance_out = relevance_out.scatter(1, target_index.unsqueeze(1), picked)
             context = torch.einsum("bt,bth->bh", alpha, hidden)
-            relevance_context = lrp_linear(context, head.weight.to(context.dtype),
-                                           None if head.bias is None else head.bias.to(context.dtype),
-                                           logits, relevance_out, eps=eps, bias_factor=bias_factor)
+            relevance_context = lrp_linear(
+                context,
+                head.weight.to(context.dtype),
+                None if head.bias is None else head.bias.to(context.dtype),
+                logits,
+                relevance_out,
+                eps=eps,
+                bias_factor=bias_factor,
+            )
             # attention pooling as a gate: c_j = Σ_t α_t h_tj
             attended = token_mask.to(hidden.dtype)
             stab = eps * _sign(context)
             count = attended.sum(1, keepdim=True).clamp_min(1).unsqueeze(-1)
             numer = alpha.unsqueeze(-1) * hidden + bias_factor * stab.unsqueeze(1) * attended.unsqueeze(-1) / count
             relevance_hidden = numer * _safe_div(relevance_context, context + stab).unsqueeze(1)
-            relevance_x, recomputed = rule(encoder, embeddings, input_mask, relevance_hidden, eps=eps,
-                                           bias_factor=bias_factor)
+            relevance_x, recomputed = rule(
+                encoder, embeddings, input_mask, relevance_hidden, eps=eps, bias_factor=bias_factor
+            )
             scale = hidden.detach().abs().max().clamp_min(1.0)
             gap = (recomputed.detach() - hidden.detach()).abs().max()
             if gap > 1e-4 * scale:
-                raise RuntimeError(f"LRP's re-run of {type(encoder).__name__} disagrees with the model's own "
-                                   f"hidden states (max difference {gap.item():.3g}); the encoder's forward is not "
-                                   "the one its LRP rule implements. Register a matching rule.")
+                raise RuntimeError(
+                    f"LRP's re-run of {type(encoder).__name__} disagrees with the model's own "
+                    f"hidden states (max difference {gap.item():.3g}); the encoder's forward is not "
+                    "the one its LRP rule implements. Register a matching rule."
+                )
             relevance = relevance_x.sum(-1) * token_mask
             delta_full = relevance.sum(1) - picked.squeeze(1).to(relevance.dtype)
             relevance = relevance.to(out_dtype)
@@ -217,9 +236,25 @@ def lrp(
 
 
 @register_method("lrp", resolves_target=True, returns=SCORES_AND_DELTA)
-def _lrp_method(model: Any, batch: Batch, target: Any, *, create_graph: bool = False, eps: float = 1e-3,
-                bias_factor: float = 0.0, return_convergence_delta: bool = False,
-                dtype: Optional[torch.dtype] = torch.float64) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+def _lrp_method(
+    model: Any,
+    batch: Batch,
+    target: Any,
+    *,
+    create_graph: bool = False,
+    eps: float = 1e-3,
+    bias_factor: float = 0.0,
+    return_convergence_delta: bool = False,
+    dtype: Optional[torch.dtype] = torch.float64,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """``attribute(model, batch, method="lrp", eps=..., bias_factor=..., return_convergence_delta=..., dtype=...)``."""
-    return lrp(model, batch, target, create_graph=create_graph, eps=eps, bias_factor=bias_factor,
-               return_convergence_delta=return_convergence_delta, dtype=dtype)
+    return lrp(
+        model,
+        batch,
+        target,
+        create_graph=create_graph,
+        eps=eps,
+        bias_factor=bias_factor,
+        return_convergence_delta=return_convergence_delta,
+        dtype=dtype,
+    )

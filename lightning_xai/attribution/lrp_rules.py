@@ -6,6 +6,7 @@ through a per-token ``act(encoder.proj(x_t))``. They know ``nn.LSTM`` and ``nn.L
 models package registers them for its encoders with :func:`~lightning_xai.attribution.lrp.register_lrp_encoder`.
 The rules are described in :mod:`lightning_xai.attribution.lrp`.
 """
+
 from __future__ import annotations
 
 from typing import Dict, Optional, Tuple, Union
@@ -73,8 +74,16 @@ def lrp_linear(
 
 
 # --- the LSTM, re-run in Python --------------------------------------------------------------------------
-def lstm_forward(x: Tensor, lengths: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias_ih: Optional[Tensor],
-                 bias_hh: Optional[Tensor], *, reverse: bool = False) -> Dict[str, Tensor]:
+def lstm_forward(
+    x: Tensor,
+    lengths: Tensor,
+    weight_ih: Tensor,
+    weight_hh: Tensor,
+    bias_ih: Optional[Tensor],
+    bias_hh: Optional[Tensor],
+    *,
+    reverse: bool = False,
+) -> Dict[str, Tensor]:
     """One direction of a single-layer ``nn.LSTM`` over right-padded sequences, keeping every intermediate.
 
     Matches ``nn.LSTM`` on a packed sequence: position ``t`` of row ``b`` is processed iff ``t < lengths[b]``;
@@ -128,13 +137,22 @@ def lstm_forward(x: Tensor, lengths: Tensor, weight_ih: Tensor, weight_hh: Tenso
     return out
 
 
-def _lstm_direction_relevance(states: Dict[str, Tensor], x: Tensor, relevance_h: Tensor, weight_ih: Tensor,
-                              weight_hh: Tensor, bias: Tensor, *, reverse: bool, eps: float,
-                              bias_factor: float) -> Tensor:
+def _lstm_direction_relevance(
+    states: Dict[str, Tensor],
+    x: Tensor,
+    relevance_h: Tensor,
+    weight_ih: Tensor,
+    weight_hh: Tensor,
+    bias: Tensor,
+    *,
+    reverse: bool,
+    eps: float,
+    bias_factor: float,
+) -> Tensor:
     hidden = weight_hh.shape[1]
     steps = x.shape[1]
-    w_g = torch.cat([weight_ih[2 * hidden:3 * hidden], weight_hh[2 * hidden:3 * hidden]], dim=1)  # [H, E + H]
-    b_g = bias[2 * hidden:3 * hidden]
+    w_g = torch.cat([weight_ih[2 * hidden : 3 * hidden], weight_hh[2 * hidden : 3 * hidden]], dim=1)  # [H, E + H]
+    b_g = bias[2 * hidden : 3 * hidden]
     relevance_x = torch.zeros_like(x)
     carry_h = relevance_h.new_zeros(relevance_h.shape[0], hidden)
     carry_c = torch.zeros_like(carry_h)
@@ -157,10 +175,12 @@ def _lstm_direction_relevance(states: Dict[str, Tensor], x: Tensor, relevance_h:
         # g = tanh(g_pre) (identity rule), g_pre = [x_t, h_prev] @ w_g.T + b_g (ε-rule)
         inputs = torch.cat([x[:, t], states["h_prev"][:, t]], dim=-1)
         present = torch.cat([present_x, (~first).expand(-1, hidden)], dim=-1)
-        r_in = lrp_linear(inputs, w_g, b_g, states["g_pre"][:, t], r_g, eps=eps, bias_factor=bias_factor,
-                          present=present) * valid
+        r_in = (
+            lrp_linear(inputs, w_g, b_g, states["g_pre"][:, t], r_g, eps=eps, bias_factor=bias_factor, present=present)
+            * valid
+        )
         relevance_x[:, t] = r_in[:, : x.shape[-1]]
-        carry_h = r_in[:, x.shape[-1]:] * ~first
+        carry_h = r_in[:, x.shape[-1] :] * ~first
         carry_c = r_c_prev * ~first
     return relevance_x
 
@@ -174,9 +194,9 @@ def _lstm_parameters(rnn: nn.LSTM, suffix: str) -> Tuple[Tensor, Tensor, Optiona
     return weight_ih, weight_hh, get("bias_ih"), get("bias_hh")
 
 
-
-def lstm_rule(encoder: nn.Module, x: Tensor, input_mask: Tensor, relevance_hidden: Tensor, *, eps: float,
-              bias_factor: float) -> Tuple[Tensor, Tensor]:
+def lstm_rule(
+    encoder: nn.Module, x: Tensor, input_mask: Tensor, relevance_hidden: Tensor, *, eps: float, bias_factor: float
+) -> Tuple[Tensor, Tensor]:
     """Arras et al.'s LSTM rules for :class:`~lightning_xai.models.encoders.LSTMEncoder` (one or two directions).
 
     Example:
@@ -189,8 +209,7 @@ def lstm_rule(encoder: nn.Module, x: Tensor, input_mask: Tensor, relevance_hidde
     """
     rnn = encoder.rnn
     if not isinstance(rnn, nn.LSTM) or rnn.num_layers != 1 or rnn.proj_size != 0 or not rnn.batch_first:
-        raise ValueError("LRP supports a single-layer, batch_first nn.LSTM without proj_size; got "
-                         f"{rnn!r}.")
+        raise ValueError(f"LRP supports a single-layer, batch_first nn.LSTM without proj_size; got {rnn!r}.")
     lengths = input_mask.sum(1)
     _check_prefix_mask(input_mask)
     directions = [("", False)] + ([("_reverse", True)] if rnn.bidirectional else [])
@@ -205,15 +224,16 @@ def lstm_rule(encoder: nn.Module, x: Tensor, input_mask: Tensor, relevance_hidde
         outputs.append(states["h"])
         bias = torch.zeros(4 * hidden, dtype=x.dtype, device=x.device)
         bias = bias + (b_ih if b_ih is not None else 0.0) + (b_hh if b_hh is not None else 0.0)
-        part = relevance_hidden[..., index * hidden:(index + 1) * hidden]
-        relevance_x = relevance_x + _lstm_direction_relevance(states, x, part, w_ih, w_hh, bias, reverse=reverse,
-                                                              eps=eps, bias_factor=bias_factor)
+        part = relevance_hidden[..., index * hidden : (index + 1) * hidden]
+        relevance_x = relevance_x + _lstm_direction_relevance(
+            states, x, part, w_ih, w_hh, bias, reverse=reverse, eps=eps, bias_factor=bias_factor
+        )
     return relevance_x, torch.cat(outputs, dim=-1)
 
 
-
-def per_token_rule(encoder: nn.Module, x: Tensor, input_mask: Tensor, relevance_hidden: Tensor, *, eps: float,
-                   bias_factor: float) -> Tuple[Tensor, Tensor]:
+def per_token_rule(
+    encoder: nn.Module, x: Tensor, input_mask: Tensor, relevance_hidden: Tensor, *, eps: float, bias_factor: float
+) -> Tuple[Tensor, Tensor]:
     """A per-token encoder ``h_t = act(proj(x_t))`` (``encoder.proj`` an ``nn.Linear``): identity rule through
     the element-wise activation, ε-rule through ``proj``. Used for :class:`~lightning_xai.models.encoders.MLPEncoder`;
     register it for your own per-token encoders with :func:`register_lrp_encoder`.
@@ -228,8 +248,9 @@ def per_token_rule(encoder: nn.Module, x: Tensor, input_mask: Tensor, relevance_
     """
     proj = getattr(encoder, "proj", None)
     if not isinstance(proj, nn.Linear):
-        raise ValueError(f"per_token_rule needs encoder.proj to be an nn.Linear; {type(encoder).__name__} has "
-                         f"{type(proj).__name__}.")
+        raise ValueError(
+            f"per_token_rule needs encoder.proj to be an nn.Linear; {type(encoder).__name__} has {type(proj).__name__}."
+        )
     weight = proj.weight.to(x.dtype)
     bias = None if proj.bias is None else proj.bias.to(x.dtype)
     pre = nn.functional.linear(x, weight, bias)
@@ -241,6 +262,7 @@ def _check_prefix_mask(input_mask: Tensor) -> None:
     lengths = input_mask.sum(1, keepdim=True)
     expected = torch.arange(input_mask.shape[1], device=input_mask.device).unsqueeze(0) < lengths
     if not torch.equal(expected, input_mask):
-        raise ValueError("LRP for LSTMs needs right-padded rows (the real positions of each row first, then pads); "
-                         "the batch's input mask has gaps. Use the collate of TextClassificationDataModule.")
-
+        raise ValueError(
+            "LRP for LSTMs needs right-padded rows (the real positions of each row first, then pads); "
+            "the batch's input mask has gaps. Use the collate of TextClassificationDataModule."
+        )

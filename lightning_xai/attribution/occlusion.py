@@ -1,4 +1,5 @@
 """Leave-one-out: how much the target probability drops when one token is deleted or replaced by the pad."""
+
 from __future__ import annotations
 
 import warnings
@@ -8,12 +9,18 @@ from typing import Any, Collection, Optional, Union
 import torch
 from torch import Tensor
 
-from lightning_xai.adapters.capabilities import DeletionLogits, target_keys
-from lightning_xai.adapters.capabilities import head_kind_of
+from lightning_xai.adapters.capabilities import DeletionLogits, head_kind_of, target_keys
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution import batching
-from lightning_xai.attribution.batching import (_keep_width, length_chunks, pad_embeddings, padding_trimmer,
-                                                remove_tokens, row_extents, gather_rows)
+from lightning_xai.attribution.batching import (
+    _keep_width,
+    gather_rows,
+    length_chunks,
+    pad_embeddings,
+    padding_trimmer,
+    remove_tokens,
+    row_extents,
+)
 from lightning_xai.attribution.gradients import _rows_per_pass
 from lightning_xai.attribution.registry import register_method
 from lightning_xai.attribution.targets import resolve_target, target_score
@@ -28,8 +35,9 @@ def _parameters(model: Any) -> list:
     return list(model.parameters()) if isinstance(model, torch.nn.Module) else []
 
 
-def occlusion_batch(batch: Batch, rows: Tensor, positions: Tensor, batch_size: int, *,
-                    keep: Collection[str] = ()) -> dict:
+def occlusion_batch(
+    batch: Batch, rows: Tensor, positions: Tensor, batch_size: int, *, keep: Collection[str] = ()
+) -> dict:
     """One variant per ``(rows[k], positions[k])``: row ``rows[k]`` of ``batch`` with that token deleted.
 
     Every per-token value (``input_ids``, ``mask``, ``input_mask``, ``impermissible``, ``rationale``, ...) loses
@@ -45,17 +53,27 @@ def occlusion_batch(batch: Batch, rows: Tensor, positions: Tensor, batch_size: i
         ([[6, 7], [5, 7], [5, 6]], [1, 1, 1])
     """
     variants = gather_rows(batch, rows, batch_size)
-    width = next(v.shape[1] for v in batch.values() if isinstance(v, Tensor) and v.dim() >= 2
-                 and v.shape[0] == batch_size)
+    width = next(
+        v.shape[1] for v in batch.values() if isinstance(v, Tensor) and v.dim() >= 2 and v.shape[0] == batch_size
+    )
     remove = torch.zeros(rows.numel(), width, dtype=torch.bool, device=rows.device)
     remove[torch.arange(rows.numel(), device=rows.device), positions] = True
     return remove_tokens(variants, remove, keep=keep)
 
 
 @register_method("leave_one_out", resolves_target=True, precision_sensitive=True)
-def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
-                  mode: str = "delete", signed: bool = False, internal_batch_size: Union[int, str, None] = "auto",
-                  output: Optional[str] = None, pad_token_id: Optional[int] = None) -> Tensor:
+def leave_one_out(
+    model: ExplainableModel,
+    batch: Batch,
+    target: Any,
+    *,
+    create_graph: bool = False,
+    mode: str = "delete",
+    signed: bool = False,
+    internal_batch_size: Union[int, str, None] = "auto",
+    output: Optional[str] = None,
+    pad_token_id: Optional[int] = None,
+) -> Tensor:
     """``[B, T]``: score(x) − score(x without token t) for every real token t (\\|·\\| unless ``signed``).
 
     ``mode="delete"`` removes the token (the sequence gets one shorter, as in Jain & Wallace);
@@ -88,17 +106,24 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
         raise ValueError(f"Unknown leave_one_out mode {mode!r}; choose one of {list(LOO_MODES)}.")
     mask = model.token_mask(batch)
     device_type = mask.device.type
-    half = sorted({str(p.dtype).replace("torch.", "") for p in _parameters(model)
-                   if p.dtype in (torch.bfloat16, torch.float16)})
+    half = sorted(
+        {str(p.dtype).replace("torch.", "") for p in _parameters(model) if p.dtype in (torch.bfloat16, torch.float16)}
+    )
     where = f"on a model with {'/'.join(half)} weights" if half else None
-    if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) in (torch.bfloat16,
-                                                                                            torch.float16):
+    if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) in (
+        torch.bfloat16,
+        torch.float16,
+    ):
         where = f"under {str(torch.get_autocast_dtype(device_type)).replace('torch.', '')} autocast"
     if where is not None:
-        warnings.warn(f"leave_one_out {where}: its scores are differences of nearby probabilities, which "
-                      "that rounding swamps (rankings far from float32's). For the float32 map run it outside "
-                      "autocast (torch.autocast(..., enabled=False)) on float32 weights (model.float()), or use the "
-                      "audit callbacks, which compute it in float32.", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"leave_one_out {where}: its scores are differences of nearby probabilities, which "
+            "that rounding swamps (rankings far from float32's). For the float32 map run it outside "
+            "autocast (torch.autocast(..., enabled=False)) on float32 weights (model.float()), or use the "
+            "audit callbacks, which compute it in float32.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     B, T = mask.shape
     with nullcontext() if create_graph else torch.no_grad():
         embeddings = model.embed(batch)
@@ -122,15 +147,23 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
         chosen = (~by_pad).nonzero().flatten()  # the variants scored by deleting the token
         if mode == "delete":
             if bool(by_pad.any()):
-                warnings.warn(f"leave_one_out(mode='delete'): rows {rows[by_pad].tolist()[:10]} have a single real "
-                              "token; deleting it leaves nothing to classify, so it is scored by replacing it with "
-                              "the pad token (mode='pad').", RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"leave_one_out(mode='delete'): rows {rows[by_pad].tolist()[:10]} have a single real "
+                    "token; deleting it leaves nothing to classify, so it is scored by replacing it with "
+                    "the pad token (mode='pad').",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
             # a model that can score deletions faster than re-running them (e.g. the BiLSTM reusing its states)
-            deleted = model.deletion_logits(embeddings, batch, rows[chosen], positions[chosen]) \
-                if isinstance(model, DeletionLogits) else None
+            deleted = (
+                model.deletion_logits(embeddings, batch, rows[chosen], positions[chosen])
+                if isinstance(model, DeletionLogits)
+                else None
+            )
             if deleted is not None:
-                parts.append((chosen, target_score(deleted, target.index_select(0, rows[chosen]), output,
-                                                   head_kind_of(model))))
+                parts.append(
+                    (chosen, target_score(deleted, target.index_select(0, rows[chosen]), output, head_kind_of(model)))
+                )
                 chosen = chosen[:0]
         if chosen.numel() or bool(by_pad.any()):  # full passes remain: trim them only where the logits allow
             trim = padding_trimmer(model, batch, B)  # the identity for a model that reads its padding
@@ -149,8 +182,11 @@ def leave_one_out(model: ExplainableModel, batch: Batch, target: Any, *, create_
                 k = chosen[c.to(chosen.device)]
                 r, p = rows[k], positions[k]
                 sub = trim(gather_rows(batch, r, B), (k.numel(), T))
-                width = next(v.shape[1] for v in sub.values() if isinstance(v, Tensor) and v.dim() >= 2
-                             and v.shape[0] == k.numel())
+                width = next(
+                    v.shape[1]
+                    for v in sub.values()
+                    if isinstance(v, Tensor) and v.dim() >= 2 and v.shape[0] == k.numel()
+                )
                 # one copy of the rows (cut to the pass's width), then overwrite the single occluded vector each
                 x = embeddings.index_select(0, r)[:, :width]
                 at = (torch.arange(k.numel(), device=x.device), p)

@@ -13,6 +13,7 @@ row) and against full passes with a changed attention (uniform over the real tok
 differs (``torch.allclose`` with ``rtol=1e-4, atol=1e-5``) is dropped (``None``), so the caller re-runs the model
 instead: a replay is never a silent wrong number.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -52,12 +53,14 @@ def _linear_head_scorer(model: LinearHead, out: ExplainOutput, mask: Tensor) -> 
 
 
 def _close(fast: Tensor, full: Tensor) -> bool:
-    return fast.shape == full.shape and bool(torch.allclose(fast.to(full.dtype), full, rtol=REPLAY_RTOL,
-                                                            atol=REPLAY_ATOL))
+    return fast.shape == full.shape and bool(
+        torch.allclose(fast.to(full.dtype), full, rtol=REPLAY_RTOL, atol=REPLAY_ATOL)
+    )
 
 
-def override_scorer(model: ExplainableModel, embeddings: Tensor, batch: Batch
-                    ) -> Tuple[ExplainOutput, Optional[OverrideScorer]]:
+def override_scorer(
+    model: ExplainableModel, embeddings: Tensor, batch: Batch
+) -> Tuple[ExplainOutput, Optional[OverrideScorer]]:
     """``(model.forward_from_embeddings(embeddings, batch), scorer or None)``.
 
     ``scorer(rows, override)`` gives the ``[N, C]`` logits of rows ``rows`` (``LongTensor[N]``) of the batch with
@@ -90,8 +93,9 @@ def override_scorer(model: ExplainableModel, embeddings: Tensor, batch: Batch
         rows = torch.arange(min(B, 2), device=mask.device)
         real = mask.index_select(0, rows)
         uniform = real.to(out.attention.dtype) / real.sum(1, keepdim=True).clamp(min=1).to(out.attention.dtype)
-        full = model.forward_from_embeddings(embeddings.index_select(0, rows), gather_rows(batch, rows, B),
-                                             attention_override=uniform).logits
+        full = model.forward_from_embeddings(
+            embeddings.index_select(0, rows), gather_rows(batch, rows, B), attention_override=uniform
+        ).logits
         if not _close(scorer(rows, uniform), full):
             return out, None
     return out, scorer

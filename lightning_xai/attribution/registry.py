@@ -8,6 +8,7 @@ interactions for the report?) — no caller keeps a table of method names of its
 A module that registers methods is imported by :mod:`lightning_xai.attribution`'s ``__init__`` (statically, so
 the import contracts see it), and importing any part of the package registers every built-in method.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,8 +16,17 @@ from typing import Callable, Dict, Tuple, Union
 
 from torch import Tensor
 
-__all__ = ["ATTRIBUTION_METHODS", "AttributionFn", "MethodRecord", "PAIRWISE_INTERACTIONS", "RETURNS", "SCORES",
-           "SCORES_AND_DELTA", "method_record", "register_method"]
+__all__ = [
+    "ATTRIBUTION_METHODS",
+    "AttributionFn",
+    "MethodRecord",
+    "PAIRWISE_INTERACTIONS",
+    "RETURNS",
+    "SCORES",
+    "SCORES_AND_DELTA",
+    "method_record",
+    "register_method",
+]
 
 AttributionFn = Callable[..., Union[Tensor, Tuple[Tensor, ...]]]
 
@@ -81,8 +91,14 @@ class MethodRecord:
 ATTRIBUTION_METHODS: Dict[str, MethodRecord] = {}
 
 
-def register_method(name: str, *, resolves_target: bool = False, precision_sensitive: bool = False,
-                    returns: str = SCORES, unshardable: str = "") -> Callable[[AttributionFn], AttributionFn]:
+def register_method(
+    name: str,
+    *,
+    resolves_target: bool = False,
+    precision_sensitive: bool = False,
+    returns: str = SCORES,
+    unshardable: str = "",
+) -> Callable[[AttributionFn], AttributionFn]:
     """Register an attribution function under ``name`` so ``attribute(..., method=name)`` finds it.
 
     The function is called as ``fn(model, batch, target, *, create_graph, **options)`` inside
@@ -120,9 +136,14 @@ def register_method(name: str, *, resolves_target: bool = False, precision_sensi
         raise ValueError(f"register_method({name!r}): returns must be one of {list(RETURNS)}; got {returns!r}.")
 
     def decorator(fn: AttributionFn) -> AttributionFn:
-        ATTRIBUTION_METHODS[name] = MethodRecord(name, fn, resolves_target=bool(resolves_target),
-                                                 precision_sensitive=bool(precision_sensitive), returns=returns,
-                                                 unshardable=str(unshardable))
+        ATTRIBUTION_METHODS[name] = MethodRecord(
+            name,
+            fn,
+            resolves_target=bool(resolves_target),
+            precision_sensitive=bool(precision_sensitive),
+            returns=returns,
+            unshardable=str(unshardable),
+        )
         return fn
 
     return decorator
@@ -139,6 +160,8 @@ def method_record(name: str) -> MethodRecord:
         True
     """
     if name not in ATTRIBUTION_METHODS:
-        raise ValueError(f"Unknown attribution method {name!r}; known methods: {sorted(ATTRIBUTION_METHODS)}. "
-                         "A Captum attribution object is accepted too.")
+        raise ValueError(
+            f"Unknown attribution method {name!r}; known methods: {sorted(ATTRIBUTION_METHODS)}. "
+            "A Captum attribution object is accepted too."
+        )
     return ATTRIBUTION_METHODS[name]

@@ -6,6 +6,7 @@ N(0, σ²) noise, σ = ``noise_level``·(max − min) of the row's real-token em
 special tokens are left as they are, and the draws come from a generator seeded with ``seed`` (one draw of
 shape ``[B, T, E]`` per sample, so the noise does not depend on how samples are grouped into passes).
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -17,9 +18,9 @@ from torch import Tensor
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution.batching import gather_rows
 from lightning_xai.attribution.core import resolve_target
-from lightning_xai.attribution.targets import explained_attention
 from lightning_xai.attribution.gradients import _rows_per_pass
 from lightning_xai.attribution.registry import register_method
+from lightning_xai.attribution.targets import explained_attention
 
 __all__ = ["noise_scale", "smooth_attention_map"]
 
@@ -40,23 +41,37 @@ def noise_scale(embeddings: Tensor, mask: Tensor, noise_level: float = 0.15, std
         raise ValueError(f"noise_level must be >= 0; got {noise_level}.")
     real = mask.unsqueeze(-1).expand_as(embeddings)
     values = embeddings.detach()
-    spread = torch.where(real, values, values.new_tensor(float("-inf"))).flatten(1).max(1).values \
+    spread = (
+        torch.where(real, values, values.new_tensor(float("-inf"))).flatten(1).max(1).values
         - torch.where(real, values, values.new_tensor(float("inf"))).flatten(1).min(1).values
+    )
     return noise_level * spread
 
 
 def _draw(embeddings: Tensor, sigma: Tensor, generator: torch.Generator, k: int) -> Tensor:
     """``[k, B, T, E]`` noise: ``k`` successive ``[B, T, E]`` standard normal draws, each scaled by its row's σ."""
-    draws = [torch.randn(embeddings.shape, generator=generator, dtype=embeddings.dtype, device=embeddings.device)
-             for _ in range(k)]
+    draws = [
+        torch.randn(embeddings.shape, generator=generator, dtype=embeddings.dtype, device=embeddings.device)
+        for _ in range(k)
+    ]
     return torch.stack(draws) * sigma
 
 
-def smooth_attention_map(model: ExplainableModel, batch: Batch, embeddings: Tensor, *, n_samples: int = 30,
-                         noise_level: float = 0.15, stdev: Optional[float] = None, seed: Optional[int] = 0,
-                         generator: Optional[torch.Generator] = None, noise: Optional[Tensor] = None,
-                         internal_batch_size: Union[int, str, None] = "auto",
-                         create_graph: bool = False, target: Optional[Tensor] = None) -> Tensor:
+def smooth_attention_map(
+    model: ExplainableModel,
+    batch: Batch,
+    embeddings: Tensor,
+    *,
+    n_samples: int = 30,
+    noise_level: float = 0.15,
+    stdev: Optional[float] = None,
+    seed: Optional[int] = 0,
+    generator: Optional[torch.Generator] = None,
+    noise: Optional[Tensor] = None,
+    internal_batch_size: Union[int, str, None] = "auto",
+    create_graph: bool = False,
+    target: Optional[Tensor] = None,
+) -> Tensor:
     """Mean ``[B, T]`` attention of the model over ``n_samples`` noisy copies of ``embeddings``.
 
     Args:
@@ -90,8 +105,9 @@ def smooth_attention_map(model: ExplainableModel, batch: Batch, embeddings: Tens
     real = mask.unsqueeze(-1).to(embeddings.dtype)
     if noise is not None:
         if tuple(noise.shape) != (n_samples, N, T, E):
-            raise ValueError(f"noise must have shape (n_samples, B, T, E) = {(n_samples, N, T, E)}; got "
-                             f"{tuple(noise.shape)}.")
+            raise ValueError(
+                f"noise must have shape (n_samples, B, T, E) = {(n_samples, N, T, E)}; got {tuple(noise.shape)}."
+            )
     else:
         sigma = noise_scale(embeddings, mask, noise_level, stdev).view(N, 1, 1)
         if generator is None:
@@ -103,7 +119,7 @@ def smooth_attention_map(model: ExplainableModel, batch: Batch, embeddings: Tens
         for first in range(0, n_samples, per_pass):
             k = min(per_pass, n_samples - first)
             if noise is not None:
-                eps = noise[first:first + k].to(embeddings)
+                eps = noise[first : first + k].to(embeddings)
             else:
                 assert generator is not None  # made above when no noise is given
                 eps = _draw(embeddings, sigma, generator, k)
@@ -118,16 +134,36 @@ def smooth_attention_map(model: ExplainableModel, batch: Batch, embeddings: Tens
 
 
 @register_method("smooth_attention", resolves_target=True)
-def _smooth_attention(model: ExplainableModel, batch: Batch, target: Any, *, create_graph: bool = False,
-                      n_samples: int = 30, noise_level: float = 0.15, stdev: Optional[float] = None,
-                      seed: Optional[int] = 0, generator: Optional[torch.Generator] = None,
-                      noise: Optional[Tensor] = None,
-                      internal_batch_size: Union[int, str, None] = "auto") -> Tensor:
+def _smooth_attention(
+    model: ExplainableModel,
+    batch: Batch,
+    target: Any,
+    *,
+    create_graph: bool = False,
+    n_samples: int = 30,
+    noise_level: float = 0.15,
+    stdev: Optional[float] = None,
+    seed: Optional[int] = 0,
+    generator: Optional[torch.Generator] = None,
+    noise: Optional[Tensor] = None,
+    internal_batch_size: Union[int, str, None] = "auto",
+) -> Tensor:
     with nullcontext() if create_graph else torch.no_grad():
         embeddings = model.embed(batch)
         target = resolve_target(model.forward_from_embeddings(embeddings, batch), target)
     if not create_graph:
         embeddings = embeddings.detach()
-    return smooth_attention_map(model, batch, embeddings, n_samples=n_samples, noise_level=noise_level, stdev=stdev,
-                                seed=seed, generator=generator, noise=noise, internal_batch_size=internal_batch_size,
-                                create_graph=create_graph, target=target)
+    return smooth_attention_map(
+        model,
+        batch,
+        embeddings,
+        n_samples=n_samples,
+        noise_level=noise_level,
+        stdev=stdev,
+        seed=seed,
+        generator=generator,
+        noise=noise,
+        internal_batch_size=internal_batch_size,
+        create_graph=create_graph,
+        target=target,
+    )

@@ -42,6 +42,7 @@ The lowest module of :mod:`lightning_xai.attribution`: :mod:`~lightning_xai.attr
 registry and :func:`~lightning_xai.attribution.attribute`) and
 :mod:`~lightning_xai.attribution.captum_bridge` both build on it, so neither needs the other's internals.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -54,10 +55,25 @@ from lightning_xai.adapters.capabilities import HEAD_KINDS, head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
 from lightning_xai.attribution.context import explanation_context
 
-__all__ = ["OUTPUTS", "WHOLE_TARGET", "check_real_tokens", "check_softmax_head", "check_token_mask", "decisions",
-           "default_output", "explained_attention", "explained_quantity", "explained_values", "label_targets",
-           "predicted_class", "resolve_target", "score_values", "target_probabilities", "target_score",
-           "warn_nonfinite_logits"]
+__all__ = [
+    "OUTPUTS",
+    "WHOLE_TARGET",
+    "check_real_tokens",
+    "check_softmax_head",
+    "check_token_mask",
+    "decisions",
+    "default_output",
+    "explained_attention",
+    "explained_quantity",
+    "explained_values",
+    "label_targets",
+    "predicted_class",
+    "resolve_target",
+    "score_values",
+    "target_probabilities",
+    "target_score",
+    "warn_nonfinite_logits",
+]
 
 #: the scores a gradient method can differentiate: ``output=`` of :func:`~lightning_xai.attribution.attribute`
 OUTPUTS = ("probability", "logit", "log_probability")
@@ -105,8 +121,10 @@ def check_real_tokens(mask: Any, source: str = "token_mask(batch)") -> Tensor:
         raise TypeError(f"{source} must be a bool tensor, got {mask.dtype}; use .bool().")
     empty = (~mask.any(dim=1)).nonzero().flatten()
     if empty.numel():
-        raise ValueError(f"Batch rows {empty.tolist()[:10]} have no real token (all pad/special), so there is "
-                         "nothing to explain or classify; drop empty examples before batching.")
+        raise ValueError(
+            f"Batch rows {empty.tolist()[:10]} have no real token (all pad/special), so there is "
+            "nothing to explain or classify; drop empty examples before batching."
+        )
     return mask
 
 
@@ -136,10 +154,13 @@ def warn_nonfinite_logits(logits: Tensor) -> bool:
     if bool(finite.all()):
         return True
     rows = (~finite).nonzero().flatten().tolist()
-    warnings.warn(f"the model's logits are not finite (NaN or inf in rows {rows[:10]}{' ...' if len(rows) > 10 else ''}"
-                  "): every explanation of those rows is NaN or meaningless. Check the model's weights (a diverged "
-                  "training run), the inputs, and overflow under float16 (use bf16 or float32).",
-                  RuntimeWarning, stacklevel=3)
+    warnings.warn(
+        f"the model's logits are not finite (NaN or inf in rows {rows[:10]}{' ...' if len(rows) > 10 else ''}"
+        "): every explanation of those rows is NaN or meaningless. Check the model's weights (a diverged "
+        "training run), the inputs, and overflow under float16 (use bf16 or float32).",
+        RuntimeWarning,
+        stacklevel=3,
+    )
     return False
 
 
@@ -168,10 +189,16 @@ def resolve_target(logits: Any, target: Any = None) -> Tensor:
         return _resolve_step(logits, target)
     logits = _logits(logits)
     if logits.dim() != 2:
-        hint = (" This looks like a generation model's [B, S, V] next-token logits: explain it through "
+        hint = (
+            (
+                " This looks like a generation model's [B, S, V] next-token logits: explain it through "
                 "HuggingFaceAdapter (its output carries target_log_probs), with a method that supports generation "
                 "(attention, gradient, grad_x_input, integrated_gradients, smooth_grad, leave_one_out, "
-                "smooth_attention or a Captum object).") if logits.dim() == 3 else ""
+                "smooth_attention or a Captum object)."
+            )
+            if logits.dim() == 3
+            else ""
+        )
         raise ValueError(f"logits must be [B, C]; got shape {tuple(logits.shape)}.{hint}")
     warn_nonfinite_logits(logits)
     B, C = logits.shape
@@ -183,10 +210,12 @@ def resolve_target(logits: Any, target: Any = None) -> Tensor:
     if bool(bad.any()):
         values = sorted(set(target[bad].tolist()))
         if scalar:
-            raise ValueError(f"target {values[0]} is out of range for a model with {C} classes: valid targets are "
-                             f"0..{C - 1}.")
-        raise ValueError(f"target values {values[:10]} are out of range for a model with {C} classes: valid targets "
-                         f"are 0..{C - 1}.")
+            raise ValueError(
+                f"target {values[0]} is out of range for a model with {C} classes: valid targets are 0..{C - 1}."
+            )
+        raise ValueError(
+            f"target values {values[:10]} are out of range for a model with {C} classes: valid targets are 0..{C - 1}."
+        )
     return target
 
 
@@ -196,21 +225,26 @@ def _as_index_tensor(target: Any, B: int, device: Any) -> Tensor:
         raise TypeError(f"target={target!r}: a string target is 'steps' (attribute() on a generation model) only.")
     if isinstance(target, bool) or (isinstance(target, Tensor) and target.dtype == torch.bool):
         raise TypeError("target must be a class index (int or LongTensor[B]), not a bool.")
-    if isinstance(target, int) or (hasattr(target, "__index__") and not isinstance(target, Tensor)
-                                   and not isinstance(target, (list, tuple))):
+    if isinstance(target, int) or (
+        hasattr(target, "__index__") and not isinstance(target, Tensor) and not isinstance(target, (list, tuple))
+    ):
         return torch.full((B,), int(target), dtype=torch.long, device=device)
     if isinstance(target, (list, tuple)):
         target = torch.as_tensor(target)
     if not isinstance(target, Tensor):
         raise TypeError(f"target must be None, an int or a LongTensor[B]; got {type(target).__name__}.")
     if target.is_floating_point() or target.is_complex():
-        raise TypeError(f"target must hold class indices (an integer tensor); got {target.dtype}. "
-                        "Use target.long() if the values are whole numbers.")
+        raise TypeError(
+            f"target must hold class indices (an integer tensor); got {target.dtype}. "
+            "Use target.long() if the values are whole numbers."
+        )
     if target.dim() == 0:
         return torch.full((B,), int(target), dtype=torch.long, device=device)
     if tuple(target.shape) != (B,):
-        raise ValueError(f"target has shape {tuple(target.shape)}; expected ({B},), one class per row of the "
-                         "batch (or an int for all rows).")
+        raise ValueError(
+            f"target has shape {tuple(target.shape)}; expected ({B},), one class per row of the "
+            "batch (or an int for all rows)."
+        )
     return target.to(device=device, dtype=torch.long)
 
 
@@ -230,10 +264,12 @@ def _resolve_step(output: Any, target: Any) -> Tensor:
     bad = (target < WHOLE_TARGET) | (target >= counts)
     if bool(bad.any()):
         rows = bad.nonzero().flatten().tolist()
-        raise ValueError(f"target steps {sorted(set(target[bad].tolist()))[:10]} do not exist in rows {rows[:10]}, "
-                         f"which have {sorted(set(counts[bad].tolist()))[:10]} target tokens: a step k is the k-th "
-                         "explained token of a row (labels != -100), 0-based; -1 or None is the whole target. Use "
-                         "target='steps' for every step of every row.")
+        raise ValueError(
+            f"target steps {sorted(set(target[bad].tolist()))[:10]} do not exist in rows {rows[:10]}, "
+            f"which have {sorted(set(counts[bad].tolist()))[:10]} target tokens: a step k is the k-th "
+            "explained token of a row (labels != -100), 0-based; -1 or None is the whole target. Use "
+            "target='steps' for every step of every row."
+        )
     return target
 
 
@@ -260,9 +296,11 @@ def score_values(logits: Tensor, output: str = "probability", head: str = "softm
     if output == "logit":
         return logits
     if head == "regression":
-        raise ValueError(f"output={output!r} is not defined for a regression head (its outputs are values, not class "
-                         "scores: a softmax of one value is the constant 1, whose gradient is 0); explain the output "
-                         "value with output='logit'.")
+        raise ValueError(
+            f"output={output!r} is not defined for a regression head (its outputs are values, not class "
+            "scores: a softmax of one value is the constant 1, whose gradient is 0); explain the output "
+            "value with output='logit'."
+        )
     if head == "sigmoid":
         return logits.sigmoid() if output == "probability" else torch.nn.functional.logsigmoid(logits)
     return logits.softmax(dim=-1) if output == "probability" else logits.log_softmax(dim=-1)
@@ -283,9 +321,11 @@ def target_score(logits: Any, target: Tensor, output: Optional[str] = None, head
 
 def _step_score(scores: Any, log_probs: Tensor, target: Tensor, output: Optional[str]) -> Tensor:
     if output == "logit":
-        raise ValueError("output='logit' has no meaning for a generated target (a sequence has no logit, and a "
-                         "token's logit is not comparable across steps); use output='log_probability' (the default "
-                         "for generation) or 'probability' (its exponential).")
+        raise ValueError(
+            "output='logit' has no meaning for a generated target (a sequence has no logit, and a "
+            "token's logit is not comparable across steps); use output='log_probability' (the default "
+            "for generation) or 'probability' (its exponential)."
+        )
     if output not in (None, "log_probability", "probability"):
         raise ValueError(f"Unknown output {output!r}; choose one of {list(OUTPUTS)}.")
     steps = scores.target_steps.to(log_probs.device)
@@ -311,8 +351,10 @@ def explained_attention(output: Any, target: Optional[Tensor] = None) -> Tensor:
         return output.attention
     per_step = (output.extras or {}).get("step_attention")
     if per_step is None:
-        raise ValueError("this generation output has no extras['step_attention'], so the attention of one target step "
-                         "is unknown; explain the whole target (target=None).")
+        raise ValueError(
+            "this generation output has no extras['step_attention'], so the attention of one target step "
+            "is unknown; explain the whole target (target=None)."
+        )
     index = target.clamp_min(0).to(per_step.device)
     rows = per_step[torch.arange(per_step.shape[0], device=per_step.device), index]
     return torch.where((target < 0).to(per_step.device)[:, None], output.attention, rows)
@@ -354,8 +396,9 @@ def explained_quantity(model: Any, output: Optional[str] = None) -> str:
     if head == "regression":
         return "regression output value"
     unit = "label" if head == "sigmoid" else "class"
-    name = {"probability": f"{head} probability", "log_probability": f"log-{head} probability",
-            "logit": "logit"}[output]
+    name = {"probability": f"{head} probability", "log_probability": f"log-{head} probability", "logit": "logit"}[
+        output
+    ]
     return f"{name} of the target {unit}"
 
 
@@ -372,9 +415,11 @@ def decisions(logits: Tensor, head: str = "softmax") -> Tensor:
         (tensor([2]), tensor([[ True, False,  True]]))
     """
     if head == "regression":
-        raise ValueError("a regression head makes no decision (its outputs are values): a decision flip is not "
-                         "defined for it; measure the change of the output value instead (comprehensiveness and "
-                         "sufficiency with output='logit').")
+        raise ValueError(
+            "a regression head makes no decision (its outputs are values): a decision flip is not "
+            "defined for it; measure the change of the output value instead (comprehensiveness and "
+            "sufficiency with output='logit')."
+        )
     if head == "sigmoid":
         return logits.detach() > 0
     if head != "softmax":
@@ -402,10 +447,15 @@ def check_softmax_head(model: Any, measure: str) -> None:
     head = head_kind_of(model)
     if head == "softmax":
         return
-    works = ("Its attributions (with output='logit') and ERASER faithfulness work on this head." if head == "regression"
-             else "Its attributions, ERASER faithfulness and decision flips (label-set changes) work on this head.")
-    raise ValueError(f"{measure} compares softmax output distributions, but {type(model).__name__} has a {head} head "
-                     f"(head_kind={head!r}); it is defined for softmax classifiers only. {works}")
+    works = (
+        "Its attributions (with output='logit') and ERASER faithfulness work on this head."
+        if head == "regression"
+        else "Its attributions, ERASER faithfulness and decision flips (label-set changes) work on this head."
+    )
+    raise ValueError(
+        f"{measure} compares softmax output distributions, but {type(model).__name__} has a {head} head "
+        f"(head_kind={head!r}); it is defined for softmax classifiers only. {works}"
+    )
 
 
 def label_targets(logits: Tensor, head: str = "sigmoid") -> Tuple[Tensor, Tensor]:
@@ -444,8 +494,9 @@ def predicted_class(model: Any, batch: Batch) -> Tensor:
         return model.forward_from_embeddings(model.embed(batch), batch).logits.argmax(dim=-1)
 
 
-def target_probabilities(model: Any, batch: Batch, target: Any = None, *,
-                         embeddings: Optional[Tensor] = None, output: str = "probability") -> Tensor:
+def target_probabilities(
+    model: Any, batch: Batch, target: Any = None, *, embeddings: Optional[Tensor] = None, output: str = "probability"
+) -> Tensor:
     """``[B]`` probability of ``target`` (default: the predicted class) for each row, under the model's head
     (:func:`score_values`; a regression model needs ``output="logit"``, its value).
 

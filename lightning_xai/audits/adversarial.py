@@ -4,6 +4,7 @@ The divergences (:func:`kl_divergence`, :func:`jensen_shannon_divergence`, :func
 :mod:`lightning_xai.metrics.functional.divergence` (Jain & Wallace's formulas: natural log, ``eps = 1e-10`` inside
 the logarithms, so ``JSD ≤ ln 2 ≈ 0.693``) and are re-exported here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,8 +20,14 @@ from lightning_xai.attribution.override_replay import override_scorer
 from lightning_xai.attribution.targets import check_softmax_head
 from lightning_xai.metrics.functional.divergence import jensen_shannon_divergence, kl_divergence, total_variation
 
-__all__ = ["AdversarialSearchResult", "adversarial_attention_search", "jensen_shannon_divergence", "kl_divergence",
-           "summarize_search", "total_variation"]
+__all__ = [
+    "AdversarialSearchResult",
+    "adversarial_attention_search",
+    "jensen_shannon_divergence",
+    "kl_divergence",
+    "summarize_search",
+    "total_variation",
+]
 
 
 @dataclass
@@ -141,7 +148,8 @@ def adversarial_attention_search(
 
         generator = torch.Generator(device="cpu").manual_seed(seed)
         noise = torch.randn((size, k, length), generator=generator, dtype=torch.float32).to(
-            device=embeddings.device, dtype=embeddings.dtype)
+            device=embeddings.device, dtype=embeddings.dtype
+        )
         logits_param = (torch.log(1.0 / lengths).expand(size, k, length) + init_std * noise).requires_grad_(True)
         optimizer = torch.optim.Adam([logits_param], lr=lr, amsgrad=True)
 
@@ -151,8 +159,9 @@ def adversarial_attention_search(
                 probs = scorer(candidate_rows, attn.reshape(size * k, length)).softmax(-1).reshape(size, k, -1)
             else:
                 assert big_embeddings is not None and big_batch is not None  # built above when scorer is None
-                out = model.forward_from_embeddings(big_embeddings, big_batch,
-                                                    attention_override=attn.reshape(size * k, length))
+                out = model.forward_from_embeddings(
+                    big_embeddings, big_batch, attention_override=attn.reshape(size * k, length)
+                )
                 probs = out.logits.softmax(-1).reshape(size, k, -1)
             return attn, probs
 
@@ -180,10 +189,16 @@ def adversarial_attention_search(
     max_jsd = torch.where(found, cand_jsd[rows, best], torch.full_like(cand_jsd[:, 0], float("nan")))
     attention = torch.where(found.unsqueeze(-1), attn[rows, best], base_attention)
     output_change = torch.where(found, cand_change[rows, best], torch.zeros_like(cand_change[:, 0]))
-    return AdversarialSearchResult(max_jsd=max_jsd.detach(), attention=attention.detach(), found=found,
-                                   output_change=output_change.detach(), candidate_jsd=cand_jsd.detach(),
-                                   candidate_output_change=cand_change.detach(), original_attention=base_attention,
-                                   original_probs=base_probs)
+    return AdversarialSearchResult(
+        max_jsd=max_jsd.detach(),
+        attention=attention.detach(),
+        found=found,
+        output_change=output_change.detach(),
+        candidate_jsd=cand_jsd.detach(),
+        candidate_output_change=cand_change.detach(),
+        original_attention=base_attention,
+        original_probs=base_probs,
+    )
 
 
 def summarize_search(max_jsd: Tensor, threshold: float = 0.3) -> Dict[str, float]:
@@ -198,11 +213,24 @@ def summarize_search(max_jsd: Tensor, threshold: float = 0.3) -> Dict[str, float
     """
     found = ~torch.isnan(max_jsd)
     values = max_jsd[found].double()
-    summary = {"count": float(max_jsd.numel()), "fraction_found": found.double().mean().item() if max_jsd.numel() else 0.0,
-               "fraction_at_least_threshold": (found & (max_jsd >= threshold)).double().mean().item()
-               if max_jsd.numel() else 0.0, "threshold": float(threshold)}
+    summary = {
+        "count": float(max_jsd.numel()),
+        "fraction_found": found.double().mean().item() if max_jsd.numel() else 0.0,
+        "fraction_at_least_threshold": (found & (max_jsd >= threshold)).double().mean().item()
+        if max_jsd.numel()
+        else 0.0,
+        "threshold": float(threshold),
+    }
     if values.numel():
         qs = torch.quantile(values, torch.tensor([0.1, 0.25, 0.5, 0.75, 0.9], dtype=torch.float64))
-        summary.update({"mean": values.mean().item(), "q10": qs[0].item(), "q25": qs[1].item(),
-                        "median": qs[2].item(), "q75": qs[3].item(), "q90": qs[4].item()})
+        summary.update(
+            {
+                "mean": values.mean().item(),
+                "q10": qs[0].item(),
+                "q25": qs[1].item(),
+                "median": qs[2].item(),
+                "q75": qs[3].item(),
+                "q90": qs[4].item(),
+            }
+        )
     return summary

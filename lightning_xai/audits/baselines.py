@@ -12,6 +12,7 @@
 The output change is the total variation distance between the predicted class distributions,
 ``Δŷ = ½ Σ_c |p_c − p'_c|``; for two classes it equals J&W's ``|p₁ − p'₁|``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,9 +59,13 @@ def uniform_attention(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tenso
     return mask.to(dtype) / lengths.to(dtype)
 
 
-def permute_attention(attention: Tensor, mask: Tensor, num_permutations: int,
-                      generator: Optional[torch.Generator] = None,
-                      row_generators: Optional[Sequence[torch.Generator]] = None) -> Tensor:
+def permute_attention(
+    attention: Tensor,
+    mask: Tensor,
+    num_permutations: int,
+    generator: Optional[torch.Generator] = None,
+    row_generators: Optional[Sequence[torch.Generator]] = None,
+) -> Tensor:
     """``num_permutations`` random permutations of each row's weights among its real tokens.
 
     Args:
@@ -122,17 +127,23 @@ class PermutationResult:
     deltas: Tensor
 
 
-def _probabilities(model: ExplainableModel, embeddings: Tensor, batch: Batch,
-                   attention_override: Optional[Tensor] = None):
+def _probabilities(
+    model: ExplainableModel, embeddings: Tensor, batch: Batch, attention_override: Optional[Tensor] = None
+):
     output = model.forward_from_embeddings(embeddings, batch, attention_override=attention_override)
     return output, output.logits.float().softmax(-1)
 
 
 @torch.no_grad()
-def permutation_test(model: ExplainableModel, batch: Batch, num_permutations: int = 100,
-                     generator: Optional[torch.Generator] = None, chunk_size: int = 1024,
-                     row_generators: Optional[Sequence[torch.Generator]] = None,
-                     replay: Optional[Tuple[ExplainOutput, Optional[OverrideScorer]]] = None) -> PermutationResult:
+def permutation_test(
+    model: ExplainableModel,
+    batch: Batch,
+    num_permutations: int = 100,
+    generator: Optional[torch.Generator] = None,
+    chunk_size: int = 1024,
+    row_generators: Optional[Sequence[torch.Generator]] = None,
+    replay: Optional[Tuple[ExplainOutput, Optional[OverrideScorer]]] = None,
+) -> PermutationResult:
     """Jain & Wallace's permutation test on one batch.
 
     The input embeddings are computed once; the model is re-run from them with the trained attention replaced
@@ -181,7 +192,7 @@ def permutation_test(model: ExplainableModel, batch: Batch, num_permutations: in
     per_chunk = max(1, chunk_size // batch_size)  # permutations per forward pass
     deltas = []
     for start in range(0, num_permutations, per_chunk):
-        block = permuted[start:start + per_chunk]
+        block = permuted[start : start + per_chunk]
         n = block.shape[0]
         if scorer is not None:
             rows = torch.arange(batch_size, device=mask.device).repeat(n)
@@ -198,8 +209,9 @@ def permutation_test(model: ExplainableModel, batch: Batch, num_permutations: in
     return PermutationResult(median_delta=median, max_attention=max_attention, deltas=all_deltas)
 
 
-def bin_by_max_attention(median_delta: Tensor, max_attention: Tensor,
-                         edges: Sequence[float] = DEFAULT_MAX_ATTENTION_BINS) -> Dict[str, Dict[str, float]]:
+def bin_by_max_attention(
+    median_delta: Tensor, max_attention: Tensor, edges: Sequence[float] = DEFAULT_MAX_ATTENTION_BINS
+) -> Dict[str, Dict[str, float]]:
     """Median ``Δŷ`` per bin of maximum attention, as in J&W's Figure 6.
 
     Bins are ``[e_i, e_{i+1})`` (the last one closed). Empty bins report ``count`` 0 and ``median`` NaN.
@@ -223,15 +235,17 @@ def bin_by_max_attention(median_delta: Tensor, max_attention: Tensor,
         inside = (peak >= lo) & ((peak <= hi) if last else (peak < hi))
         name = f"[{lo:.2f},{hi:.2f}{']' if last else ')'}"
         values = delta[inside]
-        out[name] = {"count": int(values.numel()),
-                     "median": float(values.quantile(0.5)) if values.numel() else float("nan")}
+        out[name] = {
+            "count": int(values.numel()),
+            "median": float(values.quantile(0.5)) if values.numel() else float("nan"),
+        }
     return out
 
 
 @torch.no_grad()
-def uniform_attention_evaluation(model: ExplainableModel, batch: Batch,
-                                 replay: Optional[Tuple[ExplainOutput, Optional[OverrideScorer]]] = None
-                                 ) -> Dict[str, Tensor]:
+def uniform_attention_evaluation(
+    model: ExplainableModel, batch: Batch, replay: Optional[Tuple[ExplainOutput, Optional[OverrideScorer]]] = None
+) -> Dict[str, Tensor]:
     """Per-example predictions with the trained attention and with uniform attention over real tokens.
 
     Args:
@@ -264,13 +278,21 @@ def uniform_attention_evaluation(model: ExplainableModel, batch: Batch,
     output, scorer = replay if replay is not None else override_scorer(model, embeddings, batch)
     trained = output.logits.float().softmax(-1)
     if scorer is not None:
-        uniform = scorer(torch.arange(mask.shape[0], device=mask.device),
-                         uniform_attention(mask, embeddings.dtype)).float().softmax(-1)
+        uniform = (
+            scorer(torch.arange(mask.shape[0], device=mask.device), uniform_attention(mask, embeddings.dtype))
+            .float()
+            .softmax(-1)
+        )
     else:
         _, uniform = _probabilities(model, embeddings, batch, attention_override=uniform_attention(mask))
     trained_pred, uniform_pred = trained.argmax(-1), uniform.argmax(-1)
-    return {"trained_pred": trained_pred, "uniform_pred": uniform_pred, "labels": batch["labels"],
-            "delta": total_variation(trained, uniform), "flipped": trained_pred != uniform_pred}
+    return {
+        "trained_pred": trained_pred,
+        "uniform_pred": uniform_pred,
+        "labels": batch["labels"],
+        "delta": total_variation(trained, uniform),
+        "flipped": trained_pred != uniform_pred,
+    }
 
 
 def _macro_f1(pred: Tensor, labels: Tensor, num_classes: int) -> float:
@@ -283,8 +305,9 @@ def _macro_f1(pred: Tensor, labels: Tensor, num_classes: int) -> float:
     return sum(scores) / num_classes
 
 
-def uniform_attention_summary(trained_pred: Tensor, uniform_pred: Tensor, labels: Tensor,
-                              num_classes: Optional[int] = None) -> Dict[str, float]:
+def uniform_attention_summary(
+    trained_pred: Tensor, uniform_pred: Tensor, labels: Tensor, num_classes: Optional[int] = None
+) -> Dict[str, float]:
     """Accuracy and macro-F1 with trained vs uniform attention, and their differences (uniform − trained).
 
     Example:
@@ -302,7 +325,12 @@ def uniform_attention_summary(trained_pred: Tensor, uniform_pred: Tensor, labels
     acc_t = (trained_pred == labels).float().mean().item()
     acc_u = (uniform_pred == labels).float().mean().item()
     f1_t, f1_u = _macro_f1(trained_pred, labels, classes), _macro_f1(uniform_pred, labels, classes)
-    return {"accuracy_trained": acc_t, "accuracy_uniform": acc_u, "accuracy_delta": acc_u - acc_t,
-            "f1_trained": f1_t, "f1_uniform": f1_u, "f1_delta": f1_u - f1_t,
-            "flip_fraction": (trained_pred != uniform_pred).float().mean().item()}
-
+    return {
+        "accuracy_trained": acc_t,
+        "accuracy_uniform": acc_u,
+        "accuracy_delta": acc_u - acc_t,
+        "f1_trained": f1_t,
+        "f1_uniform": f1_u,
+        "f1_delta": f1_u - f1_t,
+        "flip_fraction": (trained_pred != uniform_pred).float().mean().item(),
+    }

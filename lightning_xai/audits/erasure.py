@@ -6,9 +6,23 @@ The interventions are primitives the metrics build on, so they live below this l
 the deleted tokens), :func:`erasure_probabilities`, :func:`decision_flip`, :func:`attention_gradient` and
 :func:`ranking_scores` in :mod:`lightning_xai.metrics.functional.erasure`.
 """
-from lightning_xai.attribution.batching import erase_tokens
-from lightning_xai.metrics.functional.erasure import (RANKINGS, DecisionFlipResult, attention_gradient, decision_flip,
-                                                      erasure_probabilities, ranking_scores)
 
-__all__ = ["RANKINGS", "DecisionFlipResult", "attention_gradient", "decision_flip", "erase_tokens",
-           "erasure_probabilities", "ranking_scores"]
+from lightning_xai.attribution.batching import erase_tokens
+from lightning_xai.metrics.functional.erasure import (
+    RANKINGS,
+    DecisionFlipResult,
+    attention_gradient,
+    decision_flip,
+    erasure_probabilities,
+    ranking_scores,
+)
+
+__all__ = [
+    "RANKINGS",
+    "DecisionFlipResult",
+    "attention_gradient",
+    "decision_flip",
+    "erase_tokens",
+    "erasure_probabilities",
+    "ranking_scores",
+]

@@ -17,6 +17,7 @@ Everything before the replaced layer is unchanged; the target is teacher-forced 
 step's log-probability and greedy (argmax) token are compared with the model's own at the same prefix.
 :func:`step_scores` reads both from a pass.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -62,8 +63,10 @@ def step_scores(output: ExplainOutput) -> StepScores:
         ([[0, -1]], [[-0.10000000149011612, 0.0]])
     """
     if output.target_steps is None or output.target_log_probs is None:
-        raise ValueError("step_scores reads a generator's output (target_log_probs and target_steps); this output "
-                         "has none: explain a causal LM or encoder–decoder through HuggingFaceAdapter.")
+        raise ValueError(
+            "step_scores reads a generator's output (target_log_probs and target_steps); this output "
+            "has none: explain a causal LM or encoder–decoder through HuggingFaceAdapter."
+        )
     steps = output.target_steps.bool()
     queries = output.extras["step_queries"].long()
     logits = output.logits
@@ -94,12 +97,17 @@ def step_changes(base: StepScores, changed: StepScores) -> Dict[str, Tensor]:
     delta = (new_lp.double() - base.log_probs.double()).masked_fill(~steps, 0.0)
     count = steps.sum(1).clamp_min(1).double()
     flipped = ((new_greedy != base.greedy) & steps).sum(1).double()
-    return {"log_prob_change": delta.sum(1), "log_prob_change_per_token": delta.sum(1) / count,
-            "abs_log_prob_change_per_token": delta.abs().sum(1) / count, "greedy_token_changed": flipped / count}
+    return {
+        "log_prob_change": delta.sum(1),
+        "log_prob_change_per_token": delta.sum(1) / count,
+        "abs_log_prob_change_per_token": delta.abs().sum(1) / count,
+        "greedy_token_changed": flipped / count,
+    }
 
 
-def permute_step_rows(rows: Tensor, mask: Tensor, steps: Tensor, num_permutations: int,
-                      row_generators: Sequence[torch.Generator]) -> Tensor:
+def permute_step_rows(
+    rows: Tensor, mask: Tensor, steps: Tensor, num_permutations: int, row_generators: Sequence[torch.Generator]
+) -> Tensor:
     """``[N, B, K, H, T]``: ``num_permutations`` copies of the step rows ``rows`` ``[B, K, H, T]`` with each step's
     weights on the source tokens (``mask`` ``[B, T]``) permuted among those tokens, one permutation per step shared
     by the heads; positions outside ``mask`` keep their weights. Row ``b``'s permutations depend only on its
@@ -132,10 +140,16 @@ def _uniform(mask: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def generation_attention_baselines(model: ExplainableModel, batch: Batch, *, num_permutations: int = 100,
-                                   row_generators: Optional[Sequence[torch.Generator]] = None,
-                                   permutation: bool = True, uniform: bool = True,
-                                   max_rows: int = 256) -> Dict[str, Tensor]:
+def generation_attention_baselines(
+    model: ExplainableModel,
+    batch: Batch,
+    *,
+    num_permutations: int = 100,
+    row_generators: Optional[Sequence[torch.Generator]] = None,
+    permutation: bool = True,
+    uniform: bool = True,
+    max_rows: int = 256,
+) -> Dict[str, Tensor]:
     """Uniform and permuted attention rows of a generator's target steps (see the module docstring).
 
     Returns ``[B]`` float64 values: for ``uniform``, ``uniform/<change>`` for each change of :func:`step_changes`
@@ -163,16 +177,18 @@ def generation_attention_baselines(model: ExplainableModel, batch: Batch, *, num
             out.update({f"uniform/{k}": v for k, v in step_changes(base, changed).items()})
         if permutation:
             generators = row_generators or [torch.Generator().manual_seed(b) for b in range(B)]
-            permuted = permute_step_rows(output.extras["step_rows"].detach(), mask, base.steps, num_permutations,
-                                         generators)
+            permuted = permute_step_rows(
+                output.extras["step_rows"].detach(), mask, base.steps, num_permutations, generators
+            )
             per_pass = max(1, max_rows // max(B, 1))
             found: Dict[str, list] = {}
             for start in range(0, num_permutations, per_pass):
-                block = permuted[start:start + per_pass]
+                block = permuted[start : start + per_pass]
                 n = block.shape[0]
                 repeated = repeat_rows(safe, n, B)
-                result = model.forward_from_embeddings(embeddings.repeat(n, 1, 1), repeated,
-                                                       attention_override=block.reshape(n * B, *block.shape[2:]))
+                result = model.forward_from_embeddings(
+                    embeddings.repeat(n, 1, 1), repeated, attention_override=block.reshape(n * B, *block.shape[2:])
+                )
                 tiled = StepScores(base.log_probs.repeat(n, 1), base.greedy.repeat(n, 1), base.steps.repeat(n, 1))
                 for key, value in step_changes(tiled, step_scores(result)).items():
                     found.setdefault(key, []).append(value.view(n, B))

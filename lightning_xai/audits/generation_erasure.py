@@ -18,6 +18,7 @@ encoder–decoder's target stays), the target is kept and teacher-forced, and ea
 log-probability w.r.t. the last layer's step rows (``extras["step_rows"]``, fed back as the override), summed over
 steps and heads.
 """
+
 from __future__ import annotations
 
 from typing import Dict, Sequence, Tuple, Union
@@ -34,8 +35,9 @@ from lightning_xai.metrics.functional.faithfulness import _removals
 __all__ = ["attention_row_gradient", "erased_step_scores", "generation_erasure"]
 
 
-def erased_step_scores(model: ExplainableModel, batch: Batch, rows: Tensor, removals: Tensor, base: StepScores,
-                       max_rows: int = 256) -> StepScores:
+def erased_step_scores(
+    model: ExplainableModel, batch: Batch, rows: Tensor, removals: Tensor, base: StepScores, max_rows: int = 256
+) -> StepScores:
     """``[N, K]`` step scores of rows ``rows`` of ``batch`` with the source tokens ``removals`` ``[N, T]`` deleted
     (a row with nothing deleted keeps ``base``'s scores exactly). Runs without gradients."""
     K = base.steps.shape[1]
@@ -45,7 +47,7 @@ def erased_step_scores(model: ExplainableModel, batch: Batch, rows: Tensor, remo
     todo = removals.any(1).nonzero().flatten()
     with torch.no_grad():
         for start in range(0, todo.numel(), max_rows):
-            idx = todo[start:start + max_rows]
+            idx = todo[start : start + max_rows]
             part = erase_tokens(model, gather_rows(batch, rows[idx], B), removals[idx])
             found = step_scores(model.forward_from_embeddings(model.embed(part), part))
             k = found.log_probs.shape[1]
@@ -59,9 +61,17 @@ def _changed_steps(base: StepScores, rows: Tensor, erased: StepScores) -> Tensor
 
 
 @torch.no_grad()
-def generation_erasure(model: ExplainableModel, batch: Batch, scores: Tensor, ks: Sequence[Union[int, float]], *,
-                       attention: Tensor, decision_flip: bool = True, eraser: bool = True,
-                       max_rows: int = 256) -> Dict[str, Tensor]:
+def generation_erasure(
+    model: ExplainableModel,
+    batch: Batch,
+    scores: Tensor,
+    ks: Sequence[Union[int, float]],
+    *,
+    attention: Tensor,
+    decision_flip: bool = True,
+    eraser: bool = True,
+    max_rows: int = 256,
+) -> Dict[str, Tensor]:
     """Erasure measures of ``R`` rankings ``scores`` ``[R, B, T]`` of a generator's source tokens (module docstring).
 
     Returns float64 tensors: with ``eraser``, ``comprehensiveness``, ``sufficiency`` and their ``_per_token``
@@ -79,15 +89,20 @@ def generation_erasure(model: ExplainableModel, batch: Batch, scores: Tensor, ks
         count = base.steps.sum(1).clamp_min(1).double()
         full = base.log_probs.double().sum(1)
         used = list(ks) if eraser else list(ks[:1])
-        removals = torch.stack([part for r in range(R) for k in used
-                                for part in _removals(scores[r].to(mask.device), mask, k)])  # [R·k·2, B, T]
+        removals = torch.stack(
+            [part for r in range(R) for k in used for part in _removals(scores[r].to(mask.device), mask, k)]
+        )  # [R·k·2, B, T]
         rows = torch.arange(B, device=mask.device).repeat(removals.shape[0])
         erased = erased_step_scores(model, safe, rows, removals.reshape(-1, T), base, max_rows)
         shape = (R, len(used), 2, B)
         drop = full - erased.log_probs.double().sum(1).view(shape).to(full.device)
         if eraser:
-            out.update(comprehensiveness=drop[:, :, 0], sufficiency=drop[:, :, 1],
-                       comprehensiveness_per_token=drop[:, :, 0] / count, sufficiency_per_token=drop[:, :, 1] / count)
+            out.update(
+                comprehensiveness=drop[:, :, 0],
+                sufficiency=drop[:, :, 1],
+                comprehensiveness_per_token=drop[:, :, 0] / count,
+                sufficiency_per_token=drop[:, :, 1] / count,
+            )
         if decision_flip:
             changed = _changed_steps(base, rows, erased).sum(1).double().view(shape)
             out["steps_changed"] = changed[:, 0, 0] / count
@@ -95,8 +110,15 @@ def generation_erasure(model: ExplainableModel, batch: Batch, scores: Tensor, ks
     return out
 
 
-def _greedy_flips(model: ExplainableModel, batch: Batch, scores: Tensor, mask: Tensor, base: StepScores,
-                  attention: Tensor, max_rows: int) -> Dict[str, Tensor]:
+def _greedy_flips(
+    model: ExplainableModel,
+    batch: Batch,
+    scores: Tensor,
+    mask: Tensor,
+    base: StepScores,
+    attention: Tensor,
+    max_rows: int,
+) -> Dict[str, Tensor]:
     """``flipped``, ``fraction_removed``, ``attention_removed`` ``[R, B]``: source tokens deleted in ranking order
     (ties by position) until a step's greedy token changes, in blocks of deletion counts 1, 2–3, 4–7, ... (an
     instance that flipped is not scored further)."""
@@ -126,8 +148,11 @@ def _greedy_flips(model: ExplainableModel, batch: Batch, scores: Tensor, mask: T
     fraction = torch.where(flipped, first.double() / lengths.double(), nan)
     mass = torch.cumsum(attention.to(device).double().masked_fill(~mask, 0.0).repeat(R, 1).gather(1, order), 1)
     removed = torch.where(flipped, mass.gather(1, (first - 1).clamp(0, T - 1)[:, None]).squeeze(1), nan)
-    return {"flipped": flipped.double().view(R, B), "fraction_removed": fraction.view(R, B),
-            "attention_removed": removed.view(R, B)}
+    return {
+        "flipped": flipped.double().view(R, B),
+        "fraction_removed": fraction.view(R, B),
+        "attention_removed": removed.view(R, B),
+    }
 
 
 def attention_row_gradient(model: ExplainableModel, batch: Batch) -> Tuple[Tensor, Tensor]:
@@ -156,7 +181,7 @@ def attention_row_gradient(model: ExplainableModel, batch: Batch) -> Tuple[Tenso
         output = model.forward_from_embeddings(embeddings, safe, attention_override=alpha)
         assert output.target_log_probs is not None and output.target_steps is not None  # a generator's output
         score = (output.target_log_probs * output.target_steps.to(output.target_log_probs.dtype)).sum()
-        grad, = torch.autograd.grad(score, alpha)
+        (grad,) = torch.autograd.grad(score, alpha)
         mask = model.token_mask(safe)
     gradient = grad.sum((1, 2)).masked_fill(~mask, 0.0).detach()
     return gradient, (grad * rows).sum((1, 2)).masked_fill(~mask, 0.0).detach()

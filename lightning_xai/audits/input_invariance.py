@@ -4,6 +4,7 @@ Every embedding is shifted by a constant vector ``c`` and the first layer's bias
 model computes exactly the same function of the tokens; a method *passes* when its map is unchanged. The shift
 and its compensation are the model's :class:`~lightning_xai.adapters.capabilities.EmbeddingShift` capability.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, Optional, Tuple, Union
@@ -14,8 +15,15 @@ from torch import Tensor
 from lightning_xai.adapters.capabilities import EmbeddingShift
 from lightning_xai.adapters.protocol import Batch, as_explainable
 from lightning_xai.attribution import explanation_context, predicted_class
-from lightning_xai.audits.sanity_table import (MethodSpec, SanityTable, _copy_model, _maps, _relative_change, _slug,
-                                              _specs)
+from lightning_xai.audits.sanity_table import (
+    MethodSpec,
+    SanityTable,
+    _copy_model,
+    _maps,
+    _relative_change,
+    _slug,
+    _specs,
+)
 from lightning_xai.metrics.functional.agreement import kendall_tau
 
 __all__ = ["DEFAULT_INVARIANCE_METHODS", "input_invariance", "shifted_model"]
@@ -30,13 +38,16 @@ DEFAULT_INVARIANCE_METHODS: Tuple[MethodSpec, ...] = (
     "lrp",
 )
 
+
 def _embedding_table(model: Any) -> Tensor:
     if not isinstance(model, EmbeddingShift):
-        raise ValueError(f"{type(model).__name__} does not implement the EmbeddingShift capability "
-                         "(lightning_xai.adapters.capabilities: embedding_table() and shift_embeddings(shift)); the "
-                         "input-invariance check shifts the model's embeddings and needs the model to compensate "
-                         "the shift. Supported: AttentionClassifier (encoder 'lstm', 'bilstm', 'ortho_lstm', "
-                         "'ortho_bilstm' or 'mlp').")
+        raise ValueError(
+            f"{type(model).__name__} does not implement the EmbeddingShift capability "
+            "(lightning_xai.adapters.capabilities: embedding_table() and shift_embeddings(shift)); the "
+            "input-invariance check shifts the model's embeddings and needs the model to compensate "
+            "the shift. Supported: AttentionClassifier (encoder 'lstm', 'bilstm', 'ortho_lstm', "
+            "'ortho_bilstm' or 'mlp')."
+        )
     return model.embedding_table()
 
 
@@ -65,13 +76,15 @@ def shifted_model(model: Any, shift: Union[float, Tensor]) -> Any:
     dim = table.shape[1]
     vector = torch.full((dim,), float(shift)) if not isinstance(shift, Tensor) else shift.detach().flatten()
     if vector.shape != (dim,):
-        raise ValueError(f"shift must be a float or a [{dim}] vector (the embedding size); got shape "
-                         f"{tuple(vector.shape)}.")
+        raise ValueError(
+            f"shift must be a float or a [{dim}] vector (the embedding size); got shape {tuple(vector.shape)}."
+        )
     if not torch.isfinite(vector).all():
         raise ValueError("shift must be finite.")
     other = _copy_model(model)
     other.shift_embeddings(vector.to(table))
     return other
+
 
 def input_invariance(
     model: Any,
@@ -123,8 +136,15 @@ def input_invariance(
         logits_shifted = other.forward_from_embeddings(other.embed(clean), clean).logits
     logit_change = (logits_shifted - logits).abs().max().item()
     logit_rel = logit_change / max(logits.abs().max().item(), 1e-30)
-    rows = [{"method": "model (logits)", "passes": logit_rel <= tolerance, "relative_change": logit_rel,
-             "max_abs_change": logit_change, "tau": float("nan")}]
+    rows = [
+        {
+            "method": "model (logits)",
+            "passes": logit_rel <= tolerance,
+            "relative_change": logit_rel,
+            "max_abs_change": logit_change,
+            "tau": float("nan"),
+        }
+    ]
     before = _maps(model, batch, specs, target, skip_unsupported=True)
     after = _maps(other, batch, specs, target, skip_unsupported=True)
     per_example: Dict[str, Tensor] = {}
@@ -135,11 +155,19 @@ def input_invariance(
         assert map_after is not None  # the shifted copy has the model's class: LRP supports both or neither
         worst, relative, per_row = _relative_change(map_before, map_after, mask)
         tau = kendall_tau(map_before, map_after, mask)[0]
-        rows.append({"method": label, "passes": relative <= tolerance, "relative_change": relative,
-                     "max_abs_change": worst, "tau": float(tau.nanmean()) if (~tau.isnan()).any() else float("nan")})
+        rows.append(
+            {
+                "method": label,
+                "passes": relative <= tolerance,
+                "relative_change": relative,
+                "max_abs_change": worst,
+                "tau": float(tau.nanmean()) if (~tau.isnan()).any() else float("nan"),
+            }
+        )
         per_example[f"{_slug(label)}/relative_change"] = per_row.cpu()
         per_example[f"{_slug(label)}/passes"] = (per_row <= tolerance).double().cpu()
-    notes = (f"Embeddings shifted by a constant vector (norm {float(torch.as_tensor(shift).norm()):.3g}); first-layer "
-             f"bias compensated. A method passes when its map changes by at most {tolerance:g} (relative L2).")
+    notes = (
+        f"Embeddings shifted by a constant vector (norm {float(torch.as_tensor(shift).norm()):.3g}); first-layer "
+        f"bias compensated. A method passes when its map changes by at most {tolerance:g} (relative L2)."
+    )
     return SanityTable("input_invariance", rows, notes, per_example=per_example)
-

@@ -4,6 +4,7 @@ Layers are re-initialised from the output down (``cascading``) or one at a time 
 explains the model must produce maps that change: a rank correlation (Kendall τ-b per example over its real
 tokens, :func:`~lightning_xai.metrics.functional.kendall_tau`) with the original map near 0.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -28,13 +29,17 @@ DEFAULT_RANDOMIZATION_METHODS: Tuple[MethodSpec, ...] = (
 )
 
 
-
 def _default_layers(model: Any) -> List[str]:
-    names = [name for name in ("classifier", "attention", "encoder", "embedding")
-             if isinstance(getattr(model, name, None), nn.Module)]
+    names = [
+        name
+        for name in ("classifier", "attention", "encoder", "embedding")
+        if isinstance(getattr(model, name, None), nn.Module)
+    ]
     if len(names) < 2:
-        raise ValueError(f"{type(model).__name__} has no classifier/attention/encoder/embedding modules; pass "
-                         "layers=[...] with its module names ordered from the output to the input.")
+        raise ValueError(
+            f"{type(model).__name__} has no classifier/attention/encoder/embedding modules; pass "
+            "layers=[...] with its module names ordered from the output to the input."
+        )
     return names
 
 
@@ -94,8 +99,10 @@ def model_randomization(
     names = list(layers) if layers is not None else _default_layers(model)
     for name in names:
         if not isinstance(_get_module(model, name), nn.Module):
-            raise ValueError(f"{type(model).__name__} has no sub-module {name!r}; layers must name modules "
-                             f"(e.g. {[n for n, _ in model.named_children()]}).")
+            raise ValueError(
+                f"{type(model).__name__} has no sub-module {name!r}; layers must name modules "
+                f"(e.g. {[n for n, _ in model.named_children()]})."
+            )
     mask = model.token_mask(batch)
     target = predicted_class(model, batch)
     original = _maps(model, batch, specs, target, skip_unsupported=True)
@@ -120,13 +127,20 @@ def model_randomization(
             assert map_after is not None  # the randomised copy has the model's class: LRP supports both or neither
             tau = kendall_tau(map_before, map_after, mask)[0]
             valid = tau[~tau.isnan()]
-            rows.append({"stage": stage, "method": label,
-                         "tau": float(valid.mean()) if valid.numel() else float("nan"),
-                         "tau_std": float(valid.std()) if valid.numel() > 1 else float("nan"),
-                         "flipped": flipped})
+            rows.append(
+                {
+                    "stage": stage,
+                    "method": label,
+                    "tau": float(valid.mean()) if valid.numel() else float("nan"),
+                    "tau_std": float(valid.std()) if valid.numel() > 1 else float("nan"),
+                    "flipped": flipped,
+                }
+            )
             per_example[f"{mode}/{_slug(stage)}/{_slug(label)}/tau"] = tau.double().cpu()
-    notes = (f"{mode} re-initialisation ({', '.join(names)}); tau = mean per-example Kendall tau-b to the "
-             "trained model's map over real tokens, same target class. Near 0: the map depends on the weights.")
+    notes = (
+        f"{mode} re-initialisation ({', '.join(names)}); tau = mean per-example Kendall tau-b to the "
+        "trained model's map over real tokens, same target class. Near 0: the map depends on the weights."
+    )
     return SanityTable(f"model_randomization ({mode})", rows, notes, per_example=per_example)
 
 
@@ -137,4 +151,3 @@ def _get_module(model: Any, dotted: str) -> Optional[nn.Module]:
         if module is None:
             return None
     return module if isinstance(module, nn.Module) else None
-

@@ -19,6 +19,7 @@ The checks live in :mod:`~lightning_xai.audits.input_invariance`, :mod:`~lightni
 here (:func:`completeness`); their result type in :mod:`~lightning_xai.audits.sanity_table`. This module keeps
 every name importable from one place.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -33,9 +34,17 @@ from lightning_xai.audits.input_invariance import DEFAULT_INVARIANCE_METHODS, in
 from lightning_xai.audits.randomization import DEFAULT_RANDOMIZATION_METHODS, model_randomization
 from lightning_xai.audits.sanity_table import MethodSpec, SanityTable
 
-__all__ = ["DEFAULT_INVARIANCE_METHODS", "DEFAULT_RANDOMIZATION_METHODS", "MethodSpec", "SanityTable",
-           "completeness", "input_invariance", "model_randomization", "run_sanity_checks",
-           "shifted_model"]
+__all__ = [
+    "DEFAULT_INVARIANCE_METHODS",
+    "DEFAULT_RANDOMIZATION_METHODS",
+    "MethodSpec",
+    "SanityTable",
+    "completeness",
+    "input_invariance",
+    "model_randomization",
+    "run_sanity_checks",
+    "shifted_model",
+]
 
 
 def completeness(
@@ -71,37 +80,63 @@ def completeness(
     for steps in n_steps:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            scores, delta = attribute(model, batch, "integrated_gradients", n_steps=int(steps), baseline=baseline,
-                                      return_convergence_delta=True)
+            scores, delta = attribute(
+                model,
+                batch,
+                "integrated_gradients",
+                n_steps=int(steps),
+                baseline=baseline,
+                return_convergence_delta=True,
+            )
         gap = (scores.sum(1) - delta).abs().double()  # Σattr − delta = F(x) − F(x′)
         rel = delta.abs().double() / gap.clamp_min(1e-12)
-        rows.append({"method": "integrated_gradients", "setting": f"n_steps={int(steps)}, baseline={baseline}",
-                     "mean_rel_error": float(rel.mean()), "max_rel_error": float(rel.max()),
-                     "passes": bool(rel.max() <= tolerance)})
+        rows.append(
+            {
+                "method": "integrated_gradients",
+                "setting": f"n_steps={int(steps)}, baseline={baseline}",
+                "mean_rel_error": float(rel.mean()),
+                "max_rel_error": float(rel.max()),
+                "passes": bool(rel.max() <= tolerance),
+            }
+        )
         per_example[f"integrated_gradients_{int(steps)}_steps/relative_error"] = rel.detach().cpu()
     try:
         target = predicted_class(model, batch)
         with explanation_context(model, batch) as clean, torch.no_grad():
             logit = model.forward_from_embeddings(model.embed(clean), clean).logits.gather(1, target[:, None])[:, 0]
         for factor in (1.0, 0.0):
-            _, delta = attribute(model, batch, "lrp", target=target, eps=lrp_eps, bias_factor=factor,
-                                 return_convergence_delta=True)
+            _, delta = attribute(
+                model, batch, "lrp", target=target, eps=lrp_eps, bias_factor=factor, return_convergence_delta=True
+            )
             rel = delta.abs().double() / logit.abs().double().clamp_min(1e-12)
-            rows.append({"method": "lrp", "setting": f"bias_factor={factor:g}", "mean_rel_error": float(rel.mean()),
-                         "max_rel_error": float(rel.max()), "passes": bool(rel.max() <= tolerance)})
+            rows.append(
+                {
+                    "method": "lrp",
+                    "setting": f"bias_factor={factor:g}",
+                    "mean_rel_error": float(rel.mean()),
+                    "max_rel_error": float(rel.max()),
+                    "passes": bool(rel.max() <= tolerance),
+                }
+            )
             per_example[f"lrp_bias_factor_{factor:g}/relative_error"] = rel.detach().cpu()
     except ValueError as error:
         if "LRP does not support" not in str(error):
             raise
-    notes = (f"Relative error of IG's completeness (|delta| / |F(x) - F(x')|) and of LRP's conservation "
-             f"(|sum R - logit| / |logit|); passes when the largest is <= {tolerance:g}. LRP with bias_factor=0 "
-             "is not meant to conserve: the biases absorb relevance.")
+    notes = (
+        f"Relative error of IG's completeness (|delta| / |F(x) - F(x')|) and of LRP's conservation "
+        f"(|sum R - logit| / |logit|); passes when the largest is <= {tolerance:g}. LRP with bias_factor=0 "
+        "is not meant to conserve: the biases absorb relevance."
+    )
     return SanityTable("completeness", rows, notes, per_example=per_example)
 
 
-def run_sanity_checks(model: Any, batch: Batch, *, checks: Sequence[str] = ("input_invariance", "model_randomization",
-                                                                             "completeness"),
-                      **options: Any) -> Dict[str, SanityTable]:
+def run_sanity_checks(
+    model: Any,
+    batch: Batch,
+    *,
+    checks: Sequence[str] = ("input_invariance", "model_randomization", "completeness"),
+    **options: Any,
+) -> Dict[str, SanityTable]:
     """Run the named checks (default: all three) on one batch; ``options`` go to the checks by name prefix
     (``input_invariance_methods=...``, ``model_randomization_mode=...``, ``completeness_n_steps=...``).
 
@@ -113,12 +148,17 @@ def run_sanity_checks(model: Any, batch: Batch, *, checks: Sequence[str] = ("inp
         ['completeness']
     """
     functions: Dict[str, Callable[..., SanityTable]] = {
-        "input_invariance": input_invariance, "model_randomization": model_randomization, "completeness": completeness}
+        "input_invariance": input_invariance,
+        "model_randomization": model_randomization,
+        "completeness": completeness,
+    }
     unknown = [c for c in checks if c not in functions]
     if unknown:
         raise ValueError(f"Unknown sanity check(s) {unknown}; choose from {sorted(functions)}.")
-    per_check = {name: {key[len(name) + 1:]: value for key, value in options.items() if key.startswith(name + "_")}
-                 for name in checks}
+    per_check = {
+        name: {key[len(name) + 1 :]: value for key, value in options.items() if key.startswith(name + "_")}
+        for name in checks
+    }
     extra = sorted(set(options) - {f"{name}_{key}" for name, kwargs in per_check.items() for key in kwargs})
     if extra:
         raise TypeError(f"Options {extra} match no check that runs; prefix them with one of {list(checks)}.")

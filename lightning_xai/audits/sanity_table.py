@@ -1,4 +1,5 @@
 """The tidy result of every sanity check, :class:`SanityTable`, and the helpers the checks share."""
+
 from __future__ import annotations
 
 import copy
@@ -16,6 +17,7 @@ __all__ = ["MethodSpec", "SanityTable"]
 
 MethodSpec = Union[str, Tuple[str, str, Mapping[str, Any]]]
 """A method name, or ``(label, method, options)`` to run one method with several option sets."""
+
 
 @dataclass
 class SanityTable:
@@ -63,8 +65,10 @@ class SanityTable:
         """The single row whose values equal ``match`` (e.g. ``row(method="gradient", stage="encoder")``)."""
         found = [row for row in self.rows if all(row.get(k) == v for k, v in match.items())]
         if len(found) != 1:
-            raise KeyError(f"{len(found)} rows of {self.check!r} match {match}; rows: "
-                           f"{[{c: r.get(c) for c in self.columns[:2]} for r in self.rows]}.")
+            raise KeyError(
+                f"{len(found)} rows of {self.check!r} match {match}; rows: "
+                f"{[{c: r.get(c) for c in self.columns[:2]} for r in self.rows]}."
+            )
         return found[0]
 
     def to_markdown(self, digits: int = 3) -> str:
@@ -72,8 +76,13 @@ class SanityTable:
 
         def fmt(value: Any) -> str:
             if isinstance(value, float):
-                return "nan" if math.isnan(value) else f"{value:.{digits}g}" if abs(value) < 1e-3 and value else \
-                    f"{value:.{digits}f}"
+                return (
+                    "nan"
+                    if math.isnan(value)
+                    else f"{value:.{digits}g}"
+                    if abs(value) < 1e-3 and value
+                    else f"{value:.{digits}f}"
+                )
             return str(value)
 
         lines = ["| " + " | ".join(self.columns) + " |", "|" + "---|" * len(self.columns)]
@@ -82,7 +91,6 @@ class SanityTable:
 
     def __str__(self) -> str:
         return f"{self.check}\n{self.to_markdown()}" + (f"\n{self.notes}" if self.notes else "")
-
 
 
 def _slug(label: str) -> str:
@@ -115,8 +123,9 @@ def _copy_model(model: Any) -> Any:
             model._trainer = trainer
 
 
-def _maps(model: Any, batch: Batch, specs: Sequence[Tuple[str, str, Dict[str, Any]]], target: Tensor,
-          skip_unsupported: bool) -> Dict[str, Optional[Tensor]]:
+def _maps(
+    model: Any, batch: Batch, specs: Sequence[Tuple[str, str, Dict[str, Any]]], target: Tensor, skip_unsupported: bool
+) -> Dict[str, Optional[Tensor]]:
     maps: Dict[str, Optional[Tensor]] = {}
     for label, method, options in specs:
         try:
@@ -131,9 +140,9 @@ def _maps(model: Any, batch: Batch, specs: Sequence[Tuple[str, str, Dict[str, An
         maps[label] = (result[0] if isinstance(result, tuple) else result).detach()
     return maps
 
+
 def _relative_change(before: Tensor, after: Tensor, mask: Tensor) -> Tuple[float, float, Tensor]:
     diff = ((after - before) * mask).double()
     base = (before * mask).double()
     per_row = diff.norm(dim=1) / base.norm(dim=1).clamp_min(1e-30)
     return float(diff.abs().max()), float(diff.norm() / base.norm().clamp_min(1e-30)), per_row
-

@@ -3,6 +3,7 @@
 An adversary's attention divergence is only meaningful next to this baseline: if retraining with another seed
 already moves attention by JSD 0.3 at equal predictions, an adversary reaching 0.3 shows little.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,12 +33,18 @@ class SeedVarianceResult:
 
     def summary(self) -> Dict[str, float]:
         """Means and medians over all models and instances."""
-        return {"mean_jsd": self.jsd.mean().item(), "median_jsd": self.jsd.median().item(),
-                "mean_tvd": self.tvd.mean().item(), "median_tvd": self.tvd.median().item()}
+        return {
+            "mean_jsd": self.jsd.mean().item(),
+            "median_jsd": self.jsd.median().item(),
+            "mean_tvd": self.tvd.mean().item(),
+            "median_tvd": self.tvd.median().item(),
+        }
 
 
 @torch.no_grad()
-def attention_divergence(model: ExplainableModel, base: ExplainableModel, batches: Iterable[Batch]) -> Dict[str, Tensor]:
+def attention_divergence(
+    model: ExplainableModel, base: ExplainableModel, batches: Iterable[Batch]
+) -> Dict[str, Tensor]:
     """Per-instance JSD(α_model, α_base) and TVD(ŷ_model, ŷ_base) over ``batches`` (both in eval mode).
 
     Example:
@@ -61,8 +68,10 @@ def attention_divergence(model: ExplainableModel, base: ExplainableModel, batche
             out = model.forward_from_embeddings(model.embed(batch), batch)
             ref = base.forward_from_embeddings(base.embed(batch), batch)
             if out.attention.shape != ref.attention.shape:
-                raise ValueError(f"attention shapes differ: {tuple(out.attention.shape)} vs "
-                                 f"{tuple(ref.attention.shape)}; the models must read the same tokens.")
+                raise ValueError(
+                    f"attention shapes differ: {tuple(out.attention.shape)} vs "
+                    f"{tuple(ref.attention.shape)}; the models must read the same tokens."
+                )
             jsd.append(jensen_shannon_divergence(out.attention, ref.attention).cpu())
             tvd.append(total_variation(out.logits.softmax(-1), ref.logits.softmax(-1)).cpu())
     finally:
@@ -71,7 +80,9 @@ def attention_divergence(model: ExplainableModel, base: ExplainableModel, batche
     return {"jsd": torch.cat(jsd), "tvd": torch.cat(tvd)}
 
 
-def seed_variance(base: ExplainableModel, others: Sequence[ExplainableModel], batches: Iterable[Batch]) -> SeedVarianceResult:
+def seed_variance(
+    base: ExplainableModel, others: Sequence[ExplainableModel], batches: Iterable[Batch]
+) -> SeedVarianceResult:
     """JSD of attention and TVD of predictions of each model in ``others`` (e.g. other seeds) to ``base``.
 
     ``batches`` is iterated once per model, so pass a re-iterable (a DataLoader or a list).

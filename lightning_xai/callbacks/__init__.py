@@ -16,17 +16,37 @@
 One module per callback; their shared machinery is the private package ``lightning_xai.callbacks._audit``.
 Constants and helpers live in their modules, e.g. ``lightning_xai.callbacks.attention_audit.DEFAULT_METHODS``.
 """
+
 from lightning_xai.callbacks.adversarial_search import AdversarialSearchAudit
 from lightning_xai.callbacks.alignment_audit import AlignmentAudit
 from lightning_xai.callbacks.attention_audit import AttentionAudit
 from lightning_xai.callbacks.attention_baselines import AttentionBaselines
-from lightning_xai.callbacks.base import (AuditCallback, AuditExample, AuditPrediction, AuditResult, BatchResult,
-                                          TokenPairs)
+from lightning_xai.callbacks.base import (
+    AuditCallback,
+    AuditExample,
+    AuditPrediction,
+    AuditResult,
+    BatchResult,
+    TokenPairs,
+)
 from lightning_xai.callbacks.erasure_audit import ErasureAudit
 from lightning_xai.callbacks.impermissible import ImpermissibleAttentionMonitor
 from lightning_xai.callbacks.random_state import RandomStateCheckpoint
 from lightning_xai.callbacks.sanity import SanityCheck
 
-__all__ = ["AdversarialSearchAudit", "AlignmentAudit", "AttentionAudit", "AttentionBaselines", "AuditCallback", "AuditExample",
-           "AuditPrediction", "AuditResult", "BatchResult", "ErasureAudit", "ImpermissibleAttentionMonitor",
-           "RandomStateCheckpoint", "SanityCheck", "TokenPairs"]
+__all__ = [
+    "AdversarialSearchAudit",
+    "AlignmentAudit",
+    "AttentionAudit",
+    "AttentionBaselines",
+    "AuditCallback",
+    "AuditExample",
+    "AuditPrediction",
+    "AuditResult",
+    "BatchResult",
+    "ErasureAudit",
+    "ImpermissibleAttentionMonitor",
+    "RandomStateCheckpoint",
+    "SanityCheck",
+    "TokenPairs",
+]

@@ -1,4 +1,5 @@
 """Jain & Wallace's per-instance adversarial attention search as an audit callback: its distribution over time."""
+
 from __future__ import annotations
 
 import math
@@ -79,12 +80,22 @@ class AdversarialSearchAudit(AuditCallback):
 
     name = "adversarial_search"
     needs_attention_override = True  # the adversarial attentions are fed back as overrides
-    refuses_generation = ("the search constrains the change of the output distribution over classes (TVD), which a "
-                          "target sequence does not have")
+    refuses_generation = (
+        "the search constrains the change of the output distribution over classes (TVD), which a "
+        "target sequence does not have"
+    )
     _SEARCH_OPTIONS = ("init_std", "output_penalty", "output_tolerance", "diversity_weight", "fixed_hidden")
 
-    def __init__(self, num_candidates: int = 5, steps: int = 500, lr: float = 0.01, max_output_change: float = 0.05,
-                 jsd_threshold: float = 0.3, search_options: Optional[Dict[str, Any]] = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        num_candidates: int = 5,
+        steps: int = 500,
+        lr: float = 0.01,
+        max_output_change: float = 0.05,
+        jsd_threshold: float = 0.3,
+        search_options: Optional[Dict[str, Any]] = None,
+        **kwargs: Any,
+    ) -> None:
         kwargs.setdefault("num_samples", 64)
         super().__init__(**kwargs)
         _positive_int("num_candidates", num_candidates)
@@ -97,7 +108,8 @@ class AdversarialSearchAudit(AuditCallback):
         if unknown:
             raise MisconfigurationException(
                 f"AdversarialSearchAudit(search_options) got unknown option(s) {unknown}; allowed: "
-                f"{list(self._SEARCH_OPTIONS)} (num_candidates, steps, lr and max_output_change are arguments).")
+                f"{list(self._SEARCH_OPTIONS)} (num_candidates, steps, lr and max_output_change are arguments)."
+            )
         self.num_candidates = num_candidates
         self.steps = steps
         self.lr = float(lr)
@@ -108,22 +120,42 @@ class AdversarialSearchAudit(AuditCallback):
     @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        refuse_non_softmax("AdversarialSearchAudit", self.explainable(pl_module),  # at setup, not the first audit
-                           "the adversarial attention search")
+        refuse_non_softmax(
+            "AdversarialSearchAudit",
+            self.explainable(pl_module),  # at setup, not the first audit
+            "the adversarial attention search",
+        )
 
     def _state_config(self) -> Dict[str, Any]:
-        return dict(super()._state_config(), num_candidates=self.num_candidates, steps=self.steps,
-                    max_output_change=self.max_output_change)
+        return dict(
+            super()._state_config(),
+            num_candidates=self.num_candidates,
+            steps=self.steps,
+            max_output_change=self.max_output_change,
+        )
 
-    def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
-                    indices: List[int], prediction: Optional[AuditPrediction] = None
-                    ) -> Tuple[BatchResult, Dict[str, Any]]:
-        result = adversarial_attention_search(model, batch, num_candidates=self.num_candidates, steps=self.steps,
-                                              lr=self.lr, max_output_change=self.max_output_change, seed=self.seed,
-                                              **self.search_options)
-        found = BatchResult(maps={"attention": result.original_attention, "adversarial_attention": result.attention},
-                            values={"max_jsd": result.max_jsd, "output_change": result.output_change,
-                                    "found": result.found.double()})
+    def audit_batch(
+        self,
+        model: ExplainableModel,
+        batch: Dict[str, Any],
+        generator: torch.Generator,
+        indices: List[int],
+        prediction: Optional[AuditPrediction] = None,
+    ) -> Tuple[BatchResult, Dict[str, Any]]:
+        result = adversarial_attention_search(
+            model,
+            batch,
+            num_candidates=self.num_candidates,
+            steps=self.steps,
+            lr=self.lr,
+            max_output_change=self.max_output_change,
+            seed=self.seed,
+            **self.search_options,
+        )
+        found = BatchResult(
+            maps={"attention": result.original_attention, "adversarial_attention": result.attention},
+            values={"max_jsd": result.max_jsd, "output_change": result.output_change, "found": result.found.double()},
+        )
         return found, {}
 
     def histogram_keys(self, examples: List[AuditExample]) -> List[str]:
@@ -138,9 +170,11 @@ class AdversarialSearchAudit(AuditCallback):
             return {"count": 0.0, **{key: float("nan") for key in keys}}
         max_jsd = torch.tensor([e.values["max_jsd"] for e in examples], dtype=torch.float64)
         summary = summarize_search(max_jsd, threshold=self.jsd_threshold)
-        out = {"fraction_found": summary["fraction_found"],
-               "fraction_jsd_at_least_threshold": summary["fraction_at_least_threshold"],
-               "count": summary["count"]}
+        out = {
+            "fraction_found": summary["fraction_found"],
+            "fraction_jsd_at_least_threshold": summary["fraction_at_least_threshold"],
+            "count": summary["count"],
+        }
         for key in ("mean", "q10", "q25", "median", "q75", "q90"):
             out[f"jsd/{key}"] = summary.get(key, float("nan"))
         changes = [e.values["output_change"] for e in examples if e.values["found"] > 0]

@@ -1,4 +1,5 @@
 """Word alignments from a generator's attention and saliency maps, scored against human links while it trains."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -17,7 +18,12 @@ from lightning_xai.callbacks._audit.options import check_names, check_options_of
 from lightning_xai.callbacks.attention_audit import DEFAULT_METHOD_OPTIONS
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, AuditResult, BatchResult
 from lightning_xai.metrics.alignment import AlignmentErrorRate
-from lightning_xai.metrics.functional.alignment_extraction import LINK_RULES, WORD_POOLINGS, extract_links, pool_to_words
+from lightning_xai.metrics.functional.alignment_extraction import (
+    LINK_RULES,
+    WORD_POOLINGS,
+    extract_links,
+    pool_to_words,
+)
 
 __all__ = ["AlignmentAudit", "DEFAULT_ALIGNMENT_METHODS"]
 
@@ -83,29 +89,46 @@ class AlignmentAudit(AuditCallback):
 
     name = "alignment_audit"
 
-    def __init__(self, methods: Sequence[str] = DEFAULT_ALIGNMENT_METHODS, layers: bool = True,
-                 rule: str = "target_argmax", threshold: Optional[float] = None,
-                 method_options: Optional[Mapping[str, Mapping[str, Any]]] = None, alignment_key: str = "alignment",
-                 possible_key: str = "possible_alignment", source_words_key: str = "source_words",
-                 target_words_key: str = "target_words", exclude_key: str = "target_exclude",
-                 source_reduce: str = "sum", target_reduce: str = "mean", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        methods: Sequence[str] = DEFAULT_ALIGNMENT_METHODS,
+        layers: bool = True,
+        rule: str = "target_argmax",
+        threshold: Optional[float] = None,
+        method_options: Optional[Mapping[str, Mapping[str, Any]]] = None,
+        alignment_key: str = "alignment",
+        possible_key: str = "possible_alignment",
+        source_words_key: str = "source_words",
+        target_words_key: str = "target_words",
+        exclude_key: str = "target_exclude",
+        source_reduce: str = "sum",
+        target_reduce: str = "mean",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         if isinstance(methods, str):
             raise MisconfigurationException("AlignmentAudit(methods) is a list of names, not a string.")
         methods = [str(m) for m in methods]
         if "attention" in methods or len(set(methods)) != len(methods):
-            raise MisconfigurationException(f"AlignmentAudit(methods={methods}): list each saliency method once; "
-                                            "attention is always scored.")
-        check_names("AlignmentAudit", "method", methods, ATTRIBUTION_METHODS,
-                    " (or register one with lightning_xai.attribution.register_method)")
+            raise MisconfigurationException(
+                f"AlignmentAudit(methods={methods}): list each saliency method once; attention is always scored."
+            )
+        check_names(
+            "AlignmentAudit",
+            "method",
+            methods,
+            ATTRIBUTION_METHODS,
+            " (or register one with lightning_xai.attribution.register_method)",
+        )
         if rule not in LINK_RULES:
             raise MisconfigurationException(f"AlignmentAudit(rule={rule!r}): choose one of {', '.join(LINK_RULES)}.")
         if (rule == "threshold") != (threshold is not None):
             raise MisconfigurationException("AlignmentAudit: threshold= goes with rule='threshold' (and only with it).")
         for name, reduce in (("source_reduce", source_reduce), ("target_reduce", target_reduce)):
             if reduce not in WORD_POOLINGS:
-                raise MisconfigurationException(f"AlignmentAudit({name}={reduce!r}): choose one of "
-                                                f"{', '.join(WORD_POOLINGS)}.")
+                raise MisconfigurationException(
+                    f"AlignmentAudit({name}={reduce!r}): choose one of {', '.join(WORD_POOLINGS)}."
+                )
         options = {k: dict(v) for k, v in (method_options or {}).items()}
         unknown = sorted(set(options) - set(methods))
         if unknown:
@@ -135,7 +158,8 @@ class AlignmentAudit(AuditCallback):
             raise MisconfigurationException(
                 f"AlignmentAudit scores the word alignments of a generator's target, but "
                 f"{type(getattr(model, 'model', model)).__name__} explains classes (no TargetSequence capability: a "
-                "transformers *ForCausalLM or encoder–decoder is one). Use AttentionAudit for a classifier.")
+                "transformers *ForCausalLM or encoder–decoder is one). Use AttentionAudit for a classifier."
+            )
         check_generation_methods("AlignmentAudit", model, self.methods)
 
     def check_model(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", split: str) -> None:
@@ -145,10 +169,10 @@ class AlignmentAudit(AuditCallback):
         if batches and self.alignment_key not in batches[0][2]:
             raise MisconfigurationException(
                 f"AlignmentAudit: the {split!r} batches have no {self.alignment_key!r} key; give each row its gold "
-                "links (a list of (source_word, target_word) pairs or a bool [S, T] matrix) or set alignment_key=.")
+                "links (a list of (source_word, target_word) pairs or a bool [S, T] matrix) or set alignment_key=."
+            )
 
-    def run_audit(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str,
-                  split: str) -> AuditResult:
+    def run_audit(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str, split: str) -> AuditResult:
         """Audit with fresh link counts (a failed audit's partial counts never reach the next one)."""
         self._scores, self._device = {}, pl_module.device
         return super().run_audit(trainer, pl_module, stage, split)
@@ -163,9 +187,14 @@ class AlignmentAudit(AuditCallback):
         return out
 
     # --- one batch ----------------------------------------------------------------------------------------------
-    def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
-                    indices: List[int], prediction: Optional[AuditPrediction] = None
-                    ) -> Tuple[BatchResult, Dict[str, Any]]:
+    def audit_batch(
+        self,
+        model: ExplainableModel,
+        batch: Dict[str, Any],
+        generator: torch.Generator,
+        indices: List[int],
+        prediction: Optional[AuditPrediction] = None,
+    ) -> Tuple[BatchResult, Dict[str, Any]]:
         prediction = prediction or self.predict(model, batch)
         out = prediction.output
         steps = out.target_steps
@@ -175,8 +204,7 @@ class AlignmentAudit(AuditCallback):
             rows = torch.arange(queries.shape[0], device=queries.device)[:, None].expand_as(queries)
             for layer, raw in enumerate(out.raw_attentions):  # [B, heads, Q, T] -> each step's row, mean of heads
                 step_maps[f"attention_layer_{layer}"] = raw.detach().mean(1)[rows, queries]
-        step_maps.update(method_step_maps(model, batch, steps, self.methods, self._method_options,
-                                          self.map_precision))
+        step_maps.update(method_step_maps(model, batch, steps, self.methods, self._method_options, self.map_precision))
         mask = model.token_mask(batch)
         assert isinstance(model, TargetSequence)  # refuse_non_generators at setup
         positions = model.target_positions(batch)
@@ -201,8 +229,9 @@ class AlignmentAudit(AuditCallback):
             self._scores[name] = AlignmentErrorRate().to(self._device or "cpu")
         return self._scores[name]
 
-    def _word_ids(self, batch: Mapping[str, Any], row: int, mask: Tensor, positions: Tensor,
-                  steps: int) -> Tuple[Tensor, Tensor]:
+    def _word_ids(
+        self, batch: Mapping[str, Any], row: int, mask: Tensor, positions: Tensor, steps: int
+    ) -> Tuple[Tensor, Tensor]:
         """``(source word of each input position [T], target word of each step [K_row])``, -1 for none."""
         if self.source_words_key in batch:
             source = batch[self.source_words_key][row].long()
@@ -214,23 +243,31 @@ class AlignmentAudit(AuditCallback):
         else:
             target = torch.arange(steps, device=mask.device)
         if target.numel() != steps:
-            raise ValueError(f"AlignmentAudit: row {row} has {steps} target steps but {target.numel()} explained label "
-                             f"positions in batch[{self.target_words_key!r}].")
+            raise ValueError(
+                f"AlignmentAudit: row {row} has {steps} target steps but {target.numel()} explained label "
+                f"positions in batch[{self.target_words_key!r}]."
+            )
         return source.to(mask.device), target.to(mask.device)
 
     def _word_map(self, step_scores: Tensor, source_ids: Tensor, target_ids: Tensor) -> Tensor:
         """``[S_words, T_words]``: a row's ``[K, T]`` step × position scores as a source × target word map."""
-        return pool_to_words(step_scores.transpose(0, 1), source_ids.to(step_scores.device),
-                             target_ids.to(step_scores.device), source_reduce=self.source_reduce,
-                             target_reduce=self.target_reduce)
+        return pool_to_words(
+            step_scores.transpose(0, 1),
+            source_ids.to(step_scores.device),
+            target_ids.to(step_scores.device),
+            source_reduce=self.source_reduce,
+            target_reduce=self.target_reduce,
+        )
 
     def _extract(self, words: Tensor, exclude: Any, row: int) -> Tensor:
         excluded = None
         if exclude is not None:
             excluded = torch.as_tensor(exclude, device=words.device).bool().flatten()
-            if excluded.numel() < words.shape[1] or bool(excluded[words.shape[1]:].any()):
-                raise ValueError(f"AlignmentAudit: row {row}'s batch[{self.exclude_key!r}] covers {excluded.numel()} "
-                                 f"target words, the maps {words.shape[1]}: check the target word map.")
+            if excluded.numel() < words.shape[1] or bool(excluded[words.shape[1] :].any()):
+                raise ValueError(
+                    f"AlignmentAudit: row {row}'s batch[{self.exclude_key!r}] covers {excluded.numel()} "
+                    f"target words, the maps {words.shape[1]}: check the target word map."
+                )
             excluded = excluded[: words.shape[1]]
         return extract_links(words, self.rule, threshold=self.threshold, target_exclude=excluded).cpu()
 
@@ -240,17 +277,21 @@ class AlignmentAudit(AuditCallback):
         S, T = shape
         if isinstance(links, Tensor) and links.dtype == torch.bool:
             if bool(links[S:].any()) or bool(links[:, T:].any()):
-                raise ValueError(f"AlignmentAudit: row {row}'s batch[{key!r}] links words beyond the {S} source × {T} "
-                                 "target words of its maps: the word maps and the gold links disagree.")
+                raise ValueError(
+                    f"AlignmentAudit: row {row}'s batch[{key!r}] links words beyond the {S} source × {T} "
+                    "target words of its maps: the word maps and the gold links disagree."
+                )
             full = torch.zeros(S, T, dtype=torch.bool)
             full[: min(S, links.shape[0]), : min(T, links.shape[1])] = links[:S, :T].cpu()
             return full
         pairs = [(int(s), int(t)) for s, t in (links.tolist() if isinstance(links, Tensor) else links)]
         outside = [(s, t) for s, t in pairs if not (0 <= s < S and 0 <= t < T)]
         if outside:
-            raise ValueError(f"AlignmentAudit: row {row}'s batch[{key!r}] has links {outside[:5]} outside its {S} "
-                             f"source × {T} target words: give batch['source_words'] / ['target_words'] (each "
-                             "position's word, -1 for none) when tokens are not words.")
+            raise ValueError(
+                f"AlignmentAudit: row {row}'s batch[{key!r}] has links {outside[:5]} outside its {S} "
+                f"source × {T} target words: give batch['source_words'] / ['target_words'] (each "
+                "position's word, -1 for none) when tokens are not words."
+            )
         full = torch.zeros(S, T, dtype=torch.bool)
         for s, t in pairs:
             full[s, t] = True

@@ -1,4 +1,5 @@
 """Agreement between attention and saliency maps (Jain & Wallace, 2019), tracked while a model trains."""
+
 from __future__ import annotations
 
 import itertools
@@ -17,16 +18,27 @@ from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, method_record, shared_input_gradients
 from lightning_xai.attribution.batching import gather_rows
 from lightning_xai.attribution.targets import explained_quantity
-from lightning_xai.callbacks._audit.generation import (check_decoding, check_generation_methods, decoded_batch,
-                                                      is_generator_model, method_step_maps, per_step_agreement,
-                                                      place_rows)
+from lightning_xai.callbacks._audit.generation import (
+    check_decoding,
+    check_generation_methods,
+    decoded_batch,
+    is_generator_model,
+    method_step_maps,
+    per_step_agreement,
+    place_rows,
+)
 from lightning_xai.callbacks._audit.options import check_names, check_options_of_methods
 from lightning_xai.callbacks._audit.results import DEFAULT_TOP_PAIRS
 from lightning_xai.callbacks.base import AuditCallback, AuditPrediction, AuditResult, BatchResult
-from lightning_xai.metrics.registry import (AGREEMENT_ALIASES, AGREEMENT_METRICS, metric_label,
-                                            resolve_agreement_metric)
+from lightning_xai.metrics.registry import AGREEMENT_ALIASES, AGREEMENT_METRICS, metric_label, resolve_agreement_metric
 
-__all__ = ["AttentionAudit", "AGREEMENT_METRICS", "DEFAULT_GRADIENT_METHODS", "DEFAULT_METHODS", "DEFAULT_METHOD_OPTIONS"]
+__all__ = [
+    "AttentionAudit",
+    "AGREEMENT_METRICS",
+    "DEFAULT_GRADIENT_METHODS",
+    "DEFAULT_METHODS",
+    "DEFAULT_METHOD_OPTIONS",
+]
 
 
 #: Jain & Wallace's maps. Integrated Gradients is one argument away (``methods=(*DEFAULT_METHODS,
@@ -171,15 +183,22 @@ class AttentionAudit(AuditCallback):
             raise MisconfigurationException("AttentionAudit: methods and metrics are lists of names, not a string.")
         methods = [str(m) for m in methods]
         if not methods:
-            raise MisconfigurationException("AttentionAudit needs at least one attribution method to compare with "
-                                            "attention.")
+            raise MisconfigurationException(
+                "AttentionAudit needs at least one attribution method to compare with attention."
+            )
         if "attention" in methods:
-            raise MisconfigurationException("AttentionAudit: 'attention' is always computed; list only the other "
-                                            "methods.")
+            raise MisconfigurationException(
+                "AttentionAudit: 'attention' is always computed; list only the other methods."
+            )
         if len(set(methods)) != len(methods):
             raise MisconfigurationException(f"AttentionAudit: duplicate methods in {methods}.")
-        check_names("AttentionAudit", "method", methods, ATTRIBUTION_METHODS,
-                    " (or register one with lightning_xai.attribution.register_method)")
+        check_names(
+            "AttentionAudit",
+            "method",
+            methods,
+            ATTRIBUTION_METHODS,
+            " (or register one with lightning_xai.attribution.register_method)",
+        )
         resolved = []
         for metric in metrics:
             try:
@@ -187,12 +206,14 @@ class AttentionAudit(AuditCallback):
             except KeyError:
                 raise MisconfigurationException(
                     f"AttentionAudit: unknown metric {metric!r}; choose from {sorted(AGREEMENT_METRICS)} (or "
-                    "register one with lightning_xai.metrics.registry.register_agreement_metric).") from None
+                    "register one with lightning_xai.metrics.registry.register_agreement_metric)."
+                ) from None
         if not resolved:
             raise MisconfigurationException("AttentionAudit needs at least one metric.")
         if impermissible_key is not None and (not isinstance(impermissible_key, str) or not impermissible_key):
-            raise MisconfigurationException(f"AttentionAudit(impermissible_key) must be a batch key or None, got "
-                                            f"{impermissible_key!r}.")
+            raise MisconfigurationException(
+                f"AttentionAudit(impermissible_key) must be a batch key or None, got {impermissible_key!r}."
+            )
         for name, count in (("top_pairs", top_pairs), ("step_examples", step_examples)):
             if isinstance(count, bool) or not isinstance(count, int) or count < 0:
                 raise MisconfigurationException(f"AttentionAudit({name}) must be an int >= 0, got {count!r}.")
@@ -201,18 +222,21 @@ class AttentionAudit(AuditCallback):
         for pair in self._requested_pairs or ():
             if len(pair) != 2 or pair[0] == pair[1] or any(p not in maps for p in pair):
                 raise MisconfigurationException(
-                    f"AttentionAudit: pair {pair!r} must name two different maps among {maps}.")
+                    f"AttentionAudit: pair {pair!r} must name two different maps among {maps}."
+                )
         method_options = {k: dict(v) for k, v in (method_options or {}).items()}
         metric_options = {AGREEMENT_ALIASES.get(k, k): dict(v) for k, v in (metric_options or {}).items()}
         for key in method_options:
             if key not in methods:
-                raise MisconfigurationException(f"AttentionAudit: method_options for {key!r}, which is not in "
-                                                f"methods {methods}.")
+                raise MisconfigurationException(
+                    f"AttentionAudit: method_options for {key!r}, which is not in methods {methods}."
+                )
         check_options_of_methods("AttentionAudit", method_options)
         for key in metric_options:
             if key not in resolved:
-                raise MisconfigurationException(f"AttentionAudit: metric_options for {key!r}, which is not in "
-                                                f"metrics {resolved}.")
+                raise MisconfigurationException(
+                    f"AttentionAudit: metric_options for {key!r}, which is not in metrics {resolved}."
+                )
         self.metrics = resolved
         self._use_methods(methods)
         self.method_options = method_options
@@ -225,18 +249,21 @@ class AttentionAudit(AuditCallback):
 
     def _use_methods(self, methods: Sequence[str]) -> None:
         self.methods = list(methods)
-        pairs = itertools.combinations(["attention", *self.methods], 2) if self._requested_pairs is None \
+        pairs = (
+            itertools.combinations(["attention", *self.methods], 2)
+            if self._requested_pairs is None
             else self._requested_pairs
+        )
         self.pairs: List[Tuple[str, str]] = [(first, second) for first, second in pairs]
 
     @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         model = self.explainable(pl_module)
-        check_generation_methods("AttentionAudit", model, self.methods, decoding=self.decoding,
-                                 per_step=self.per_step)
-        self.explained_quantity = ("log-probability of the target sequence" if is_generator_model(model)
-                                   else explained_quantity(model))  # recorded with every audit (history, latest)
+        check_generation_methods("AttentionAudit", model, self.methods, decoding=self.decoding, per_step=self.per_step)
+        self.explained_quantity = (
+            "log-probability of the target sequence" if is_generator_model(model) else explained_quantity(model)
+        )  # recorded with every audit (history, latest)
         if not self._auto_methods:
             return
         named = {m for pair in self._requested_pairs or () for m in pair} | set(self.method_options)
@@ -244,9 +271,11 @@ class AttentionAudit(AuditCallback):
             chosen = DEFAULT_METHODS
         else:
             chosen = DEFAULT_GRADIENT_METHODS
-            rank_zero_info(f"AttentionAudit: methods={list(chosen)} (the default for a model without a deletion fast "
-                           "path: leave-one-out would re-run every audited sentence once per token). Pass "
-                           "methods=('gradient', 'grad_x_input', 'leave_one_out') to include it.")
+            rank_zero_info(
+                f"AttentionAudit: methods={list(chosen)} (the default for a model without a deletion fast "
+                "path: leave-one-out would re-run every audited sentence once per token). Pass "
+                "methods=('gradient', 'grad_x_input', 'leave_one_out') to include it."
+            )
         self._use_methods(chosen)
 
     def audit_inputs(self, model: ExplainableModel, batch: Dict[str, Any]) -> Dict[str, Any]:
@@ -255,8 +284,11 @@ class AttentionAudit(AuditCallback):
 
     def _state_config(self) -> Dict[str, Any]:
         methods = "auto" if self._auto_methods else tuple(self.methods)  # the same key before and after setup
-        generation = {k: v for k, v, default in (("decoding", self.decoding, "force"), ("per_step", self.per_step, False))
-                      if v != default}  # only when not the defaults: existing checkpoints keep their keys
+        generation = {
+            k: v
+            for k, v, default in (("decoding", self.decoding, "force"), ("per_step", self.per_step, False))
+            if v != default
+        }  # only when not the defaults: existing checkpoints keep their keys
         return dict(super()._state_config(), methods=methods, metrics=tuple(self.metrics), **generation)
 
     @override
@@ -294,9 +326,14 @@ class AttentionAudit(AuditCallback):
         """The agreement histogram: the first metric (Kendall τ by default) of every pair."""
         return [f"{self.metrics[0]}/{pair_name(a, b)}" for a, b in self.pairs]
 
-    def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
-                    indices: List[int], prediction: Optional[AuditPrediction] = None
-                    ) -> Tuple[BatchResult, Dict[str, Any]]:
+    def audit_batch(
+        self,
+        model: ExplainableModel,
+        batch: Dict[str, Any],
+        generator: torch.Generator,
+        indices: List[int],
+        prediction: Optional[AuditPrediction] = None,
+    ) -> Tuple[BatchResult, Dict[str, Any]]:
         prediction = prediction or self.predict(model, batch)
         mask = model.token_mask(batch)
         maps: Dict[str, Tensor] = {"attention": prediction.attention}
@@ -308,8 +345,11 @@ class AttentionAudit(AuditCallback):
                     scores = attribute(model, batch, method, target=None, **options)
                 if isinstance(scores, tuple):  # (map [B, T], extra): a convergence delta, pairwise interactions
                     if method_record(method).has_interactions and self.top_pairs:  # the report's strongest pairs
-                        found.update(interactions=scores[1].detach().float(), interaction_pairs=self.top_pairs,
-                                     interaction_method=method)
+                        found.update(
+                            interactions=scores[1].detach().float(),
+                            interaction_pairs=self.top_pairs,
+                            interaction_method=method,
+                        )
                     scores = scores[0]
                 maps[method] = scores.detach().float()
         values: Dict[str, Tensor] = {}
@@ -326,13 +366,17 @@ class AttentionAudit(AuditCallback):
                     values[key] = result
         if self.impermissible_key is not None and self.impermissible_key in batch:
             impermissible = batch[self.impermissible_key]
-            if (not isinstance(impermissible, Tensor) or impermissible.dtype != torch.bool
-                    or impermissible.shape != mask.shape):
+            if (
+                not isinstance(impermissible, Tensor)
+                or impermissible.dtype != torch.bool
+                or impermissible.shape != mask.shape
+            ):
                 got = tuple(impermissible.shape) if isinstance(impermissible, Tensor) else type(impermissible)
                 raise MisconfigurationException(
                     f"AttentionAudit: batch[{self.impermissible_key!r}] must be a bool tensor shaped like the token "
                     f"mask {tuple(mask.shape)}, got {getattr(impermissible, 'dtype', None)} {got}; fix the "
-                    "collate function or set impermissible_key=None.")
+                    "collate function or set impermissible_key=None."
+                )
             real = mask.to(maps["attention"].device).double()
             inside = impermissible.to(real.device).double() * real
             for name, scores in maps.items():
@@ -354,8 +398,9 @@ class AttentionAudit(AuditCallback):
         shown = set(self._subsets.indices.get(split, [])[:count]) if split else set()
         return [row for row, index in enumerate(indices) if index in shown]
 
-    def _step_maps(self, model: ExplainableModel, batch: Dict[str, Any], attention: Tensor, steps: Tensor
-                   ) -> Dict[str, Tensor]:
+    def _step_maps(
+        self, model: ExplainableModel, batch: Dict[str, Any], attention: Tensor, steps: Tensor
+    ) -> Dict[str, Tensor]:
         """``{map: [B, K, T]}``: ``attention`` (each step's row) and each method's map of each step's log-probability
         (:func:`~lightning_xai.callbacks._audit.generation.method_step_maps`)."""
         maps = method_step_maps(model, batch, steps, self.methods, self._method_options, self.map_precision)
@@ -364,8 +409,15 @@ class AttentionAudit(AuditCallback):
     def _method_options(self, method: str) -> Dict[str, Any]:
         return {**DEFAULT_METHOD_OPTIONS.get(method, {}), **self.method_options.get(method, {})}
 
-    def _generator_steps(self, model: ExplainableModel, batch: Dict[str, Any], prediction: AuditPrediction,
-                         mask: Tensor, indices: Sequence[int], values: Dict[str, Tensor]) -> Dict[str, Any]:
+    def _generator_steps(
+        self,
+        model: ExplainableModel,
+        batch: Dict[str, Any],
+        prediction: AuditPrediction,
+        mask: Tensor,
+        indices: Sequence[int],
+        values: Dict[str, Tensor],
+    ) -> Dict[str, Any]:
         """A generator's per-step maps: with ``per_step``, of every row, compared into ``values`` (``per_step/
         <metric>/<pair>`` ``[B]``: every pair's metric over each row's target steps, see the class); otherwise of
         the rows that keep them only (``step_examples``). Returns the :class:`BatchResult` fields that keep them."""
@@ -381,5 +433,7 @@ class AttentionAudit(AuditCallback):
         if not rows.numel():
             return {}
         shown = self._step_maps(model, gather_rows(batch, rows, len(indices)), attention[rows], steps[rows])
-        return {"step_maps": {k: place_rows(v, rows, attention.shape) for k, v in shown.items()},
-                "step_mask": place_rows(steps[rows], rows, steps.shape)}
+        return {
+            "step_maps": {k: place_rows(v, rows, attention.shape) for k, v in shown.items()},
+            "step_mask": place_rows(steps[rows], rows, steps.shape),
+        }

@@ -1,5 +1,6 @@
 """Jain & Wallace's permutation test and Wiegreffe & Pinter's uniform-attention evaluation, while training (and
 Vashishth et al.'s on text generators)."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -12,13 +13,22 @@ from typing_extensions import override
 
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution.override_replay import override_scorer
-from lightning_xai.audits.baselines import (DEFAULT_MAX_ATTENTION_BINS, bin_by_max_attention, permutation_test,
-                                            uniform_attention_evaluation, uniform_attention_summary)
+from lightning_xai.audits.baselines import (
+    DEFAULT_MAX_ATTENTION_BINS,
+    bin_by_max_attention,
+    permutation_test,
+    uniform_attention_evaluation,
+    uniform_attention_summary,
+)
 from lightning_xai.audits.generation import generation_attention_baselines
 from lightning_xai.callbacks._audit.aggregation import aggregate_values
 from lightning_xai.callbacks._audit.failures import defined_examples
-from lightning_xai.callbacks._audit.generation import (check_decoding, check_generation_methods, decoded_batch,
-                                                      is_generator_model)
+from lightning_xai.callbacks._audit.generation import (
+    check_decoding,
+    check_generation_methods,
+    decoded_batch,
+    is_generator_model,
+)
 from lightning_xai.callbacks._audit.model import refuse_non_softmax
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, BatchResult
 from lightning_xai.metrics import summarize_values
@@ -27,8 +37,11 @@ __all__ = ["AttentionBaselines"]
 
 
 #: a generator's per-example values (see the class docstring) and their labels in the final table
-_GENERATION_ROWS = (("log_prob_change", "Δ log p(target)"), ("log_prob_change_per_token", "Δ log p per token"),
-                    ("greedy_token_changed", "greedy tokens changed"))
+_GENERATION_ROWS = (
+    ("log_prob_change", "Δ log p(target)"),
+    ("log_prob_change_per_token", "Δ log p per token"),
+    ("greedy_token_changed", "greedy tokens changed"),
+)
 
 
 class AttentionBaselines(AuditCallback):
@@ -85,19 +98,27 @@ class AttentionBaselines(AuditCallback):
     name = "attention_baselines"
     needs_attention_override = True  # the permuted and uniform attentions are fed back as overrides
 
-    def __init__(self, num_permutations: int = 100,
-                 max_attention_bins: Sequence[float] = DEFAULT_MAX_ATTENTION_BINS,
-                 permutation: bool = True, uniform: bool = True, decoding: str = "force", max_new_tokens: int = 20,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        num_permutations: int = 100,
+        max_attention_bins: Sequence[float] = DEFAULT_MAX_ATTENTION_BINS,
+        permutation: bool = True,
+        uniform: bool = True,
+        decoding: str = "force",
+        max_new_tokens: int = 20,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         check_decoding("AttentionBaselines", decoding, max_new_tokens)
         if isinstance(num_permutations, bool) or not isinstance(num_permutations, int) or num_permutations < 1:
             raise MisconfigurationException(
-                f"AttentionBaselines(num_permutations) must be a positive int, got {num_permutations!r}.")
+                f"AttentionBaselines(num_permutations) must be a positive int, got {num_permutations!r}."
+            )
         edges = list(max_attention_bins)
         if len(edges) < 2 or any(b <= a for a, b in zip(edges, edges[1:])):
             raise MisconfigurationException(
-                f"AttentionBaselines(max_attention_bins) must be increasing with at least two edges, got {edges}.")
+                f"AttentionBaselines(max_attention_bins) must be increasing with at least two edges, got {edges}."
+            )
         if not permutation and not uniform:
             raise MisconfigurationException("AttentionBaselines: enable permutation, uniform or both.")
         self.num_permutations = num_permutations
@@ -116,7 +137,8 @@ class AttentionBaselines(AuditCallback):
                 raise MisconfigurationException(
                     "AttentionBaselines(max_attention_bins) bins a classifier's permutation Δŷ by its maximum "
                     f"attention; a generator's values ({type(getattr(model, 'model', model)).__name__}) are not "
-                    "binned. Leave max_attention_bins at its default.")
+                    "binned. Leave max_attention_bins at its default."
+                )
             self.explained_quantity = "log-probability of the target sequence"
             return
         measure = "the permutation test" if self.permutation else "the uniform-attention evaluation"
@@ -128,24 +150,42 @@ class AttentionBaselines(AuditCallback):
 
     def _state_config(self) -> Dict[str, Any]:
         generation = {"decoding": self.decoding} if self.decoding != "force" else {}  # existing keys kept
-        return dict(super()._state_config(), num_permutations=self.num_permutations,
-                    permutation=self.permutation, uniform=self.uniform, **generation)
+        return dict(
+            super()._state_config(),
+            num_permutations=self.num_permutations,
+            permutation=self.permutation,
+            uniform=self.uniform,
+            **generation,
+        )
 
-    def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
-                    indices: List[int], prediction: Optional[AuditPrediction] = None
-                    ) -> Tuple[BatchResult, Dict[str, Any]]:
+    def audit_batch(
+        self,
+        model: ExplainableModel,
+        batch: Dict[str, Any],
+        generator: torch.Generator,
+        indices: List[int],
+        prediction: Optional[AuditPrediction] = None,
+    ) -> Tuple[BatchResult, Dict[str, Any]]:
         prediction = prediction or self.predict(model, batch)
         values: Dict[str, torch.Tensor] = {}
         if is_generator_model(model):
-            values.update(generation_attention_baselines(
-                model, batch, num_permutations=self.num_permutations, row_generators=self.example_generators(indices),
-                permutation=self.permutation, uniform=self.uniform))
+            values.update(
+                generation_attention_baselines(
+                    model,
+                    batch,
+                    num_permutations=self.num_permutations,
+                    row_generators=self.example_generators(indices),
+                    permutation=self.permutation,
+                    uniform=self.uniform,
+                )
+            )
             return BatchResult(maps={"attention": prediction.attention}, values=values), {}
         with torch.no_grad():  # one pass and one checked scorer of overrides serve both baselines
             replay = override_scorer(model, model.embed(batch), batch)
         if self.permutation:
-            result = permutation_test(model, batch, self.num_permutations,
-                                      row_generators=self.example_generators(indices), replay=replay)
+            result = permutation_test(
+                model, batch, self.num_permutations, row_generators=self.example_generators(indices), replay=replay
+            )
             values["permutation/median_delta"] = result.median_delta
             values["permutation/max_attention"] = result.max_attention
         if self.uniform:
@@ -162,11 +202,19 @@ class AttentionBaselines(AuditCallback):
             >>> AttentionBaselines().summary_rows({"permutation/median_delta": 0.01})
             [('permutation: median |Δŷ|', '{permutation/median_delta:num4}')]
         """
-        rows = [(f"{part} attention: {label}", f"{{{part}/{key}:mean_std}}") for part in ("uniform", "permutation")
-                for key, label in _GENERATION_ROWS if f"{part}/{key}/mean" in metrics]
+        rows = [
+            (f"{part} attention: {label}", f"{{{part}/{key}:mean_std}}")
+            for part in ("uniform", "permutation")
+            for key, label in _GENERATION_ROWS
+            if f"{part}/{key}/mean" in metrics
+        ]
         if "uniform/accuracy_delta" in metrics:
-            rows.append(("uniform attention: accuracy trained → uniform", "{uniform/accuracy_trained:num} → "
-                         "{uniform/accuracy_uniform:num} (Δ {uniform/accuracy_delta:+.3f})"))
+            rows.append(
+                (
+                    "uniform attention: accuracy trained → uniform",
+                    "{uniform/accuracy_trained:num} → {uniform/accuracy_uniform:num} (Δ {uniform/accuracy_delta:+.3f})",
+                )
+            )
             rows.append(("uniform attention: macro-F1 delta", "{uniform/f1_delta:+.3f}"))
             rows.append(("uniform attention: decisions flipped", "{uniform/flip_fraction:num}"))
         if "permutation/median_delta" in metrics:
@@ -174,14 +222,19 @@ class AttentionBaselines(AuditCallback):
             for key in metrics:
                 count = key.replace("/median_delta", "/count")
                 if key.startswith("permutation/bin") and key.endswith("/median_delta") and metrics.get(count):
-                    label = key[len("permutation/bin"):-len("/median_delta")]
-                    rows.append((f"permutation: median |Δŷ|, max attention in {label}",
-                                 f"{{{key}:num4}} (n={{{count}:int}})"))
+                    label = key[len("permutation/bin") : -len("/median_delta")]
+                    rows.append(
+                        (f"permutation: median |Δŷ|, max attention in {label}", f"{{{key}:num4}} (n={{{count}:int}})")
+                    )
         return rows
 
     def histogram_keys(self, examples: List[AuditExample]) -> List[str]:
-        keys = ("permutation/median_delta", "uniform/delta", "permutation/log_prob_change_per_token",
-                "uniform/log_prob_change_per_token")
+        keys = (
+            "permutation/median_delta",
+            "uniform/delta",
+            "permutation/log_prob_change_per_token",
+            "uniform/log_prob_change_per_token",
+        )
         return [k for k in keys if any(k in e.values for e in examples)]
 
     def aggregate(self, examples: List[AuditExample], extras: Dict[str, Any]) -> Dict[str, float]:
@@ -212,7 +265,8 @@ class AttentionBaselines(AuditCallback):
                 summary = uniform_attention_summary(
                     torch.tensor([e.prediction for e in labelled]),
                     torch.tensor([int(e.values["uniform/prediction"]) for e in labelled]),
-                    torch.tensor([e.label for e in labelled]))
+                    torch.tensor([e.label for e in labelled]),
+                )
                 out.update({f"uniform/{k}": v for k, v in summary.items()})
             out["uniform/mean_delta"] = summarize_values([e.values["uniform/delta"] for e in examples])["mean"]
         return out

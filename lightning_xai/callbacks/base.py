@@ -4,6 +4,7 @@
 mechanics live in ``lightning_xai.callbacks._audit``, one module per concept, and a concept with state of its own is
 an object it owns (``AuditBudget``, ``AuditSchedule``, ``AuditSubsets``, ...), never a mixin.
 """
+
 from __future__ import annotations
 
 import abc
@@ -23,17 +24,34 @@ from lightning_xai.attribution.registry import method_record
 from lightning_xai.attribution.targets import default_output
 from lightning_xai.callbacks._audit import model as lookup
 from lightning_xai.callbacks._audit.aggregation import AuditCollector, aggregate_values, histogram_values, value_names
-from lightning_xai.callbacks._audit.budget import (DEFAULT_EVERY_N_EPOCHS, DEFAULT_NUM_SAMPLES, MIN_AUDIT_SECONDS,
-                                                   AuditBudget, Plan)
-from lightning_xai.callbacks._audit.distributed import (agreed, gather_examples, merge_extras, refuse_unshardable,
-                                                        replicated, shared_failure)
+from lightning_xai.callbacks._audit.budget import (
+    DEFAULT_EVERY_N_EPOCHS,
+    DEFAULT_NUM_SAMPLES,
+    MIN_AUDIT_SECONDS,
+    AuditBudget,
+    Plan,
+)
+from lightning_xai.callbacks._audit.distributed import (
+    agreed,
+    gather_examples,
+    merge_extras,
+    refuse_unshardable,
+    replicated,
+    shared_failure,
+)
 from lightning_xai.callbacks._audit.failures import AuditFailures, audit_finite_rows, warn_undefined, with_prediction
 from lightning_xai.callbacks._audit.generation import refuse_generator
 from lightning_xai.callbacks._audit.guard import AuditPrecision, audit_guard, precision_context
 from lightning_xai.callbacks._audit.options import check_audit_batch, check_audit_options, check_placement
 from lightning_xai.callbacks._audit.output import RunCounter, ScalarLog, add_record, audit_progress, restored_history
-from lightning_xai.callbacks._audit.results import (AuditExample, AuditPrediction, AuditResult, BatchResult,
-                                                    TokenPairs, example_tokens)
+from lightning_xai.callbacks._audit.results import (
+    AuditExample,
+    AuditPrediction,
+    AuditResult,
+    BatchResult,
+    TokenPairs,
+    example_tokens,
+)
 from lightning_xai.callbacks._audit.schedule import AuditSchedule, clock_mark, subset_size, trainer_callbacks
 from lightning_xai.callbacks._audit.subset import AUDIT_TOKEN_BUDGET, AuditBatch, AuditSubsets, find_loader
 from lightning_xai.lightning_compat import Callback
@@ -116,21 +134,46 @@ class AuditCallback(Callback, abc.ABC):
         super().__init_subclass__(**kwargs)
         check_audit_batch(cls)  # checked once, when the class is made
 
-    def __init__(self, *, every_n_epochs: Optional[int] = DEFAULT_EVERY_N_EPOCHS,
-                 every_n_train_steps: Optional[int] = None, num_samples: Optional[int] = DEFAULT_NUM_SAMPLES,
-                 dataloader: str = "val", batch_size: Optional[int] = None, seed: int = 0, on_validate: bool = True,
-                 on_test: bool = True, log_prefix: Optional[str] = None, precision: str = "auto",
-                 num_report_examples: int = 16, strict: bool = False, model: ModelSpec = None, tokenizer: Any = None,
-                 budget: Optional[float] = 0.05) -> None:
+    def __init__(
+        self,
+        *,
+        every_n_epochs: Optional[int] = DEFAULT_EVERY_N_EPOCHS,
+        every_n_train_steps: Optional[int] = None,
+        num_samples: Optional[int] = DEFAULT_NUM_SAMPLES,
+        dataloader: str = "val",
+        batch_size: Optional[int] = None,
+        seed: int = 0,
+        on_validate: bool = True,
+        on_test: bool = True,
+        log_prefix: Optional[str] = None,
+        precision: str = "auto",
+        num_report_examples: int = 16,
+        strict: bool = False,
+        model: ModelSpec = None,
+        tokenizer: Any = None,
+        budget: Optional[float] = 0.05,
+    ) -> None:
         super().__init__()
         cls = type(self).__name__
         self._resolver, self.tokenizer = lookup.model_resolver(model, tokenizer, cls), tokenizer
-        check_audit_options(cls, every_n_epochs=every_n_epochs, every_n_train_steps=every_n_train_steps,
-                            on_validate=on_validate, on_test=on_test, num_samples=num_samples, dataloader=dataloader,
-                            batch_size=batch_size, seed=seed, precision=precision,
-                            num_report_examples=num_report_examples, strict=strict, budget=budget)
-        self._budget = AuditBudget(budget, num_samples=num_samples, every_n_epochs=every_n_epochs,
-                                   every_n_train_steps=every_n_train_steps)  # its cost clock, plan and cadence
+        check_audit_options(
+            cls,
+            every_n_epochs=every_n_epochs,
+            every_n_train_steps=every_n_train_steps,
+            on_validate=on_validate,
+            on_test=on_test,
+            num_samples=num_samples,
+            dataloader=dataloader,
+            batch_size=batch_size,
+            seed=seed,
+            precision=precision,
+            num_report_examples=num_report_examples,
+            strict=strict,
+            budget=budget,
+        )
+        self._budget = AuditBudget(
+            budget, num_samples=num_samples, every_n_epochs=every_n_epochs, every_n_train_steps=every_n_train_steps
+        )  # its cost clock, plan and cadence
         self.every_n_epochs, self.every_n_train_steps = int(every_n_epochs or 0), every_n_train_steps
         self.num_samples = None if num_samples is None else int(num_samples)
         self.dataloader, self.batch_size, self.seed = dataloader, batch_size, seed
@@ -166,8 +209,13 @@ class AuditCallback(Callback, abc.ABC):
     def _state_config(self) -> Dict[str, Any]:
         """Settings that tell two instances of a callback class apart (extended by subclasses); a log prefix and a
         precision join them only when not the defaults, so existing checkpoints keep their keys."""
-        config = {"every_n_epochs": self.every_n_epochs, "every_n_train_steps": self.every_n_train_steps,
-                  "num_samples": self.num_samples, "dataloader": self.dataloader, "seed": self.seed}
+        config = {
+            "every_n_epochs": self.every_n_epochs,
+            "every_n_train_steps": self.every_n_train_steps,
+            "num_samples": self.num_samples,
+            "dataloader": self.dataloader,
+            "seed": self.seed,
+        }
         optional = {"log_prefix": (self.log_prefix, self.name), "precision": (self.precision, "auto")}
         return {**config, **{k: value for k, (value, default) in optional.items() if value != default}}
 
@@ -178,8 +226,11 @@ class AuditCallback(Callback, abc.ABC):
 
     @override
     def state_dict(self) -> Dict[str, Any]:
-        return {"history": [dict(r, metrics=dict(r["metrics"])) for r in self.history],
-                "subsets": self._subsets.state_dict(), "budget": self._budget.state_dict()}
+        return {
+            "history": [dict(r, metrics=dict(r["metrics"])) for r in self.history],
+            "subsets": self._subsets.state_dict(),
+            "budget": self._budget.state_dict(),
+        }
 
     @override
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -191,7 +242,9 @@ class AuditCallback(Callback, abc.ABC):
     @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         if trainer is not None:  # None: set up by hand (notebooks, tests)
-            check_placement(self, [c for c in trainer_callbacks(trainer) if isinstance(c, AuditCallback)], trainer, stage)
+            check_placement(
+                self, [c for c in trainer_callbacks(trainer) if isinstance(c, AuditCallback)], trainer, stage
+            )
             if self._runs.enter(trainer, type(self).__name__):  # a new Trainer counts its epochs and steps from 0
                 self._schedule.reset()
         refuse_generator(type(self).__name__, self.explainable(pl_module), self.refuses_generation)
@@ -212,8 +265,9 @@ class AuditCallback(Callback, abc.ABC):
         self._budget.cost.epoch_started()
 
     @override
-    def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self._schedule.step_due(trainer.global_step, self.every_n_train_steps):
             self._scheduled_audit(trainer, pl_module, "fit", self.dataloader)
 
@@ -240,14 +294,21 @@ class AuditCallback(Callback, abc.ABC):
         if self._schedule.epoch_due(trainer.current_epoch, self.every_n_epochs):
             self._scheduled_audit(trainer, pl_module, "fit", self.dataloader)
 
-    def _scheduled_audit(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str, split: str
-                         ) -> Optional[AuditResult]:
+    def _scheduled_audit(
+        self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str, split: str
+    ) -> Optional[AuditResult]:
         """:meth:`run_audit`, isolated and clocked: the result, or ``None`` when the audit failed (and was
         reported; with ``strict`` the exception propagates). The first audit of ``fit`` sets the budget's plan."""
         return self._schedule.run(
-            trainer, stage, split, partial(self.run_audit, trainer, pl_module, stage, split),
-            partial(self._log, trainer), lambda: self._audit_size(trainer, split) != self.num_samples,
-            min_seconds=self.budget_min_seconds, cadence=(self.every_n_epochs, self.every_n_train_steps))
+            trainer,
+            stage,
+            split,
+            partial(self.run_audit, trainer, pl_module, stage, split),
+            partial(self._log, trainer),
+            lambda: self._audit_size(trainer, split) != self.num_samples,
+            min_seconds=self.budget_min_seconds,
+            cadence=(self.every_n_epochs, self.every_n_train_steps),
+        )
 
     def explainable(self, pl_module: Any) -> ExplainableModel:
         """The module seen through the protocol (the module itself, the one ``transformers`` classifier it holds, or
@@ -303,9 +364,15 @@ class AuditCallback(Callback, abc.ABC):
     def _audit_batches(self, trainer: "pl.Trainer", split: str) -> List[AuditBatch]:
         """This process's shard of the audit subset as collated CPU batches ``(positions, indices, batch)``."""
         if split not in self._subsets.batches:
-            self._subsets.shard(trainer, split, find_loader(trainer, split, type(self).__name__),
-                                self.audit_indices(trainer, split), self.batch_size, AUDIT_TOKEN_BUDGET,
-                                replicated=replicated(trainer))
+            self._subsets.shard(
+                trainer,
+                split,
+                find_loader(trainer, split, type(self).__name__),
+                self.audit_indices(trainer, split),
+                self.batch_size,
+                AUDIT_TOKEN_BUDGET,
+                replicated=replicated(trainer),
+            )
         return self._subsets.batches[split]
 
     def run_audit(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str, split: str) -> AuditResult:
@@ -318,9 +385,12 @@ class AuditCallback(Callback, abc.ABC):
             # a sharded model: every process runs every batch in lockstep (each pass is a collective; data-dependent
             # branches take process 0's decisions, adapters.sharding); process 0 keeps the results
             keep = not replicated(trainer) or trainer.global_rank == 0
-            with audit_progress(trainer, len(batches), f"{type(self).__name__} ({split})") as advance, \
-                    audit_guard(pl_module, seed=self.seed) as generator, lockstep(replicated(trainer)), \
-                    self._precision.audit(trainer, pl_module) as context:
+            with (
+                audit_progress(trainer, len(batches), f"{type(self).__name__} ({split})") as advance,
+                audit_guard(pl_module, seed=self.seed) as generator,
+                lockstep(replicated(trainer)),
+                self._precision.audit(trainer, pl_module) as context,
+            ):
                 for positions, indices, cpu_batch in batches:
                     batch = self.audit_inputs(model, move_data_to_device(cpu_batch, pl_module.device))
                     found, extra = self._measure(trainer, pl_module, model, batch, indices, generator, context)
@@ -337,22 +407,41 @@ class AuditCallback(Callback, abc.ABC):
             finally:
                 self._aggregated = None
             warn_undefined(type(self).__name__, split, examples, metrics, self._warned_undefined)
-            result = AuditResult(stage=stage, epoch=trainer.current_epoch, global_step=trainer.global_step,
-                                 split=split, metrics=metrics, examples=examples, extras=merged, run=self._runs.run,
-                                 explained_quantity=self.explained_quantity)
+            result = AuditResult(
+                stage=stage,
+                epoch=trainer.current_epoch,
+                global_step=trainer.global_step,
+                split=split,
+                metrics=metrics,
+                examples=examples,
+                extras=merged,
+                run=self._runs.run,
+                explained_quantity=self.explained_quantity,
+            )
             self._log(trainer, stage, metrics)
         self.history, self.latest = add_record(self.history, result.record()), result
         self.version += 1
         return result
 
-    def _measure(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", model: ExplainableModel,
-                 batch: Dict[str, Any], indices: List[int], generator: torch.Generator, context: Any
-                 ) -> Tuple[BatchResult, Dict[str, Any]]:
+    def _measure(
+        self,
+        trainer: "pl.Trainer",
+        pl_module: "pl.LightningModule",
+        model: ExplainableModel,
+        batch: Dict[str, Any],
+        indices: List[int],
+        generator: torch.Generator,
+        context: Any,
+    ) -> Tuple[BatchResult, Dict[str, Any]]:
         with precision_context(trainer, pl_module.device, context):
             prediction = self.predict(model, batch)
             with self._precision.maps(self.name, self.precision_sensitive):
-                found, extra = audit_finite_rows(lambda b, i, p: self.audit_batch(
-                    model, b, generator, i, prediction=p or self.predict(model, b)), batch, indices, prediction)
+                found, extra = audit_finite_rows(
+                    lambda b, i, p: self.audit_batch(model, b, generator, i, prediction=p or self.predict(model, b)),
+                    batch,
+                    indices,
+                    prediction,
+                )
         return with_prediction(found, prediction, self.expected_values()), extra
 
     def _log(self, trainer: "pl.Trainer", stage: str, metrics: Dict[str, float]) -> None:
@@ -382,12 +471,17 @@ class AuditCallback(Callback, abc.ABC):
     def example_generators(self, indices: Sequence[int]) -> List[torch.Generator]:
         """One CPU generator per example, seeded from ``seed`` and the example's dataset index: randomness that
         does not depend on how the audit subset is batched or sharded across processes."""
-        return [torch.Generator().manual_seed((self.seed * 1_000_003 + int(i)) % (2 ** 63)) for i in indices]
+        return [torch.Generator().manual_seed((self.seed * 1_000_003 + int(i)) % (2**63)) for i in indices]
 
     @abc.abstractmethod
-    def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
-                    indices: List[int], prediction: Optional[AuditPrediction] = None
-                    ) -> Tuple[BatchResult, Dict[str, Any]]:
+    def audit_batch(
+        self,
+        model: ExplainableModel,
+        batch: Dict[str, Any],
+        generator: torch.Generator,
+        indices: List[int],
+        prediction: Optional[AuditPrediction] = None,
+    ) -> Tuple[BatchResult, Dict[str, Any]]:
         """Measure one batch (``indices``: the dataset indices of its rows; ``generator``: the audit's own RNG;
         ``prediction``: the shared prediction step's result — ``None`` when called directly, then use
         ``prediction or self.predict(model, batch)``).

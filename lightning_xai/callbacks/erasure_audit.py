@@ -1,4 +1,5 @@
 """Erasure faithfulness while a model trains: Serrano & Smith's decision flips and ERASER's deletion metrics."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -14,8 +15,12 @@ from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute
 from lightning_xai.attribution.targets import explained_quantity
 from lightning_xai.audits.erasure import decision_flip, ranking_scores
 from lightning_xai.audits.generation_erasure import attention_row_gradient, generation_erasure
-from lightning_xai.callbacks._audit.generation import (check_decoding, check_generation_methods, decoded_batch,
-                                                      is_generator_model)
+from lightning_xai.callbacks._audit.generation import (
+    check_decoding,
+    check_generation_methods,
+    decoded_batch,
+    is_generator_model,
+)
 from lightning_xai.callbacks._audit.model import refuse_regression_flips
 from lightning_xai.callbacks._audit.options import check_names, check_options_of_methods
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, BatchResult
@@ -24,14 +29,22 @@ from lightning_xai.metrics.functional.faithfulness import erasure_scores
 __all__ = ["ERASURE_RANKINGS", "ErasureAudit"]
 
 #: the erasure audit's own rankings, by the name it logs them under -> the ranking of :mod:`lightning_xai.audits.erasure`
-ERASURE_RANKINGS: Dict[str, str] = {"attention": "attention", "random": "random", "attention_gradient": "gradient",
-                                    "grad_x_attention": "grad_x_attention"}
+ERASURE_RANKINGS: Dict[str, str] = {
+    "attention": "attention",
+    "random": "random",
+    "attention_gradient": "gradient",
+    "grad_x_attention": "grad_x_attention",
+}
 
 
 def _is_size(value: Any) -> bool:
     """A top-k size: an int number of tokens >= 1 or a fraction in (0, 1] of the real tokens."""
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0 and not (
-        isinstance(value, float) and value > 1)
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and value > 0
+        and not (isinstance(value, float) and value > 1)
+    )
 
 
 class ErasureAudit(AuditCallback):
@@ -105,11 +118,18 @@ class ErasureAudit(AuditCallback):
     name = "erasure_audit"
     precision_sensitive = True  # under autocast with precision="auto", erasure runs in float32
 
-    def __init__(self, rankings: Sequence[str] = ("attention", "attention_gradient", "random"),
-                 k: Union[int, float] = 0.2, aopc_bins: Sequence[Union[int, float]] = (),
-                 decision_flip: bool = True, eraser: bool = True,
-                 method_options: Optional[Dict[str, Dict[str, Any]]] = None, decoding: str = "force",
-                 max_new_tokens: int = 20, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        rankings: Sequence[str] = ("attention", "attention_gradient", "random"),
+        k: Union[int, float] = 0.2,
+        aopc_bins: Sequence[Union[int, float]] = (),
+        decision_flip: bool = True,
+        eraser: bool = True,
+        method_options: Optional[Dict[str, Dict[str, Any]]] = None,
+        decoding: str = "force",
+        max_new_tokens: int = 20,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         check_decoding("ErasureAudit", decoding, max_new_tokens)
         self.decoding, self.max_new_tokens = decoding, max_new_tokens
@@ -119,18 +139,26 @@ class ErasureAudit(AuditCallback):
         rankings = [str(r) for r in rankings]
         if not rankings or len(set(rankings)) != len(rankings):
             raise MisconfigurationException(f"ErasureAudit(rankings) must be non-empty and distinct, got {rankings}.")
-        check_names("ErasureAudit", "ranking", rankings, [*ERASURE_RANKINGS, *ATTRIBUTION_METHODS],
-                    f" (the erasure rankings {list(ERASURE_RANKINGS)} or an attribution method)")
+        check_names(
+            "ErasureAudit",
+            "ranking",
+            rankings,
+            [*ERASURE_RANKINGS, *ATTRIBUTION_METHODS],
+            f" (the erasure rankings {list(ERASURE_RANKINGS)} or an attribution method)",
+        )
         if not _is_size(k):
             raise MisconfigurationException(f"ErasureAudit(k) must be an int >= 1 or a fraction in (0, 1], got {k!r}.")
         if isinstance(aopc_bins, (str, int, float)):
-            raise MisconfigurationException(f"ErasureAudit(aopc_bins) is a list of sizes, got {aopc_bins!r}; e.g. "
-                                            "aopc_bins=AOPC_BINS (lightning_xai.metrics.functional).")
+            raise MisconfigurationException(
+                f"ErasureAudit(aopc_bins) is a list of sizes, got {aopc_bins!r}; e.g. "
+                "aopc_bins=AOPC_BINS (lightning_xai.metrics.functional)."
+            )
         bins = list(aopc_bins)
         bad = [b for b in bins if not _is_size(b)]
         if bad:
-            raise MisconfigurationException(f"ErasureAudit(aopc_bins) must hold ints >= 1 or fractions in (0, 1], got "
-                                            f"{bad}.")
+            raise MisconfigurationException(
+                f"ErasureAudit(aopc_bins) must hold ints >= 1 or fractions in (0, 1], got {bad}."
+            )
         if not decision_flip and not eraser:
             raise MisconfigurationException("ErasureAudit: enable decision_flip, eraser or both.")
         self.rankings = rankings
@@ -143,16 +171,18 @@ class ErasureAudit(AuditCallback):
         self.method_options = dict(method_options or {})
         stray = sorted(set(self.method_options) - set(rankings))
         if stray:
-            raise MisconfigurationException(f"ErasureAudit: method_options for {stray}, which are not in rankings "
-                                            f"{rankings}.")
+            raise MisconfigurationException(
+                f"ErasureAudit: method_options for {stray}, which are not in rankings {rankings}."
+            )
         check_options_of_methods("ErasureAudit", self.method_options)
 
     @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         model = self.explainable(pl_module)
-        check_generation_methods("ErasureAudit", model, [r for r in self.rankings if r not in ERASURE_RANKINGS],
-                                 decoding=self.decoding)
+        check_generation_methods(
+            "ErasureAudit", model, [r for r in self.rankings if r not in ERASURE_RANKINGS], decoding=self.decoding
+        )
         self.generation = is_generator_model(model)
         if self.generation:
             self.explained_quantity = "log-probability of the target sequence"
@@ -180,10 +210,12 @@ class ErasureAudit(AuditCallback):
     def expected_values(self) -> List[str]:
         """Every ranking's flip and ERASER values: NaN for undefined examples, never silently missing."""
         per_token = ("comprehensiveness_per_token", "sufficiency_per_token") if self.generation else ()
-        names = (("flipped", "fraction_removed", "attention_removed") if self.decision_flip else ()) + (
-            ("steps_changed",) if self.decision_flip and self.generation else ()) + (
-            ("comprehensiveness", "sufficiency", *per_token) if self.eraser else ()) + (
-            ("aopc_comprehensiveness", "aopc_sufficiency") if self.eraser and self.aopc_bins else ())
+        names = (
+            (("flipped", "fraction_removed", "attention_removed") if self.decision_flip else ())
+            + (("steps_changed",) if self.decision_flip and self.generation else ())
+            + (("comprehensiveness", "sufficiency", *per_token) if self.eraser else ())
+            + (("aopc_comprehensiveness", "aopc_sufficiency") if self.eraser and self.aopc_bins else ())
+        )
         return [f"{r}/{n}" for r in self.rankings for n in names]
 
     def _scores(self, model: ExplainableModel, batch: Dict[str, Any], ranking: str, indices: List[int]) -> Tensor:
@@ -199,9 +231,14 @@ class ErasureAudit(AuditCallback):
             return ranking_scores(model, batch, ERASURE_RANKINGS[ranking])
         return attribute(model, batch, ranking, **self.method_options.get(ranking, {})).detach()
 
-    def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
-                    indices: List[int], prediction: Optional[AuditPrediction] = None
-                    ) -> Tuple[BatchResult, Dict[str, Any]]:
+    def audit_batch(
+        self,
+        model: ExplainableModel,
+        batch: Dict[str, Any],
+        generator: torch.Generator,
+        indices: List[int],
+        prediction: Optional[AuditPrediction] = None,
+    ) -> Tuple[BatchResult, Dict[str, Any]]:
         prediction = prediction or self.predict(model, batch)
         if is_generator_model(model):
             return self._audit_generation(model, batch, indices, prediction), {}
@@ -210,8 +247,12 @@ class ErasureAudit(AuditCallback):
         ks = [self.k, *self.aopc_bins]
         # the flips of all rankings share one pass (the model's own rankings are read from it), and the erasures of
         # all rankings another
-        entries = [ERASURE_RANKINGS[r] if r in ERASURE_RANKINGS and r != "random" else
-                   self._scores(model, batch, r, indices).float() for r in self.rankings]
+        entries = [
+            ERASURE_RANKINGS[r]
+            if r in ERASURE_RANKINGS and r != "random"
+            else self._scores(model, batch, r, indices).float()
+            for r in self.rankings
+        ]
         logits = None
         if self.decision_flip:
             result = decision_flip(model, batch, entries)
@@ -222,11 +263,14 @@ class ErasureAudit(AuditCallback):
                 nan = torch.full_like(result.fraction_removed[i], float("nan"), dtype=torch.float64)
                 values[f"{ranking}/flipped"] = flipped.double()
                 values[f"{ranking}/fraction_removed"] = torch.where(flipped, result.fraction_removed[i].double(), nan)
-                values[f"{ranking}/attention_removed"] = torch.where(flipped, result.attention_removed[i].double(),
-                                                                     nan)
+                values[f"{ranking}/attention_removed"] = torch.where(flipped, result.attention_removed[i].double(), nan)
         else:
-            stack = torch.stack([self._scores(model, batch, r, indices).float() if isinstance(e, str) else e
-                                 for r, e in zip(self.rankings, entries)])
+            stack = torch.stack(
+                [
+                    self._scores(model, batch, r, indices).float() if isinstance(e, str) else e
+                    for r, e in zip(self.rankings, entries)
+                ]
+            )
         maps.update((r, stack[i]) for i, r in enumerate(self.rankings) if r != "random")
         if self.eraser:
             comp, suff = erasure_scores(model, batch, stack, ks, logits=logits)  # the flips' full pass, reused
@@ -238,8 +282,9 @@ class ErasureAudit(AuditCallback):
                     values[f"{ranking}/aopc_sufficiency"] = suff[i, 1:].double().mean(0)
         return BatchResult(maps=maps, values=values), {}
 
-    def _audit_generation(self, model: ExplainableModel, batch: Dict[str, Any], indices: List[int],
-                          prediction: AuditPrediction) -> BatchResult:
+    def _audit_generation(
+        self, model: ExplainableModel, batch: Dict[str, Any], indices: List[int], prediction: AuditPrediction
+    ) -> BatchResult:
         """A generator's erasure (see the class docstring): every ranking of the source tokens, one stack."""
         gradients: Optional[Tuple[Tensor, Tensor]] = None
         stack = []
@@ -252,8 +297,15 @@ class ErasureAudit(AuditCallback):
             else:
                 stack.append(self._scores(model, batch, ranking, indices).float())
         scores = torch.stack([s.to(prediction.attention.device) for s in stack])
-        found = generation_erasure(model, batch, scores, [self.k, *self.aopc_bins], attention=prediction.attention,
-                                   decision_flip=self.decision_flip, eraser=self.eraser)
+        found = generation_erasure(
+            model,
+            batch,
+            scores,
+            [self.k, *self.aopc_bins],
+            attention=prediction.attention,
+            decision_flip=self.decision_flip,
+            eraser=self.eraser,
+        )
         values: Dict[str, Tensor] = {}
         for i, ranking in enumerate(self.rankings):
             for name, value in found.items():
@@ -263,8 +315,10 @@ class ErasureAudit(AuditCallback):
                     values[f"{ranking}/{name}"] = value[i, 0]
                     if self.aopc_bins and name in ("comprehensiveness", "sufficiency"):
                         values[f"{ranking}/aopc_{name}"] = value[i, 1:].mean(0)
-        maps = {"attention": prediction.attention, **{r: scores[i] for i, r in enumerate(self.rankings)
-                                                     if r not in ("random", "attention")}}
+        maps = {
+            "attention": prediction.attention,
+            **{r: scores[i] for i, r in enumerate(self.rankings) if r not in ("random", "attention")},
+        }
         return BatchResult(maps=maps, values=values)
 
     def summary_rows(self, metrics: Mapping[str, float], full: bool = False) -> List[Tuple[str, str]]:
@@ -276,14 +330,22 @@ class ErasureAudit(AuditCallback):
             [('decision flip [attention]: fraction flipped', '{attention/flipped/mean:num}'), ('decision flip [attention]: fraction of tokens removed', '{attention/fraction_removed:mean_std}')]
         """
         rows = []
-        names = ("comprehensiveness", "sufficiency", "comprehensiveness_per_token", "sufficiency_per_token",
-                 "steps_changed") + (("aopc_comprehensiveness", "aopc_sufficiency") if full else ())
+        names = (
+            "comprehensiveness",
+            "sufficiency",
+            "comprehensiveness_per_token",
+            "sufficiency_per_token",
+            "steps_changed",
+        ) + (("aopc_comprehensiveness", "aopc_sufficiency") if full else ())
         for r in self.rankings:
             if f"{r}/flipped/mean" in metrics:
                 rows.append((f"decision flip [{r}]: fraction flipped", f"{{{r}/flipped/mean:num}}"))
                 rows.append((f"decision flip [{r}]: fraction of tokens removed", f"{{{r}/fraction_removed:mean_std}}"))
-            rows.extend((f"{name.replace('_', ' ')} [{r}]", f"{{{r}/{name}:mean_std}}") for name in names
-                        if f"{r}/{name}/mean" in metrics)
+            rows.extend(
+                (f"{name.replace('_', ' ')} [{r}]", f"{{{r}/{name}:mean_std}}")
+                for name in names
+                if f"{r}/{name}/mean" in metrics
+            )
         return rows
 
     def histogram_keys(self, examples: List[AuditExample]) -> List[str]:

@@ -1,4 +1,5 @@
 """Attention mass on impermissible tokens (Pruthi et al., 2020), tracked while a model trains."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -44,7 +45,8 @@ class ImpermissibleAttentionMonitor(AuditCallback):
             raise MisconfigurationException(f"ImpermissibleAttentionMonitor(key) must be a batch key, got {key!r}.")
         if not (0.0 < float(threshold) <= 1.0):
             raise MisconfigurationException(
-                f"ImpermissibleAttentionMonitor(threshold) must lie in (0, 1], got {threshold!r}.")
+                f"ImpermissibleAttentionMonitor(threshold) must lie in (0, 1], got {threshold!r}."
+            )
         self.key = key
         self.threshold = float(threshold)
 
@@ -58,23 +60,32 @@ class ImpermissibleAttentionMonitor(AuditCallback):
             raise MisconfigurationException(
                 f"ImpermissibleAttentionMonitor: the {split!r} batches have no {self.key!r} key (found "
                 f"{sorted(batches[0][2])}). It needs a [B, T] bool mask of impermissible tokens, e.g. the bundled "
-                "'sst_wiki', 'pronoun' or 'occupation' datasets of TextClassificationDataModule; or set key=.")
+                "'sst_wiki', 'pronoun' or 'occupation' datasets of TextClassificationDataModule; or set key=."
+            )
         mask = batches[0][2][self.key] if batches else None
-        if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool
-                                 or mask.shape != batches[0][2]["mask"].shape):
+        if mask is not None and (
+            not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != batches[0][2]["mask"].shape
+        ):
             raise MisconfigurationException(
-                f"ImpermissibleAttentionMonitor: batch[{self.key!r}] must be a bool tensor shaped like batch['mask'].")
+                f"ImpermissibleAttentionMonitor: batch[{self.key!r}] must be a bool tensor shaped like batch['mask']."
+            )
 
-    def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
-                    indices: List[int], prediction: Optional[AuditPrediction] = None
-                    ) -> Tuple[BatchResult, Dict[str, Any]]:
+    def audit_batch(
+        self,
+        model: ExplainableModel,
+        batch: Dict[str, Any],
+        generator: torch.Generator,
+        indices: List[int],
+        prediction: Optional[AuditPrediction] = None,
+    ) -> Tuple[BatchResult, Dict[str, Any]]:
         prediction = prediction or self.predict(model, batch)
         if self.key not in batch:
             raise MisconfigurationException(f"ImpermissibleAttentionMonitor: the batch has no {self.key!r} key.")
         attention = prediction.attention
         mass = impermissible_mass(attention, batch[self.key])
-        return BatchResult(maps={"attention": attention, "impermissible": batch[self.key].float()},
-                           values={"mass": mass}), {}
+        return BatchResult(
+            maps={"attention": attention, "impermissible": batch[self.key].float()}, values={"mass": mass}
+        ), {}
 
     def summary_rows(self, metrics: Mapping[str, float], full: bool = False) -> List[Tuple[str, str]]:
         """The final table's row: the attention mass on impermissible tokens (mean ± std).
@@ -94,8 +105,12 @@ class ImpermissibleAttentionMonitor(AuditCallback):
         labelled = [e for e in examples if e.label is not None]
         mass = np.array([e.values["mass"] for e in examples], dtype=np.float64)
         summary = summarize_values(mass.tolist())  # the torchmetrics ValueMean every audit averages with
-        out = {"mass/mean": summary["mean"], "mass/std": summary["std"], "mass/max": float(mass.max()),
-               f"mass/below_{self.threshold:g}": float((mass < self.threshold).mean())}
+        out = {
+            "mass/mean": summary["mean"],
+            "mass/std": summary["std"],
+            "mass/max": float(mass.max()),
+            f"mass/below_{self.threshold:g}": float((mass < self.threshold).mean()),
+        }
         if labelled:
             out["accuracy"] = float(np.mean([e.prediction == e.label for e in labelled]))
         return out

@@ -1,10 +1,10 @@
 """Resume training's random stream: checkpoint the global random states, restore them when a run resumes."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
 import pytorch_lightning as pl
-import torch
 from typing_extensions import override
 
 from lightning_xai.attribution.context import get_random_states, set_random_states

@@ -7,6 +7,7 @@ mean completeness error. By default it runs once, when ``fit`` ends (the checks 
 of the model, so they are too costly for every epoch); ``every_n_epochs`` and ``trainer.validate``/``test``
 runs are available as for every audit callback.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -17,8 +18,13 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
 from lightning_xai.adapters.protocol import ExplainableModel
-from lightning_xai.audits.sanity import (DEFAULT_INVARIANCE_METHODS, DEFAULT_RANDOMIZATION_METHODS, MethodSpec,
-                                         SanityTable, run_sanity_checks)
+from lightning_xai.audits.sanity import (
+    DEFAULT_INVARIANCE_METHODS,
+    DEFAULT_RANDOMIZATION_METHODS,
+    MethodSpec,
+    SanityTable,
+    run_sanity_checks,
+)
 from lightning_xai.callbacks.base import AuditCallback, AuditPrediction, BatchResult
 
 __all__ = ["SanityCheck", "SANITY_CHECKS"]
@@ -54,8 +60,10 @@ class SanityCheck(AuditCallback):
     """
 
     name = "sanity"
-    refuses_generation = ("its input-invariance check needs the EmbeddingShift capability, and its randomisation "
-                          "and completeness checks have not been made to explain a target sequence")
+    refuses_generation = (
+        "its input-invariance check needs the EmbeddingShift capability, and its randomisation "
+        "and completeness checks have not been made to explain a target sequence"
+    )
 
     def __init__(
         self,
@@ -76,22 +84,27 @@ class SanityCheck(AuditCallback):
         checks = tuple(checks)
         unknown = [c for c in checks if c not in SANITY_CHECKS]
         if not checks or unknown:
-            raise MisconfigurationException(f"SanityCheck(checks) must name some of {list(SANITY_CHECKS)}; got "
-                                            f"{list(checks)}.")
+            raise MisconfigurationException(
+                f"SanityCheck(checks) must name some of {list(SANITY_CHECKS)}; got {list(checks)}."
+            )
         if randomization_mode not in ("cascading", "independent"):
-            raise MisconfigurationException("SanityCheck(randomization_mode) must be 'cascading' or 'independent', "
-                                            f"got {randomization_mode!r}.")
+            raise MisconfigurationException(
+                f"SanityCheck(randomization_mode) must be 'cascading' or 'independent', got {randomization_mode!r}."
+            )
         if not tolerance > 0:
             raise MisconfigurationException(f"SanityCheck(tolerance) must be > 0, got {tolerance!r}.")
         steps = list(ig_steps)
         if not steps or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in steps):
             raise MisconfigurationException(f"SanityCheck(ig_steps) must be positive ints, got {ig_steps!r}.")
         if not (at_fit_end or every_n_epochs or on_validate or on_test or kwargs.get("every_n_train_steps")):
-            raise MisconfigurationException("SanityCheck would never run: set at_fit_end, every_n_epochs, "
-                                            "every_n_train_steps, on_validate or on_test.")
+            raise MisconfigurationException(
+                "SanityCheck would never run: set at_fit_end, every_n_epochs, "
+                "every_n_train_steps, on_validate or on_test."
+            )
         # the base class insists on a trigger of its own (at_fit_end is ours): satisfy it, then set the real flag
-        super().__init__(every_n_epochs=every_n_epochs, num_samples=num_samples, on_validate=True, on_test=on_test,
-                         **kwargs)
+        super().__init__(
+            every_n_epochs=every_n_epochs, num_samples=num_samples, on_validate=True, on_test=on_test, **kwargs
+        )
         self.on_validate = on_validate
         self.checks: Tuple[str, ...] = checks
         self.invariance_methods = list(invariance_methods)
@@ -115,23 +128,35 @@ class SanityCheck(AuditCallback):
         self.tables = []
         return super().run_audit(trainer, pl_module, stage, split)
 
-    def audit_batch(self, model: ExplainableModel, batch: Dict[str, Any], generator: torch.Generator,
-                    indices: Optional[List[int]] = None, prediction: Optional[AuditPrediction] = None
-                    ) -> Tuple[BatchResult, Dict[str, Any]]:
+    def audit_batch(
+        self,
+        model: ExplainableModel,
+        batch: Dict[str, Any],
+        generator: torch.Generator,
+        indices: Optional[List[int]] = None,
+        prediction: Optional[AuditPrediction] = None,
+    ) -> Tuple[BatchResult, Dict[str, Any]]:
         tables = self._run(model, batch)
         self.tables.append(tables)
-        values = {f"{check}/{key}": value for check, table in tables.items()
-                  for key, value in table.per_example.items()}
+        values = {
+            f"{check}/{key}": value for check, table in tables.items() for key, value in table.per_example.items()
+        }
         return BatchResult(values=values), {}
 
     def _run(self, model: ExplainableModel, batch: Dict[str, Any]) -> Dict[str, SanityTable]:
         options: Dict[str, Any] = {}
         if "input_invariance" in self.checks:
-            options.update(input_invariance_methods=self.invariance_methods,
-                           input_invariance_tolerance=self.tolerance, input_invariance_seed=self.seed)
+            options.update(
+                input_invariance_methods=self.invariance_methods,
+                input_invariance_tolerance=self.tolerance,
+                input_invariance_seed=self.seed,
+            )
         if "model_randomization" in self.checks:
-            options.update(model_randomization_methods=self.randomization_methods,
-                           model_randomization_mode=self.randomization_mode, model_randomization_seed=self.seed)
+            options.update(
+                model_randomization_methods=self.randomization_methods,
+                model_randomization_mode=self.randomization_mode,
+                model_randomization_seed=self.seed,
+            )
         if "completeness" in self.checks:
             options.update(completeness_n_steps=self.ig_steps)
         return run_sanity_checks(model, batch, checks=self.checks, **options)

@@ -6,6 +6,7 @@ annotators excluded from alignment (punctuation and the like), and the manual li
 links; the data has no "possible" links (Och & Ney's P = S), so its alignment error rate equals 1 − F1 of links.
 Source, licences and split sizes: ``lightning_xai/data/bundled/bible_alignments/README.md``.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,9 @@ def _parse(row: dict, where: str) -> AlignedVerse:
     sure = [(int(s), int(t)) for s, t in row["sure"]]
     bad = [(s, t) for s, t in sure if not (0 <= s < len(source) and 0 <= t < len(target))]
     if bad:
-        raise ValueError(f"{where}: links {bad[:5]} point outside the verse ({len(source)} source, "
-                         f"{len(target)} target tokens).")
+        raise ValueError(
+            f"{where}: links {bad[:5]} point outside the verse ({len(source)} source, {len(target)} target tokens)."
+        )
     return AlignedVerse(str(row["verse"]), source, target, exclude, sure)
 
 
@@ -70,5 +72,8 @@ def read_alignments(split: str) -> List[AlignedVerse]:
     if split not in ALIGNMENT_SPLITS:
         raise ValueError(f"The alignment corpus has no {split!r} split; choose one of {', '.join(ALIGNMENT_SPLITS)}.")
     with _open_text(bundled_path(_DATASET, f"{split}.jsonl")) as handle:
-        return [_parse(json.loads(line), f"{_DATASET}/{split} line {n}")
-                for n, line in enumerate(handle, start=1) if line.strip()]
+        return [
+            _parse(json.loads(line), f"{_DATASET}/{split} line {n}")
+            for n, line in enumerate(handle, start=1)
+            if line.strip()
+        ]

@@ -1,4 +1,5 @@
 """One LightningDataModule for every bundled dataset and for users' own files."""
+
 from __future__ import annotations
 
 import warnings
@@ -9,8 +10,14 @@ import torch
 from torch.utils.data import Dataset
 
 from lightning_xai.data.loaders import LoaderSettings, SplitLoaders
-from lightning_xai.data.readers import (DATASET_SPLITS, LABEL_NAMES, Example, jain_wallace_clean, read_split,
-                                        read_user_file)
+from lightning_xai.data.readers import (
+    DATASET_SPLITS,
+    LABEL_NAMES,
+    Example,
+    jain_wallace_clean,
+    read_split,
+    read_user_file,
+)
 from lightning_xai.data.vocabulary import EOS, SOS, Vocabulary
 
 __all__ = ["TextClassificationDataModule", "EncodedDataset", "collate"]
@@ -57,9 +64,12 @@ def collate(items: List[Dict[str, Any]]) -> Dict[str, torch.Tensor]:
             out[row, : len(item[key])] = torch.tensor(item[key], dtype=dtype)
         return out
 
-    batch = {"input_ids": pad("input_ids", torch.long), "mask": pad("mask", torch.bool),
-             "labels": torch.tensor([item["labels"] for item in items], dtype=torch.long),
-             "index": torch.tensor([item["index"] for item in items], dtype=torch.long)}
+    batch = {
+        "input_ids": pad("input_ids", torch.long),
+        "mask": pad("mask", torch.bool),
+        "labels": torch.tensor([item["labels"] for item in items], dtype=torch.long),
+        "index": torch.tensor([item["index"] for item in items], dtype=torch.long),
+    }
     input_mask = torch.zeros(len(items), width, dtype=torch.bool)
     for row, item in enumerate(items):
         input_mask[row, : len(item["input_ids"])] = True
@@ -129,8 +139,10 @@ class TextClassificationDataModule(SplitLoaders, pl.LightningDataModule):
         if not self._user_paths:
             read_split(dataset, "val")  # validates the name early, listing the known ones
             if "train" not in DATASET_SPLITS[dataset] and not use_dev_as_train:
-                raise ValueError(f"Dataset {dataset!r} has no train split in the bundled data (its train text was "
-                                 "not public). Pass use_dev_as_train=True to train on dev and validate on test.")
+                raise ValueError(
+                    f"Dataset {dataset!r} has no train split in the bundled data (its train text was "
+                    "not public). Pass use_dev_as_train=True to train on dev and validate on test."
+                )
         elif "train" not in self._user_paths:
             raise ValueError("Your own data needs at least train_path (val_path/test_path optional).")
         self._examples: Dict[str, List[Example]] = {}
@@ -155,7 +167,9 @@ class TextClassificationDataModule(SplitLoaders, pl.LightningDataModule):
             if source is None:
                 raise ValueError(f"No {split!r} split for this data module.")
             if self._user_paths:
-                raw = read_user_file(self._user_paths[source], self.hparams["text_column"], self.hparams["label_column"])
+                raw = read_user_file(
+                    self._user_paths[source], self.hparams["text_column"], self.hparams["label_column"]
+                )
             else:
                 raw = read_split(self.hparams["dataset"], source)
             self._examples[split] = self._prepare(raw, split)
@@ -171,13 +185,18 @@ class TextClassificationDataModule(SplitLoaders, pl.LightningDataModule):
         if hp["max_length"] is not None:
             long = sum(len(e.tokens) > hp["max_length"] for e in examples)
             if long:
-                lost = sum(sum(e.rationale[hp["max_length"]:]) for e in examples if e.rationale is not None)
-                warnings.warn(f"{split}: truncated {long} of {len(examples)} texts to max_length={hp['max_length']} "
-                              f"tokens" + (f" ({lost} rationale tokens fell beyond it)" if lost else "") + ".", stacklevel=2)
+                lost = sum(sum(e.rationale[hp["max_length"] :]) for e in examples if e.rationale is not None)
+                warnings.warn(
+                    f"{split}: truncated {long} of {len(examples)} texts to max_length={hp['max_length']} "
+                    f"tokens" + (f" ({lost} rationale tokens fell beyond it)" if lost else "") + ".",
+                    stacklevel=2,
+                )
                 examples = [self._truncate(e, hp["max_length"]) for e in examples]
         if not examples:
-            raise ValueError(f"The {split!r} split is empty after reading and filtering; check the file and the "
-                             "min_tokens / jain_wallace_preprocessing settings.")
+            raise ValueError(
+                f"The {split!r} split is empty after reading and filtering; check the file and the "
+                "min_tokens / jain_wallace_preprocessing settings."
+            )
         return examples
 
     @staticmethod
@@ -210,8 +229,12 @@ class TextClassificationDataModule(SplitLoaders, pl.LightningDataModule):
     # --- Lightning hooks --------------------------------------------------------------------------------
     def setup(self, stage: Optional[str] = None) -> None:
         self.vocab  # noqa: B018 - build it before the loaders are asked for
-        wanted: Dict[Optional[str], Tuple[str, ...]] = {"fit": ("train", "val"), "validate": ("val",),
-                                                       "test": ("test",), "predict": ("test",)}
+        wanted: Dict[Optional[str], Tuple[str, ...]] = {
+            "fit": ("train", "val"),
+            "validate": ("val",),
+            "test": ("test",),
+            "predict": ("test",),
+        }
         for split in wanted.get(stage, SPLITS):
             if self._source_split(split) is not None:
                 self.examples(split)

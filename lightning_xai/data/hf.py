@@ -19,6 +19,7 @@ A batch has:
 Texts longer than ``max_length`` word-pieces are truncated **with a warning** that counts the texts and the
 rationale/impermissible words cut off (fully or partly) — never silently.
 """
+
 from __future__ import annotations
 
 import os
@@ -90,8 +91,10 @@ class WordPieceCollator:
 
     def __init__(self, tokenizer: Any, max_length: Optional[int] = None, warn: bool = True) -> None:
         if not getattr(tokenizer, "is_fast", False):
-            raise ValueError(f"{type(tokenizer).__name__} is not a fast tokenizer; word-piece/word alignment needs "
-                             "word_ids(). Load it with AutoTokenizer.from_pretrained(..., use_fast=True).")
+            raise ValueError(
+                f"{type(tokenizer).__name__} is not a fast tokenizer; word-piece/word alignment needs "
+                "word_ids(). Load it with AutoTokenizer.from_pretrained(..., use_fast=True)."
+            )
         self.tokenizer = tokenizer
         self.max_length = max_length if max_length is not None else _model_max_length(tokenizer)
         if self.max_length is not None and self.max_length < 3:
@@ -99,8 +102,14 @@ class WordPieceCollator:
         self.warn = warn
 
     def _encode(self, words: List[List[str]], truncate: bool):
-        return self.tokenizer(words, is_split_into_words=True, truncation=truncate,
-                              max_length=self.max_length if truncate else None, padding=True, return_tensors="pt")
+        return self.tokenizer(
+            words,
+            is_split_into_words=True,
+            truncation=truncate,
+            max_length=self.max_length if truncate else None,
+            padding=True,
+            return_tensors="pt",
+        )
 
     def truncation_report(self, items: Sequence[Dict[str, Any]]) -> Dict[str, int]:
         """Count what truncation to ``max_length`` cuts off: texts, words, rationale and impermissible words."""
@@ -108,8 +117,9 @@ class WordPieceCollator:
         if self.max_length is None or not items:
             return report
         full = self.tokenizer([item["tokens"] for item in items], is_split_into_words=True, truncation=False)
-        kept = self.tokenizer([item["tokens"] for item in items], is_split_into_words=True, truncation=True,
-                              max_length=self.max_length)
+        kept = self.tokenizer(
+            [item["tokens"] for item in items], is_split_into_words=True, truncation=True, max_length=self.max_length
+        )
         for row, item in enumerate(items):
             if len(full["input_ids"][row]) <= self.max_length:
                 continue
@@ -125,10 +135,12 @@ class WordPieceCollator:
 
     @staticmethod
     def warning_text(report: Dict[str, int], total: int, max_length: Optional[int], where: str = "batch") -> str:
-        return (f"{where}: truncated {report['texts']} of {total} texts to max_length={max_length} word-pieces; "
-                f"{report['words']} words were cut off (fully or partly), including {report['rationale']} rationale "
-                f"and {report['impermissible']} impermissible words. Raise max_length (up to the model's "
-                "max_position_embeddings) or shorten the texts to keep them.")
+        return (
+            f"{where}: truncated {report['texts']} of {total} texts to max_length={max_length} word-pieces; "
+            f"{report['words']} words were cut off (fully or partly), including {report['rationale']} rationale "
+            f"and {report['impermissible']} impermissible words. Raise max_length (up to the model's "
+            "max_position_embeddings) or shorten the texts to keep them."
+        )
 
     def __call__(self, items: List[Dict[str, Any]]) -> Dict[str, torch.Tensor]:
         if not items:
@@ -166,8 +178,10 @@ class WordPieceCollator:
             word_level = torch.zeros(B, W, dtype=torch.bool)
             for row, item in enumerate(items):
                 if len(item[key]) != len(words[row]):
-                    raise ValueError(f"Example {int(batch['index'][row])}: {key!r} has {len(item[key])} values for "
-                                     f"{len(words[row])} words.")
+                    raise ValueError(
+                        f"Example {int(batch['index'][row])}: {key!r} has {len(item[key])} values for "
+                        f"{len(words[row])} words."
+                    )
                 word_level[row, : len(item[key])] = torch.tensor([bool(v) for v in item[key]])
             gathered = torch.gather(word_level, 1, word_ids.clamp_min(0))
             batch[key] = gathered & (word_ids >= 0)
@@ -221,13 +235,24 @@ class HFTextClassificationDataModule(SplitLoaders, pl.LightningDataModule):
         (True, 2)
     """
 
-    def __init__(self, tokenizer: Any, dataset: str = "sst2", batch_size: int = 32, max_length: Optional[int] = None,
-                 train_limit: Optional[int] = None, seed: int = 0, num_workers: int = 0, **word_kwargs: Any) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        dataset: str = "sst2",
+        batch_size: int = 32,
+        max_length: Optional[int] = None,
+        train_limit: Optional[int] = None,
+        seed: int = 0,
+        num_workers: int = 0,
+        **word_kwargs: Any,
+    ) -> None:
         super().__init__()
         for key in ("max_length", "add_sos_eos"):
             if key in word_kwargs:
-                raise ValueError(f"{key!r} is not a word-level option here: word-pieces are limited by max_length "
-                                 "and the tokenizer adds its own special tokens.")
+                raise ValueError(
+                    f"{key!r} is not a word-level option here: word-pieces are limited by max_length "
+                    "and the tokenizer adds its own special tokens."
+                )
         if isinstance(tokenizer, (str, os.PathLike)):
             tokenizer = load_tokenizer(os.fspath(tokenizer))
         self.tokenizer = tokenizer
@@ -261,13 +286,18 @@ class HFTextClassificationDataModule(SplitLoaders, pl.LightningDataModule):
             items = [dataset[i] for i in range(len(dataset))]
             report = self.collator.truncation_report(items)
             if report["texts"]:
-                warnings.warn(self.collator.warning_text(report, len(items), self.collator.max_length, split),
-                              stacklevel=2)
+                warnings.warn(
+                    self.collator.warning_text(report, len(items), self.collator.max_length, split), stacklevel=2
+                )
         return dataset
 
     def setup(self, stage: Optional[str] = None) -> None:
-        wanted: Dict[Optional[str], Tuple[str, ...]] = {"fit": ("train", "val"), "validate": ("val",),
-                                                       "test": ("test",), "predict": ("test",)}
+        wanted: Dict[Optional[str], Tuple[str, ...]] = {
+            "fit": ("train", "val"),
+            "validate": ("val",),
+            "test": ("test",),
+            "predict": ("test",),
+        }
         for split in wanted.get(stage, ("train", "val", "test")):
             try:
                 self.word_module.examples(split)

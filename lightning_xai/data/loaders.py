@@ -1,4 +1,5 @@
 """The loader hooks every data module of the package shares: one :class:`SplitLoaders` mixin, not three copies."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Union
@@ -77,8 +78,14 @@ class SplitLoaders:
                     if name in self._training_generators:
                         self._training_generators[name].set_state(state)
             self._restored_generators = None
-        return DataLoader(dataset, batch_size=settings.batch_size, shuffle=shuffle,
-                          collate_fn=settings.collate_fn, generator=generator, num_workers=settings.num_workers)
+        return DataLoader(
+            dataset,
+            batch_size=settings.batch_size,
+            shuffle=shuffle,
+            collate_fn=settings.collate_fn,
+            generator=generator,
+            num_workers=settings.num_workers,
+        )
 
     def state_dict(self) -> Dict[str, Any]:
         """The states of the last training loader's generators (empty before one is built).

@@ -5,6 +5,7 @@ model on the masked data: if accuracy falls faster than under a random ranking, 
 information the model needs — the out-of-distribution objection to erasure does not apply, because the model
 was trained on masked inputs. This module only edits data; the training procedure is :mod:`lightning_xai.roar`.
 """
+
 from __future__ import annotations
 
 import math
@@ -63,8 +64,10 @@ class MaskedDataset(Dataset):
         if mode not in MASK_MODES:
             raise ValueError(f"mode must be one of {MASK_MODES}, got {mode!r}.")
         if len(positions) != len(dataset):
-            raise ValueError(f"positions has {len(positions)} entries but the dataset {len(dataset)} items; give one "
-                             "list of positions per item.")
+            raise ValueError(
+                f"positions has {len(positions)} entries but the dataset {len(dataset)} items; give one "
+                "list of positions per item."
+            )
         self.dataset = dataset
         self.positions = [sorted(set(int(p) for p in row)) for row in positions]
         self.mode = mode
@@ -156,8 +159,13 @@ class MaskedDataModule(SplitLoaders, pl.LightningDataModule):
         [1, 1]
     """
 
-    def __init__(self, base: Any, positions: Mapping[str, Sequence[Sequence[int]]], mode: str = "unk",
-                 random_masking: float = 0.0) -> None:
+    def __init__(
+        self,
+        base: Any,
+        positions: Mapping[str, Sequence[Sequence[int]]],
+        mode: str = "unk",
+        random_masking: float = 0.0,
+    ) -> None:
         super().__init__()
         if not 0.0 <= random_masking <= 1.0:
             raise ValueError(f"random_masking must lie in [0, 1]; got {random_masking}.")

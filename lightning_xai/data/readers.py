@@ -3,6 +3,7 @@
 Everything is whitespace-tokenised and lower-cased so that per-token masks (Pruthi et al.'s impermissible
 tokens, ERASER rationale spans) stay aligned with the tokens the model sees.
 """
+
 from __future__ import annotations
 
 import csv
@@ -14,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Union
 
-__all__ = ["Example", "BUNDLED", "DATASET_SPLITS", "bundled_path", "read_split", "read_user_file",
-           "jain_wallace_clean"]
+__all__ = ["Example", "BUNDLED", "DATASET_SPLITS", "bundled_path", "read_split", "read_user_file", "jain_wallace_clean"]
 
 BUNDLED = Path(__file__).resolve().parent / "bundled"
 
@@ -43,8 +43,10 @@ def bundled_path(dataset: str, filename: str) -> Path:
 
 def _check_mask(mask: List[int], tokens: List[str], where: str) -> List[int]:
     if len(mask) != len(tokens):
-        raise ValueError(f"{where}: the mask has {len(mask)} values but the text has {len(tokens)} whitespace "
-                         "tokens; each mask needs one 0/1 per token.")
+        raise ValueError(
+            f"{where}: the mask has {len(mask)} values but the text has {len(tokens)} whitespace "
+            "tokens; each mask needs one 0/1 per token."
+        )
     return mask
 
 
@@ -57,8 +59,10 @@ def _read_sst2(split: str) -> List[Example]:
 def _pruthi_reader(task: str, labels: Dict[str, int]) -> Callable[[str], List[Example]]:
     def read(split: str) -> List[Example]:
         examples = []
-        with _open_text(bundled_path(task, f"{split}.txt")) as text, \
-                _open_text(bundled_path(task, f"{split}.txt.block")) as block:
+        with (
+            _open_text(bundled_path(task, f"{split}.txt")) as text,
+            _open_text(bundled_path(task, f"{split}.txt.block")) as block,
+        ):
             for line_no, (line, mask_line) in enumerate(zip(text, block), start=1):
                 label, sentence = line.rstrip("\n").split("\t", 1)
                 tokens = sentence.strip().lower().split()
@@ -85,8 +89,9 @@ def _read_eraser_movies(split: str) -> List[Example]:
                 for span in group:
                     for i in range(span["start_token"], span["end_token"]):
                         rationale[i] = 1
-            examples.append(Example([t.lower() for t in tokens], _ERASER_LABELS[annotation["classification"]],
-                                    rationale=rationale))
+            examples.append(
+                Example([t.lower() for t in tokens], _ERASER_LABELS[annotation["classification"]], rationale=rationale)
+            )
     return examples
 
 
@@ -118,16 +123,22 @@ LABEL_NAMES: Dict[str, List[str]] = {
 def read_split(dataset: str, split: str) -> List[Example]:
     """Examples of a bundled dataset's split (``train``, ``val`` or ``test``)."""
     if dataset not in _READERS:
-        raise ValueError(f"Unknown dataset {dataset!r}; bundled datasets: {', '.join(sorted(_READERS))}. "
-                         "For your own data pass train_path/val_path/test_path (TSV or JSONL).")
+        raise ValueError(
+            f"Unknown dataset {dataset!r}; bundled datasets: {', '.join(sorted(_READERS))}. "
+            "For your own data pass train_path/val_path/test_path (TSV or JSONL)."
+        )
     stems = DATASET_SPLITS[dataset]
     if split not in stems:
         raise ValueError(f"Dataset {dataset!r} has no {split!r} split (it has: {', '.join(stems)}).")
     return _READERS[dataset](stems[split])
 
 
-def read_user_file(path: Union[str, Path], text_column: str = "sentence", label_column: str = "label",
-                   label_to_index: Optional[Dict[str, int]] = None) -> List[Example]:
+def read_user_file(
+    path: Union[str, Path],
+    text_column: str = "sentence",
+    label_column: str = "label",
+    label_to_index: Optional[Dict[str, int]] = None,
+) -> List[Example]:
     """Read a TSV (header row) or JSONL file of labelled texts.
 
     JSONL rows may also carry ``impermissible`` / ``rationale`` lists of 0/1, one per whitespace token.
@@ -146,8 +157,10 @@ def read_user_file(path: Union[str, Path], text_column: str = "sentence", label_
     for line_no, row in enumerate(rows, start=1):
         for column in (text_column, label_column):
             if column not in row:
-                raise ValueError(f"{file_path} row {line_no} has no {column!r} column (it has {sorted(row)}); set "
-                                 f"text_column/label_column to the names your file uses.")
+                raise ValueError(
+                    f"{file_path} row {line_no} has no {column!r} column (it has {sorted(row)}); set "
+                    f"text_column/label_column to the names your file uses."
+                )
         tokens = str(row[text_column]).strip().lower().split()
         raw = str(row[label_column]).strip()
         if label_to_index is not None and raw in label_to_index:
@@ -156,8 +169,11 @@ def read_user_file(path: Union[str, Path], text_column: str = "sentence", label_
             label = int(raw)
         else:
             raise ValueError(f"{file_path} row {line_no}: label {raw!r} is not an integer and not a known label name.")
-        masks = {key: _check_mask([int(v) for v in row[key]], tokens, f"{file_path} row {line_no} '{key}'")
-                 for key in ("impermissible", "rationale") if key in row}
+        masks = {
+            key: _check_mask([int(v) for v in row[key]], tokens, f"{file_path} row {line_no} '{key}'")
+            for key in ("impermissible", "rationale")
+            if key in row
+        }
         examples.append(Example(tokens, label, **masks))
     return examples
 

@@ -1,4 +1,5 @@
 """A word vocabulary built from the training split: index 0 is ``<pad>``, 1 is ``<unk>``."""
+
 from __future__ import annotations
 
 import numbers
@@ -74,23 +75,29 @@ def token_list(vocab: Any) -> Optional[List[str]]:
     if isinstance(vocab, (list, tuple)):
         return [str(token) for token in vocab]
     if not isinstance(vocab, Mapping):
-        raise ValueError(f"vocab must be a list of tokens, a dict (id -> token or token -> id) or a Vocabulary, "
-                         f"got {type(vocab).__name__}.")
+        raise ValueError(
+            f"vocab must be a list of tokens, a dict (id -> token or token -> id) or a Vocabulary, "
+            f"got {type(vocab).__name__}."
+        )
     keys, values = list(vocab), list(vocab.values())
-    if all(isinstance(v, str) for v in values) and all(_is_id(k) or (isinstance(k, str) and k.isdigit())
-                                                        for k in keys):
+    if all(isinstance(v, str) for v in values) and all(_is_id(k) or (isinstance(k, str) and k.isdigit()) for k in keys):
         direction, by_id = "id -> token", {int(k): str(v) for k, v in vocab.items()}
     elif all(_is_id(v) for v in values) and all(isinstance(k, str) for k in keys):
         direction, by_id = "token -> id", {int(v): str(k) for k, v in vocab.items()}
         if len(by_id) != len(vocab):
-            raise ValueError("vocab (token -> id) gives one id to several tokens; which token an id shows is "
-                             "undefined.")
+            raise ValueError(
+                "vocab (token -> id) gives one id to several tokens; which token an id shows is undefined."
+            )
     else:
-        raise ValueError("vocab is a dict but neither id -> token (int keys, str values) nor token -> id (str keys, "
-                         "int values); convert it to one of them or to a list of tokens.")
+        raise ValueError(
+            "vocab is a dict but neither id -> token (int keys, str values) nor token -> id (str keys, "
+            "int values); convert it to one of them or to a list of tokens."
+        )
     size = max(by_id, default=-1) + 1
     missing = [i for i in range(size) if i not in by_id]
     if missing or min(by_id, default=0) < 0:
-        raise ValueError(f"vocab ({direction}) must give the ids 0 … {size - 1} each once; missing "
-                         f"{', '.join(map(str, missing[:10])) or 'none, but an id is negative'}.")
+        raise ValueError(
+            f"vocab ({direction}) must give the ids 0 … {size - 1} each once; missing "
+            f"{', '.join(map(str, missing[:10])) or 'none, but an id is negative'}."
+        )
     return [by_id[i] for i in range(size)]

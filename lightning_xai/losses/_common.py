@@ -1,4 +1,5 @@
 """Helpers shared by the loss modules (private)."""
+
 from __future__ import annotations
 
 import math
@@ -54,8 +55,10 @@ def require_model(model: Any, loss_name: str) -> ExplainableModel:
         MyLoss needs the model
     """
     if model is None:
-        raise ValueError(f"{loss_name} needs the model: call it as loss(outputs, batch, model=self) "
-                         "(AttentionClassifier passes model=self to its objectives).")
+        raise ValueError(
+            f"{loss_name} needs the model: call it as loss(outputs, batch, model=self) "
+            "(AttentionClassifier passes model=self to its objectives)."
+        )
     return explainable_model(model, owner=loss_name)
 
 
@@ -73,8 +76,9 @@ def bool_batch_mask(batch: Batch, key: str, owner: str, hint: str) -> Tensor:
         raise KeyError(f"{owner} needs batch[{key!r}] (bool [B, T], {hint}).")
     value = batch[key]
     if not isinstance(value, Tensor) or value.dtype != torch.bool:
-        raise TypeError(f"batch[{key!r}] must be a bool tensor, got {getattr(value, 'dtype', type(value))}; "
-                        "use .bool().")
+        raise TypeError(
+            f"batch[{key!r}] must be a bool tensor, got {getattr(value, 'dtype', type(value))}; use .bool()."
+        )
     return value
 
 
@@ -124,9 +128,11 @@ def require_finite(owner: str, **tensors: Optional[Tensor]) -> None:
     """
     bad = nonfinite(**tensors)
     if bad:
-        raise ValueError(f"{owner}: {' and '.join(bad)} hold{'s' if len(bad) == 1 else ''} NaN or infinite values; "
-                         "the loss would be NaN (and so would every weight it reaches). Check the model's outputs "
-                         "(a diverged step? an all-padding row?).")
+        raise ValueError(
+            f"{owner}: {' and '.join(bad)} hold{'s' if len(bad) == 1 else ''} NaN or infinite values; "
+            "the loss would be NaN (and so would every weight it reaches). Check the model's outputs "
+            "(a diverged step? an all-padding row?)."
+        )
 
 
 def zero_loss(model: Any, like: Tensor) -> Tensor:
@@ -175,13 +181,28 @@ class FiniteGuard:
         self.nonfinite_batches += 1
         if not self._nonfinite_warned:
             self._nonfinite_warned = True
-            warnings.warn(f"{type(self).__name__}: {' and '.join(bad)} hold NaN or infinite values on this batch; "
-                          "the loss is set to 0 for it (gradient 0, so the weights stay finite) instead of NaN. "
-                          "Batches skipped so far are counted in .nonfinite_batches; check the model's outputs "
-                          "(a diverged step? an all-padding row?).", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"{type(self).__name__}: {' and '.join(bad)} hold NaN or infinite values on this batch; "
+                "the loss is set to 0 for it (gradient 0, so the weights stay finite) instead of NaN. "
+                "Batches skipped so far are counted in .nonfinite_batches; check the model's outputs "
+                "(a diverged step? an all-padding row?).",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         return zero_loss(model, value)
 
 
-__all__ = ["FiniteGuard", "as_float", "batch_size_of", "bool_batch_mask", "check_weight",
-           "ensure_scalar", "log_extra", "nonfinite", "require_finite", "require_model", "token_mask",
-           "zero_loss"]
+__all__ = [
+    "FiniteGuard",
+    "as_float",
+    "batch_size_of",
+    "bool_batch_mask",
+    "check_weight",
+    "ensure_scalar",
+    "log_extra",
+    "nonfinite",
+    "require_finite",
+    "require_model",
+    "token_mask",
+    "zero_loss",
+]

@@ -1,4 +1,5 @@
 """Wiegreffe & Pinter (2019): a model-consistent adversary whose attention differs from a frozen base."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, Optional
@@ -15,8 +16,9 @@ from lightning_xai.metrics.functional.divergence import jensen_shannon_divergenc
 __all__ = ["ModelConsistentAdversary", "model_consistent_adversary_loss"]
 
 
-def model_consistent_adversary_loss(adv_logits: Tensor, base_probs: Tensor, adv_attention: Tensor,
-                                    base_attention: Tensor, weight: float = 1.0) -> Dict[str, Tensor]:
+def model_consistent_adversary_loss(
+    adv_logits: Tensor, base_probs: Tensor, adv_attention: Tensor, base_attention: Tensor, weight: float = 1.0
+) -> Dict[str, Tensor]:
     """L = mean_b TVD(ŷ_adv, ŷ_base) − λ·mean_b KL(α_adv ‖ α_base), with the terms (KL, JSD, TVD) for logging.
 
     λ is ``weight``.
@@ -32,13 +34,15 @@ def model_consistent_adversary_loss(adv_logits: Tensor, base_probs: Tensor, adv_
     """
     owner = "model_consistent_adversary_loss"
     weight = check_weight(weight, owner)
-    require_finite(owner, adv_logits=adv_logits, base_probs=base_probs,
-                   adv_attention=adv_attention, base_attention=base_attention)
+    require_finite(
+        owner, adv_logits=adv_logits, base_probs=base_probs, adv_attention=adv_attention, base_attention=base_attention
+    )
     return _adversary_terms(adv_logits, base_probs, adv_attention, base_attention, weight)
 
 
-def _adversary_terms(adv_logits: Tensor, base_probs: Tensor, adv_attention: Tensor, base_attention: Tensor,
-                     weight: float) -> Dict[str, Tensor]:
+def _adversary_terms(
+    adv_logits: Tensor, base_probs: Tensor, adv_attention: Tensor, base_attention: Tensor, weight: float
+) -> Dict[str, Tensor]:
     tvd = total_variation(adv_logits.softmax(-1), base_probs, check=False).mean()
     kl = kl_divergence(adv_attention, base_attention, check=False).mean()
     jsd = jensen_shannon_divergence(adv_attention, base_attention, check=False).mean()
@@ -127,16 +131,22 @@ class ModelConsistentAdversary(FiniteGuard, nn.Module):
         """
         base = self.base_model
         sizes = vocabulary_size(base), vocabulary_size(model)
-        fix = ("Build the adversary from the base (its checkpoint, or the data module the base was trained with) so "
-               "both share one vocabulary.")
+        fix = (
+            "Build the adversary from the base (its checkpoint, or the data module the base was trained with) so "
+            "both share one vocabulary."
+        )
         if None not in sizes and sizes[0] != sizes[1]:
-            raise ValueError(f"ModelConsistentAdversary: the base model's embedding table has {sizes[0]} rows but "
-                             f"the adversary's has {sizes[1]}: they read different vocabularies, so the same "
-                             f"input_ids mean different words. {fix}")
+            raise ValueError(
+                f"ModelConsistentAdversary: the base model's embedding table has {sizes[0]} rows but "
+                f"the adversary's has {sizes[1]}: they read different vocabularies, so the same "
+                f"input_ids mean different words. {fix}"
+            )
         words = token_list(getattr(base, "vocab", None)), token_list(getattr(model, "vocab", None))  # list or dict
         if None not in words and words[0] != words[1]:
-            raise ValueError("ModelConsistentAdversary: the base model and the adversary carry different vocabulary "
-                             f"lists (same size, other words): the same input_ids mean different words. {fix}")
+            raise ValueError(
+                "ModelConsistentAdversary: the base model and the adversary carry different vocabulary "
+                f"lists (same size, other words): the same input_ids mean different words. {fix}"
+            )
 
     def forward(self, outputs: ExplainOutput, batch: Batch, model: Any = None) -> Tensor:
         if model is not None and not self._vocabulary_checked:
@@ -144,16 +154,25 @@ class ModelConsistentAdversary(FiniteGuard, nn.Module):
             self._vocabulary_checked = True
         base = self.base_outputs(batch, outputs.logits.device)
         if base.attention.shape != outputs.attention.shape:
-            raise ValueError(f"The base's attention has shape {tuple(base.attention.shape)} but the adversary's "
-                             f"has {tuple(outputs.attention.shape)}; both must read the same tokenisation.")
+            raise ValueError(
+                f"The base's attention has shape {tuple(base.attention.shape)} but the adversary's "
+                f"has {tuple(outputs.attention.shape)}; both must read the same tokenisation."
+            )
         base_probs = base.logits.softmax(-1).to(outputs.logits.dtype)
-        terms = _adversary_terms(outputs.logits, base_probs, outputs.attention,
-                                 base.attention.to(outputs.attention.dtype), self.weight)
+        terms = _adversary_terms(
+            outputs.logits, base_probs, outputs.attention, base.attention.to(outputs.attention.dtype), self.weight
+        )
         self.last_terms = {k: v.detach() for k, v in terms.items() if k != "loss"}
         for key, value in self.last_terms.items():
             log_extra(model, f"train/{self.name}_{key}", value, int(outputs.logits.shape[0]))
-        return self.finite_or_zero(terms["loss"], model, logits=outputs.logits, attention=outputs.attention,
-                                   base_logits=base.logits, base_attention=base.attention)
+        return self.finite_or_zero(
+            terms["loss"],
+            model,
+            logits=outputs.logits,
+            attention=outputs.attention,
+            base_logits=base.logits,
+            base_attention=base.attention,
+        )
 
     def extra_repr(self) -> str:
         return f"weight={self.weight}, base={type(self.base_model).__name__}"

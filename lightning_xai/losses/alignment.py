@@ -1,4 +1,5 @@
 """Align attention with a saliency map: KL between the attention distribution and normalised saliency."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, Optional, Union
@@ -30,8 +31,9 @@ def normalize_saliency(saliency: Tensor, mask: Tensor, eps: float = 1e-12) -> Te
     return torch.where(total > eps, scores / total.clamp_min(eps), uniform)
 
 
-def attention_alignment_kl(attention: Tensor, saliency: Tensor, mask: Tensor,
-                           direction: str = "saliency_to_attention") -> Tensor:
+def attention_alignment_kl(
+    attention: Tensor, saliency: Tensor, mask: Tensor, direction: str = "saliency_to_attention"
+) -> Tensor:
     """Mean over the batch of KL(s ‖ α) (``saliency_to_attention``) or KL(α ‖ s), s the normalised saliency.
 
     Raises:
@@ -93,9 +95,16 @@ class AttentionAlignmentLoss(FiniteGuard, nn.Module):
         True
     """
 
-    def __init__(self, method: Union[str, SaliencyFn] = "gradient", weight: float = 1.0, create_graph: bool = False,
-                 direction: str = "saliency_to_attention", target: Optional[int] = None, name: str = "alignment",
-                 **options: Any) -> None:
+    def __init__(
+        self,
+        method: Union[str, SaliencyFn] = "gradient",
+        weight: float = 1.0,
+        create_graph: bool = False,
+        direction: str = "saliency_to_attention",
+        target: Optional[int] = None,
+        name: str = "alignment",
+        **options: Any,
+    ) -> None:
         super().__init__()
         if direction not in _DIRECTIONS:
             raise ValueError(f"direction must be one of {_DIRECTIONS}, got {direction!r}.")
@@ -117,8 +126,9 @@ class AttentionAlignmentLoss(FiniteGuard, nn.Module):
         else:
             from lightning_xai.attribution import attribute
 
-            scores = attribute(model, batch, self.method, target=self.target, create_graph=self.create_graph,
-                               **self.options)
+            scores = attribute(
+                model, batch, self.method, target=self.target, create_graph=self.create_graph, **self.options
+            )
         return scores if self.create_graph else scores.detach()
 
     def forward(self, outputs: ExplainOutput, batch: Batch, model: Any = None) -> Tensor:
@@ -126,11 +136,14 @@ class AttentionAlignmentLoss(FiniteGuard, nn.Module):
         mask = token_mask(outputs, batch, explained)
         scores = self.saliency(explained, batch).to(outputs.attention.dtype)
         if scores.shape != outputs.attention.shape:
-            raise ValueError(f"saliency has shape {tuple(scores.shape)} but attention has "
-                             f"{tuple(outputs.attention.shape)}.")
+            raise ValueError(
+                f"saliency has shape {tuple(scores.shape)} but attention has {tuple(outputs.attention.shape)}."
+            )
         value = self.weight * _alignment_kl(outputs.attention, scores, mask, self.direction)
         return self.finite_or_zero(value, model, attention=outputs.attention, saliency=scores)
 
     def extra_repr(self) -> str:
         method = self.method if isinstance(self.method, str) else getattr(self.method, "__name__", "callable")
-        return f"method={method!r}, weight={self.weight}, create_graph={self.create_graph}, direction={self.direction!r}"
+        return (
+            f"method={method!r}, weight={self.weight}, create_graph={self.create_graph}, direction={self.direction!r}"
+        )

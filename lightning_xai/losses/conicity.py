@@ -1,4 +1,5 @@
 """Mohankumar et al. (2020): conicity of the hidden states, a penalty for attention that cannot discriminate."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -68,8 +69,9 @@ class ConicityLoss(FiniteGuard, nn.Module):
             raise ValueError("ConicityLoss needs outputs.hidden_states [B, T, H]; this model output has none.")
         mask = token_mask(outputs, batch, model)
         if mask.shape != outputs.hidden_states.shape[:2]:
-            raise ValueError(f"token mask {tuple(mask.shape)} does not match hidden states "
-                             f"{tuple(outputs.hidden_states.shape)}.")
+            raise ValueError(
+                f"token mask {tuple(mask.shape)} does not match hidden states {tuple(outputs.hidden_states.shape)}."
+            )
         value = self.weight * _conicity(outputs.hidden_states, mask).mean()
         return self.finite_or_zero(value, model, hidden_states=outputs.hidden_states)
 

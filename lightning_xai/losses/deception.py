@@ -1,4 +1,5 @@
 """Pruthi et al. (2020): train attention to hide impermissible tokens."""
+
 from __future__ import annotations
 
 import warnings
@@ -36,8 +37,15 @@ def _neg_log_permissible(mass: Tensor, permissible: Optional[Tensor], eps: float
     return torch.where(share <= 0.5, small, large)
 
 
-def _penalty(mass: Tensor, permissible: Optional[Tensor], weight: float, reduction: str, eps: float,
-             dead: Optional[Tensor] = None, valid: Optional[Tensor] = None) -> Tensor:
+def _penalty(
+    mass: Tensor,
+    permissible: Optional[Tensor],
+    weight: float,
+    reduction: str,
+    eps: float,
+    dead: Optional[Tensor] = None,
+    valid: Optional[Tensor] = None,
+) -> Tensor:
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}.")
     terms = _neg_log_permissible(mass, permissible, eps)
@@ -53,8 +61,14 @@ def _penalty(mass: Tensor, permissible: Optional[Tensor], weight: float, reducti
     return weight * (terms.mean() if reduction == "mean" else terms.max())
 
 
-def deception_penalty(mass: Tensor, weight: float = 1.0, reduction: str = "mean", eps: float = 1e-6, *,
-                      permissible: Optional[Tensor] = None) -> Tensor:
+def deception_penalty(
+    mass: Tensor,
+    weight: float = 1.0,
+    reduction: str = "mean",
+    eps: float = 1e-6,
+    *,
+    permissible: Optional[Tensor] = None,
+) -> Tensor:
     """Pruthi's penalty from impermissible attention masses ``mass`` (any shape, e.g. ``[B]`` or ``[B, heads]``).
 
     ``mean``: −λ·mean log(1 − m); ``max``: −λ·min log(1 − m) (the largest single penalty); λ = ``weight``.
@@ -126,9 +140,17 @@ class DeceptionPenalty(FiniteGuard, nn.Module):
         tensor(0.6931)
     """
 
-    def __init__(self, weight: float = 1.0, reduction: str = "mean", layers: Union[int, Sequence[int]] = -1,
-                 heads: Optional[Sequence[int]] = None, query: Optional[int] = None, source: str = "auto",
-                 eps: float = 1e-6, name: str = "deception") -> None:
+    def __init__(
+        self,
+        weight: float = 1.0,
+        reduction: str = "mean",
+        layers: Union[int, Sequence[int]] = -1,
+        heads: Optional[Sequence[int]] = None,
+        query: Optional[int] = None,
+        source: str = "auto",
+        eps: float = 1e-6,
+        name: str = "deception",
+    ) -> None:
         super().__init__()
         if reduction not in _REDUCTIONS:
             raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}.")
@@ -159,17 +181,23 @@ class DeceptionPenalty(FiniteGuard, nn.Module):
 
     def _masses_and_steps(self, outputs: ExplainOutput, batch: Batch) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
         """The masses, the permissible masses and, for a generator, which entries are real target steps."""
-        impermissible = bool_batch_mask(batch, "impermissible", "DeceptionPenalty",
-                                        "True at tokens whose attention is penalised; use a dataset with impermissible "
-                                        "masks (sst_wiki, pronoun, occupation) or add the key in your collate function")
+        impermissible = bool_batch_mask(
+            batch,
+            "impermissible",
+            "DeceptionPenalty",
+            "True at tokens whose attention is penalised; use a dataset with impermissible "
+            "masks (sst_wiki, pronoun, occupation) or add the key in your collate function",
+        )
         use_raw = self.source == "raw" or (self.source == "auto" and outputs.raw_attentions is not None)
         if outputs.target_steps is not None:
             attention, valid = self._step_rows(outputs, use_raw)
             return (*self._split(attention, impermissible), valid)
         if use_raw:
             if not outputs.raw_attentions:
-                raise ValueError("source='raw' but the model output has no raw_attentions; use source='attention' "
-                                 "or an adapter that returns per-layer attention maps.")
+                raise ValueError(
+                    "source='raw' but the model output has no raw_attentions; use source='attention' "
+                    "or an adapter that returns per-layer attention maps."
+                )
             maps = []
             n_layers = len(outputs.raw_attentions)
             for layer in self.layers:
@@ -177,8 +205,9 @@ class DeceptionPenalty(FiniteGuard, nn.Module):
                     raise IndexError(f"layer {layer} out of range for {n_layers} attention layers.")
                 raw = outputs.raw_attentions[layer]
                 if raw.dim() != 4:
-                    raise ValueError(f"raw_attentions[{layer}] has shape {tuple(raw.shape)}; expected "
-                                     "[B, heads, T, T].")
+                    raise ValueError(
+                        f"raw_attentions[{layer}] has shape {tuple(raw.shape)}; expected [B, heads, T, T]."
+                    )
                 positions = (outputs.extras or {}).get("query_positions") if self.query is None else None
                 if positions is not None:  # the pooled row of every example
                     rows = raw[torch.arange(raw.shape[0], device=raw.device), :, positions.to(raw.device)]
@@ -196,11 +225,15 @@ class DeceptionPenalty(FiniteGuard, nn.Module):
     def _split(attention: Tensor, impermissible: Tensor) -> Tuple[Tensor, Tensor]:
         """(Σ_{i∈I} α_i, Σ_{j∉I} α_j) over the last dimension of ``attention`` ``[B, ..., T]``."""
         if impermissible.shape != (attention.shape[0], attention.shape[-1]):
-            raise ValueError(f"batch['impermissible'] has shape {tuple(impermissible.shape)} but the attention "
-                             f"covers {(attention.shape[0], attention.shape[-1])} [B, T] positions; the mask must "
-                             "be aligned with the attention's key positions (word pieces for transformers).")
-        return (impermissible_mass(attention, impermissible, check=False),
-                impermissible_mass(attention, ~impermissible, check=False))
+            raise ValueError(
+                f"batch['impermissible'] has shape {tuple(impermissible.shape)} but the attention "
+                f"covers {(attention.shape[0], attention.shape[-1])} [B, T] positions; the mask must "
+                "be aligned with the attention's key positions (word pieces for transformers)."
+            )
+        return (
+            impermissible_mass(attention, impermissible, check=False),
+            impermissible_mass(attention, ~impermissible, check=False),
+        )
 
     def _step_rows(self, outputs: ExplainOutput, use_raw: bool) -> Tuple[Tensor, Tensor]:
         """A generator's rows: ``[B, K, heads·layers, T]`` raw rows (or ``[B, K, T]`` step distributions) and the
@@ -210,13 +243,17 @@ class DeceptionPenalty(FiniteGuard, nn.Module):
         assert steps is not None  # the caller checked
         if not use_raw:
             if "step_attention" not in extras:
-                raise ValueError("DeceptionPenalty: a generator's output without extras['step_attention'] (each "
-                                 "target step's attention over the source); use HuggingFaceGenerationAdapter.")
+                raise ValueError(
+                    "DeceptionPenalty: a generator's output without extras['step_attention'] (each "
+                    "target step's attention over the source); use HuggingFaceGenerationAdapter."
+                )
             return extras["step_attention"], steps.bool()
         if not outputs.raw_attentions or "step_queries" not in extras:
-            raise ValueError("DeceptionPenalty: a generator's output without raw_attentions and "
-                             "extras['step_queries'] (each target step's query row); use source='attention' or "
-                             "HuggingFaceGenerationAdapter.")
+            raise ValueError(
+                "DeceptionPenalty: a generator's output without raw_attentions and "
+                "extras['step_queries'] (each target step's query row); use source='attention' or "
+                "HuggingFaceGenerationAdapter."
+            )
         queries = extras["step_queries"]
         n_layers = len(outputs.raw_attentions)
         maps = []
@@ -238,14 +275,21 @@ class DeceptionPenalty(FiniteGuard, nn.Module):
         real = real.bool() if isinstance(real, Tensor) and real.shape == batch["impermissible"].shape else True
         dead = ~(~batch["impermissible"].bool() & real).any(-1)  # no permissible real token
         if bool(dead.any()):
-            warnings.warn(f"DeceptionPenalty: {int(dead.sum())} row(s) have no permissible real token (every token "
-                          "impermissible): the attention cannot lower their penalty, so they count 0 instead of "
-                          "the constant −log(eps) with a zero gradient.", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"DeceptionPenalty: {int(dead.sum())} row(s) have no permissible real token (every token "
+                "impermissible): the attention cannot lower their penalty, so they count 0 instead of "
+                "the constant −log(eps) with a zero gradient.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         else:
             dead = None
-        value = self.finite_or_zero(_penalty(mass, permissible, self.weight, self.reduction, self.eps, dead, valid),
-                                    model,
-                                    impermissible_mass=mass, permissible_mass=permissible)
+        value = self.finite_or_zero(
+            _penalty(mass, permissible, self.weight, self.reduction, self.eps, dead, valid),
+            model,
+            impermissible_mass=mass,
+            permissible_mass=permissible,
+        )
         size = int(batch["impermissible"].shape[0])
         log_extra(model, f"train/{self.name}_mass", self.last_mass, size)
         log_extra(model, f"train/{self.name}_empty", float(empty), size)

@@ -1,4 +1,5 @@
 """A differentiable erasure objective: make the tokens attention ranks highest the ones the decision needs."""
+
 from __future__ import annotations
 
 from typing import Any, Dict
@@ -14,8 +15,9 @@ __all__ = ["ErasureFaithfulnessLoss", "soft_top_k_mask"]
 _MODES = ("attention", "input")
 
 
-def soft_top_k_mask(attention: Tensor, mask: Tensor, fraction: float, temperature: float = 0.1,
-                    eps: float = 1e-12) -> Tensor:
+def soft_top_k_mask(
+    attention: Tensor, mask: Tensor, fraction: float, temperature: float = 0.1, eps: float = 1e-12
+) -> Tensor:
     """A soft indicator ``[B, T]`` of the top ``fraction`` of real tokens by attention.
 
     k_b = round(fraction·L_b) clamped to [1, L_b − 1]; the threshold τ_b is the geometric mean of the k-th and
@@ -87,9 +89,18 @@ class ErasureFaithfulnessLoss(FiniteGuard, nn.Module):
         (torch.Size([]), True)
     """
 
-    def __init__(self, fraction: float = 0.2, temperature: float = 0.1, mode: str = "attention",
-                 weight: float = 1.0, comprehensiveness_weight: float = 1.0, sufficiency_weight: float = 1.0,
-                 detach_mask: bool = False, detach_full: bool = False, name: str = "erasure") -> None:
+    def __init__(
+        self,
+        fraction: float = 0.2,
+        temperature: float = 0.1,
+        mode: str = "attention",
+        weight: float = 1.0,
+        comprehensiveness_weight: float = 1.0,
+        sufficiency_weight: float = 1.0,
+        detach_mask: bool = False,
+        detach_full: bool = False,
+        name: str = "erasure",
+    ) -> None:
         super().__init__()
         if not 0.0 < fraction < 1.0:
             raise ValueError(f"fraction must lie in (0, 1), got {fraction}.")
@@ -99,8 +110,9 @@ class ErasureFaithfulnessLoss(FiniteGuard, nn.Module):
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}.")
         self.fraction, self.temperature, self.mode = float(fraction), float(temperature), mode
         self.weight = check_weight(weight, "ErasureFaithfulnessLoss")
-        self.comprehensiveness_weight = check_weight(comprehensiveness_weight, "ErasureFaithfulnessLoss",
-                                                     "comprehensiveness_weight")
+        self.comprehensiveness_weight = check_weight(
+            comprehensiveness_weight, "ErasureFaithfulnessLoss", "comprehensiveness_weight"
+        )
         self.sufficiency_weight = check_weight(sufficiency_weight, "ErasureFaithfulnessLoss", "sufficiency_weight")
         self.detach_mask, self.detach_full = detach_mask, detach_full
         self.name = name
@@ -119,8 +131,10 @@ class ErasureFaithfulnessLoss(FiniteGuard, nn.Module):
         if self.detach_full:
             p_full = p_full.detach()
         size = attention.shape[0]
-        doubled = {k: torch.cat([v, v]) if isinstance(v, Tensor) and v.dim() and v.shape[0] == size else v
-                   for k, v in batch.items()}
+        doubled = {
+            k: torch.cat([v, v]) if isinstance(v, Tensor) and v.dim() and v.shape[0] == size else v
+            for k, v in batch.items()
+        }
         embeddings = explained.embed(batch)
         if self.mode == "attention":
             fmask = mask.to(attention.dtype)
@@ -128,12 +142,14 @@ class ErasureFaithfulnessLoss(FiniteGuard, nn.Module):
             top = attention * soft * fmask
             rest = rest / rest.sum(-1, keepdim=True).clamp_min(1e-12)
             top = top / top.sum(-1, keepdim=True).clamp_min(1e-12)
-            erased = explained.forward_from_embeddings(torch.cat([embeddings, embeddings]), doubled,
-                                                       attention_override=torch.cat([rest, top]))
+            erased = explained.forward_from_embeddings(
+                torch.cat([embeddings, embeddings]), doubled, attention_override=torch.cat([rest, top])
+            )
         else:
             keep = soft.unsqueeze(-1).to(embeddings.dtype)
-            erased = explained.forward_from_embeddings(torch.cat([embeddings * (1.0 - keep), embeddings * keep]),
-                                                       doubled)
+            erased = explained.forward_from_embeddings(
+                torch.cat([embeddings * (1.0 - keep), embeddings * keep]), doubled
+            )
         erased_probs = erased.logits.softmax(-1).gather(-1, torch.cat([target, target])).squeeze(-1)
         p_comp, p_suff = erased_probs[:size], erased_probs[size:]
         valid = (mask.sum(-1) >= 2).to(attention.dtype)

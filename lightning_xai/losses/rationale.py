@@ -1,4 +1,5 @@
 """Supervised attention (Strout et al. 2019; Zhong et al. 2019): train attention toward human rationales."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -7,8 +8,15 @@ import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput
-from lightning_xai.losses._common import (FiniteGuard, as_float, bool_batch_mask, check_weight, log_extra,
-                                          require_finite, token_mask)
+from lightning_xai.losses._common import (
+    FiniteGuard,
+    as_float,
+    bool_batch_mask,
+    check_weight,
+    log_extra,
+    require_finite,
+    token_mask,
+)
 from lightning_xai.metrics.functional.divergence import kl_divergence
 
 __all__ = ["RationaleSupervisionLoss", "rationale_supervision"]
@@ -46,9 +54,11 @@ def _rationale_terms(attention: Tensor, rationale: Tensor, mask: Tensor, kind: s
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
     if rationale.shape != attention.shape:
-        raise ValueError(f"the rationale has shape {tuple(rationale.shape)} but the attention "
-                         f"{tuple(attention.shape)}; "
-                         "both must be [B, T] over the same positions.")
+        raise ValueError(
+            f"the rationale has shape {tuple(rationale.shape)} but the attention "
+            f"{tuple(attention.shape)}; "
+            "both must be [B, T] over the same positions."
+        )
     inside = as_float(rationale.bool() & mask.bool(), attention)
     count = inside.sum(-1)
     has = count > 0
@@ -94,8 +104,7 @@ class RationaleSupervisionLoss(FiniteGuard, nn.Module):
         tensor(1.3863)
     """
 
-    def __init__(self, weight: float = 1.0, key: str = "rationale", kind: str = "kl",
-                 name: str = "rationale") -> None:
+    def __init__(self, weight: float = 1.0, key: str = "rationale", kind: str = "kl", name: str = "rationale") -> None:
         super().__init__()
         weight = check_weight(weight, "RationaleSupervisionLoss")
         if kind not in KINDS:
@@ -111,9 +120,12 @@ class RationaleSupervisionLoss(FiniteGuard, nn.Module):
         self.last_mass: Tensor | None = None
 
     def forward(self, outputs: ExplainOutput, batch: Batch, model: Any = None) -> Tensor:
-        rationale = bool_batch_mask(batch, self.key, "RationaleSupervisionLoss",
-                                    "True at rationale tokens; use a dataset with rationales (eraser_movies) or set "
-                                    "key= to your batch's key")
+        rationale = bool_batch_mask(
+            batch,
+            self.key,
+            "RationaleSupervisionLoss",
+            "True at rationale tokens; use a dataset with rationales (eraser_movies) or set key= to your batch's key",
+        )
         attention = outputs.attention
         mask = token_mask(outputs, batch, model).to(attention.device)
         rationale = rationale.to(attention.device)
@@ -146,10 +158,14 @@ def _step_view(outputs: ExplainOutput, rationale: Tensor, mask: Tensor, key: str
     steps = outputs.target_steps
     attention = (outputs.extras or {}).get("step_attention")
     if steps is None or attention is None:
-        raise ValueError("RationaleSupervisionLoss: a generator's output without extras['step_attention'] (each "
-                         "target step's attention over the source); use HuggingFaceGenerationAdapter.")
+        raise ValueError(
+            "RationaleSupervisionLoss: a generator's output without extras['step_attention'] (each "
+            "target step's attention over the source); use HuggingFaceGenerationAdapter."
+        )
     if rationale.shape != attention.shape:
-        raise ValueError(f"RationaleSupervisionLoss on a generator: batch[{key!r}] has shape "
-                         f"{tuple(rationale.shape)}, expected [B, K, T] = {tuple(attention.shape)}: for each target "
-                         "step, True at the source positions aligned with it (its gold links on word pieces).")
+        raise ValueError(
+            f"RationaleSupervisionLoss on a generator: batch[{key!r}] has shape "
+            f"{tuple(rationale.shape)}, expected [B, K, T] = {tuple(attention.shape)}: for each target "
+            "step, True at the source positions aligned with it (its gold links on word pieces)."
+        )
     return attention, mask[:, None, :], steps.bool()

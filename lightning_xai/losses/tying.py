@@ -15,6 +15,7 @@ attention over hidden states reads the words. Two forms are implemented (``mode`
 The paper's exact regulariser could not be checked offline here; both forms implement its stated idea (a
 word-level objective tying hidden states to input words) and are documented as such.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -54,8 +55,9 @@ class WordTyingLoss(FiniteGuard, nn.Module):
         True
     """
 
-    def __init__(self, hidden_dim: int, embedding_dim: int, weight: float = 1.0, mode: str = "embedding",
-                 name: str = "tying") -> None:
+    def __init__(
+        self, hidden_dim: int, embedding_dim: int, weight: float = 1.0, mode: str = "embedding", name: str = "tying"
+    ) -> None:
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
@@ -73,9 +75,11 @@ class WordTyingLoss(FiniteGuard, nn.Module):
         if hidden is None:
             raise ValueError("WordTyingLoss needs outputs.hidden_states [B, T, H]; this model output has none.")
         if hidden.shape[-1] != self.projection.in_features:
-            raise ValueError(f"hidden states have size {hidden.shape[-1]} but WordTyingLoss(hidden_dim="
-                             f"{self.projection.in_features}); pass the encoder's output size (2·hidden_dim for a "
-                             "BiLSTM).")
+            raise ValueError(
+                f"hidden states have size {hidden.shape[-1]} but WordTyingLoss(hidden_dim="
+                f"{self.projection.in_features}); pass the encoder's output size (2·hidden_dim for a "
+                "BiLSTM)."
+            )
         mask = token_mask(outputs, batch, explained).to(hidden.device)
         predicted = self.projection(hidden)
         if self.mode == "embedding":
@@ -86,21 +90,26 @@ class WordTyingLoss(FiniteGuard, nn.Module):
 
     def _reconstruction(self, predicted: Tensor, embeddings: Tensor, mask: Tensor) -> Tensor:
         if embeddings.shape[-1] != predicted.shape[-1]:
-            raise ValueError(f"embeddings have size {embeddings.shape[-1]} but WordTyingLoss(embedding_dim="
-                             f"{predicted.shape[-1]}).")
+            raise ValueError(
+                f"embeddings have size {embeddings.shape[-1]} but WordTyingLoss(embedding_dim={predicted.shape[-1]})."
+            )
         real = as_float(mask, predicted)
         error = ((predicted - embeddings) ** 2).sum(-1)
-        scale = (embeddings ** 2).sum(-1)
+        scale = (embeddings**2).sum(-1)
         return (error * real).sum() / (scale * real).sum().clamp_min(torch.finfo(predicted.dtype).tiny)
 
     def _word_prediction(self, predicted: Tensor, batch: Batch, model: Any, mask: Tensor) -> Tensor:
         table: Optional[nn.Embedding] = getattr(model, "embedding", None)
         if not isinstance(table, nn.Embedding) or "input_ids" not in batch:
-            raise ValueError("WordTyingLoss(mode='word') ties its decoder to model.embedding (an nn.Embedding) and "
-                             "reads batch['input_ids']; this model/batch has neither. Use mode='embedding'.")
+            raise ValueError(
+                "WordTyingLoss(mode='word') ties its decoder to model.embedding (an nn.Embedding) and "
+                "reads batch['input_ids']; this model/batch has neither. Use mode='embedding'."
+            )
         if table.embedding_dim != predicted.shape[-1]:
-            raise ValueError(f"model.embedding has {table.embedding_dim} dimensions but WordTyingLoss(embedding_dim="
-                             f"{predicted.shape[-1]}).")
+            raise ValueError(
+                f"model.embedding has {table.embedding_dim} dimensions but WordTyingLoss(embedding_dim="
+                f"{predicted.shape[-1]})."
+            )
         logits = predicted[mask] @ table.weight.t()
         return nn.functional.cross_entropy(logits, batch["input_ids"].to(mask.device)[mask])
 

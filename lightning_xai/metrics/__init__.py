@@ -8,13 +8,36 @@
 * plausibility against human rationales: :class:`TokenF1`, :class:`IOUF1`, :class:`AUPRC`;
 * word alignment against human links (corpus level, not per instance): :class:`AlignmentErrorRate`.
 """
+
 from lightning_xai.metrics._base import InstanceMeanMetric, ValueMean, summarize_values
+from lightning_xai.metrics.agreement import (
+    JensenShannon,
+    KendallTau,
+    PearsonCorrelation,
+    SpearmanCorrelation,
+    TopKKendallTau,
+    TopKOverlap,
+)
 from lightning_xai.metrics.alignment import AlignmentErrorRate
-from lightning_xai.metrics.agreement import (JensenShannon, KendallTau, PearsonCorrelation, SpearmanCorrelation,
-                                             TopKKendallTau, TopKOverlap)
 from lightning_xai.metrics.faithfulness import AOPC, Comprehensiveness, DecisionFlip, Sufficiency
 from lightning_xai.metrics.plausibility import AUPRC, IOUF1, TokenF1
 
-__all__ = ["AOPC", "AUPRC", "AlignmentErrorRate", "Comprehensiveness", "DecisionFlip", "IOUF1", "InstanceMeanMetric",
-           "JensenShannon", "KendallTau", "PearsonCorrelation", "SpearmanCorrelation", "Sufficiency", "TokenF1",
-           "TopKKendallTau", "TopKOverlap", "ValueMean", "summarize_values"]
+__all__ = [
+    "AOPC",
+    "AUPRC",
+    "AlignmentErrorRate",
+    "Comprehensiveness",
+    "DecisionFlip",
+    "IOUF1",
+    "InstanceMeanMetric",
+    "JensenShannon",
+    "KendallTau",
+    "PearsonCorrelation",
+    "SpearmanCorrelation",
+    "Sufficiency",
+    "TokenF1",
+    "TopKKendallTau",
+    "TopKOverlap",
+    "ValueMean",
+    "summarize_values",
+]

@@ -1,4 +1,5 @@
 """Shared machinery of the Metric classes: per-instance values reduced to DDP-safe sums."""
+
 from __future__ import annotations
 
 import math
@@ -68,8 +69,9 @@ class InstanceMeanMetric(Metric):
         out["count"] = self.count.clone()
         out["undefined_fraction"] = self.undefined / seen if float(seen) > 0 else self.undefined * math.nan
         if self.significance is not None:
-            out["significant_fraction"] = (self.significant / self.count if float(self.count) > 0
-                                           else self.significant * math.nan)
+            out["significant_fraction"] = (
+                self.significant / self.count if float(self.count) > 0 else self.significant * math.nan
+            )
         return out
 
 
@@ -98,8 +100,9 @@ class ValueMean(InstanceMeanMetric):
         self._accumulate(values, p_values)
 
 
-def summarize_values(values: Sequence[float], p_values: Optional[Sequence[float]] = None,
-                     alpha: float = 0.05) -> Dict[str, float]:
+def summarize_values(
+    values: Sequence[float], p_values: Optional[Sequence[float]] = None, alpha: float = 0.05
+) -> Dict[str, float]:
     """:class:`ValueMean` of ``values`` in one call: mean, standard deviation (population, as ``numpy.std``),
     ``count`` and ``undefined`` (NaN values, left out of mean and std), ``undefined_fraction`` and — given
     p-values — the ``significant_fraction`` with ``p <= alpha``. The same code, so the same fields and numbers,
@@ -110,8 +113,10 @@ def summarize_values(values: Sequence[float], p_values: Optional[Sequence[float]
         {'mean': 0.3, 'std': 0.1, 'count': 2, 'undefined_fraction': 0.333333, 'significant_fraction': 0.5, 'undefined': 1}
     """
     metric = ValueMean(significance=alpha if p_values is not None else None, sync_on_compute=False)
-    metric.update(torch.tensor(list(values), dtype=torch.float64),
-                  None if p_values is None else torch.tensor(list(p_values), dtype=torch.float64))
+    metric.update(
+        torch.tensor(list(values), dtype=torch.float64),
+        None if p_values is None else torch.tensor(list(p_values), dtype=torch.float64),
+    )
     out: Dict[str, float] = {k: float(v) for k, v in metric.compute().items()}
     out["count"] = int(out["count"])
     out["undefined"] = int(metric.undefined)

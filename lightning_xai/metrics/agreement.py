@@ -13,6 +13,7 @@ mask)`` and keeps sums, so ``compute()`` returns, over all instances seen (synce
 torchmetrics' own ``KendallRankCorrCoef``/``SpearmanCorrCoef``/``PearsonCorrCoef`` correlate *across samples*
 (one coefficient per output column); these correlate *within* each instance over its real tokens.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,11 +24,16 @@ from torch import Tensor
 
 from lightning_xai.metrics._base import InstanceMeanMetric
 from lightning_xai.metrics.functional._validation import resolve_k
-from lightning_xai.metrics.functional.agreement import (jensen_shannon, kendall_tau, pearson, spearman,
-                                                        topk_kendall_tau, topk_overlap)
+from lightning_xai.metrics.functional.agreement import (
+    jensen_shannon,
+    kendall_tau,
+    pearson,
+    spearman,
+    topk_kendall_tau,
+    topk_overlap,
+)
 
-__all__ = ["JensenShannon", "KendallTau", "PearsonCorrelation", "SpearmanCorrelation", "TopKKendallTau",
-           "TopKOverlap"]
+__all__ = ["JensenShannon", "KendallTau", "PearsonCorrelation", "SpearmanCorrelation", "TopKKendallTau", "TopKOverlap"]
 
 
 class KendallTau(InstanceMeanMetric):
@@ -75,8 +81,9 @@ class TopKKendallTau(InstanceMeanMetric):
 
     higher_is_better = True
 
-    def __init__(self, k: Optional[Union[int, float]] = None, variant: str = "b", significance: float = 0.05,
-                 **kwargs) -> None:
+    def __init__(
+        self, k: Optional[Union[int, float]] = None, variant: str = "b", significance: float = 0.05, **kwargs
+    ) -> None:
         super().__init__(significance=significance, **kwargs)
         if k is not None:
             resolve_k(k, torch.ones(1, dtype=torch.long))

@@ -4,6 +4,7 @@
 :mod:`~lightning_xai.metrics.functional.alignment`); the states are the four link counts, reduced with
 ``dist_reduce_fx="sum"``, so the DDP-synced value is the corpus-level value over the union of the data.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -13,8 +14,7 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from lightning_xai.metrics.functional.alignment import (CorpusLinks, alignment_counts,
-                                                         alignment_scores_from_counts)
+from lightning_xai.metrics.functional.alignment import CorpusLinks, alignment_counts, alignment_scores_from_counts
 
 __all__ = ["AlignmentErrorRate"]
 
@@ -65,8 +65,11 @@ class AlignmentErrorRate(Metric):
 
     def compute(self) -> Dict[str, Tensor]:
         if int(self.predicted) + int(self.sure) == 0:
-            warnings.warn("AlignmentErrorRate: no predicted and no sure link was seen, so the scores are undefined "
-                          "(NaN).", UserWarning, stacklevel=2)
+            warnings.warn(
+                "AlignmentErrorRate: no predicted and no sure link was seen, so the scores are undefined (NaN).",
+                UserWarning,
+                stacklevel=2,
+            )
         out = alignment_scores_from_counts(self.predicted, self.sure, self.predicted_sure, self.predicted_possible)
         out["sentences"] = self.sentences.double()
         return out

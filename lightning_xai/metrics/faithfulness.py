@@ -5,6 +5,7 @@ and AOPC (by deleting tokens), and Serrano & Smith's attention-erasure decision 
 ``dist_reduce_fx="sum"``, so DDP-synced values equal a single process's on the same data. ``compute()`` returns
 a dict (documented per class).
 """
+
 from __future__ import annotations
 
 import math
@@ -130,8 +131,13 @@ class AOPC(Metric):
     def compute(self) -> Dict[str, Tensor]:
         comp = InstanceMeanMetric._moments(self.comp_total, self.comp_sq, self.count)
         suff = InstanceMeanMetric._moments(self.suff_total, self.suff_sq, self.count)
-        return {"comprehensiveness": comp["mean"], "comprehensiveness_std": comp["std"],
-                "sufficiency": suff["mean"], "sufficiency_std": suff["std"], "count": self.count.clone()}
+        return {
+            "comprehensiveness": comp["mean"],
+            "comprehensiveness_std": comp["std"],
+            "sufficiency": suff["mean"],
+            "sufficiency_std": suff["std"],
+            "count": self.count.clone(),
+        }
 
 
 class DecisionFlip(Metric):
@@ -176,8 +182,9 @@ class DecisionFlip(Metric):
     def __init__(self, ranking: str = "attention", seed: int = 0, max_rows: int = 2048, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if ranking not in RANKINGS:
-            raise ValueError(f"Unknown ranking {ranking!r}; choose one of {list(RANKINGS)} (or pass a score map "
-                             "to update).")
+            raise ValueError(
+                f"Unknown ranking {ranking!r}; choose one of {list(RANKINGS)} (or pass a score map to update)."
+            )
         self.ranking = ranking
         self.seed = seed
         self.max_rows = max_rows
@@ -186,8 +193,13 @@ class DecisionFlip(Metric):
             self.add_state(name, default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, model: ExplainableModel, batch: Batch, ranking: Optional[Union[str, Tensor]] = None) -> None:
-        result = decision_flip(model, batch, self.ranking if ranking is None else ranking,
-                               generator=self._generator, max_rows=self.max_rows)
+        result = decision_flip(
+            model,
+            batch,
+            self.ranking if ranking is None else ranking,
+            generator=self._generator,
+            max_rows=self.max_rows,
+        )
         f = result.flipped
         self.count += f.numel()
         self.flipped += f.sum()
@@ -202,6 +214,11 @@ class DecisionFlip(Metric):
         flipped = self.flipped
         nan = torch.tensor(math.nan, dtype=torch.float64, device=flipped.device)
         per = (lambda v: v / flipped) if float(flipped) > 0 else (lambda v: nan.clone())
-        return {"flip_rate": self.flipped / self.count if float(self.count) > 0 else nan.clone(),
-                "items_mean": per(self.items), "attention_mass_mean": per(self.mass),
-                "fraction_mean": moments["mean"], "fraction_std": moments["std"], "count": self.count.clone()}
+        return {
+            "flip_rate": self.flipped / self.count if float(self.count) > 0 else nan.clone(),
+            "items_mean": per(self.items),
+            "attention_mass_mean": per(self.mass),
+            "fraction_mean": moments["mean"],
+            "fraction_std": moments["std"],
+            "count": self.count.clone(),
+        }

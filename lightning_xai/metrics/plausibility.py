@@ -2,6 +2,7 @@
 
 ``update(scores, rationale, mask)``; states are sums reduced with ``dist_reduce_fx="sum"``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Optional, Union
@@ -12,8 +13,7 @@ from torchmetrics import Metric
 
 from lightning_xai.metrics._base import InstanceMeanMetric
 from lightning_xai.metrics.functional._validation import resolve_k
-from lightning_xai.metrics.functional.plausibility import (auprc, binarize, span_match_counts, token_f1,
-                                                           _check_rationale)
+from lightning_xai.metrics.functional.plausibility import _check_rationale, auprc, binarize, span_match_counts, token_f1
 
 __all__ = ["AUPRC", "IOUF1", "TokenF1"]
 
@@ -50,8 +50,7 @@ class TokenF1(Metric):
     f1: Tensor
     count: Tensor
 
-    def __init__(self, k: Optional[Union[int, float]] = None, threshold: Optional[float] = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, k: Optional[Union[int, float]] = None, threshold: Optional[float] = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         _check_cut(k, threshold)
         self.k, self.threshold = k, threshold
@@ -94,8 +93,13 @@ class IOUF1(Metric):
     predicted: Tensor
     gold: Tensor
 
-    def __init__(self, k: Optional[Union[int, float]] = None, threshold: Optional[float] = None,
-                 iou_threshold: float = 0.5, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        k: Optional[Union[int, float]] = None,
+        threshold: Optional[float] = None,
+        iou_threshold: float = 0.5,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         _check_cut(k, threshold)
         if not 0.0 < iou_threshold <= 1.0:

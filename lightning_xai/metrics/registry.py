@@ -9,15 +9,29 @@ new metric needs no class of its own.
 Adding one touches at most two files: the function (e.g. in :mod:`lightning_xai.metrics.functional.agreement`)
 and a :func:`register_agreement_metric` line below (or the call in your own code).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence
 
-from lightning_xai.metrics.functional.agreement import (jensen_shannon, kendall_tau, pearson, spearman,
-                                                        topk_kendall_tau, topk_overlap)
+from lightning_xai.metrics.functional.agreement import (
+    jensen_shannon,
+    kendall_tau,
+    pearson,
+    spearman,
+    topk_kendall_tau,
+    topk_overlap,
+)
 
-__all__ = ["AGREEMENT_ALIASES", "AGREEMENT_METRICS", "AgreementMetric", "METRIC_LABELS", "metric_label",
-           "register_agreement_metric", "resolve_agreement_metric"]
+__all__ = [
+    "AGREEMENT_ALIASES",
+    "AGREEMENT_METRICS",
+    "AgreementMetric",
+    "METRIC_LABELS",
+    "metric_label",
+    "register_agreement_metric",
+    "resolve_agreement_metric",
+]
 
 
 class AgreementMetric(NamedTuple):
@@ -35,9 +49,15 @@ AGREEMENT_ALIASES: Dict[str, str] = {}
 METRIC_LABELS: Dict[str, str] = {}
 
 
-def register_agreement_metric(name: str, function: Callable[..., Any], *, p_value: bool = False,
-                              aliases: Sequence[str] = (), replace: bool = False,
-                              label: Optional[str] = None) -> AgreementMetric:
+def register_agreement_metric(
+    name: str,
+    function: Callable[..., Any],
+    *,
+    p_value: bool = False,
+    aliases: Sequence[str] = (),
+    replace: bool = False,
+    label: Optional[str] = None,
+) -> AgreementMetric:
     """Make ``name`` (and ``aliases``) usable wherever agreement metrics are chosen by name.
 
     ``label`` is how summaries, the report's headline and final tables name it (default: ``name``).
@@ -57,11 +77,16 @@ def register_agreement_metric(name: str, function: Callable[..., Any], *, p_valu
     """
     if not isinstance(name, str) or not name or "/" in name:
         raise ValueError(f"An agreement metric's name must be a non-empty string without '/', got {name!r}.")
-    taken = [n for n in (name, *aliases) if n in AGREEMENT_ALIASES or (n in AGREEMENT_METRICS and
-                                                                       not (replace and n == name))]
+    taken = [
+        n
+        for n in (name, *aliases)
+        if n in AGREEMENT_ALIASES or (n in AGREEMENT_METRICS and not (replace and n == name))
+    ]
     if taken:
-        raise ValueError(f"Agreement metric name(s) {taken} already registered; pick another name or pass "
-                         "replace=True to redefine it.")
+        raise ValueError(
+            f"Agreement metric name(s) {taken} already registered; pick another name or pass "
+            "replace=True to redefine it."
+        )
     if not callable(function):
         raise ValueError(f"Agreement metric {name!r}: function must be callable, got {function!r}.")
     if label is not None and (not isinstance(label, str) or not label):

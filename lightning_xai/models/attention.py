@@ -1,4 +1,5 @@
 """Attention scorers: hidden states ``[B, T, H]`` -> scores ``[B, T]``, and the masked softmax over them."""
+
 from __future__ import annotations
 
 import math
@@ -6,8 +7,15 @@ import math
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ATTENTIONS", "build_attention", "masked_softmax", "TanhAttention", "DotAttention", "LinearAttention",
-           "UniformAttention"]
+__all__ = [
+    "ATTENTIONS",
+    "build_attention",
+    "masked_softmax",
+    "TanhAttention",
+    "DotAttention",
+    "LinearAttention",
+    "UniformAttention",
+]
 
 
 def masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:

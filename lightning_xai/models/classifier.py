@@ -1,4 +1,5 @@
 """Jain & Wallace's reference model as a LightningModule: embedding -> encoder -> attention -> linear."""
+
 from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
@@ -43,12 +44,15 @@ def check_batch(batch: Batch, vocab_size: Optional[int] = None) -> None:
     """
     for key in ("input_ids", "mask"):
         if key not in batch:
-            raise KeyError(f"Batch has no {key!r}; batches are dicts with 'input_ids', 'mask' and 'labels' "
-                           "(see TextClassificationDataModule).")
+            raise KeyError(
+                f"Batch has no {key!r}; batches are dicts with 'input_ids', 'mask' and 'labels' "
+                "(see TextClassificationDataModule)."
+            )
     ids, mask = batch["input_ids"], batch["mask"]
     if mask.shape != ids.shape:
-        raise ValueError(f"'mask' has shape {tuple(mask.shape)} but 'input_ids' has {tuple(ids.shape)}; "
-                         "they must match [B, T].")
+        raise ValueError(
+            f"'mask' has shape {tuple(mask.shape)} but 'input_ids' has {tuple(ids.shape)}; they must match [B, T]."
+        )
     check_real_tokens(mask, "batch['mask']")
     if vocab_size is not None:
         check_token_ids(ids, vocab_size, "batch['input_ids']")
@@ -62,8 +66,10 @@ def _rerun_groups(order: Tensor, costs: Tensor, max_elements: Optional[int]) -> 
     n = order.numel()
     if max_elements is None:
         return [(torch.arange(n, device=order.device), order)]
-    return [(order[start:end], torch.arange(end - start, device=order.device))
-            for start, end in budget_chunks(costs, max_elements)]
+    return [
+        (order[start:end], torch.arange(end - start, device=order.device))
+        for start, end in budget_chunks(costs, max_elements)
+    ]
 
 
 class AttentionClassifier(ClassifierSteps, pl.LightningModule):
@@ -150,11 +156,13 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
         self.attention = build_attention(attention, self.encoder.output_dim)
         self.classifier = nn.Linear(self.encoder.output_dim, num_classes)
         self.objectives = nn.ModuleList(objectives or [])
-        metrics = lambda: torchmetrics.MetricCollection({  # noqa: E731
-            "acc": torchmetrics.Accuracy(task="multiclass", num_classes=num_classes),
-            "f1": torchmetrics.F1Score(task="multiclass", num_classes=num_classes, average="macro"),
-            "auroc": torchmetrics.AUROC(task="multiclass", num_classes=num_classes),  # J&W select on dev ROC-AUC
-        })
+        metrics = lambda: torchmetrics.MetricCollection(
+            {  # noqa: E731
+                "acc": torchmetrics.Accuracy(task="multiclass", num_classes=num_classes),
+                "f1": torchmetrics.F1Score(task="multiclass", num_classes=num_classes, average="macro"),
+                "auroc": torchmetrics.AUROC(task="multiclass", num_classes=num_classes),  # J&W select on dev ROC-AUC
+            }
+        )
         self.val_metrics = metrics().clone(prefix="val/")
         self.test_metrics = metrics().clone(prefix="test/")
 
@@ -180,25 +188,39 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
         hidden = self.encoder(self.dropout(embeddings), self.input_mask(batch))
         return self._pool_and_classify(hidden, mask, attention_override)
 
-    def _pool_and_classify(self, hidden: Tensor, mask: Tensor, attention_override: Optional[Tensor] = None
-                           ) -> ExplainOutput:
+    def _pool_and_classify(
+        self, hidden: Tensor, mask: Tensor, attention_override: Optional[Tensor] = None
+    ) -> ExplainOutput:
         """Everything after the encoder: attention over the real tokens, the context vector, the logits."""
         scores = self.attention(hidden).masked_fill(~mask, float("-inf"))
         if attention_override is None:
             attention = masked_softmax(scores, mask)
         else:
             if attention_override.shape != mask.shape:
-                raise ValueError(f"attention_override has shape {tuple(attention_override.shape)}; "
-                                 f"expected the token mask's {tuple(mask.shape)}.")
+                raise ValueError(
+                    f"attention_override has shape {tuple(attention_override.shape)}; "
+                    f"expected the token mask's {tuple(mask.shape)}."
+                )
             # Positions outside the token mask are not attendable: they contribute nothing.
             attention = attention_override.masked_fill(~mask, 0.0).to(hidden.dtype)
         context = torch.einsum("bt,bth->bh", attention, hidden)
         logits = self.classifier(context)
-        return ExplainOutput(logits=logits, attention=attention, hidden_states=hidden, attention_scores=scores,
-                             extras={"context": context})
+        return ExplainOutput(
+            logits=logits,
+            attention=attention,
+            hidden_states=hidden,
+            attention_scores=scores,
+            extras={"context": context},
+        )
 
-    def deletion_logits(self, embeddings: Tensor, batch: Batch, rows: Tensor, positions: Tensor,
-                        max_elements: Optional[int] = DELETION_BUDGET_ELEMENTS) -> Optional[Tensor]:
+    def deletion_logits(
+        self,
+        embeddings: Tensor,
+        batch: Batch,
+        rows: Tensor,
+        positions: Tensor,
+        max_elements: Optional[int] = DELETION_BUDGET_ELEMENTS,
+    ) -> Optional[Tensor]:
         """``[N, C]`` logits of row ``rows[k]`` with token ``positions[k]`` deleted (the optional fast path of
         the ExplainableModel protocol that :func:`~lightning_xai.attribution.leave_one_out` uses).
 
@@ -224,8 +246,13 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
             >>> bool(torch.allclose(fast, slow, atol=1e-6))
             True
         """
-        if self.training or torch.is_grad_enabled() or embeddings.device.type != "cpu" \
-                or not isinstance(self.encoder, LSTMEncoder) or not supports_unrolling(self.encoder.rnn):
+        if (
+            self.training
+            or torch.is_grad_enabled()
+            or embeddings.device.type != "cpu"
+            or not isinstance(self.encoder, LSTMEncoder)
+            or not supports_unrolling(self.encoder.rnn)
+        ):
             return None
         rnn = self.encoder.rnn
         mask = self.token_mask(batch)
@@ -242,7 +269,7 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
             g_rows, g_positions = rows.index_select(0, group), positions.index_select(0, group)
             reruns = deletion_reruns(rnn, states, g_rows, g_positions)
             for start in range(0, assembly.numel(), chunk):
-                k = assembly[start:start + chunk]
+                k = assembly[start : start + chunk]
                 r, p = g_rows.index_select(0, k), g_positions.index_select(0, k)
                 width = max(1, int(lengths.index_select(0, r).max()) - 1)
                 hidden = deleted_hidden(states, reruns, g_rows, g_positions, variants=k, width=width)
@@ -285,10 +312,12 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
         """
         compensate = getattr(self.encoder, "compensate_input_shift", None)
         if not callable(compensate):
-            raise ValueError(f"Cannot compensate an embedding shift in {type(self.encoder).__name__}: supported "
-                             "encoders are LSTMEncoder ('lstm', 'bilstm'), OrthogonalLSTMEncoder ('ortho_lstm', "
-                             "'ortho_bilstm') and MLPEncoder ('mlp'). The CNN zero-pads its borders, so a shifted "
-                             "input is not a bias change there.")
+            raise ValueError(
+                f"Cannot compensate an embedding shift in {type(self.encoder).__name__}: supported "
+                "encoders are LSTMEncoder ('lstm', 'bilstm'), OrthogonalLSTMEncoder ('ortho_lstm', "
+                "'ortho_bilstm') and MLPEncoder ('mlp'). The CNN zero-pads its borders, so a shifted "
+                "input is not a bias change there."
+            )
         with torch.no_grad():
             shift = shift.to(self.embedding.weight)
             compensate(shift)  # first: a refusal leaves the model unchanged
@@ -298,8 +327,10 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         attention_params = {id(p) for p in self.attention.parameters()}
         decayed = [p for p in self.parameters() if id(p) not in attention_params]
-        groups = [{"params": decayed, "weight_decay": self.hparams["weight_decay"]},
-                  {"params": list(self.attention.parameters()), "weight_decay": 0.0}]
+        groups = [
+            {"params": decayed, "weight_decay": self.hparams["weight_decay"]},
+            {"params": list(self.attention.parameters()), "weight_decay": 0.0},
+        ]
         return torch.optim.Adam([g for g in groups if g["params"]], lr=self.hparams["lr"], amsgrad=True)
 
     # --- the vocabulary travels with the checkpoint ------------------------------------------------------
@@ -319,8 +350,14 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
             return
         hp = self.hparams
         self.embedding_init_report = initialize_embedding(
-            self.embedding, self.vocab, hp["embedding_init"], path=hp["embeddings_path"], std=hp["embedding_std"],
-            oov=hp["embedding_oov"], rms=hp["embedding_rms"])
+            self.embedding,
+            self.vocab,
+            hp["embedding_init"],
+            path=hp["embeddings_path"],
+            std=hp["embedding_std"],
+            oov=hp["embedding_oov"],
+            rms=hp["embedding_rms"],
+        )
         self._embedding_init_done = True
 
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:

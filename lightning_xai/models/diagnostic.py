@@ -9,6 +9,7 @@ model, (d) attention imposed from an adversary. If the audited model's attention
 on their own, imposing it helps the context-free MLP more than uniform weights do, and more than an
 adversary's attention that reproduces the predictions with different weights.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -48,26 +49,41 @@ class DiagnosticMLP(AttentionClassifier):
         True
     """
 
-    def __init__(self, vocab_size: int, num_classes: int = 2, mode: str = "trained",
-                 attention_source: Optional[ExplainableModel] = None, hidden_dim: int = 128, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        num_classes: int = 2,
+        mode: str = "trained",
+        attention_source: Optional[ExplainableModel] = None,
+        hidden_dim: int = 128,
+        **kwargs: Any,
+    ) -> None:
         if mode not in ("trained", "uniform", "imposed"):
             raise ValueError(f"mode must be 'trained', 'uniform' or 'imposed', got {mode!r}.")
         if (mode == "imposed") != (attention_source is not None):
-            raise ValueError("Pass attention_source exactly when mode='imposed' (the model whose attention is "
-                             "imposed on the MLP).")
+            raise ValueError(
+                "Pass attention_source exactly when mode='imposed' (the model whose attention is imposed on the MLP)."
+            )
         for key in ("encoder", "attention"):
             if key in kwargs:
                 raise ValueError(f"DiagnosticMLP fixes {key!r}; do not pass it.")
         with warnings.catch_warnings():  # Lightning warns that the source module is an __init__ argument
             warnings.filterwarnings("ignore", message=".*attention_source.*")
-            super().__init__(vocab_size, num_classes, encoder="mlp",
-                             attention="uniform" if mode == "uniform" else "tanh", hidden_dim=hidden_dim, **kwargs)
+            super().__init__(
+                vocab_size,
+                num_classes,
+                encoder="mlp",
+                attention="uniform" if mode == "uniform" else "tanh",
+                hidden_dim=hidden_dim,
+                **kwargs,
+            )
         self.mode = mode
         # Lightning collects every __init__ argument as a hyperparameter; the source model is not one.
         for store in (self._hparams, getattr(self, "_hparams_initial", {})):
             store.pop("attention_source", None)
-        self._source: Tuple[ExplainableModel, ...] = \
+        self._source: Tuple[ExplainableModel, ...] = (
             (as_explainable(attention_source),) if attention_source is not None else ()
+        )
         if attention_source is not None and isinstance(attention_source, torch.nn.Module):
             for p in attention_source.parameters():
                 p.requires_grad_(False)
@@ -83,8 +99,9 @@ class DiagnosticMLP(AttentionClassifier):
         with torch.no_grad():
             return source.forward_from_embeddings(source.embed(batch), batch).attention.detach()
 
-    def forward_from_embeddings(self, embeddings: Tensor, batch: Batch, *,
-                                attention_override: Optional[Tensor] = None) -> ExplainOutput:
+    def forward_from_embeddings(
+        self, embeddings: Tensor, batch: Batch, *, attention_override: Optional[Tensor] = None
+    ) -> ExplainOutput:
         if attention_override is None and self._source:
             attention_override = self.source_attention(batch).to(embeddings.dtype)
         return super().forward_from_embeddings(embeddings, batch, attention_override=attention_override)
@@ -172,10 +189,12 @@ def diagnostic_audit(
         model = DiagnosticMLP(vocab_size, num_classes, **options, **mlp_kwargs)
         with tempfile.TemporaryDirectory() as directory:
             # the best epoch's weights: Lightning's own checkpoint, in a folder that is gone afterwards
-            best = ModelCheckpoint(dirpath=directory, monitor="val/acc", mode="max", save_top_k=1,
-                                   save_weights_only=True)
-            kwargs: Dict[str, Any] = dict(max_epochs=epochs, logger=False, enable_progress_bar=False,
-                                          enable_model_summary=False)
+            best = ModelCheckpoint(
+                dirpath=directory, monitor="val/acc", mode="max", save_top_k=1, save_weights_only=True
+            )
+            kwargs: Dict[str, Any] = dict(
+                max_epochs=epochs, logger=False, enable_progress_bar=False, enable_model_summary=False
+            )
             kwargs.update(trainer_kwargs or {})
             kwargs["enable_checkpointing"] = True
             kwargs["callbacks"] = list(kwargs.get("callbacks", [])) + [best]

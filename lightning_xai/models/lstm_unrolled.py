@@ -19,6 +19,7 @@ projects all inputs in one matrix product and reads per-step views of it, so its
 gradients of one step's size (on 256 SST-2 sentences a gradient call goes from 0.24 s to 0.21 s, 50-step IG
 from 13.0 s to 10.7 s).
 """
+
 from __future__ import annotations
 
 from typing import List, NamedTuple, Optional, Tuple
@@ -26,8 +27,15 @@ from typing import List, NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-__all__ = ["DeletionReruns", "LSTMStates", "deleted_hidden", "deletion_reruns", "lstm_states", "supports_unrolling",
-           "unrolled_lstm"]
+__all__ = [
+    "DeletionReruns",
+    "LSTMStates",
+    "deleted_hidden",
+    "deletion_reruns",
+    "lstm_states",
+    "supports_unrolling",
+    "unrolled_lstm",
+]
 
 
 class LSTMStates(NamedTuple):
@@ -49,8 +57,7 @@ class LSTMStates(NamedTuple):
 def supports_unrolling(rnn: nn.Module) -> bool:
     """Whether the functions of this module reproduce ``rnn``: a one-layer, batch-first
     ``nn.LSTM`` with biases and without projections."""
-    return (isinstance(rnn, nn.LSTM) and rnn.num_layers == 1 and rnn.batch_first and rnn.bias
-            and rnn.proj_size == 0)
+    return isinstance(rnn, nn.LSTM) and rnn.num_layers == 1 and rnn.batch_first and rnn.bias and rnn.proj_size == 0
 
 
 def _direction_weights(rnn: nn.LSTM, direction: int) -> Tuple[Tensor, Tensor, Tensor]:
@@ -59,8 +66,17 @@ def _direction_weights(rnn: nn.LSTM, direction: int) -> Tuple[Tensor, Tensor, Te
     return getattr(rnn, f"weight_ih_l0{suffix}"), getattr(rnn, f"weight_hh_l0{suffix}"), bias
 
 
-def _recur(projected: Tensor, start: Tensor, step: int, lengths: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor,
-           out_h: Tensor, out_c: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+def _recur(
+    projected: Tensor,
+    start: Tensor,
+    step: int,
+    lengths: Tensor,
+    h0: Tensor,
+    c0: Tensor,
+    w_hh: Tensor,
+    out_h: Tensor,
+    out_c: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
     """Run one LSTM direction over N sequences given their projected inputs, writing h (and c) packed.
 
     Sequence k reads rows ``start[k] + step·s`` of ``projected`` for s < ``lengths[k]``, from state
@@ -81,10 +97,10 @@ def _recur(projected: Tensor, start: Tensor, step: int, lengths: Tensor, h0: Ten
     for s, (n, at) in enumerate(zip(running.tolist(), offsets.tolist())):
         gates = torch.addmm(projected.index_select(0, start[:n] + step * s), h[:n], w)
         gate = gates.sigmoid()  # i, f, (g), o; g is the tanh slice
-        c = gate[:, H:2 * H] * c[:n] + gate[:, :H] * gates[:, 2 * H:3 * H].tanh()
-        h = torch.mul(gate[:, 3 * H:], c.tanh(), out=out_h[at:at + n])
+        c = gate[:, H : 2 * H] * c[:n] + gate[:, :H] * gates[:, 2 * H : 3 * H].tanh()
+        h = torch.mul(gate[:, 3 * H :], c.tanh(), out=out_h[at : at + n])
         if out_c is not None:
-            out_c[at:at + n] = c
+            out_c[at : at + n] = c
     return offsets, slot
 
 
@@ -127,8 +143,8 @@ def unrolled_lstm(rnn: nn.LSTM, embeddings: Tensor, lengths: Tensor) -> Tensor:
         for step, n in zip(projected[:, :steps].unbind(1), running):
             gates = torch.addmm(step[:n], h[:n], w_hh.t())
             gate = gates.sigmoid()
-            c = gate[:, H:2 * H] * c[:n] + gate[:, :H] * gates[:, 2 * H:3 * H].tanh()
-            h = gate[:, 3 * H:] * c.tanh()
+            c = gate[:, H : 2 * H] * c[:n] + gate[:, :H] * gates[:, 2 * H : 3 * H].tanh()
+            h = gate[:, 3 * H :] * c.tanh()
             hs.append(nn.functional.pad(h, (0, 0, 0, B - n)))
         out = torch.stack(hs, 1) if hs else x.new_zeros(B, 0, H)
         out = nn.functional.pad(out, (0, 0, 0, T - steps))
@@ -227,18 +243,24 @@ def deletion_reruns(rnn: nn.LSTM, states: LSTMStates, rows: Tensor, positions: T
         _, w_hh, _ = _direction_weights(rnn, direction)
         hidden, cell, proj = states.hidden[direction], states.cell[direction], states.projected[direction]
         h0, c0 = (_state_at(s, rows, neighbour, valid) for s in (hidden, cell))
-        source[at:at + B * T] = hidden.reshape(B * T, H)
+        source[at : at + B * T] = hidden.reshape(B * T, H)
         base.append(at)
         at += B * T
-        offset, slot = _recur(proj, start, step, steps, h0, c0, w_hh, source[at:at + total])
+        offset, slot = _recur(proj, start, step, steps, h0, c0, w_hh, source[at : at + total])
         offsets.append(offset + at)
         slots.append(slot)
         at += total
     return DeletionReruns(source, tuple(base), tuple(offsets), tuple(slots))
 
 
-def deleted_hidden(states: LSTMStates, reruns: DeletionReruns, rows: Tensor, positions: Tensor,
-                   variants: Optional[Tensor] = None, width: Optional[int] = None) -> Tensor:
+def deleted_hidden(
+    states: LSTMStates,
+    reruns: DeletionReruns,
+    rows: Tensor,
+    positions: Tensor,
+    variants: Optional[Tensor] = None,
+    width: Optional[int] = None,
+) -> Tensor:
     """``[n, width, D·H]``: the LSTM's outputs for row ``rows[k]`` without position ``positions[k]``, for the
     variants k in ``variants`` (default: all).
 

@@ -1,4 +1,5 @@
 """Training, evaluation and prediction steps shared by the classifiers that implement the protocol."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -36,8 +37,10 @@ class ClassifierSteps(_Host):
         labels = batch["labels"]
         count = self.hparams[self.num_classes_hparam]
         if labels.numel() and (labels.min() < 0 or labels.max() >= count):
-            raise ValueError(f"labels must lie in [0, {count}); got values {sorted(set(labels.tolist()))[:10]}. "
-                             f"Set {self.num_classes_hparam} to the number of classes.")
+            raise ValueError(
+                f"labels must lie in [0, {count}); got values {sorted(set(labels.tolist()))[:10]}. "
+                f"Set {self.num_classes_hparam} to the number of classes."
+            )
         return labels
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
@@ -61,8 +64,7 @@ class ClassifierSteps(_Host):
         labels = self._labels(batch)
         size = labels.shape[0]
         metrics.update(outputs.logits, labels)
-        self.log(f"{stage}/loss", nn.functional.cross_entropy(outputs.logits, labels), batch_size=size,
-                 sync_dist=True)
+        self.log(f"{stage}/loss", nn.functional.cross_entropy(outputs.logits, labels), batch_size=size, sync_dist=True)
         self.log_evaluation_extras(outputs, batch, stage, size)
         self.log_dict(metrics, prog_bar=stage == "val", batch_size=size)
 

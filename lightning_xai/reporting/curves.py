@@ -5,6 +5,7 @@ out), so the curves need no logger at all — not W&B, not CSV. The panel builde
 histories into :data:`~lightning_xai.reporting.plots.Panel` s for
 :func:`~lightning_xai.reporting.plots.plot_panels`.
 """
+
 from __future__ import annotations
 
 import re
@@ -17,8 +18,15 @@ __all__ = ["TrainingLog", "split_stage", "training_panels", "audit_panels", "era
 #: the stage words a training metric's name starts with, longest first (``validation_loss`` is not ``val`` + ``idation``)
 _STAGES = ("training", "train", "validation", "valid", "val", "test")
 _PAIR = re.compile(r"^(?P<metric>[^/]+)/(?P<pair>[^/]+_vs_[^/]+)$")
-_ERASURE = ("comprehensiveness", "sufficiency", "flipped", "fraction_removed", "attention_removed",
-            "aopc_comprehensiveness", "aopc_sufficiency")
+_ERASURE = (
+    "comprehensiveness",
+    "sufficiency",
+    "flipped",
+    "fraction_removed",
+    "attention_removed",
+    "aopc_comprehensiveness",
+    "aopc_sufficiency",
+)
 
 
 def _scalar(value: Any) -> Optional[float]:
@@ -75,8 +83,9 @@ class TrainingLog:
         """Restore the records of a checkpoint; epochs this log already holds are kept (testing from the best
         checkpoint right after fitting must not drop the epochs after it)."""
         held = {r["epoch"] for r in self.records}
-        self.records.extend(dict(r, metrics=dict(r["metrics"])) for r in state.get("records", [])
-                            if r["epoch"] not in held)
+        self.records.extend(
+            dict(r, metrics=dict(r["metrics"])) for r in state.get("records", []) if r["epoch"] not in held
+        )
         self.records.sort(key=lambda r: r["epoch"])
 
 
@@ -92,7 +101,7 @@ def split_stage(key: str) -> Tuple[Optional[str], str]:
     stage = None
     for word in _STAGES:
         if key.startswith((word + "/", word + "_")) and len(key) > len(word) + 1:
-            stage, key = word, key[len(word) + 1:]
+            stage, key = word, key[len(word) + 1 :]
             break
     return stage, key[: -len("_epoch")] if key.endswith("_epoch") else key
 
@@ -114,7 +123,7 @@ def training_panels(records: Sequence[Mapping[str, Any]]) -> List[Panel]:
         for key in record["metrics"]:
             if key not in groups.get(_base(key), []):
                 groups.setdefault(_base(key), []).append(key)
-    order = sorted(groups, key=lambda g: (0 if "loss" in g else 1 if "acc" in g else 2))
+    order = sorted(groups, key=lambda g: 0 if "loss" in g else 1 if "acc" in g else 2)
     return [(group, records, groups[group], group) for group in order]
 
 
@@ -171,4 +180,3 @@ def audit_panels(audits: Sequence[Any]) -> List[Panel]:
                 panels.append((title, records, names, measure))
                 break
     return panels
-

@@ -4,6 +4,7 @@ Read from the audits' histories by their logged keys (reporting imports no callb
 ``<metric>/attention_vs_<method>/mean`` (and ``/std``, ``/significant_fraction``), an erasure audit logs
 ``<ranking>/comprehensiveness/mean`` and ``<ranking>/flipped/mean``. What no audit measured is said to be absent.
 """
+
 from __future__ import annotations
 
 import math
@@ -52,8 +53,10 @@ def _verdict(values: Mapping[str, float], symbol: str) -> str:
     else:
         words = "no agreement" + (f" (largest {symbol} {values[best]:.3f})" if values[worst] > -0.1 else "")
     if values[worst] <= -0.1:
-        words += (f"; {_strength(values[worst])} negative correlation with {worst} ({symbol} {values[worst]:.3f}: "
-                  "opposite rankings)")
+        words += (
+            f"; {_strength(values[worst])} negative correlation with {worst} ({symbol} {values[worst]:.3f}: "
+            "opposite rankings)"
+        )
     return words
 
 
@@ -64,8 +67,10 @@ def _trend(history: Sequence[Mapping[str, Any]], key: str, label: str) -> Option
         return None
     first, last = records[0], records[-1]
     a, b = first["metrics"][key], last["metrics"][key]
-    return (f"{label}: {a:.3f} at the first audit (fit, epoch {first.get('epoch')}) → {b:.3f} at epoch "
-            f"{last.get('epoch')} ({b - a:+.3f}).")
+    return (
+        f"{label}: {a:.3f} at the first audit (fit, epoch {first.get('epoch')}) → {b:.3f} at epoch "
+        f"{last.get('epoch')} ({b - a:+.3f})."
+    )
 
 
 def _agreement(audit: Any) -> Optional[List[str]]:
@@ -95,21 +100,36 @@ def _agreement(audit: Any) -> Optional[List[str]]:
         parts.append(text)
     lines = []
     if with_attention:
-        agree = (_verdict({m: metrics[f"{metric}/attention_vs_{m}/mean"] for m in with_attention}, name.split()[-1])
-                 if metric.endswith(("tau", "spearman", "pearson")) else "")
-        lines.append(f"Attention ↔ faithful maps, {name} at the latest audit ({_where(history[-1])})"
-                     + (f" — {agree}" if agree else "") + ": " + "; ".join(parts) + ".")
+        agree = (
+            _verdict({m: metrics[f"{metric}/attention_vs_{m}/mean"] for m in with_attention}, name.split()[-1])
+            if metric.endswith(("tau", "spearman", "pearson"))
+            else ""
+        )
+        lines.append(
+            f"Attention ↔ faithful maps, {name} at the latest audit ({_where(history[-1])})"
+            + (f" — {agree}" if agree else "")
+            + ": "
+            + "; ".join(parts)
+            + "."
+        )
     else:
-        lines.append(f"No pair with attention was audited ({name} pairs: "
-                     + ", ".join(f"{a} ↔ {b}" for a, b in pairs) + ").")
+        lines.append(
+            f"No pair with attention was audited ({name} pairs: " + ", ".join(f"{a} ↔ {b}" for a, b in pairs) + ")."
+        )
     if others:
         best = max(others, key=lambda p: metrics[f"{metric}/{p[0]}_vs_{p[1]}/mean"])
-        lines.append(f"For reference, the saliency maps agree with each other up to {name} "
-                     f"{metrics[f'{metric}/{best[0]}_vs_{best[1]}/mean']:.3f} ({best[0]} ↔ {best[1]}).")
-    trends = [t for t in (_trend(history, f"{metric}/attention_vs_{m}/mean", f"{name} attention ↔ {m}")
-                          for m in with_attention) if t]
-    lines.extend(["Trend since the first audit — " + " ".join(trends)] if trends
-                 else ["Only one audit so far: no trend yet."])
+        lines.append(
+            f"For reference, the saliency maps agree with each other up to {name} "
+            f"{metrics[f'{metric}/{best[0]}_vs_{best[1]}/mean']:.3f} ({best[0]} ↔ {best[1]})."
+        )
+    trends = [
+        t
+        for t in (_trend(history, f"{metric}/attention_vs_{m}/mean", f"{name} attention ↔ {m}") for m in with_attention)
+        if t
+    ]
+    lines.extend(
+        ["Trend since the first audit — " + " ".join(trends)] if trends else ["Only one audit so far: no trend yet."]
+    )
     return lines
 
 
@@ -130,9 +150,12 @@ def _erasure(audit: Any) -> Optional[List[str]]:
         if not names:
             continue
         value = {r: metrics[f"{r}/{measure}/mean"] for r in names}
-        what = ("comprehensiveness (drop of the predicted class's probability when the top-ranked tokens are "
-                "erased; higher = more faithful)" if measure == "comprehensiveness"
-                else "decision flips (fraction of examples whose decision flips as top-ranked attention is zeroed)")
+        what = (
+            "comprehensiveness (drop of the predicted class's probability when the top-ranked tokens are "
+            "erased; higher = more faithful)"
+            if measure == "comprehensiveness"
+            else "decision flips (fraction of examples whose decision flips as top-ranked attention is zeroed)"
+        )
         saliency = [r for r in names if r not in ("attention", "random")]
         best = max(saliency, key=lambda r: value[r]) if saliency else None
         parts = []
@@ -150,8 +173,15 @@ def _erasure(audit: Any) -> Optional[List[str]]:
                 gap = value["attention"] - value[best]
                 line += f" and is {'ahead of' if gap >= 0 else 'behind'} {best} ({gap:+.3f})"
             line += "."
-        missing = [n for n, ok in (("attention", "attention" in value), ("random", "random" in value),
-                                   ("a saliency", best is not None)) if not ok]
+        missing = [
+            n
+            for n, ok in (
+                ("attention", "attention" in value),
+                ("random", "random" in value),
+                ("a saliency", best is not None),
+            )
+            if not ok
+        ]
         if missing:
             line += " Not audited: " + ", ".join(f"{m} ranking" for m in missing) + "."
         lines.append(line)
@@ -183,12 +213,18 @@ def _schedule(audit: Any, last_epoch: Optional[int]) -> Optional[str]:
     skipped = [e for e in range(audited[0], end + 1) if e not in audited]
     budget = getattr(audit, "budget", None)
     every = int(getattr(audit, "every_n_epochs", 0) or 0)
-    text = (f"{getattr(audit, 'log_prefix', type(audit).__name__)}: the cost budget"
-            + (f" ({budget:.0%} of training time)" if isinstance(budget, float) else "") + " changed the audit — ")
+    text = (
+        f"{getattr(audit, 'log_prefix', type(audit).__name__)}: the cost budget"
+        + (f" ({budget:.0%} of training time)" if isinstance(budget, float) else "")
+        + " changed the audit — "
+    )
     changes = []
     if cadence > 1:
-        changes.append(f"every {every * cadence} epochs instead of every {every}" if every
-                       else f"every {cadence}-th scheduled step instead of every one")
+        changes.append(
+            f"every {every * cadence} epochs instead of every {every}"
+            if every
+            else f"every {cadence}-th scheduled step instead of every one"
+        )
     if shrunk:
         changes.append(f"{samples} examples instead of {first_size} after the first audit")
     text += ", ".join(changes) + f" (predicted share {plan.share:.1%}" + ("" if plan.fits else ", still over it") + ")."
@@ -231,15 +267,22 @@ def headline_sentences(audits: Sequence[Any], training: Sequence[Mapping[str, An
     if not out["agreement"]:
         out["agreement"] = ["Absent: no audit compared attention with saliency maps (add AttentionAudit)."]
     if not out["erasure"]:
-        out["erasure"] = ["Absent: no erasure audit ran (add ErasureAudit with rankings attention, random and a "
-                          "saliency method)."]
+        out["erasure"] = [
+            "Absent: no erasure audit ran (add ErasureAudit with rankings attention, random and a saliency method)."
+        ]
     if training:
         last = training[-1]
-        shown = [(k, v) for k, v in last["metrics"].items() if split_stage(k)[0] is not None
-                 and any(word in split_stage(k)[1] for word in ("acc", "loss", "f1", "auroc")) and _finite(v)]
+        shown = [
+            (k, v)
+            for k, v in last["metrics"].items()
+            if split_stage(k)[0] is not None
+            and any(word in split_stage(k)[1] for word in ("acc", "loss", "f1", "auroc"))
+            and _finite(v)
+        ]
         if shown:
-            out["training"] = [f"Training, epoch {last['epoch']}: "
-                               + ", ".join(f"{k} {v:.4g}" for k, v in sorted(shown)) + "."]
+            out["training"] = [
+                f"Training, epoch {last['epoch']}: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(shown)) + "."
+            ]
     if not out["training"]:
         out["training"] = ["Absent: no training metric was logged (train/loss, train_loss, val_acc, …)."]
     last_epoch = max((r["epoch"] for r in training if isinstance(r.get("epoch"), int)), default=None)
@@ -253,12 +296,17 @@ def headline_sentences(audits: Sequence[Any], training: Sequence[Mapping[str, An
 def headline_html(audits: Sequence[Any], training: Sequence[Mapping[str, Any]] = ()) -> str:
     """The headline block (``<section id="headline">``) of :func:`headline_sentences`, escaped."""
     words = headline_sentences(audits, training)
-    titles = {"agreement": "Does attention agree with faithful maps?",
-              "erasure": "Does erasing what attention ranks first matter more than random?",
-              "training": "Training"}
+    titles = {
+        "agreement": "Does attention agree with faithful maps?",
+        "erasure": "Does erasing what attention ranks first matter more than random?",
+        "training": "Training",
+    }
     parts = ['<section id="headline" class="headline"><h2>Headline</h2>']
     for topic, lines in words.items():
-        parts.append(f'<div class="claim" data-topic="{topic}"><h3>{_esc(titles[topic])}</h3>'
-                     + "".join(f"<p>{_esc(line)}</p>" for line in lines) + "</div>")
+        parts.append(
+            f'<div class="claim" data-topic="{topic}"><h3>{_esc(titles[topic])}</h3>'
+            + "".join(f"<p>{_esc(line)}</p>" for line in lines)
+            + "</div>"
+        )
     parts.append("</section>")
     return "".join(parts)

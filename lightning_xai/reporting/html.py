@@ -4,6 +4,7 @@ No external resource is referenced (no CDN, no script): styles are inline, image
 Content-Security-Policy forbids scripts altogether. Every piece of text (tokens, names, titles) is HTML-escaped, so
 an input containing ``<script>`` is shown as text and never runs.
 """
+
 from __future__ import annotations
 
 import base64
@@ -12,11 +13,21 @@ import math
 import os
 from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["COLOUR_POSITIVE", "COLOUR_NEGATIVE", "score_colour", "legend_html", "token_heatmap_html",
-           "history_table_html", "latest_table_html", "render_report", "png_data_uri", "ReportSection"]
+__all__ = [
+    "COLOUR_POSITIVE",
+    "COLOUR_NEGATIVE",
+    "score_colour",
+    "legend_html",
+    "token_heatmap_html",
+    "history_table_html",
+    "latest_table_html",
+    "render_report",
+    "png_data_uri",
+    "ReportSection",
+]
 
-COLOUR_POSITIVE = (33, 102, 172)   # blue: the score pushes towards the explained class
-COLOUR_NEGATIVE = (178, 24, 43)    # red: the score pushes away from it
+COLOUR_POSITIVE = (33, 102, 172)  # blue: the score pushes towards the explained class
+COLOUR_NEGATIVE = (178, 24, 43)  # red: the score pushes away from it
 
 _CSS = """
 *{box-sizing:border-box}
@@ -69,14 +80,21 @@ def legend_html() -> str:
     """The colour scale legend shared by every heatmap."""
     neg = "rgba({},{},{},1)".format(*COLOUR_NEGATIVE)
     pos = "rgba({},{},{},1)".format(*COLOUR_POSITIVE)
-    return (f'<div class="legend" id="legend"><span>−max |score|</span>'
-            f'<div class="scale" style="background:linear-gradient(to right,{neg},#ffffff,{pos})"></div>'
-            '<span>+max |score|</span><span class="meta">Each row (one map of one example) is scaled to its own '
-            'largest |score|: darker = more important; blue = positive, red = negative score.</span></div>')
+    return (
+        f'<div class="legend" id="legend"><span>−max |score|</span>'
+        f'<div class="scale" style="background:linear-gradient(to right,{neg},#ffffff,{pos})"></div>'
+        '<span>+max |score|</span><span class="meta">Each row (one map of one example) is scaled to its own '
+        "largest |score|: darker = more important; blue = positive, red = negative score.</span></div>"
+    )
 
 
-def token_heatmap_html(tokens: Sequence[str], maps: Mapping[str, Sequence[float]], title: Optional[str] = None,
-                       caption: Optional[str] = None, long_document: int = 120) -> str:
+def token_heatmap_html(
+    tokens: Sequence[str],
+    maps: Mapping[str, Sequence[float]],
+    title: Optional[str] = None,
+    caption: Optional[str] = None,
+    long_document: int = 120,
+) -> str:
     """One example as a table: a row per map (attention, gradient, IG, LOO, ...), the tokens of the row wrapping
     across the page width.
 
@@ -110,7 +128,8 @@ def token_heatmap_html(tokens: Sequence[str], maps: Mapping[str, Sequence[float]
         cells = " ".join(
             f'<span class="tok" title="{_esc(name)}: {s:.4g}" data-score="{s:.6g}" '
             f'style="background:{score_colour(s, scale)};color:{_text_colour(s, scale)}">{_esc(tok)}</span>'
-            for tok, s in zip(tokens, scores))
+            for tok, s in zip(tokens, scores)
+        )
         parts.append(f'<tr{row_class}><td class="map">{_esc(name)}</td><td class="doc"><div>{cells}</div></td></tr>')
     parts.append("</table></div>")
     return "".join(parts)
@@ -142,7 +161,7 @@ def history_table_html(history: Sequence[Mapping[str, Any]], keys: Optional[Sequ
         cells = [_esc(r.get("stage")), _esc(r.get("epoch")), _esc(r.get("global_step"))]
         cells += [_fmt(r["metrics"].get(k, float("nan"))) for k in keys]
         rows.append("<tr>" + "".join(f'<td class="num">{c}</td>' for c in cells) + "</tr>")
-    return f"<div class=\"wide\"><table><tr>{head}</tr>{''.join(rows)}</table></div>"
+    return f'<div class="wide"><table><tr>{head}</tr>{"".join(rows)}</table></div>'
 
 
 _STATS = ("mean", "std", "significant_fraction")
@@ -168,9 +187,13 @@ def latest_table_html(metrics: Mapping[str, float]) -> str:
     columns = [c for c in (*_STATS, "value") if any(c in r for r in rows.values())]
     head = "".join(f"<th>{_esc(c.replace('_', ' '))}</th>" for c in ["result", *columns])
     body = "".join(
-        "<tr><td>" + _esc(name) + "</td>" + "".join(
-            f'<td class="num">{_fmt(r[c]) if c in r else ""}</td>' for c in columns) + "</tr>"
-        for name, r in rows.items())
+        "<tr><td>"
+        + _esc(name)
+        + "</td>"
+        + "".join(f'<td class="num">{_fmt(r[c]) if c in r else ""}</td>' for c in columns)
+        + "</tr>"
+        for name, r in rows.items()
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -186,8 +209,9 @@ class ReportSection:
     ``images`` are ``(caption, path)`` or ``(caption, path, element id)``; ``anchor`` is the section's id.
     """
 
-    def __init__(self, title: str, body_html: str = "", images: Iterable[Sequence[str]] = (),
-                 anchor: Optional[str] = None) -> None:
+    def __init__(
+        self, title: str, body_html: str = "", images: Iterable[Sequence[str]] = (), anchor: Optional[str] = None
+    ) -> None:
         self.title = title
         self.body_html = body_html
         self.images = [tuple(image) for image in images]
@@ -199,14 +223,17 @@ class ReportSection:
         for caption, path, *element in self.images:
             if os.path.exists(path):
                 ident = f' id="{_esc(element[0])}"' if element else ""
-                parts.append(f'<figure{ident}><img alt="{_esc(caption)}" src="{png_data_uri(path)}">'
-                             f"<figcaption class=\"meta\">{_esc(caption)}</figcaption></figure>")
+                parts.append(
+                    f'<figure{ident}><img alt="{_esc(caption)}" src="{png_data_uri(path)}">'
+                    f'<figcaption class="meta">{_esc(caption)}</figcaption></figure>'
+                )
         parts.append("</section>")
         return "".join(parts)
 
 
-def render_report(title: str, sections: Sequence[ReportSection], subtitle: Optional[str] = None,
-                  lead: Sequence[ReportSection] = ()) -> str:
+def render_report(
+    title: str, sections: Sequence[ReportSection], subtitle: Optional[str] = None, lead: Sequence[ReportSection] = ()
+) -> str:
     """The whole report page as one self-contained HTML string: heading, the ``lead`` sections (headline,
     curves), the colour legend, then ``sections``.
 
@@ -218,8 +245,10 @@ def render_report(title: str, sections: Sequence[ReportSection], subtitle: Optio
     head = "".join(s.render() for s in lead)
     body = "".join(s.render() for s in sections)
     sub = f'<p class="meta">{_esc(subtitle)}</p>' if subtitle else ""
-    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_CSP}\">"
-            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>"
-            f"<h1>{_esc(title)}</h1>{sub}{head}{legend_html()}{body}</body></html>")
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>"
+        f"<h1>{_esc(title)}</h1>{sub}{head}{legend_html()}{body}</body></html>"
+    )

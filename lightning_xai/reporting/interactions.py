@@ -1,4 +1,5 @@
 """The strongest token pairs of an example (Integrated Hessians' Γ) as a small signed heatmap table."""
+
 from __future__ import annotations
 
 import math
@@ -9,13 +10,16 @@ from lightning_xai.reporting.html import _esc, _text_colour, score_colour
 __all__ = ["PAIRS_CAPTION", "pair_heatmap_html"]
 
 #: what a cell of the pair heatmap is
-PAIRS_CAPTION = ("Γ_ij (Integrated Hessians, Janizek et al. 2021): the interaction of tokens i and j, the part of "
-                 "token i's Integrated Gradients attribution due to token j (Σ_j Γ_ij = IG_i; diagonal not shown), "
-                 "over the tokens of the {k} strongest pairs by |Γ_ij| (bold); blue positive, red negative.")
+PAIRS_CAPTION = (
+    "Γ_ij (Integrated Hessians, Janizek et al. 2021): the interaction of tokens i and j, the part of "
+    "token i's Integrated Gradients attribution due to token j (Σ_j Γ_ij = IG_i; diagonal not shown), "
+    "over the tokens of the {k} strongest pairs by |Γ_ij| (bold); blue positive, red negative."
+)
 
 
-def pair_heatmap_html(tokens: Sequence[str], interactions: Any, title: Optional[str] = None,
-                      anchor: Optional[str] = None) -> str:
+def pair_heatmap_html(
+    tokens: Sequence[str], interactions: Any, title: Optional[str] = None, anchor: Optional[str] = None
+) -> str:
     """An ``[n × n]`` table of Γ over the tokens of an example's strongest pairs, then the pairs as a list.
 
     Args:
@@ -39,8 +43,12 @@ def pair_heatmap_html(tokens: Sequence[str], interactions: Any, title: Optional[
     labels = [_label(tokens, p) for p in positions]
     gamma = [[float(v) for v in row] for row in interactions.gamma]
     strong = {(i, j) for i, j, _ in interactions.pairs} | {(j, i) for i, j, _ in interactions.pairs}
-    off = [abs(gamma[a][b]) for a in range(len(positions)) for b in range(len(positions))
-           if a != b and math.isfinite(gamma[a][b])]
+    off = [
+        abs(gamma[a][b])
+        for a in range(len(positions))
+        for b in range(len(positions))
+        if a != b and math.isfinite(gamma[a][b])
+    ]
     scale = max(off) if off else 0.0
     ident = f' id="{_esc(anchor)}"' if anchor else ""
     parts = [f'<div class="pairs" style="margin:12px 0 20px 0"{ident}>']
@@ -57,16 +65,21 @@ def pair_heatmap_html(tokens: Sequence[str], interactions: Any, title: Optional[
                 continue
             value = gamma[a][b]
             weight = "font-weight:700;" if (p, q) in strong else ""
-            cells.append(f'<td class="num" data-gamma="{value:.6g}" title="{_esc(word)} × {_esc(labels[b])}: '
-                         f'Γ = {value:.4g}" style="white-space:nowrap;{weight}background:{score_colour(value, scale)};'
-                         f'color:{_text_colour(value, scale)}">{value:.3g}</td>')
+            cells.append(
+                f'<td class="num" data-gamma="{value:.6g}" title="{_esc(word)} × {_esc(labels[b])}: '
+                f'Γ = {value:.4g}" style="white-space:nowrap;{weight}background:{score_colour(value, scale)};'
+                f'color:{_text_colour(value, scale)}">{value:.3g}</td>'
+            )
         rows.append(f'<tr><th title="token {p}">{_esc(word)}</th>{"".join(cells)}</tr>')
     parts.append(f'<div class="wide"><table><tr><th>Γ_ij</th>{head}</tr>{"".join(rows)}</table></div>')
     items = "".join(
         f'<li data-i="{i}" data-j="{j}" data-gamma="{value:.6g}">{_esc(_label(tokens, i))} × '
-        f'{_esc(_label(tokens, j))}: {value:+.4g}</li>' for i, j, value in interactions.pairs)
-    parts.append(f'<details><summary>The {len(interactions.pairs)} strongest pairs</summary><ol>{items}</ol>'
-                 "</details></div>")
+        f"{_esc(_label(tokens, j))}: {value:+.4g}</li>"
+        for i, j, value in interactions.pairs
+    )
+    parts.append(
+        f"<details><summary>The {len(interactions.pairs)} strongest pairs</summary><ol>{items}</ol></details></div>"
+    )
     return "".join(parts)
 
 

@@ -2,6 +2,7 @@
 
 Figures are drawn with the Agg canvas directly (no ``pyplot`` global state), so they work headless and in threads.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,13 @@ def _save(fig: Figure, path: str) -> str:
     return path
 
 
-def plot_history(history: Sequence[Mapping[str, Any]], names: Sequence[str], path: str,
-                 title: str = "Agreement over epochs", ylabel: str = "value") -> Optional[str]:
+def plot_history(
+    history: Sequence[Mapping[str, Any]],
+    names: Sequence[str],
+    path: str,
+    title: str = "Agreement over epochs",
+    ylabel: str = "value",
+) -> Optional[str]:
     """Plot ``<name>/mean`` (with a ``<name>/std`` band when logged) against the epoch for each name.
 
     Only ``fit`` records are plotted. Returns the path, or ``None`` when there is nothing to plot.
@@ -54,11 +60,14 @@ def plot_history(history: Sequence[Mapping[str, Any]], names: Sequence[str], pat
     return _save(fig, path)
 
 
-def _draw_series(ax: Any, records: Sequence[Mapping[str, Any]], name: str, label: Optional[str] = None,
-                 band: bool = True) -> bool:
+def _draw_series(
+    ax: Any, records: Sequence[Mapping[str, Any]], name: str, label: Optional[str] = None, band: bool = True
+) -> bool:
     """``<name>/mean`` (or ``name``) against the epoch, with a ``<name>/std`` band; False when nothing to draw."""
-    points = [(r["epoch"], r["metrics"].get(f"{name}/mean", r["metrics"].get(name)),
-               r["metrics"].get(f"{name}/std")) for r in records]
+    points = [
+        (r["epoch"], r["metrics"].get(f"{name}/mean", r["metrics"].get(name)), r["metrics"].get(f"{name}/std"))
+        for r in records
+    ]
     points = [p for p in points if isinstance(p[1], (int, float)) and not math.isnan(p[1])]
     if not points:
         return False
@@ -112,7 +121,7 @@ def plot_panels(panels: Sequence[Panel], path: str, title: str = "", columns: in
             _draw_series(ax, records, name, band=len(names) == 1)
         _style_axes(ax, panel_title, ylabel, legend=len(names) > 1)
         ax.xaxis.set_tick_params(labelbottom=True)
-    for ax in axes[len(drawable):]:
+    for ax in axes[len(drawable) :]:
         ax.set_visible(False)
     if title:
         fig.suptitle(_label(title), fontsize=11)
@@ -120,12 +129,15 @@ def plot_panels(panels: Sequence[Panel], path: str, title: str = "", columns: in
 
 
 def _has_points(records: Sequence[Mapping[str, Any]], name: str) -> bool:
-    return any(isinstance(v, (int, float)) and not math.isnan(v)
-               for v in (r["metrics"].get(f"{name}/mean", r["metrics"].get(name)) for r in records))
+    return any(
+        isinstance(v, (int, float)) and not math.isnan(v)
+        for v in (r["metrics"].get(f"{name}/mean", r["metrics"].get(name)) for r in records)
+    )
 
 
-def plot_histograms(values: Mapping[str, Sequence[float]], path: str, title: str = "Per-example values",
-                    bins: int = 20) -> Optional[str]:
+def plot_histograms(
+    values: Mapping[str, Sequence[float]], path: str, title: str = "Per-example values", bins: int = 20
+) -> Optional[str]:
     """Overlaid step histograms of per-example values, one line per name (NaNs dropped), on one axes.
 
     Example:
@@ -145,8 +157,13 @@ def plot_histograms(values: Mapping[str, Sequence[float]], path: str, title: str
     ax = fig.add_subplot(1, 1, 1)
     for name, vals in clean.items():
         # matplotlib's stub types bins as int | Sequence[float] | str; hist documents (and takes) an array of edges
-        ax.hist(vals, bins=edges, histtype="step", linewidth=1.5,  # type: ignore[arg-type]
-                label=f"{_label(name)} (mean {float(np.mean(vals)):.3f})")
+        ax.hist(
+            vals,
+            bins=edges,
+            histtype="step",
+            linewidth=1.5,  # type: ignore[arg-type]
+            label=f"{_label(name)} (mean {float(np.mean(vals)):.3f})",
+        )
     ax.set_xlabel("per-example value")
     ax.set_ylabel("examples")
     ax.set_title(_label(title), fontsize=9)
@@ -155,8 +172,9 @@ def plot_histograms(values: Mapping[str, Sequence[float]], path: str, title: str
     return _save(fig, path)
 
 
-def plot_heatmap(tokens: Sequence[str], maps: Mapping[str, Sequence[float]], path: str,
-                 title: str = "") -> Optional[str]:
+def plot_heatmap(
+    tokens: Sequence[str], maps: Mapping[str, Sequence[float]], path: str, title: str = ""
+) -> Optional[str]:
     """A token × map heatmap (each map scaled to its largest |score|; blue positive, red negative).
 
     Example:

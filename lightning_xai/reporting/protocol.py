@@ -4,6 +4,7 @@ Any object with these attributes is reported on — :class:`lightning_xai.callba
 subclasses have them — so a new audit callback needs no change here. The final table additionally asks an
 audit for ``summary_rows(metrics, full)`` when it has one (see :func:`lightning_xai.reporting.final_results`).
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Protocol, runtime_checkable

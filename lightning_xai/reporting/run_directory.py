@@ -9,6 +9,7 @@
 With a ``WandbLogger`` the page is also logged into the W&B run as ``wandb.Html`` media
 (:func:`log_report_to_wandb`), so an offline run directory holds it whatever the folder above.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,12 @@ def next_version_directory(root: str) -> str:
         >>> os.path.basename(first), os.path.basename(next_version_directory(root))
         ('version_0', 'version_1')
     """
-    numbers = [int(m.group(1)) for name in (os.listdir(root) if os.path.isdir(root) else [])
-               for m in [re.fullmatch(r"version_(\d+)", name)] if m and os.path.isdir(os.path.join(root, name))]
+    numbers = [
+        int(m.group(1))
+        for name in (os.listdir(root) if os.path.isdir(root) else [])
+        for m in [re.fullmatch(r"version_(\d+)", name)]
+        if m and os.path.isdir(os.path.join(root, name))
+    ]
     return os.path.join(root, f"version_{max(numbers) + 1 if numbers else 0}")
 
 

@@ -7,6 +7,7 @@ map — attention and each method — one row per explained target step over its
 source)``. Each map becomes one table: a row per target token, a column per source token. Each row is scaled to
 its own largest |score| (as every token heatmap's row is): it shows which source tokens that step uses.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,9 +21,11 @@ __all__ = ["MAX_STEP_EXAMPLES", "STEPS_CAPTION", "step_examples", "step_heatmap_
 #: how many generator examples a report (and a W&B step) shows as source × target heatmaps by default
 MAX_STEP_EXAMPLES = 3
 #: what a cell of a step heatmap is
-STEPS_CAPTION = ("One row per target token (the step that predicts it), one column per source token: attention's "
-                 "row of that step, or the method's map of the step's log-probability log p(y_k | y_<k, source). "
-                 "Each row is scaled to its own largest |score|; blue positive, red negative.")
+STEPS_CAPTION = (
+    "One row per target token (the step that predicts it), one column per source token: attention's "
+    "row of that step, or the method's map of the step's log-probability log p(y_k | y_<k, source). "
+    "Each row is scaled to its own largest |score|; blue positive, red negative."
+)
 
 
 def step_words(example: Any) -> Tuple[List[str], List[str]]:
@@ -39,16 +42,25 @@ def step_words(example: Any) -> Tuple[List[str], List[str]]:
     return [str(w) for w in source], [str(w) for w in target]
 
 
-def _checked(source: Sequence[str], target: Sequence[str], name: str, rows: Sequence[Sequence[float]]
-             ) -> List[List[float]]:
+def _checked(
+    source: Sequence[str], target: Sequence[str], name: str, rows: Sequence[Sequence[float]]
+) -> List[List[float]]:
     if len(rows) != len(target) or any(len(row) != len(source) for row in rows):
-        raise ValueError(f"step map {name!r} is {len(rows)} × {sorted({len(r) for r in rows})} for {len(target)} "
-                         f"target × {len(source)} source tokens.")
+        raise ValueError(
+            f"step map {name!r} is {len(rows)} × {sorted({len(r) for r in rows})} for {len(target)} "
+            f"target × {len(source)} source tokens."
+        )
     return [[float(v) for v in row] for row in rows]
 
 
-def step_heatmap_html(source: Sequence[str], target: Sequence[str], step_maps: Mapping[str, Sequence[Sequence[float]]],
-                      title: Optional[str] = None, anchor: Optional[str] = None, merge_pieces: bool = False) -> str:
+def step_heatmap_html(
+    source: Sequence[str],
+    target: Sequence[str],
+    step_maps: Mapping[str, Sequence[Sequence[float]]],
+    title: Optional[str] = None,
+    anchor: Optional[str] = None,
+    merge_pieces: bool = False,
+) -> str:
     """One table per map of an example's ``step_maps`` (``{name: [target][source]}``): target tokens down, source
     tokens across, every cell shaded by its score (its row's scale) and carrying ``data-score``.
 
@@ -78,8 +90,9 @@ def step_heatmap_html(source: Sequence[str], target: Sequence[str], step_maps: M
         if merge_pieces and rows:
             words, merged = merge_word_pieces(words, {str(k): row for k, row in enumerate(rows)})
             rows = [merged[str(k)] for k in range(len(rows))]
-        head = "".join(f'<th style="writing-mode:vertical-rl" title="source token {i}">{_esc(w)}</th>'
-                       for i, w in enumerate(words))
+        head = "".join(
+            f'<th style="writing-mode:vertical-rl" title="source token {i}">{_esc(w)}</th>' for i, w in enumerate(words)
+        )
         body = []
         for k, (word, row) in enumerate(zip(target, rows)):
             finite = [abs(v) for v in row if math.isfinite(v)]
@@ -87,11 +100,15 @@ def step_heatmap_html(source: Sequence[str], target: Sequence[str], step_maps: M
             cells = "".join(
                 f'<td class="num" data-score="{v:.6g}" title="{_esc(word)} ← {_esc(src)}: {_esc(name)} = {v:.4g}" '
                 f'style="white-space:nowrap;background:{score_colour(v, scale)};color:{_text_colour(v, scale)}">'
-                f"{v:.2g}</td>" for src, v in zip(words, row))
+                f"{v:.2g}</td>"
+                for src, v in zip(words, row)
+            )
             body.append(f'<tr><th title="target step {k}">{_esc(word)}</th>{cells}</tr>')
-        parts.append(f'<div class="wide" data-map="{_esc(name)}"><table><caption style="text-align:left">'
-                     f"<b>{_esc(name)}</b></caption><tr><th>target ↓ source →</th>{head}</tr>{''.join(body)}"
-                     "</table></div>")
+        parts.append(
+            f'<div class="wide" data-map="{_esc(name)}"><table><caption style="text-align:left">'
+            f"<b>{_esc(name)}</b></caption><tr><th>target ↓ source →</th>{head}</tr>{''.join(body)}"
+            "</table></div>"
+        )
     parts.append("</div>")
     return "".join(parts)
 
@@ -111,8 +128,11 @@ def step_table_rows(example: Any) -> List[List[Any]]:
     out: List[List[Any]] = []
     for name, given in example.step_maps.items():
         rows = _checked(source, target, name, given)
-        out.extend([example.index, name, k, target[k], i, source[i], value]
-                   for k, row in enumerate(rows) for i, value in enumerate(row))
+        out.extend(
+            [example.index, name, k, target[k], i, source[i], value]
+            for k, row in enumerate(rows)
+            for i, value in enumerate(row)
+        )
     return out
 
 
@@ -126,4 +146,3 @@ def step_examples(examples: Sequence[Any], limit: int = MAX_STEP_EXAMPLES) -> Li
         [2]
     """
     return [e for e in examples if getattr(e, "step_maps", None)][:limit]
-

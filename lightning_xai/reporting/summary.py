@@ -7,6 +7,7 @@ Example (what ``lightning-xai fit`` prints at the end of the demo)::
     Kendall τ attention ↔ grad_x_input                0.312 ± 0.241 (sig. 0.38)    test, epoch 7
     ...
 """
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,9 @@ __all__ = ["final_results", "format_summary", "print_summary", "pick_record", "r
 _STAGE_ORDER = ("test", "validate", "fit")
 
 
-def pick_record(history: Sequence[Mapping[str, Any]],
-                stages: Sequence[str] = _STAGE_ORDER) -> Optional[Mapping[str, Any]]:
+def pick_record(
+    history: Sequence[Mapping[str, Any]], stages: Sequence[str] = _STAGE_ORDER
+) -> Optional[Mapping[str, Any]]:
     """The latest record of the first stage in ``stages`` that has one (test beats validate beats fit).
 
     Example:
@@ -38,7 +40,7 @@ def pick_record(history: Sequence[Mapping[str, Any]],
 def _num(value: Optional[float], digits: int = 3) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
-    if value != 0 and abs(value) < 10 ** -digits:
+    if value != 0 and abs(value) < 10**-digits:
         return f"{value:.2e}"
     return f"{value:.{digits}f}"
 
@@ -67,6 +69,7 @@ def render_cell(template: str, metrics: Mapping[str, float]) -> str:
         >>> render_cell("{acc:num} (Δ {delta:+.3f}, n={n:int})", dict(m, n=8.0))
         '0.800 (Δ -0.020, n=8)'
     """
+
     def fill(match: "re.Match[str]") -> str:
         key, style = match.group(1), match.group(2)
         if style == "mean_std":
@@ -85,8 +88,9 @@ def _source(record: Mapping[str, Any]) -> str:
     return f"{record['stage']}, epoch {record['epoch']}, n={record.get('num_examples', '?')}"
 
 
-def final_results(callbacks: Iterable[Any], test_metrics: Optional[Mapping[str, Any]] = None,
-                  full: bool = False) -> List[Tuple[str, str, str]]:
+def final_results(
+    callbacks: Iterable[Any], test_metrics: Optional[Mapping[str, Any]] = None, full: bool = False
+) -> List[Tuple[str, str, str]]:
     """Rows ``(quantity, value, source)`` of the final table.
 
     Args:
@@ -140,8 +144,12 @@ def format_summary(rows: Sequence[Tuple[str, str, str]], title: str = "lightning
     return "\n".join(lines)
 
 
-def print_summary(trainer_or_callbacks: Any, test_metrics: Optional[Mapping[str, Any]] = None,
-                  file: Optional[TextIO] = None, full: bool = False) -> str:
+def print_summary(
+    trainer_or_callbacks: Any,
+    test_metrics: Optional[Mapping[str, Any]] = None,
+    file: Optional[TextIO] = None,
+    full: bool = False,
+) -> str:
     """Print (on rank zero) and return the final results table.
 
     Args:

@@ -9,14 +9,20 @@ generator's audit also logs a few examples' step maps: a ``wandb.Table`` with on
 tokens × target tokens heatmaps (``wandb.Html``), as the report shows them.
 Nothing here runs — and ``wandb`` is never imported — without such a logger.
 """
+
 from __future__ import annotations
 
 import math
 from typing import Any, Dict, List, Optional, Sequence
 
 from lightning_xai.reporting.html import legend_html, token_heatmap_html
-from lightning_xai.reporting.step_heatmaps import (MAX_STEP_EXAMPLES, step_examples, step_heatmap_html,
-                                                   step_table_rows, step_words)
+from lightning_xai.reporting.step_heatmaps import (
+    MAX_STEP_EXAMPLES,
+    step_examples,
+    step_heatmap_html,
+    step_table_rows,
+    step_words,
+)
 
 __all__ = ["STEP_COLUMNS", "is_wandb_logger", "wandb_payload", "log_audit_to_wandb"]
 
@@ -35,8 +41,9 @@ def _import_wandb() -> Any:
     try:
         import wandb
     except ImportError as err:  # pragma: no cover - exercised only without wandb installed
-        raise ImportError("Logging audit tables to W&B needs the wandb package: pip install 'lightning-xai[wandb]'."
-                          ) from err
+        raise ImportError(
+            "Logging audit tables to W&B needs the wandb package: pip install 'lightning-xai[wandb]'."
+        ) from err
     return wandb
 
 
@@ -46,8 +53,9 @@ def _panel(title: str, examples: Sequence[Any], methods: Sequence[str]) -> str:
         maps = {m: ex.maps[m] for m in methods if m in ex.maps}
         if maps:
             caption = f"label {ex.label}, prediction {ex.prediction} (p={ex.probability:.3f})"
-            parts.append(token_heatmap_html(ex.tokens or [], maps, title=f"{title} — example {ex.index}",
-                                            caption=caption))
+            parts.append(
+                token_heatmap_html(ex.tokens or [], maps, title=f"{title} — example {ex.index}", caption=caption)
+            )
     parts.append("</body></html>")
     return "".join(parts)
 
@@ -56,9 +64,13 @@ def _panel(title: str, examples: Sequence[Any], methods: Sequence[str]) -> str:
 STEP_COLUMNS = ["index", "map", "step", "target_token", "source_position", "source_token", "score"]
 
 
-def wandb_payload(prefix: str, examples: Sequence[Any], wandb_module: Any,
-                  panel_methods: Optional[Sequence[str]] = None,
-                  step_heatmaps: int = MAX_STEP_EXAMPLES) -> Dict[str, Any]:
+def wandb_payload(
+    prefix: str,
+    examples: Sequence[Any],
+    wandb_module: Any,
+    panel_methods: Optional[Sequence[str]] = None,
+    step_heatmaps: int = MAX_STEP_EXAMPLES,
+) -> Dict[str, Any]:
     """The W&B objects of one audit: ``{prefix}/examples`` table, ``{prefix}/heatmaps`` (all maps side by side),
     ``{prefix}/heatmap/<method>`` panels and ``{prefix}/hist/<value>`` histograms; for the first ``step_heatmaps``
     examples with step maps (a generator's), ``{prefix}/step_maps`` (a table of :data:`STEP_COLUMNS`) and
@@ -90,11 +102,13 @@ def wandb_payload(prefix: str, examples: Sequence[Any], wandb_module: Any,
     stepped = step_examples(detailed, step_heatmaps)
     if stepped:
         payload[f"{prefix}/step_maps"] = wandb.Table(
-            columns=STEP_COLUMNS, data=[row for e in stepped for row in step_table_rows(e)])
+            columns=STEP_COLUMNS, data=[row for e in stepped for row in step_table_rows(e)]
+        )
         panels = "".join(step_heatmap_html(*step_words(e), e.step_maps, title=f"example {e.index}") for e in stepped)
         payload[f"{prefix}/step_heatmaps"] = wandb.Html(
             f"<html><head><meta charset='utf-8'></head><body style='font-family:sans-serif'>{panels}</body></html>",
-            inject=False)
+            inject=False,
+        )
     for name in value_names:
         vals = [e.values[name] for e in examples if name in e.values and not math.isnan(e.values[name])]
         if vals:
@@ -102,8 +116,9 @@ def wandb_payload(prefix: str, examples: Sequence[Any], wandb_module: Any,
     return payload
 
 
-def log_audit_to_wandb(logger: Any, prefix: str, examples: Sequence[Any], step: int,
-                       step_heatmaps: int = MAX_STEP_EXAMPLES) -> Dict[str, Any]:
+def log_audit_to_wandb(
+    logger: Any, prefix: str, examples: Sequence[Any], step: int, step_heatmaps: int = MAX_STEP_EXAMPLES
+) -> Dict[str, Any]:
     """Log one audit's table, heatmap panels and histograms (and a generator's step maps, see
     :func:`wandb_payload`) to a ``WandbLogger``'s run (call on rank zero)."""
     wandb = _import_wandb()

@@ -1,5 +1,6 @@
 """Sub-word pieces back into words for display: WordPiece ``##`` continuations, byte-level BPE ``Ġ`` word starts
 and SentencePiece ``▁`` word starts. A word's score is the sum of its pieces' scores (attributions add up)."""
+
 from __future__ import annotations
 
 from typing import Dict, List, Mapping, Sequence, Tuple
@@ -28,8 +29,9 @@ def _word_starts(tokens: Sequence[str]) -> List[bool]:
     return starts
 
 
-def merge_word_pieces(tokens: Sequence[str], maps: Mapping[str, Sequence[float]]
-                      ) -> Tuple[List[str], Dict[str, List[float]]]:
+def merge_word_pieces(
+    tokens: Sequence[str], maps: Mapping[str, Sequence[float]]
+) -> Tuple[List[str], Dict[str, List[float]]]:
     """Merge the pieces of each word into one token whose score, in every map, is the sum of its pieces' scores.
 
     Special tokens (``[CLS]``, ``<s>``, ...) stay alone; the markers (``##``, ``Ġ``, ``▁``) are dropped from the

@@ -7,6 +7,7 @@ Ranks every train/val/test token once with a base model, masks the top share of 
 (``<out>.md``) and the accuracies (``<out>.json``). ``--train-path``/``--val-path``/``--test-path`` take the user's
 own TSV files instead of the bundled ``--dataset``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         >>> build_parser().parse_args(["--fractions", "0.5"]).fractions
         [0.5]
     """
-    parser = argparse.ArgumentParser(prog="lightning-xai-roar", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="lightning-xai-roar", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--dataset", default="sst2", help="bundled data set (ignored with --train-path)")
     parser.add_argument("--train-path")
     parser.add_argument("--val-path")
@@ -56,23 +58,38 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     dm.setup("fit")
 
     def make() -> AttentionClassifier:
-        return AttentionClassifier(dm.vocab_size, dm.num_classes, embedding_dim=args.embedding_dim,
-                                   hidden_dim=args.hidden_dim, embedding_std=0.3)
+        return AttentionClassifier(
+            dm.vocab_size,
+            dm.num_classes,
+            embedding_dim=args.embedding_dim,
+            hidden_dim=args.hidden_dim,
+            embedding_std=0.3,
+        )
 
     limit_val = int(args.limit_val_batches) if args.limit_val_batches > 1 else args.limit_val_batches
     start = time.time()
     result = remove_and_retrain(
-        dm, make, rankings=args.rankings, fractions=args.fractions, seeds=args.seeds, mode=args.mode,
+        dm,
+        make,
+        rankings=args.rankings,
+        fractions=args.fractions,
+        seeds=args.seeds,
+        mode=args.mode,
         trainer_kwargs={"max_epochs": args.epochs, "num_sanity_val_steps": 0, "limit_val_batches": limit_val},
         method_options={"gradient": {"detach_attention": True}} if "gradient" in args.rankings else None,
-        on_result=lambda r, f, s, a: print(f"{r:>15} {f:4.0%} seed {s}: test acc {a:.3f}", flush=True))
+        on_result=lambda r, f, s, a: print(f"{r:>15} {f:4.0%} seed {s}: test acc {a:.3f}", flush=True),
+    )
     elapsed = time.time() - start
     table = result.table()
     print(table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"args": vars(args), "seconds": elapsed, "base_accuracy": result.base_accuracy,
-               "accuracy": {r: {str(f): v for f, v in per.items()} for r, per in result.accuracy.items()}}
+    payload = {
+        "args": vars(args),
+        "seconds": elapsed,
+        "base_accuracy": result.base_accuracy,
+        "accuracy": {r: {str(f): v for f, v in per.items()} for r, per in result.accuracy.items()},
+    }
     out.with_suffix(".json").write_text(json.dumps(payload, indent=2))
     out.with_suffix(".md").write_text(table + "\n")
     return payload

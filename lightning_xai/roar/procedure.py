@@ -8,6 +8,7 @@ and its accuracy on the masked test split is recorded. A ranking whose curve fal
 information the task needs; because every model is trained on masked inputs, the drop is not the
 out-of-distribution artefact that plain erasure suffers from.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,14 @@ from lightning_xai.data.masking import MASK_MODES, MaskedDataModule, top_positio
 __all__ = ["DEFAULT_FRACTIONS", "RoarResult", "rank_split", "remove_and_retrain", "roar_positions"]
 
 DEFAULT_FRACTIONS = (0.1, 0.3, 0.5, 0.7, 0.9)
-_TRAINER_DEFAULTS = dict(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, deterministic=True)
+_TRAINER_DEFAULTS = dict(
+    max_epochs=1,
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+    deterministic=True,
+)
 
 
 @dataclass
@@ -53,13 +60,24 @@ class RoarResult:
         fractions = sorted({f for per in self.accuracy.values() for f in per})
         head = "| ranking | 0% | " + " | ".join(f"{f:.0%}" for f in fractions) + " |"
         rule = "|---" * (len(fractions) + 2) + "|"
-        rows = [f"| {name} | {self.mean(name, 0):.3f} | " + " | ".join(f"{self.mean(name, f):.3f}" for f in fractions)
-                + " |" for name in self.accuracy]
+        rows = [
+            f"| {name} | {self.mean(name, 0):.3f} | "
+            + " | ".join(f"{self.mean(name, f):.3f}" for f in fractions)
+            + " |"
+            for name in self.accuracy
+        ]
         return "\n".join([head, rule, *rows])
 
 
-def rank_split(model: Any, dataset: Any, method: str, *, batch_size: int = 64, seed: int = 0,
-               method_options: Optional[Mapping[str, Any]] = None) -> List[List[float]]:
+def rank_split(
+    model: Any,
+    dataset: Any,
+    method: str,
+    *,
+    batch_size: int = 64,
+    seed: int = 0,
+    method_options: Optional[Mapping[str, Any]] = None,
+) -> List[List[float]]:
     """Per example of ``dataset`` (in order), the ``method`` scores of ``model`` at each of its positions.
 
     Non-token positions get ``-inf``; ``"random"`` draws uniform scores from a generator seeded with ``seed``.
@@ -87,27 +105,41 @@ def roar_positions(scores: Sequence[Sequence[float]], dataset: Any, fraction: fl
     return [top_positions(row, dataset[i]["mask"], fraction) for i, row in enumerate(scores)]
 
 
-def _fit_and_test(make_model: Callable[[], pl.LightningModule], datamodule: Any, seed: int,
-                  trainer_kwargs: Mapping[str, Any], metric: str) -> tuple:
+def _fit_and_test(
+    make_model: Callable[[], pl.LightningModule],
+    datamodule: Any,
+    seed: int,
+    trainer_kwargs: Mapping[str, Any],
+    metric: str,
+) -> tuple:
     pl.seed_everything(seed, workers=True, verbose=False)
     model = make_model()
     trainer = pl.Trainer(**{**_TRAINER_DEFAULTS, **trainer_kwargs})
     trainer.fit(model, datamodule=datamodule)
     results = trainer.test(model, datamodule=datamodule, verbose=False)
     if not results or metric not in results[0]:
-        raise KeyError(f"trainer.test logged no {metric!r} (logged: {sorted(results[0]) if results else []}); pass "
-                       "metric= the test accuracy key your model logs.")
+        raise KeyError(
+            f"trainer.test logged no {metric!r} (logged: {sorted(results[0]) if results else []}); pass "
+            "metric= the test accuracy key your model logs."
+        )
     return model.eval(), float(results[0][metric])
 
 
-def remove_and_retrain(datamodule: Any, make_model: Callable[[], pl.LightningModule], *,
-                       rankings: Sequence[str] = ("attention", "gradient", "leave_one_out", "random"),
-                       fractions: Sequence[float] = DEFAULT_FRACTIONS, seeds: Sequence[int] = (0,),
-                       trainer_kwargs: Optional[Mapping[str, Any]] = None, mode: str = "unk",
-                       base_model: Optional[pl.LightningModule] = None,
-                       method_options: Optional[Mapping[str, Mapping[str, Any]]] = None,
-                       metric: str = "test/acc", ranking_batch_size: int = 64,
-                       on_result: Optional[Callable[[str, float, int, float], None]] = None) -> RoarResult:
+def remove_and_retrain(
+    datamodule: Any,
+    make_model: Callable[[], pl.LightningModule],
+    *,
+    rankings: Sequence[str] = ("attention", "gradient", "leave_one_out", "random"),
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    seeds: Sequence[int] = (0,),
+    trainer_kwargs: Optional[Mapping[str, Any]] = None,
+    mode: str = "unk",
+    base_model: Optional[pl.LightningModule] = None,
+    method_options: Optional[Mapping[str, Mapping[str, Any]]] = None,
+    metric: str = "test/acc",
+    ranking_batch_size: int = 64,
+    on_result: Optional[Callable[[str, float, int, float], None]] = None,
+) -> RoarResult:
     """Run remove-and-retrain and return the accuracy of every retrained model.
 
     Args:
@@ -157,8 +189,12 @@ def remove_and_retrain(datamodule: Any, make_model: Callable[[], pl.LightningMod
         options = (method_options or {}).get(name, {})
         result.accuracy[name], result.positions[name] = {}, {}
         for seed in seeds if name == "random" else seeds[:1]:
-            scores = {split: rank_split(base_model, data, name, batch_size=ranking_batch_size, seed=seed,
-                                        method_options=options) for split, data in datasets.items()}
+            scores = {
+                split: rank_split(
+                    base_model, data, name, batch_size=ranking_batch_size, seed=seed, method_options=options
+                )
+                for split, data in datasets.items()
+            }
             for fraction in fractions:
                 positions = {split: roar_positions(scores[split], datasets[split], fraction) for split in SPLITS}
                 result.positions[name].setdefault(fraction, positions)

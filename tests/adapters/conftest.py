@@ -1,4 +1,5 @@
 """Fixtures of the adapter tests: tiny random BERTs and the bundled MiniLM (offline)."""
+
 from __future__ import annotations
 
 import functools
@@ -10,16 +11,32 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 
-def tiny_bert(seed: int = 0, layers: int = 3, heads: int = 4, hidden: int = 16, vocab: int = 60,
-              attn_implementation: str = "eager", num_labels: int = 2):
+def tiny_bert(
+    seed: int = 0,
+    layers: int = 3,
+    heads: int = 4,
+    hidden: int = 16,
+    vocab: int = 60,
+    attn_implementation: str = "eager",
+    num_labels: int = 2,
+):
     """A random BertForSequenceClassification for exact checks (fp64, eval; large init so attention is peaked)."""
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(seed)
-    config = BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                        intermediate_size=2 * hidden, max_position_embeddings=32, num_labels=num_labels,
-                        attn_implementation=attn_implementation, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0, initializer_range=0.5)
+    config = BertConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=32,
+        num_labels=num_labels,
+        attn_implementation=attn_implementation,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        initializer_range=0.5,
+    )
     return BertForSequenceClassification(config).double().eval()
 
 
@@ -28,8 +45,13 @@ def tiny_batch(vocab: int = 60):
     input_ids = torch.tensor([[2, 11, 25, 37, 48, 3], [2, 17, 9, 3, 0, 0]])
     attention_mask = (input_ids != 0).long()
     mask = attention_mask.bool() & (input_ids != 2) & (input_ids != 3)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": torch.zeros_like(input_ids),
-            "mask": mask, "labels": torch.tensor([0, 1])}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "token_type_ids": torch.zeros_like(input_ids),
+        "mask": mask,
+        "labels": torch.tensor([0, 1]),
+    }
 
 
 @functools.lru_cache(maxsize=1)
@@ -52,7 +74,8 @@ def minilm_model(seed: int = 0):
 
     torch.manual_seed(seed)
     return AutoModelForSequenceClassification.from_pretrained(
-        minilm_path(), num_labels=2, attn_implementation="eager", local_files_only=True).eval()
+        minilm_path(), num_labels=2, attn_implementation="eager", local_files_only=True
+    ).eval()
 
 
 import pytest  # noqa: E402

@@ -5,6 +5,7 @@ would stop after its first pass; each process writes its number of passes and it
 Usage: ``python lockstep_script.py OUT_DIR MODE``; ``MODE``: ``lockstep`` (inside ``adapters.sharding.lockstep``,
 each pass an all-reduce) or ``apart`` (no lockstep and no collective: what each process would run alone).
 """
+
 from __future__ import annotations
 
 import json

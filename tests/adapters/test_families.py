@@ -1,4 +1,5 @@
 """Acceptance matrix: every transformer family read correctly (tiny random configs, padded batches, no download)."""
+
 from __future__ import annotations
 
 import warnings
@@ -6,26 +7,40 @@ import warnings
 import pytest
 import torch
 
-from lightning_xai.adapters import HuggingFaceAdapter, ProtocolError
+from lightning_xai.adapters import HuggingFaceAdapter
 from lightning_xai.adapters.huggingface.attention import recording_attention
 from lightning_xai.attribution import attribute
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoModelForSequenceClassification  # noqa: E402
 
-SIZE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=64,
-            max_position_embeddings=64)
+SIZE = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    vocab_size=64,
+    max_position_embeddings=64,
+)
 ENCODERS = {
-    "bert": {}, "roberta": {}, "xlm-roberta": {}, "electra": {"embedding_size": 32}, "deberta-v2": {},
-    "albert": {"embedding_size": 16}, "modernbert": {"global_attn_every_n_layers": 2, "local_attention": 4},
+    "bert": {},
+    "roberta": {},
+    "xlm-roberta": {},
+    "electra": {"embedding_size": 32},
+    "deberta-v2": {},
+    "albert": {"embedding_size": 16},
+    "modernbert": {"global_attn_every_n_layers": 2, "local_attention": 4},
     "modernbert-mean": {"classifier_pooling": "mean", "global_attn_every_n_layers": 2, "local_attention": 4},
     "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 64},
 }
 DECODERS = {
     "gpt2": {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64},
-    "llama": {"num_key_value_heads": 2}, "qwen2": {"num_key_value_heads": 2},
-    "mistral": {"num_key_value_heads": 2, "sliding_window": 4}, "gemma": {"num_key_value_heads": 1, "head_dim": 8},
-    "phi3": {"num_key_value_heads": 2}, "qwen3": {"num_key_value_heads": 2, "head_dim": 8},
+    "llama": {"num_key_value_heads": 2},
+    "qwen2": {"num_key_value_heads": 2},
+    "mistral": {"num_key_value_heads": 2, "sliding_window": 4},
+    "gemma": {"num_key_value_heads": 1, "head_dim": 8},
+    "phi3": {"num_key_value_heads": 2},
+    "qwen3": {"num_key_value_heads": 2, "head_dim": 8},
 }
 PAD = 1
 WINDOWED = {"mistral", "modernbert", "modernbert-mean"}  # the last layer sees a window of 4 positions
@@ -35,9 +50,21 @@ def family_model(name: str):
     family = name.split("-mean")[0]
     overrides = {**SIZE, **ENCODERS.get(name, DECODERS.get(name, {}))}
     config = AutoConfig.for_model(family, **overrides, num_labels=2, pad_token_id=PAD, attn_implementation="eager")
-    for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "attention_dropout", "resid_pdrop",
-                "embd_pdrop", "attn_pdrop", "dropout", "embedding_dropout", "mlp_dropout", "classifier_dropout",
-                "seq_classif_dropout", "hidden_dropout", "attention_dropout_prob"):
+    for key in (
+        "hidden_dropout_prob",
+        "attention_probs_dropout_prob",
+        "attention_dropout",
+        "resid_pdrop",
+        "embd_pdrop",
+        "attn_pdrop",
+        "dropout",
+        "embedding_dropout",
+        "mlp_dropout",
+        "classifier_dropout",
+        "seq_classif_dropout",
+        "hidden_dropout",
+        "attention_dropout_prob",
+    ):
         if hasattr(config, key):
             setattr(config, key, 0.0)
     torch.manual_seed(0)
@@ -102,8 +129,15 @@ def test_family_is_read_correctly(name, left):
             scores = attribute(adapter, batch, method, target=batch["labels"])
             assert bool(torch.isfinite(scores).all()) and float(scores.abs().sum()) > 0, method
         steps = 512 if name == "gemma" else 256  # tiny random decoders have rough paths; Gemma the roughest
-        ig, delta = attribute(adapter, batch, "integrated_gradients", target=batch["labels"], n_steps=steps,
-                              baseline="pad", return_convergence_delta=True)
+        ig, delta = attribute(
+            adapter,
+            batch,
+            "integrated_gradients",
+            target=batch["labels"],
+            n_steps=steps,
+            baseline="pad",
+            return_convergence_delta=True,
+        )
     gap = ig.sum(-1) - delta  # F(x) - F(x'): completeness within 1%
     assert bool((delta.abs() <= 0.01 * gap.abs().clamp_min(1e-6)).all()), (delta, gap)
 

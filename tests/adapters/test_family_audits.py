@@ -4,18 +4,18 @@ Error paths: a causal row that sees one token, an unknown family, a logits misma
 self-check, an override on DeBERTa (no AttentionInterface). Audits: AttentionAudit + ErasureAudit +
 AttentionBaselines in a real Trainer on the bundled pronoun data for one encoder and two decoder families.
 """
+
 from __future__ import annotations
 
 import pytest
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
+from transformers import LlamaForSequenceClassification  # noqa: E402
+from transformers.modeling_outputs import SequenceClassifierOutputWithPast  # noqa: E402
 
 from lightning_xai.adapters import HuggingFaceAdapter, ProtocolError
 from tests.adapters.test_families import PAD, family_batch, family_model
-
-from transformers import LlamaForSequenceClassification  # noqa: E402
-from transformers.modeling_outputs import SequenceClassifierOutputWithPast  # noqa: E402
 
 
 def test_causal_row_that_sees_one_token_is_refused():
@@ -30,8 +30,9 @@ def test_unknown_family_is_refused_by_name():
         knows (the probe sees two positions per row reach the logits)."""
 
         def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, **kwargs):
-            hidden = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                                inputs_embeds=inputs_embeds).last_hidden_state
+            hidden = self.model(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds
+            ).last_hidden_state
             return SequenceClassifierOutputWithPast(logits=self.score((hidden[:, 0] + hidden[:, -1]) / 2))
 
     model = family_model("llama")
@@ -43,14 +44,16 @@ def test_unknown_family_is_refused_by_name():
 def test_a_subclass_with_its_own_forward_is_probed_not_looked_up():
     """The family table describes transformers' classes; a user's forward is judged by what it does (before, any
     overridden forward was refused because its source text lacked transformers' variable names)."""
+
     class Relabelled(LlamaForSequenceClassification):
         def forward(self, *args, **kwargs):
             return super().forward(*args, **kwargs)
 
     class FirstToken(LlamaForSequenceClassification):
         def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, **kwargs):
-            hidden = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                                inputs_embeds=inputs_embeds).last_hidden_state
+            hidden = self.model(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds
+            ).last_hidden_state
             return SequenceClassifierOutputWithPast(logits=self.score(hidden[:, 0]))
 
     config = family_model("llama").config
@@ -119,8 +122,10 @@ def test_decoder_logits_ignore_what_follows_the_last_token():
     """Right padding: the pads after a row's last real token change nothing (the head pools before them)."""
     adapter = HuggingFaceAdapter(family_model("qwen2"))
     batch = family_batch("qwen2", left=False)
-    longer = {k: torch.cat([v, torch.full_like(v[:, :2], PAD if k == "input_ids" else 0)], 1) if v.dim() == 2
-              else v for k, v in batch.items()}
+    longer = {
+        k: torch.cat([v, torch.full_like(v[:, :2], PAD if k == "input_ids" else 0)], 1) if v.dim() == 2 else v
+        for k, v in batch.items()
+    }
     longer["mask"] = longer["mask"].bool()
     with torch.no_grad():
         torch.testing.assert_close(adapter(longer).logits, adapter(batch).logits)
@@ -131,9 +136,20 @@ def _decoder_for_bert_vocab(family: str):
 
     torch.manual_seed(0)
     extra = {"gpt2": dict(n_embd=32, n_layer=2, n_head=4, n_positions=128)}.get(family, {})
-    config = AutoConfig.for_model(family, vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                  num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
-                                  pad_token_id=0, num_labels=2, attn_implementation="eager", **extra)
+    config = AutoConfig.for_model(
+        family,
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        num_labels=2,
+        attn_implementation="eager",
+        **extra,
+    )
     return AutoModelForSequenceClassification.from_config(config)
 
 
@@ -151,17 +167,31 @@ def test_audits_run_end_to_end_in_a_trainer(family, tokenizer, tmp_path):
     if model is None:
         from transformers import BertConfig, BertForSequenceClassification
 
-        model = BertForSequenceClassification(BertConfig(
-            vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-            max_position_embeddings=128, attn_implementation="eager"))
+        model = BertForSequenceClassification(
+            BertConfig(
+                vocab_size=30522,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                intermediate_size=64,
+                max_position_embeddings=128,
+                attn_implementation="eager",
+            )
+        )
     module = HFClassifier(model=model, tokenizer=tokenizer)
     assert module.adapter.pooling == ("first" if family == "bert" else "last")
     common = dict(num_samples=8, every_n_epochs=0, on_validate=True, on_test=False, batch_size=8)
     audit = AttentionAudit(methods=["gradient", "leave_one_out"], metrics=["kendall_tau"], **common)
     erasure = ErasureAudit(rankings=("attention", "random"), **common)
     baselines = AttentionBaselines(num_permutations=4, **common)
-    pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-               default_root_dir=tmp_path, callbacks=[audit, erasure, baselines]).validate(module, val, verbose=False)
+    pl.Trainer(
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=[audit, erasure, baselines],
+    ).validate(module, val, verbose=False)
     taus = [v for k, v in audit.history[-1]["metrics"].items() if k.startswith("kendall_tau/") and k.endswith("/mean")]
     assert len(taus) == 3 and all(-1 <= t <= 1 for t in taus)  # attention_vs_* present: the row sees the sentence
     assert 0 <= erasure.history[-1]["metrics"]["attention/flipped/mean"] <= 1
@@ -197,19 +227,36 @@ def test_deberta_audits_that_replace_attention_run_on_v2_and_refuse_v1_by_name(t
 
     def classifier(family):
         torch.manual_seed(0)
-        config = AutoConfig.for_model(family, vocab_size=30522, hidden_size=32, num_hidden_layers=2,
-                                      num_attention_heads=4, intermediate_size=64, max_position_embeddings=128,
-                                      num_labels=2, attn_implementation="eager")
+        config = AutoConfig.for_model(
+            family,
+            vocab_size=30522,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=128,
+            num_labels=2,
+            attn_implementation="eager",
+        )
         return HFClassifier(model=AutoModelForSequenceClassification.from_config(config), tokenizer=tokenizer)
 
     dm = HFTextClassificationDataModule(tokenizer, "pronoun", batch_size=8, train_limit=16, max_length=48)
-    val = DataLoader(WordDataset(dm.examples("val")[:8]), batch_size=8,
-                     collate_fn=WordPieceCollator(tokenizer, max_length=48, warn=False))
+    val = DataLoader(
+        WordDataset(dm.examples("val")[:8]),
+        batch_size=8,
+        collate_fn=WordPieceCollator(tokenizer, max_length=48, warn=False),
+    )
     common = dict(num_samples=8, every_n_epochs=0, on_validate=True, on_test=False, batch_size=8, strict=True)
 
     def validate(module, callback):
-        pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                   default_root_dir=tmp_path, callbacks=[callback]).validate(module, val, verbose=False)
+        pl.Trainer(
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=tmp_path,
+            callbacks=[callback],
+        ).validate(module, val, verbose=False)
         return callback
 
     v2, v1 = classifier("deberta-v2"), classifier("deberta")

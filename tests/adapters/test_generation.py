@@ -1,6 +1,7 @@
 """HuggingFaceAdapter on generators (issue #31): tiny random causal LMs and encoder–decoders, float64, padded
 batches, every explanation checked against the model's own forward passes (hand autograd, re-runs, its own
 ``output_attentions``)."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,16 +22,37 @@ def causal_lm(family: str, seed: int = 0, attn_implementation: str = "eager"):
     import transformers as tf
 
     torch.manual_seed(seed)
-    common = dict(vocab_size=40, pad_token_id=0, bos_token_id=1, eos_token_id=2, attn_implementation=attn_implementation)
+    common = dict(
+        vocab_size=40, pad_token_id=0, bos_token_id=1, eos_token_id=2, attn_implementation=attn_implementation
+    )
     if family == "gpt2":
-        config = tf.GPT2Config(n_embd=16, n_layer=2, n_head=4, n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0,
-                               attn_pdrop=0.0, initializer_range=0.2, **common)
+        config = tf.GPT2Config(
+            n_embd=16,
+            n_layer=2,
+            n_head=4,
+            n_positions=32,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            initializer_range=0.2,
+            **common,
+        )
         model = tf.GPT2LMHeadModel(config)
     else:
-        config_cls, model_cls = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
-                                 "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM)}[family]
-        config = config_cls(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-                            num_key_value_heads=2, max_position_embeddings=32, initializer_range=0.2, **common)
+        config_cls, model_cls = {
+            "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
+            "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
+        }[family]
+        config = config_cls(
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=32,
+            initializer_range=0.2,
+            **common,
+        )
         model = model_cls(config)
     return model.double().eval()
 
@@ -40,16 +62,30 @@ def seq2seq(family: str, seed: int = 0, attn_implementation: str = "eager"):
     import transformers as tf
 
     torch.manual_seed(seed)
-    common = dict(vocab_size=40, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                  decoder_attention_heads=4, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
-                  dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, init_std=0.2,
-                  attn_implementation=attn_implementation)
+    common = dict(
+        vocab_size=40,
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=32,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        init_std=0.2,
+        attn_implementation=attn_implementation,
+    )
     if family == "bart":
-        model = tf.BartForConditionalGeneration(tf.BartConfig(pad_token_id=1, bos_token_id=0, eos_token_id=2,
-                                                              decoder_start_token_id=2, **common))
+        model = tf.BartForConditionalGeneration(
+            tf.BartConfig(pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, **common)
+        )
     else:
-        model = tf.MarianMTModel(tf.MarianConfig(pad_token_id=3, eos_token_id=2, decoder_start_token_id=3,
-                                                 scale_embedding=True, **common))
+        model = tf.MarianMTModel(
+            tf.MarianConfig(pad_token_id=3, eos_token_id=2, decoder_start_token_id=3, scale_embedding=True, **common)
+        )
     return model.double().eval()
 
 
@@ -79,8 +115,18 @@ def make(family: str, **kwargs):
 def source_mask(model, batch) -> torch.Tensor:
     """The positions explained, by hand: non-pad, non-special, and (causal) before the row's first target."""
     config = model.config
-    special = torch.tensor([i for i in (config.pad_token_id, config.bos_token_id, config.eos_token_id,
-                                        getattr(config, "decoder_start_token_id", None)) if i is not None])
+    special = torch.tensor(
+        [
+            i
+            for i in (
+                config.pad_token_id,
+                config.bos_token_id,
+                config.eos_token_id,
+                getattr(config, "decoder_start_token_id", None),
+            )
+            if i is not None
+        ]
+    )
     mask = batch["attention_mask"].bool() & ~torch.isin(batch["input_ids"], special)
     if not config.is_encoder_decoder:
         mask &= (batch["labels"] != -100).long().cumsum(1) == 0
@@ -133,9 +179,11 @@ def test_generators_are_found_and_their_logits_are_the_models_own(family):
     assert torch.equal(adapter.token_mask(batch), source_mask(model, batch))
     out = adapter(batch)
     torch.testing.assert_close(target_score(out, resolve_target(out, None)), own_log_probs(model, batch))
-    assert out.target_steps.tolist() == [[True] * out.target_steps.shape[1],
-                                         (batch["labels"][1] != -100).sum() * [True]
-                                         + [False] * (out.target_steps.shape[1] - (batch["labels"][1] != -100).sum())]
+    assert out.target_steps.tolist() == [
+        [True] * out.target_steps.shape[1],
+        (batch["labels"][1] != -100).sum() * [True]
+        + [False] * (out.target_steps.shape[1] - (batch["labels"][1] != -100).sum()),
+    ]
 
 
 def test_classifiers_do_not_claim_the_generation_capability(make_tiny_bert):
@@ -151,7 +199,7 @@ def test_summed_target_gradient_maps_equal_hand_autograd(family):
     grad, embeddings = hand_gradient(model, batch)
     mask = source_mask(model, batch)
     scale = adapter._embedding_scale  # Marian's encoder scales looked-up embeddings: x = s·e, ∂/∂x = (∂/∂e)/s
-    expected_gxi = ((grad * embeddings).sum(-1) * mask)
+    expected_gxi = (grad * embeddings).sum(-1) * mask
     expected_norm = (grad.norm(dim=-1) / scale) * mask
     torch.testing.assert_close(attribute(adapter, batch, "grad_x_input"), expected_gxi, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(attribute(adapter, batch, "gradient"), expected_norm, rtol=1e-9, atol=1e-12)
@@ -170,7 +218,7 @@ def test_per_step_maps_sum_to_the_summed_target_map(family):
         assert steps.shape == (2, K, batch["input_ids"].shape[1])
         # Llama's eager attention takes its softmax in float32: sums of separately computed maps agree to ~1e-7
         torch.testing.assert_close(steps.sum(1), whole, rtol=1e-5, atol=1e-9)
-        assert torch.all(steps[1, int((batch["labels"][1] != -100).sum()):] == 0)  # steps row 1 does not have
+        assert torch.all(steps[1, int((batch["labels"][1] != -100).sum()) :] == 0)  # steps row 1 does not have
         first = attribute(adapter, batch, method, target=0, **options)
         torch.testing.assert_close(steps[:, 0], first)
 
@@ -203,8 +251,9 @@ def test_captum_objects_explain_the_target_log_probability():
     captum = pytest.importorskip("captum.attr")
     model, batch = make("gpt2")
     adapter = HuggingFaceAdapter(model)
-    torch.testing.assert_close(attribute(adapter, batch, captum.InputXGradient(lambda x: x)),
-                               attribute(adapter, batch, "grad_x_input"))
+    torch.testing.assert_close(
+        attribute(adapter, batch, captum.InputXGradient(lambda x: x)), attribute(adapter, batch, "grad_x_input")
+    )
 
 
 # --- leave-one-out: re-run the model on each shortened source ------------------------------------------------
@@ -219,9 +268,11 @@ def test_leave_one_out_equals_rerunning_each_shortened_source(family):
         for b, p in mask.nonzero().tolist():
             width = int(batch["attention_mask"][b].sum()) if not model.config.is_encoder_decoder else None
             keep = [i for i in range(batch["input_ids"].shape[1]) if i != p]
-            row = {"input_ids": batch["input_ids"][b:b + 1, keep], "attention_mask":
-                   batch["attention_mask"][b:b + 1, keep]}
-            row["labels"] = batch["labels"][b:b + 1, keep] if width is not None else batch["labels"][b:b + 1]
+            row = {
+                "input_ids": batch["input_ids"][b : b + 1, keep],
+                "attention_mask": batch["attention_mask"][b : b + 1, keep],
+            }
+            row["labels"] = batch["labels"][b : b + 1, keep] if width is not None else batch["labels"][b : b + 1]
             expected = full[b] - own_log_probs(model, row)[0]
             torch.testing.assert_close(scores[b, p], expected, rtol=1e-8, atol=1e-10)
     assert torch.all(scores[~mask] == 0)
@@ -263,9 +314,10 @@ def test_step_attention_is_the_models_own_row_for_that_step(family, reduction):
             positions = (batch["labels"][b] != -100).nonzero().flatten().tolist()
             for k, s in enumerate(positions):
                 query = s if model.config.is_encoder_decoder else s - 1
-                torch.testing.assert_close(out.extras["step_attention"][b, k],
-                                           _own_row(model, batch, b, query, layer, head))
-            torch.testing.assert_close(out.attention[b], out.extras["step_attention"][b, :len(positions)].mean(0))
+                torch.testing.assert_close(
+                    out.extras["step_attention"][b, k], _own_row(model, batch, b, query, layer, head)
+                )
+            torch.testing.assert_close(out.attention[b], out.extras["step_attention"][b, : len(positions)].mean(0))
         step_one = attribute(adapter, batch, "attention", target=1)
     torch.testing.assert_close(step_one, out.extras["step_attention"][:, 1])
 

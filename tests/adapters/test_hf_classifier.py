@@ -3,6 +3,7 @@
 Tiny random BERTs (with the MiniLM vocabulary so the real tokenizer applies) for the training-dynamics check;
 MiniLM itself for a few steps plus an AttentionAudit / ImpermissibleAttentionMonitor run.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -16,8 +17,14 @@ from lightning_xai.models import HFClassifier
 
 
 def _trainer(tmp_path, **kwargs):
-    options = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                   default_root_dir=tmp_path, num_sanity_val_steps=0)
+    options = dict(
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        num_sanity_val_steps=0,
+    )
     options.update(kwargs)
     return pl.Trainer(**options)
 
@@ -26,8 +33,15 @@ def _vocab_bert(seed):
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(seed)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=128, attn_implementation="eager")
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        attn_implementation="eager",
+    )
     return BertForSequenceClassification(config)
 
 
@@ -35,8 +49,9 @@ def _pronoun_loaders(tokenizer, n_train=192, n_val=64):
     dm = HFTextClassificationDataModule(tokenizer, "pronoun", batch_size=16, train_limit=n_train, max_length=64)
     val = WordDataset(dm.examples("val")[:n_val])
     collate = WordPieceCollator(tokenizer, max_length=64, warn=False)
-    train = DataLoader(dm.dataset("train"), batch_size=16, shuffle=True, collate_fn=collate,
-                       generator=torch.Generator().manual_seed(0))
+    train = DataLoader(
+        dm.dataset("train"), batch_size=16, shuffle=True, collate_fn=collate, generator=torch.Generator().manual_seed(0)
+    )
     return train, DataLoader(val, batch_size=32, collate_fn=collate)
 
 
@@ -90,14 +105,21 @@ def test_minilm_fine_tunes_and_is_audited(tokenizer, tmp_path):
     dm = HFTextClassificationDataModule(tokenizer, "pronoun", batch_size=8, train_limit=24)
     module = HFClassifier(model_path=str(get_model_path()), tokenizer=tokenizer)
     before = {k: v.detach().clone() for k, v in module.model.classifier.state_dict().items()}
-    audit = AttentionAudit(methods=["gradient", "leave_one_out"], metrics=["kendall_tau"], num_samples=8,
-                           every_n_epochs=0, on_validate=True, on_test=False, batch_size=8)
-    monitor = ImpermissibleAttentionMonitor(num_samples=8, every_n_epochs=0, on_validate=True, on_test=False,
-                                            batch_size=8)
+    audit = AttentionAudit(
+        methods=["gradient", "leave_one_out"],
+        metrics=["kendall_tau"],
+        num_samples=8,
+        every_n_epochs=0,
+        on_validate=True,
+        on_test=False,
+        batch_size=8,
+    )
+    monitor = ImpermissibleAttentionMonitor(
+        num_samples=8, every_n_epochs=0, on_validate=True, on_test=False, batch_size=8
+    )
     _trainer(tmp_path, max_epochs=1, limit_val_batches=0).fit(module, datamodule=dm)
     assert not torch.equal(before["weight"], module.model.classifier.weight)
-    _trainer(tmp_path, callbacks=[audit, monitor], limit_val_batches=1).validate(module, datamodule=dm,
-                                                                                 verbose=False)
+    _trainer(tmp_path, callbacks=[audit, monitor], limit_val_batches=1).validate(module, datamodule=dm, verbose=False)
     audited = audit.history[-1]["metrics"]
     taus = [v for k, v in audited.items() if k.startswith("kendall_tau/") and k.endswith("/mean")]
     assert len(taus) == 3 and all(-1 <= t <= 1 for t in taus)
@@ -133,6 +155,8 @@ def test_decision_flip_replays_only_the_last_layer_through_the_lightning_module(
     batch = {"input_ids": ids, "attention_mask": (ids != 0).long()}
     _, scorer = override_scorer(module, module.embed(batch), batch)
     assert scorer is not None  # the replay passed its check against full passes
-    ours, theirs = decision_flip(module, batch, "random", generator=torch.Generator().manual_seed(0)), \
-        decision_flip(module.adapter, batch, "random", generator=torch.Generator().manual_seed(0))
+    ours, theirs = (
+        decision_flip(module, batch, "random", generator=torch.Generator().manual_seed(0)),
+        decision_flip(module.adapter, batch, "random", generator=torch.Generator().manual_seed(0)),
+    )
     assert torch.equal(ours.items_removed, theirs.items_removed)

@@ -5,6 +5,7 @@ a map; a pair model fed pairs without ``token_type_ids`` silently explained anot
 0.417 → −0.355 in the issue); a RoBERTa with ``max_position_embeddings=66`` fed 65 pieces failed with a bare
 ``index 66 is out of bounds`` (its position ids start at ``padding_idx + 1 = 2``).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -22,8 +23,7 @@ PAIR = torch.tensor([[2, 11, 25, 3, 37, 48, 3], [2, 17, 9, 3, 21, 3, 0]])  # [CL
 
 
 def _pair_batch(types: bool):
-    batch = {"input_ids": PAIR, "attention_mask": (PAIR != 0).long(),
-             "mask": (PAIR != 0) & (PAIR != 2) & (PAIR != 3)}
+    batch = {"input_ids": PAIR, "attention_mask": (PAIR != 0).long(), "mask": (PAIR != 0) & (PAIR != 2) & (PAIR != 3)}
     if types:
         second = torch.cumsum((PAIR == 3).long(), 1) - (PAIR == 3).long()  # 1 after the first [SEP], closing one too
         batch["token_type_ids"] = (second > 0).long() * (PAIR != 0).long()
@@ -57,8 +57,9 @@ def test_single_sentences_and_typed_pairs_do_not_warn():
 def test_an_attention_mask_of_another_width_is_refused(width):
     adapter, batch = HuggingFaceAdapter(tiny_bert()), tiny_batch()
     batch["attention_mask"] = torch.ones(2, width, dtype=torch.long)
-    with pytest.raises(ValueError, match=r"attention_mask'\] has shape \(2, %d\) but batch\['input_ids'\] has \(2, 6\)"
-                       % width):
+    with pytest.raises(
+        ValueError, match=r"attention_mask'\] has shape \(2, %d\) but batch\['input_ids'\] has \(2, 6\)" % width
+    ):
         attribute(adapter, batch, "gradient")
 
 
@@ -79,9 +80,16 @@ def _roberta(positions: int = 66):
     from transformers import RobertaConfig, RobertaForSequenceClassification
 
     torch.manual_seed(0)
-    config = RobertaConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                           intermediate_size=16, max_position_embeddings=positions, pad_token_id=1,
-                           attn_implementation="eager")
+    config = RobertaConfig(
+        vocab_size=40,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        max_position_embeddings=positions,
+        pad_token_id=1,
+        attn_implementation="eager",
+    )
     return HuggingFaceAdapter(RobertaForSequenceClassification(config).eval())
 
 
@@ -96,6 +104,9 @@ def test_roberta_position_limit_counts_the_padding_offset():
     assert adapter.max_length == 64
     with torch.no_grad():
         assert adapter(_pieces(64)).logits.shape == (1, 2)  # at its exact limit
-        with pytest.raises(ValueError, match=r"65 word-pieces exceed the model's max length 64 .*padding_idx.*"
-                                             r"truncation=True, max_length=64"):
+        with pytest.raises(
+            ValueError,
+            match=r"65 word-pieces exceed the model's max length 64 .*padding_idx.*"
+            r"truncation=True, max_length=64",
+        ):
             adapter(_pieces(65))

@@ -1,4 +1,5 @@
 """Packed override scoring: a row's overrides in one sequence give the full passes' logits; where it is refused."""
+
 from __future__ import annotations
 
 import warnings
@@ -20,9 +21,15 @@ from tests.adapters.test_hf_replay import _overrides  # noqa: E402
 
 
 def _bert(max_positions: int = 64) -> HuggingFaceAdapter:
-    config = AutoConfig.for_model("bert", **{**SIZE, "max_position_embeddings": max_positions}, num_labels=2,
-                                  pad_token_id=PAD, attn_implementation="eager", hidden_dropout_prob=0.0,
-                                  attention_probs_dropout_prob=0.0)
+    config = AutoConfig.for_model(
+        "bert",
+        **{**SIZE, "max_position_embeddings": max_positions},
+        num_labels=2,
+        pad_token_id=PAD,
+        attn_implementation="eager",
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -46,7 +53,8 @@ def _scored_shapes(adapter, batch, rows, override=None):
     last = layer_stack(adapter.model, adapter._attention_modules[-1])[-1]
     handle = last.register_forward_pre_hook(
         lambda module, args, kwargs: shapes.append(tuple((args[0] if args else kwargs["hidden_states"]).shape[:2])),
-        with_kwargs=True)
+        with_kwargs=True,
+    )
     try:
         with torch.no_grad():
             _, scorer = adapter.override_replay(adapter.embed(batch), batch)
@@ -80,8 +88,9 @@ def test_a_rows_overrides_run_as_copies_of_its_pooled_query_in_one_sequence():
     _check_against_full_passes(adapter, batch, many, scorer)
 
 
-@pytest.mark.parametrize("name,left", [("distilbert", False), ("llama", True), ("llama", False), ("gpt2", True),
-                                       ("qwen2", True)])
+@pytest.mark.parametrize(
+    "name,left", [("distilbert", False), ("llama", True), ("llama", False), ("gpt2", True), ("qwen2", True)]
+)
 def test_packed_overrides_equal_full_passes_across_families(name, left):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

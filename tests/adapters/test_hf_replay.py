@@ -1,4 +1,5 @@
 """HuggingFaceAdapter's OverrideReplay: the scorer equals full passes with the same override; refusals."""
+
 from __future__ import annotations
 
 import warnings
@@ -14,8 +15,17 @@ from lightning_xai.attribution import gather_rows
 pytest.importorskip("transformers")
 from tests.adapters.test_families import family_batch, family_model  # noqa: E402
 
-CASES = [("bert", False), ("distilbert", False), ("llama", True), ("llama", False), ("qwen2", True),
-         ("modernbert", False), ("modernbert-mean", False), ("gpt2", True), ("mistral", False)]
+CASES = [
+    ("bert", False),
+    ("distilbert", False),
+    ("llama", True),
+    ("llama", False),
+    ("qwen2", True),
+    ("modernbert", False),
+    ("modernbert-mean", False),
+    ("gpt2", True),
+    ("mistral", False),
+]
 
 
 def _adapter(name: str) -> HuggingFaceAdapter:
@@ -109,7 +119,8 @@ def test_scorer_runs_short_rows_in_narrow_passes():
     widths = []
     last.register_forward_pre_hook(
         lambda module, args, kwargs: widths.append((args[0] if args else kwargs["hidden_states"]).shape[1]),
-        with_kwargs=True)
+        with_kwargs=True,
+    )
     rows = torch.tensor([3, 2, 1, 0, 2])
     with torch.no_grad():
         emb = adapter.embed(batch)

@@ -1,4 +1,5 @@
 """HookAdapter on user-style models: capture, override, gradients vs Captum, clear errors, no leftover hooks."""
+
 from __future__ import annotations
 
 import pytest
@@ -56,14 +57,21 @@ class SelfAttentionModel(nn.Module):
 
 @pytest.fixture
 def user_batch():
-    return {"input_ids": torch.tensor([[4, 9, 7, 12, 0], [3, 5, 0, 0, 0]]),
-            "mask": torch.tensor([[True, True, True, True, False], [True, True, False, False, False]])}
+    return {
+        "input_ids": torch.tensor([[4, 9, 7, 12, 0], [3, 5, 0, 0, 0]]),
+        "mask": torch.tensor([[True, True, True, True, False], [True, True, False, False, False]]),
+    }
 
 
 def _user_adapter(seed=0):
     torch.manual_seed(seed)
-    return HookAdapter(UserModel().double(), embedding="emb", attention="attn", hidden="rnn",
-                       forward_fn=lambda m, b: m(b["input_ids"], b["mask"]))
+    return HookAdapter(
+        UserModel().double(),
+        embedding="emb",
+        attention="attn",
+        hidden="rnn",
+        forward_fn=lambda m, b: m(b["input_ids"], b["mask"]),
+    )
 
 
 def test_capture_matches_a_manual_forward(user_batch):
@@ -121,18 +129,31 @@ def test_gradients_agree_with_captum(user_batch):
         total += torch.autograd.grad(logits.gather(1, target[:, None]).sum(), point)[0]
     ours = embeddings * total / n
     lig = LayerIntegratedGradients(lambda ids: model(ids, user_batch["mask"].repeat(ids.shape[0] // 2, 1)), model.emb)
-    captum = lig.attribute(user_batch["input_ids"], baselines=torch.zeros_like(user_batch["input_ids"]),
-                           target=target, n_steps=n, method="riemann_right")
+    captum = lig.attribute(
+        user_batch["input_ids"],
+        baselines=torch.zeros_like(user_batch["input_ids"]),
+        target=target,
+        n_steps=n,
+        method="riemann_right",
+    )
     torch.testing.assert_close(ours, captum, rtol=0, atol=1e-8)  # Captum builds its alphas in float32
 
 
 def test_self_attention_outputs_use_the_query_row():
     torch.manual_seed(0)
     model = SelfAttentionModel().double()
-    adapter = HookAdapter(model, embedding="emb", attention="probs", pooling="first",
-                          forward_fn=lambda m, b: m(b["input_ids"], b["attention_mask"]))
-    batch = {"input_ids": torch.tensor([[1, 4, 9, 2, 0]]), "attention_mask": torch.tensor([[True] * 4 + [False]]),
-             "mask": torch.tensor([[False, True, True, False, False]])}
+    adapter = HookAdapter(
+        model,
+        embedding="emb",
+        attention="probs",
+        pooling="first",
+        forward_fn=lambda m, b: m(b["input_ids"], b["attention_mask"]),
+    )
+    batch = {
+        "input_ids": torch.tensor([[1, 4, 9, 2, 0]]),
+        "attention_mask": torch.tensor([[True] * 4 + [False]]),
+        "mask": torch.tensor([[False, True, True, False, False]]),
+    }
     out = adapter(batch)
     assert out.raw_attentions[0].shape == (1, 2, 5, 5)
     row = out.raw_attentions[0][:, :, 0].mean(1) * batch["mask"]
@@ -148,12 +169,14 @@ def test_clear_errors(user_batch):
     model = UserModel()
     with pytest.raises(ProtocolError, match="no submodule 'embeddings'.*emb, rnn, score, attn, out"):
         HookAdapter(model, embedding="embeddings", attention="attn")
-    adapter = HookAdapter(model, embedding="emb", attention="score",
-                          forward_fn=lambda m, b: m(b["input_ids"], b["mask"]))
+    adapter = HookAdapter(
+        model, embedding="emb", attention="score", forward_fn=lambda m, b: m(b["input_ids"], b["mask"])
+    )
     with pytest.raises(ProtocolError, match=r"attention weights of shape \(2, 5, 1\); expected \[B, T\] or"):
         adapter(user_batch)
-    unused = HookAdapter(model, embedding="emb", attention="rnn",
-                         forward_fn=lambda m, b: m.out(m.emb(b["input_ids"]).mean(1)))
+    unused = HookAdapter(
+        model, embedding="emb", attention="rnn", forward_fn=lambda m, b: m.out(m.emb(b["input_ids"]).mean(1))
+    )
     with pytest.raises(ProtocolError, match="did not run during the forward pass"):
         unused(user_batch)
     with pytest.raises(KeyError, match="no 'mask'"):

@@ -1,4 +1,5 @@
 """HuggingFaceAdapter on tiny random BERTs (exact checks) and on the bundled MiniLM (real model, small slices)."""
+
 from __future__ import annotations
 
 import warnings
@@ -58,8 +59,12 @@ def test_logits_match_the_model_run_on_input_ids(make_tiny_bert, batch):
 def test_other_reductions(make_tiny_bert, batch, name):
     out = HuggingFaceAdapter(make_tiny_bert(), attention=name)(batch)
     raw = out.raw_attentions
-    expected = {"cls_last_max": raw[-1][:, :, 0].amax(1), "1:2": raw[1][:, 2, 0], "-1:mean": raw[-1][:, :, 0].mean(1),
-                "0:max": raw[0][:, :, 0].amax(1)}[name] * batch["mask"]
+    expected = {
+        "cls_last_max": raw[-1][:, :, 0].amax(1),
+        "1:2": raw[1][:, 2, 0],
+        "-1:mean": raw[-1][:, :, 0].mean(1),
+        "0:max": raw[0][:, :, 0].amax(1),
+    }[name] * batch["mask"]
     torch.testing.assert_close(out.attention, expected / expected.sum(-1, keepdim=True))
 
 
@@ -190,8 +195,12 @@ def test_override_with_own_rows_is_exact_on_minilm(tokenizer, minilm):
 def _captum_forward(model, batch):
     def forward(input_ids):
         rows = input_ids.shape[0] // batch["attention_mask"].shape[0]
-        return model(input_ids=input_ids, attention_mask=batch["attention_mask"].repeat(rows, 1),
-                     token_type_ids=batch["token_type_ids"].repeat(rows, 1)).logits
+        return model(
+            input_ids=input_ids,
+            attention_mask=batch["attention_mask"].repeat(rows, 1),
+            token_type_ids=batch["token_type_ids"].repeat(rows, 1),
+        ).logits
+
     return forward
 
 
@@ -223,11 +232,13 @@ def test_gradient_and_ig_agree_with_captum_on_tiny_bert(make_tiny_bert, batch):
     (grad,) = torch.autograd.grad(logits.gather(1, target[:, None]).sum(), embeddings)
     layer = model.bert.embeddings.word_embeddings
     captum_grad = LayerGradientXActivation(_captum_forward(model, batch), layer, multiply_by_inputs=False).attribute(
-        batch["input_ids"], target=target)
+        batch["input_ids"], target=target
+    )
     torch.testing.assert_close(grad, captum_grad, rtol=0, atol=1e-10)
     lig = LayerIntegratedGradients(_captum_forward(model, batch), layer)
-    captum_ig = lig.attribute(batch["input_ids"], baselines=_pad_baseline(batch), target=target, n_steps=16,
-                              method="riemann_right")
+    captum_ig = lig.attribute(
+        batch["input_ids"], baselines=_pad_baseline(batch), target=target, n_steps=16, method="riemann_right"
+    )
     torch.testing.assert_close(_adapter_ig(adapter, batch, target, 16), captum_ig, rtol=0, atol=1e-10)
 
 
@@ -238,8 +249,9 @@ def test_ig_agrees_with_captum_on_minilm(tokenizer, minilm):
     adapter = HuggingFaceAdapter(minilm, tokenizer)
     target = torch.tensor([0, 1])
     lig = LayerIntegratedGradients(_captum_forward(minilm, batch), minilm.bert.embeddings.word_embeddings)
-    captum_ig = lig.attribute(batch["input_ids"], baselines=_pad_baseline(batch), target=target, n_steps=8,
-                              method="riemann_right")
+    captum_ig = lig.attribute(
+        batch["input_ids"], baselines=_pad_baseline(batch), target=target, n_steps=8, method="riemann_right"
+    )
     ours = _adapter_ig(adapter, batch, target, 8)
     assert (ours - captum_ig).abs().max() < 1e-4
     assert captum_ig.abs().max() > 1e-3  # not trivially zero
@@ -326,13 +338,19 @@ def test_attribute_ig_and_gradient_match_captum_layer_attributions(which, make_t
     target = torch.tensor([1, 0])
     layer = model.bert.embeddings.word_embeddings
     forward = _captum_probability_forward(model, batch)
-    ours = attribute(adapter, batch, "integrated_gradients", target=target, n_steps=16, rule="riemann_right",
-                     baseline="pad")
+    ours = attribute(
+        adapter, batch, "integrated_gradients", target=target, n_steps=16, rule="riemann_right", baseline="pad"
+    )
     theirs = LayerIntegratedGradients(forward, layer).attribute(
-        batch["input_ids"], baselines=_pad_baseline(batch), target=target, n_steps=16, method="riemann_right")
+        batch["input_ids"], baselines=_pad_baseline(batch), target=target, n_steps=16, method="riemann_right"
+    )
     theirs = theirs.sum(-1) * batch["mask"]
     assert (ours - theirs).abs().max() < 1e-4 and theirs.abs().max() > 1e-4
     grad = attribute(adapter, batch, "gradient", target=target)
-    captum_grad = LayerGradientXActivation(forward, layer, multiply_by_inputs=False).attribute(
-        batch["input_ids"], target=target).norm(dim=-1) * batch["mask"]
+    captum_grad = (
+        LayerGradientXActivation(forward, layer, multiply_by_inputs=False)
+        .attribute(batch["input_ids"], target=target)
+        .norm(dim=-1)
+        * batch["mask"]
+    )
     assert (grad - captum_grad).abs().max() < 1e-4 and captum_grad.abs().max() > 1e-5

@@ -1,6 +1,7 @@
 """adapters.sharding.lockstep (issue 32): on a sharded model every forward pass is a collective, so processes whose
 data-dependent loops would run different numbers of passes wait on each other forever. Inside ``lockstep`` each
 such decision is process 0's, and the processes run the same passes whatever their own values say."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,15 @@ SCRIPT = Path(__file__).with_name("lockstep_script.py")
 
 def _run(tmp_path: Path, mode: str, timeout: float):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path), mode], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(tmp_path), mode],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         _, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

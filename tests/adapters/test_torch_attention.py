@@ -1,6 +1,7 @@
 """Issue 30 item 5: HookAdapter on an unmodified nn.TransformerEncoder classifier (nn.MultiheadAttention inside
 nn.TransformerEncoderLayer, need_weights=False, the fast path): attention rows and overrides against a hand-written
 oracle from the layer's in_proj weights, CLS / mean / named-row pooling, and training bit-identical with an audit."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -19,8 +20,9 @@ from lightning_xai.adapters import HookAdapter, ProtocolError
 class EncoderClassifier(nn.Module):
     """A textbook classifier: embedding (+ learned positions) -> nn.TransformerEncoder -> CLS or mean pooling."""
 
-    def __init__(self, pooling: str, vocab: int = 50, dim: int = 8, heads: int = 2, layers: int = 2,
-                 batch_first: bool = True) -> None:
+    def __init__(
+        self, pooling: str, vocab: int = 50, dim: int = 8, heads: int = 2, layers: int = 2, batch_first: bool = True
+    ) -> None:
         super().__init__()
         self.pooling, self.batch_first = pooling, batch_first
         self.emb = nn.Embedding(vocab, dim)
@@ -65,8 +67,12 @@ def _by_hand(layer: nn.TransformerEncoderLayer, x, pad, override=None, rows=None
     attn = layer.self_attn
     E, H = attn.embed_dim, attn.num_heads
     d = E // H
-    q, k, v = (F.linear(x, attn.in_proj_weight[i * E:(i + 1) * E], attn.in_proj_bias[i * E:(i + 1) * E])
-               .view(x.shape[0], x.shape[1], H, d).transpose(1, 2) for i in range(3))
+    q, k, v = (
+        F.linear(x, attn.in_proj_weight[i * E : (i + 1) * E], attn.in_proj_bias[i * E : (i + 1) * E])
+        .view(x.shape[0], x.shape[1], H, d)
+        .transpose(1, 2)
+        for i in range(3)
+    )
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(d)
     probs = scores.masked_fill(pad[:, None, None, :], float("-inf")).softmax(-1)
     if override is not None:
@@ -103,8 +109,11 @@ def test_the_attention_row_and_overrides_equal_a_hand_written_oracle(pooling, ba
     batch = _batch(cls=pooling == "first")
     adapter = HookAdapter(model, embedding="emb", attention=name, pooling=pooling, forward_fn=_forward)
     mask = batch["mask"]
-    rows = (torch.nn.functional.one_hot(torch.zeros(2, dtype=torch.long), 6).double() if pooling == "first"
-            else mask.double() / mask.sum(-1, keepdim=True))
+    rows = (
+        torch.nn.functional.one_hot(torch.zeros(2, dtype=torch.long), 6).double()
+        if pooling == "first"
+        else mask.double() / mask.sum(-1, keepdim=True)
+    )
     with torch.no_grad():
         expected, logits = _oracle(model, batch, rows)
         out = adapter(batch)
@@ -116,8 +125,9 @@ def test_the_attention_row_and_overrides_equal_a_hand_written_oracle(pooling, ba
             assert torch.equal(out.extras["query_mask"], mask) and adapter.query_index is None
         override = torch.tensor([[0.0, 0.1, 0.6, 0.2, 0.05, 0.05], [0.0, 0.3, 0.7, 0.0, 0.0, 0.0]], dtype=torch.float64)
         if pooling == "mean":
-            override = torch.tensor([[0.1, 0.1, 0.5, 0.2, 0.05, 0.05], [0.3, 0.3, 0.4, 0.0, 0.0, 0.0]],
-                                    dtype=torch.float64)
+            override = torch.tensor(
+                [[0.1, 0.1, 0.5, 0.2, 0.05, 0.05], [0.3, 0.3, 0.4, 0.0, 0.0, 0.0]], dtype=torch.float64
+            )
         replaced = adapter(batch, attention_override=override)
         _, by_hand = _oracle(model, batch, rows, override)
         torch.testing.assert_close(replaced.logits, by_hand, rtol=1e-10, atol=1e-12)
@@ -145,8 +155,12 @@ def test_a_named_row_and_the_pooling_must_be_said():
     with pytest.raises(ValueError, match="pooling='cls'"):
         HookAdapter(model, embedding="emb", attention="encoder.layers.1", pooling="cls")
     with pytest.raises(ProtocolError, match="add_bias_kv"):
-        HookAdapter(nn.ModuleDict({"emb": nn.Embedding(5, 8), "a": nn.MultiheadAttention(8, 2, add_bias_kv=True)}),
-                    embedding="emb", attention="a", pooling="first")
+        HookAdapter(
+            nn.ModuleDict({"emb": nn.Embedding(5, 8), "a": nn.MultiheadAttention(8, 2, add_bias_kv=True)}),
+            embedding="emb",
+            attention="a",
+            pooling="first",
+        )
     assert torch.backends.mha.get_fastpath_enabled()
 
 
@@ -165,7 +179,8 @@ def test_the_mean_pooled_model_does_not_read_row_zero():
 
 
 _spec = importlib.util.spec_from_file_location(
-    "_lightning_xai_callback_kit_hooks", pathlib.Path(__file__).resolve().parent.parent / "callbacks" / "conftest.py")
+    "_lightning_xai_callback_kit_hooks", pathlib.Path(__file__).resolve().parent.parent / "callbacks" / "conftest.py"
+)
 _kit = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_kit)
 
@@ -198,10 +213,19 @@ def _fit(tmp_path, audited: bool):
     module = EncoderModule(dm.vocab_size)
     callbacks = []
     if audited:
-        callbacks = [AttentionAudit(model=lambda m: HookAdapter(
-            m.net, embedding="emb", attention="encoder.layers.1", pooling="mean",
-            forward_fn=lambda net, b: net(b["input_ids"], ~b["mask"])), methods=("gradient", "grad_x_input"),
-            num_samples=16)]
+        callbacks = [
+            AttentionAudit(
+                model=lambda m: HookAdapter(
+                    m.net,
+                    embedding="emb",
+                    attention="encoder.layers.1",
+                    pooling="mean",
+                    forward_fn=lambda net, b: net(b["input_ids"], ~b["mask"]),
+                ),
+                methods=("gradient", "grad_x_input"),
+                num_samples=16,
+            )
+        ]
     trainer = _kit.make_trainer(tmp_path, callbacks, max_epochs=2)
     trainer.fit(module, dm)
     return module, trainer, callbacks

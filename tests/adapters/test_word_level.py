@@ -1,4 +1,5 @@
 """Word <-> word-piece views on real bundled data with the MiniLM tokenizer (tokenizer only: fast)."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,8 +28,10 @@ def test_pronoun_masks_land_on_the_pronoun_pieces(tokenizer):
         for t, w in enumerate(batch["word_ids"][row].tolist()):
             expected = w >= 0 and bool(item["impermissible"][w])
             assert bool(batch["impermissible"][row, t]) == expected
-    assert torch.equal(batch["word_impermissible"][:, :5],
-                       torch.tensor([[bool(v) for v in (it["impermissible"] + [0] * 5)[:5]] for it in items]))
+    assert torch.equal(
+        batch["word_impermissible"][:, :5],
+        torch.tensor([[bool(v) for v in (it["impermissible"] + [0] * 5)[:5]] for it in items]),
+    )
 
 
 def test_pieces_reassemble_the_words(tokenizer):
@@ -40,7 +43,8 @@ def test_pieces_reassemble_the_words(tokenizer):
         for w, word in enumerate(item["tokens"]):
             piece_ids = ids[word_ids == w].tolist()
             assert tokenizer.decode(piece_ids).replace(" ", "") == tokenizer.decode(
-                tokenizer(word, add_special_tokens=False)["input_ids"]).replace(" ", "")
+                tokenizer(word, add_special_tokens=False)["input_ids"]
+            ).replace(" ", "")
     special = (batch["input_ids"] == tokenizer.cls_token_id) | (batch["input_ids"] == tokenizer.sep_token_id)
     assert torch.all(batch["word_ids"][special] == -1) and not batch["mask"][special].any()
     assert torch.equal(batch["mask"], batch["word_ids"] >= 0)
@@ -77,8 +81,11 @@ def test_truncation_warns_with_the_rationale_words_cut_off(tokenizer):
     words = ["good"] * 6 + ["unbelievably", "great"]
     item = {"tokens": words, "labels": 1, "index": 0, "rationale": [0] * 6 + [1, 1]}
     collate = WordPieceCollator(tokenizer, max_length=9)  # [CLS] + 7 pieces + [SEP]: "great" and part of
-    with pytest.warns(UserWarning, match=r"truncated 1 of 1 texts to max_length=9 word-pieces; 2 words were cut "
-                                         r"off \(fully or partly\), including 2 rationale"):
+    with pytest.warns(
+        UserWarning,
+        match=r"truncated 1 of 1 texts to max_length=9 word-pieces; 2 words were cut "
+        r"off \(fully or partly\), including 2 rationale",
+    ):
         batch = collate([item])
     assert batch["input_ids"].shape[1] == 9
     assert batch["rationale"].sum() == 1  # the surviving piece of "unbelievably"
@@ -110,8 +117,9 @@ def test_data_module_batches_for_the_adapter(tokenizer):
     dm.setup("fit")
     assert len(dm.examples("train")) == 8 and dm.num_classes == 2
     batch = next(iter(dm.train_dataloader()))
-    assert {"input_ids", "attention_mask", "token_type_ids", "mask", "labels", "index", "word_ids",
-            "word_mask"} <= set(batch)
+    assert {"input_ids", "attention_mask", "token_type_ids", "mask", "labels", "index", "word_ids", "word_mask"} <= set(
+        batch
+    )
     words = dm.tokens("train", int(batch["index"][0]))
     assert batch["word_mask"][0].sum() == len(words)
     with pytest.raises(ValueError, match="'add_sos_eos' is not a word-level option"):

@@ -6,6 +6,7 @@ written without PEFT; its adapter's maps (gradient, attention) must equal the wr
 ``torch.compile`` runs with ``backend="eager"`` (no C++ toolchain needed on CPU; the adapter explains ``_orig_mod``
 either way).
 """
+
 from __future__ import annotations
 
 import copy
@@ -31,8 +32,9 @@ def wrapped(family: str, method: str = "lora", checkpointing: bool = False, comp
     if checkpointing:
         model.gradient_checkpointing_enable()
     if method == "lora":
-        config = LoraConfig(task_type="SEQ_CLS", r=4, lora_alpha=8, target_modules=TARGETS[family],
-                            init_lora_weights=False)
+        config = LoraConfig(
+            task_type="SEQ_CLS", r=4, lora_alpha=8, target_modules=TARGETS[family], init_lora_weights=False
+        )
     else:
         config = IA3Config(task_type="SEQ_CLS", target_modules=TARGETS[family], feedforward_modules=[])
     torch.manual_seed(3)
@@ -63,11 +65,13 @@ CASES = [("bert", False), ("llama", False), ("llama", True)]
 WRAPPINGS = [("lora", False, False), ("lora", True, False), ("lora", False, True), ("ia3", True, True)]
 
 
-@pytest.mark.parametrize("method,checkpointing,compiled", WRAPPINGS,
-                         ids=["lora", "lora-checkpointing", "lora-compiled", "ia3-checkpointing-compiled"])
+@pytest.mark.parametrize(
+    "method,checkpointing,compiled",
+    WRAPPINGS,
+    ids=["lora", "lora-checkpointing", "lora-compiled", "ia3-checkpointing-compiled"],
+)
 @pytest.mark.parametrize("family,left", CASES, ids=["bert-right", "llama-right", "llama-left"])
-def test_wrapped_classifier_is_found_and_explained_as_its_merged_model(family, left, method, checkpointing,
-                                                                       compiled):
+def test_wrapped_classifier_is_found_and_explained_as_its_merged_model(family, left, method, checkpointing, compiled):
     net, merged = wrapped(family, method, checkpointing, compiled)
     batch = family_batch(family, left)
     holder = torch.nn.ModuleDict({"net": net})  # a LightningModule holding the model it trains
@@ -92,8 +96,7 @@ def test_wrapped_classifier_is_found_and_explained_as_its_merged_model(family, l
         trained.gather(1, batch["labels"][:, None]).sum().backward()
         peft_model.eval()
         torch.testing.assert_close(trained.detach(), twin_logits, atol=1e-5, rtol=0)
-        torch.testing.assert_close(embeddings.grad, gradient_of(HuggingFaceAdapter(merged), batch), atol=1e-5,
-                                   rtol=0)
+        torch.testing.assert_close(embeddings.grad, gradient_of(HuggingFaceAdapter(merged), batch), atol=1e-5, rtol=0)
     if family == "llama":  # each row's last real token, left or right padding
         out = adapter(batch)
         expected = torch.tensor([7, 7, 7]) if left else torch.tensor([6, 4, 3])
@@ -114,8 +117,11 @@ def test_a_wrong_query_index_fails_the_logits_self_check_with_the_fix():
     batch = family_batch("llama", left=False)
     adapter = explainable_model(torch.nn.ModuleDict({"net": net}), query_index=-1)
     assert adapter.query_index == -1
-    with pytest.raises(ValueError, match=r"logits differ from PeftModelForSequenceClassification's own by .* "
-                                         r"query_index=-1.*leave it None"):
+    with pytest.raises(
+        ValueError,
+        match=r"logits differ from PeftModelForSequenceClassification's own by .* "
+        r"query_index=-1.*leave it None",
+    ):
         check_logits(adapter, batch)
     assert check_logits(adapter, family_batch("llama", left=True)) < 1e-9  # left padding: -1 is the last token
 

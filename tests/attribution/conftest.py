@@ -1,4 +1,5 @@
 """Fixtures for the attribution tests: the session's trained reference model in float64, real SST-2 batches."""
+
 from __future__ import annotations
 
 import copy

@@ -5,6 +5,7 @@ Oracles: (1) conservation — the token relevance plus what the bias terms absor
 zeroed and with their biases; (2) the maps of LXT 2.1's efficient AttnLRP (the authors' library, run once in a
 separate environment by ``lxt_reference/make_reference.py``) on the same weights.
 """
+
 from __future__ import annotations
 
 import os
@@ -52,8 +53,9 @@ def test_relevance_is_conserved_up_to_the_bias_terms(family, bias_free):
     assert float(relevance.masked_fill(batch["mask"], 0).abs().max()) == 0.0  # attribute() keeps real tokens only
 
 
-@pytest.mark.parametrize("family", ["roberta", "xlm-roberta", "electra", "distilbert", "qwen2", "mistral", "qwen3",
-                                    "gemma"])
+@pytest.mark.parametrize(
+    "family", ["roberta", "xlm-roberta", "electra", "distilbert", "qwen2", "mistral", "qwen3", "gemma"]
+)
 def test_every_supported_family_conserves_relevance(family):
     adapter = HuggingFaceAdapter(family_model(family))
     batch = family_batch(family, left=family in ("qwen2", "mistral", "qwen3", "gemma"))
@@ -65,8 +67,9 @@ def test_every_supported_family_conserves_relevance(family):
 def test_maps_match_lxt_efficient_attnlrp(family):
     reference = torch.load(REFERENCE, weights_only=True)[family]
     config_class = transformers.BertConfig if family == "bert" else transformers.LlamaConfig
-    model_class = (transformers.BertForSequenceClassification if family == "bert"
-                   else transformers.LlamaForSequenceClassification)
+    model_class = (
+        transformers.BertForSequenceClassification if family == "bert" else transformers.LlamaForSequenceClassification
+    )
     config = config_class(**{k: v for k, v in reference["config"].items() if k != "transformers_version"})
     config._attn_implementation = "eager"
     model = model_class(config).double().eval()
@@ -87,6 +90,7 @@ def test_rules_leave_the_model_as_it_was():
     model = family_model("roberta")  # functional tanh in the head, GELU modules, LayerNorms, biases
     adapter = HuggingFaceAdapter(model)
     batch = family_batch("roberta", left=False)
+
     def hooks():  # transformers keeps its own output-recording hooks on some modules
         return [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in model.modules()]
 
@@ -126,4 +130,3 @@ def test_other_families_are_refused_by_name(family):
     batch = family_batch(family, left=False)
     with pytest.raises(ProtocolError, match=f"BERT family.*Llama family.*model_type='{family}'"):
         attribute(adapter, batch, "attnlrp")
-

@@ -1,5 +1,6 @@
 """attribute(): leave-one-out vs a hand loop, IG completeness and adaptive steps, create_graph, inference mode,
 mode/grad restoration, SmoothGrad noise, and clear errors. Oracles are direct computations on the real model."""
+
 from __future__ import annotations
 
 import copy
@@ -11,8 +12,16 @@ import torch
 from torch import nn
 
 from lightning_xai.adapters import ProtocolError
-from lightning_xai.attribution import (ATTRIBUTION_METHODS, attribute, explanation_context, occlusion_batch,
-                                       predicted_class, register_method, remove_tokens, target_probabilities)
+from lightning_xai.attribution import (
+    ATTRIBUTION_METHODS,
+    attribute,
+    explanation_context,
+    occlusion_batch,
+    predicted_class,
+    register_method,
+    remove_tokens,
+    target_probabilities,
+)
 from lightning_xai.models import AttentionClassifier
 
 METHODS = ["attention", "gradient", "grad_x_input", "integrated_gradients", "smooth_grad", "leave_one_out"]
@@ -33,16 +42,23 @@ def _with_specials(batch, sos: int = 2, eos: int = 3):
     mask = torch.zeros(B, T + 2, dtype=torch.bool)
     input_mask = torch.zeros(B, T + 2, dtype=torch.bool)
     for b, L in enumerate(lengths.tolist()):
-        ids[b, 0], ids[b, 1:L + 1], ids[b, L + 1] = sos, batch["input_ids"][b, :L], eos
-        mask[b, 1:L + 1] = True
-        input_mask[b, :L + 2] = True
+        ids[b, 0], ids[b, 1 : L + 1], ids[b, L + 1] = sos, batch["input_ids"][b, :L], eos
+        mask[b, 1 : L + 1] = True
+        input_mask[b, : L + 2] = True
     impermissible = mask & (ids % 3 == 0)
-    return {"input_ids": ids, "mask": mask, "input_mask": input_mask, "impermissible": impermissible,
-            "rationale": mask & ~impermissible, "labels": batch["labels"], "index": batch["index"]}
+    return {
+        "input_ids": ids,
+        "mask": mask,
+        "input_mask": input_mask,
+        "impermissible": impermissible,
+        "rationale": mask & ~impermissible,
+        "labels": batch["labels"],
+        "index": batch["index"],
+    }
 
 
 def _single(batch, b):
-    return {k: v[b:b + 1] for k, v in batch.items()}
+    return {k: v[b : b + 1] for k, v in batch.items()}
 
 
 # --- leave-one-out -----------------------------------------------------------------------------------------------
@@ -57,7 +73,7 @@ def test_leave_one_out_delete_matches_hand_loop(model64, batch8, specials):
         ids = row["input_ids"][0, :L].tolist()
         p = _prob(model64, row, target[b])
         for i in (i for i in range(L) if row["mask"][0, i]):
-            kept = ids[:i] + ids[i + 1:]
+            kept = ids[:i] + ids[i + 1 :]
             hand = {"input_ids": torch.tensor([kept]), "mask": row["mask"][:, :L][:, [j for j in range(L) if j != i]]}
             if specials:
                 hand["input_mask"] = torch.ones(1, L - 1, dtype=torch.bool)
@@ -81,7 +97,9 @@ def test_occlusion_batch_moves_every_per_token_key(batch8):
         assert variants["labels"][k] == batch["labels"][b] and variants["index"][k] == batch["index"][b]
     assert (variants["mask"].sum(1) == batch["mask"].sum(1)[rows] - 1).all()
     removed = remove_tokens(batch, batch["impermissible"])
-    assert (removed["impermissible"].sum() == 0) and removed["mask"].sum() == (batch["mask"] & ~batch["impermissible"]).sum()
+    assert (removed["impermissible"].sum() == 0) and removed["mask"].sum() == (
+        batch["mask"] & ~batch["impermissible"]
+    ).sum()
 
 
 def test_leave_one_out_single_token_row_falls_back_to_pad_with_warning(model64, batch8):
@@ -120,8 +138,9 @@ def test_integrated_gradients_completeness_at_300_steps(model64, batch8, ig300, 
     else:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            scores, delta = attribute(model64, batch8, "integrated_gradients", n_steps=300, rule=rule,
-                                      return_convergence_delta=True)
+            scores, delta = attribute(
+                model64, batch8, "integrated_gradients", n_steps=300, rule=rule, return_convergence_delta=True
+            )
     gap = _gap(model64, batch8)
     torch.testing.assert_close(delta, scores.sum(1) - gap, rtol=0, atol=1e-12)
     assert (delta.abs() <= 0.01 * gap.abs()).all(), (delta / gap).abs().max()
@@ -131,9 +150,17 @@ def test_integrated_gradients_auto_reaches_rtol_and_refines_only_missing_rows(mo
     reference = ig300[0]
     gap = _gap(model64, batch8)
     for rtol, atol, start in ((1e-2, 1e-6, 6), (1e-9, 1e-13, 2)):
-        scores, delta, steps = attribute(model64, batch8, "integrated_gradients", n_steps="auto", rtol=rtol,
-                                         atol=atol, start_steps=start, return_convergence_delta=True,
-                                         return_n_steps=True)
+        scores, delta, steps = attribute(
+            model64,
+            batch8,
+            "integrated_gradients",
+            n_steps="auto",
+            rtol=rtol,
+            atol=atol,
+            start_steps=start,
+            return_convergence_delta=True,
+            return_n_steps=True,
+        )
         torch.testing.assert_close(delta, scores.sum(1) - gap, rtol=0, atol=1e-12)
         assert (delta.abs() <= torch.clamp(rtol * gap.abs(), min=atol)).all()
         assert steps.min() >= start and steps.max() <= 256
@@ -148,8 +175,10 @@ def test_integrated_gradients_auto_reaches_rtol_and_refines_only_missing_rows(mo
 
 
 def test_integrated_gradients_chunking_does_not_change_results(model64, batch8):
-    runs = [attribute(model64, batch8, "integrated_gradients", n_steps=10, internal_batch_size=size)
-            for size in (1, 7, 8, 80, "auto")]
+    runs = [
+        attribute(model64, batch8, "integrated_gradients", n_steps=10, internal_batch_size=size)
+        for size in (1, 7, 8, 80, "auto")
+    ]
     for other in runs[1:]:
         torch.testing.assert_close(other, runs[0], rtol=1e-10, atol=1e-13)
 
@@ -171,21 +200,26 @@ def test_smooth_grad_noise_is_scaled_per_row_and_seeded_without_global_rng(model
     real = batch8["mask"].unsqueeze(-1)
     sigma = 0.15 * (emb.masked_fill(~real, -1e9).amax((1, 2)) - emb.masked_fill(~real, 1e9).amin((1, 2)))
     g = torch.Generator().manual_seed(5)
-    noise = torch.stack([torch.randn(emb.shape, generator=g, dtype=emb.dtype) for _ in range(4)]) * sigma.view(1, -1, 1, 1)
+    noise = torch.stack([torch.randn(emb.shape, generator=g, dtype=emb.dtype) for _ in range(4)]) * sigma.view(
+        1, -1, 1, 1
+    )
     torch.testing.assert_close(attribute(model64, batch8, "smooth_grad", n_samples=4, noise=noise), first)
     assert not torch.allclose(first, attribute(model64, batch8, "gradient"))  # the noise matters
     generator = torch.Generator().manual_seed(5)
     torch.testing.assert_close(attribute(model64, batch8, "smooth_grad", n_samples=4, generator=generator), first)
     # grouping samples into passes does not change the noise
-    torch.testing.assert_close(attribute(model64, batch8, "smooth_grad", n_samples=4, seed=5,
-                                         internal_batch_size=8), first)
+    torch.testing.assert_close(
+        attribute(model64, batch8, "smooth_grad", n_samples=4, seed=5, internal_batch_size=8), first
+    )
 
 
 def test_smooth_grad_over_integrated_gradients(model64, batch8):
-    scores = attribute(model64, batch8, "smooth_grad", base_method="integrated_gradients", n_samples=2, n_steps=6,
-                       stdev=1e-12)
-    torch.testing.assert_close(scores, attribute(model64, batch8, "integrated_gradients", n_steps=6),
-                               rtol=1e-6, atol=1e-9)
+    scores = attribute(
+        model64, batch8, "smooth_grad", base_method="integrated_gradients", n_samples=2, n_steps=6, stdev=1e-12
+    )
+    torch.testing.assert_close(
+        scores, attribute(model64, batch8, "integrated_gradients", n_steps=6), rtol=1e-6, atol=1e-9
+    )
 
 
 # --- create_graph ------------------------------------------------------------------------------------------------
@@ -264,8 +298,13 @@ class _AttributeInValidation(pl.Callback):
 def test_attribute_inside_trainer_validate(trained_model, batch16, tmp_path):
     model = copy.deepcopy(trained_model)
     callback = _AttributeInValidation()
-    trainer = pl.Trainer(default_root_dir=tmp_path, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[callback])
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+    )
     trainer.validate(model, torch.utils.data.DataLoader([batch16], batch_size=None), verbose=False)
     assert len(callback.maps) == 1
     torch.testing.assert_close(callback.maps[0], attribute(model, batch16, "integrated_gradients", n_steps=4))
@@ -292,9 +331,12 @@ def test_float32_model_and_explicit_targets(trained_model, batch16):
         scores = attribute(model, batch16, method, target=other, **FAST.get(method, {}))
         assert scores.dtype == torch.float32 and torch.isfinite(scores).all()
     # probabilities of the two classes are complementary, so their gradients are opposite
-    torch.testing.assert_close(attribute(model, batch16, "grad_x_input", target=0),
-                               -attribute(model, batch16, "grad_x_input", target=torch.ones(16, dtype=torch.long)),
-                               rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(
+        attribute(model, batch16, "grad_x_input", target=0),
+        -attribute(model, batch16, "grad_x_input", target=torch.ones(16, dtype=torch.long)),
+        rtol=1e-4,
+        atol=1e-6,
+    )
     p = target_probabilities(model, batch16, other)
     q = target_probabilities(model, batch16)
     torch.testing.assert_close(p + q, torch.ones(16))
@@ -338,14 +380,15 @@ def test_bad_inputs_give_clear_errors(model64, batch8):
     with pytest.raises(TypeError, match=r"unknown option\(s\) \['n_step'\]"):
         attribute(model64, batch8, "integrated_gradients", n_step=5)
     for method, options, message in [
-            ("integrated_gradients", {"rule": "simpson"}, "Unknown IG rule"),
-            ("integrated_gradients", {"baseline": "mean"}, "Unknown baseline"),
-            ("integrated_gradients", {"n_steps": 0}, "n_steps must be a positive int"),
-            ("gradient", {"reduction": "l1"}, "Unknown reduction"),
-            ("grad_x_input", {"output": "prob"}, "Unknown output"),
-            ("leave_one_out", {"mode": "zero"}, "Unknown leave_one_out mode"),
-            ("smooth_grad", {"base_method": "leave_one_out"}, "Unknown base_method"),
-            ("integrated_gradients", {"internal_batch_size": 0}, "internal_batch_size must be a positive int")]:
+        ("integrated_gradients", {"rule": "simpson"}, "Unknown IG rule"),
+        ("integrated_gradients", {"baseline": "mean"}, "Unknown baseline"),
+        ("integrated_gradients", {"n_steps": 0}, "n_steps must be a positive int"),
+        ("gradient", {"reduction": "l1"}, "Unknown reduction"),
+        ("grad_x_input", {"output": "prob"}, "Unknown output"),
+        ("leave_one_out", {"mode": "zero"}, "Unknown leave_one_out mode"),
+        ("smooth_grad", {"base_method": "leave_one_out"}, "Unknown base_method"),
+        ("integrated_gradients", {"internal_batch_size": 0}, "internal_batch_size must be a positive int"),
+    ]:
         with pytest.raises(ValueError, match=message):
             attribute(model64, batch8, method, **options)
     with pytest.raises(TypeError, match=r"smooth_grad got unknown option\(s\) \['n_sample'\]"):
@@ -359,6 +402,7 @@ def test_bad_inputs_give_clear_errors(model64, batch8):
 def test_captum_is_not_imported_by_the_package():
     import subprocess
     import sys
+
     code = "import sys, lightning_xai.attribution; assert 'captum' not in sys.modules, 'captum imported'"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -378,6 +422,7 @@ def test_detach_attention_is_jain_wallace_gradient(trained_model, sst2_batch):
     import copy
 
     from lightning_xai.attribution import attribute
+
     model = copy.deepcopy(trained_model).double()
     ours = attribute(model, sst2_batch, "grad_x_input", absolute=True, detach_attention=True)
     emb = model.embed(sst2_batch).detach().requires_grad_(True)

@@ -3,6 +3,7 @@
 Oracle: a model of its own class (not an AttentionClassifier subclass) that computes the same function as a reference
 model, with the same weights, gets the same LRP map, shifted copy, leave-one-out and adversarial search — and a model
 without a capability gets the generic path or a clear error naming the capability."""
+
 from __future__ import annotations
 
 import pytest
@@ -36,10 +37,14 @@ class OwnModel(nn.Module):
     def forward_from_embeddings(self, embeddings, batch, *, attention_override=None):
         mask = batch["mask"]
         hidden = self.body(embeddings, mask)
-        alpha = masked_softmax(self.scorer(hidden).masked_fill(~mask, float("-inf")), mask) \
-            if attention_override is None else attention_override.masked_fill(~mask, 0.0)
-        return ExplainOutput(logits=self.head(torch.einsum("bt,bth->bh", alpha, hidden)), attention=alpha,
-                             hidden_states=hidden)
+        alpha = (
+            masked_softmax(self.scorer(hidden).masked_fill(~mask, float("-inf")), mask)
+            if attention_override is None
+            else attention_override.masked_fill(~mask, 0.0)
+        )
+        return ExplainOutput(
+            logits=self.head(torch.einsum("bt,bth->bh", alpha, hidden)), attention=alpha, hidden_states=hidden
+        )
 
 
 class WithCapabilities(OwnModel):
@@ -88,9 +93,12 @@ def test_input_invariance_shifts_through_the_capability(reference, sst2_batch):
     own = WithCapabilities(reference).double().eval()
     shift = torch.linspace(-1, 1, 12, dtype=torch.double)
     other = shifted_model(own, shift)
-    torch.testing.assert_close(other.forward_from_embeddings(other.embed(sst2_batch), sst2_batch).logits,
-                               own.forward_from_embeddings(own.embed(sst2_batch), sst2_batch).logits,
-                               rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(
+        other.forward_from_embeddings(other.embed(sst2_batch), sst2_batch).logits,
+        own.forward_from_embeddings(own.embed(sst2_batch), sst2_batch).logits,
+        rtol=1e-10,
+        atol=1e-10,
+    )
     ours = input_invariance(own, sst2_batch, ["gradient", "grad_x_input"], shift=shift)
     theirs = input_invariance(reference, sst2_batch, ["gradient", "grad_x_input"], shift=shift)
     assert ours.column("relative_change") == pytest.approx(theirs.column("relative_change"), rel=1e-9)
@@ -101,8 +109,12 @@ def test_input_invariance_shifts_through_the_capability(reference, sst2_batch):
 def test_generic_paths_without_capabilities_give_the_same_numbers(reference, sst2_batch):
     plain = OwnModel(reference).double().eval()
     # leave-one-out: the reference scores deletions with deletion_logits only for (Bi)LSTMs; both re-run here
-    torch.testing.assert_close(attribute(plain, sst2_batch, "leave_one_out"),
-                               attribute(reference, sst2_batch, "leave_one_out"), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        attribute(plain, sst2_batch, "leave_one_out"),
+        attribute(reference, sst2_batch, "leave_one_out"),
+        rtol=0,
+        atol=1e-12,
+    )
     # the adversarial search re-runs the model without LinearHead, pools linearly with it: same optimum
     fast = adversarial_attention_search(reference, sst2_batch, steps=20)
     slow = adversarial_attention_search(plain, sst2_batch, steps=20)

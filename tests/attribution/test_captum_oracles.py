@@ -1,14 +1,22 @@
 """Every method of attribute() against Captum on the trained reference model in float64 (tolerance 1e-5)."""
+
 from __future__ import annotations
 
 import copy
 
 import pytest
 import torch
-from captum.attr import (FeatureAblation, InputXGradient, IntegratedGradients, LayerIntegratedGradients,
-                         NoiseTunnel, Saliency)
+from captum.attr import (
+    FeatureAblation,
+    InputXGradient,
+    IntegratedGradients,
+    LayerIntegratedGradients,
+    NoiseTunnel,
+    Saliency,
+)
 
 from lightning_xai.attribution import attribute
+
 
 def _close(actual, expected):
     """Agreement within 1e-5 relative to the map's scale (and elementwise rtol 1e-5)."""
@@ -57,25 +65,35 @@ def _pad_baseline(model, batch, emb):
 @pytest.mark.parametrize("reduction", ["l2", "abs_sum"])
 def test_gradient_matches_saliency(model64, batch16, target16, reduction):
     forward, args = _forward_over_embeddings(model64, batch16)
-    grads = Saliency(forward).attribute(_embeddings(model64, batch16), target=target16, abs=False,
-                                        additional_forward_args=args)
+    grads = Saliency(forward).attribute(
+        _embeddings(model64, batch16), target=target16, abs=False, additional_forward_args=args
+    )
     expected = grads.norm(dim=-1) if reduction == "l2" else grads.abs().sum(-1)
     _close(attribute(model64, batch16, "gradient", reduction=reduction), expected)
 
 
 def test_grad_x_input_matches_input_x_gradient(model64, batch16, target16):
     forward, args = _forward_over_embeddings(model64, batch16)
-    expected = InputXGradient(forward).attribute(_embeddings(model64, batch16), target=target16,
-                                                 additional_forward_args=args).sum(-1)
+    expected = (
+        InputXGradient(forward)
+        .attribute(_embeddings(model64, batch16), target=target16, additional_forward_args=args)
+        .sum(-1)
+    )
     _close(attribute(model64, batch16, "grad_x_input"), expected)
     _close(attribute(model64, batch16, "grad_x_input", absolute=True), expected.abs())
 
 
 @pytest.mark.filterwarnings("ignore:Integrated gradients. convergence delta")  # 12 Riemann steps are coarse
-@pytest.mark.parametrize("rule,captum_rule", [("gauss_legendre", "gausslegendre"), ("riemann_left", "riemann_left"),
-                                              ("riemann_right", "riemann_right"),
-                                              ("riemann_middle", "riemann_middle"),
-                                              ("riemann_trapezoid", "riemann_trapezoid")])
+@pytest.mark.parametrize(
+    "rule,captum_rule",
+    [
+        ("gauss_legendre", "gausslegendre"),
+        ("riemann_left", "riemann_left"),
+        ("riemann_right", "riemann_right"),
+        ("riemann_middle", "riemann_middle"),
+        ("riemann_trapezoid", "riemann_trapezoid"),
+    ],
+)
 @pytest.mark.parametrize("baseline", ["zero", "pad"])
 def test_integrated_gradients_matches_captum(model_padrow, batch8, rule, captum_rule, baseline):
     model, batch = model_padrow, batch8
@@ -85,10 +103,25 @@ def test_integrated_gradients_matches_captum(model_padrow, batch8, rule, captum_
     with torch.no_grad():
         target = model(batch).logits.argmin(-1)  # the non-predicted class: a different target than the default
     expected, expected_delta = IntegratedGradients(forward).attribute(
-        emb, baselines=base, target=target, n_steps=12, method=captum_rule, additional_forward_args=args,
-        return_convergence_delta=True)
-    scores, delta = attribute(model, batch, "integrated_gradients", target=target, n_steps=12, rule=rule,
-                              baseline=baseline, internal_batch_size=20, return_convergence_delta=True)
+        emb,
+        baselines=base,
+        target=target,
+        n_steps=12,
+        method=captum_rule,
+        additional_forward_args=args,
+        return_convergence_delta=True,
+    )
+    scores, delta = attribute(
+        model,
+        batch,
+        "integrated_gradients",
+        target=target,
+        n_steps=12,
+        rule=rule,
+        baseline=baseline,
+        internal_batch_size=20,
+        return_convergence_delta=True,
+    )
     _close(scores, expected.sum(-1))
     torch.testing.assert_close(delta, expected_delta, rtol=1e-5, atol=1e-8)
 
@@ -104,13 +137,21 @@ def test_integrated_gradients_matches_layer_integrated_gradients(model_padrow, b
     if baseline == "pad":
         baseline_ids = batch["input_ids"].masked_fill(batch["mask"], 0)
         lig = LayerIntegratedGradients(forward, model.embedding)
-        expected = lig.attribute(batch["input_ids"], baselines=baseline_ids, target=target16, n_steps=16,
-                                 additional_forward_args=(batch["mask"],)).sum(-1)
+        expected = lig.attribute(
+            batch["input_ids"],
+            baselines=baseline_ids,
+            target=target16,
+            n_steps=16,
+            additional_forward_args=(batch["mask"],),
+        ).sum(-1)
     else:  # a zero embedding has no input id: IntegratedGradients on the embeddings
         fwd, args = _forward_over_embeddings(model, batch)
         emb = _embeddings(model, batch)
-        expected = IntegratedGradients(fwd).attribute(emb, baselines=torch.zeros_like(emb), target=target16,
-                                                      n_steps=16, additional_forward_args=args).sum(-1)
+        expected = (
+            IntegratedGradients(fwd)
+            .attribute(emb, baselines=torch.zeros_like(emb), target=target16, n_steps=16, additional_forward_args=args)
+            .sum(-1)
+        )
     _close(attribute(model, batch, "integrated_gradients", n_steps=16, baseline=baseline), expected)
 
 
@@ -134,8 +175,13 @@ def test_smooth_grad_matches_noise_tunnel(model64, batch8, base):
     inner = Saliency(forward) if base == "gradient" else InputXGradient(forward)
     torch.manual_seed(7)
     extra = {"abs": True} if base == "gradient" else {}
-    expected = NoiseTunnel(inner).attribute(emb, nt_type="smoothgrad", nt_samples=n, stdevs=stdev, target=target,
-                                            additional_forward_args=args, **extra).sum(-1)
+    expected = (
+        NoiseTunnel(inner)
+        .attribute(
+            emb, nt_type="smoothgrad", nt_samples=n, stdevs=stdev, target=target, additional_forward_args=args, **extra
+        )
+        .sum(-1)
+    )
     noise = _captum_noise(7, stdev, emb.shape, n)
     options = {"reduction": "abs_sum"} if base == "gradient" else {}
     actual = attribute(model, batch, "smooth_grad", base_method=base, n_samples=n, noise=noise, **options)
@@ -149,15 +195,21 @@ def test_leave_one_out_pad_matches_feature_ablation(model_padrow, batch16, targe
     B, T, E = emb.shape
     forward, args = _forward_over_embeddings(model, batch)
     feature_mask = torch.arange(T).view(1, T, 1).expand(B, T, E)
-    expected = FeatureAblation(forward).attribute(emb, baselines=_pad_baseline(model, batch, emb), target=target16,
-                                                  feature_mask=feature_mask, perturbations_per_eval=4,
-                                                  additional_forward_args=args)[..., 0]
+    expected = FeatureAblation(forward).attribute(
+        emb,
+        baselines=_pad_baseline(model, batch, emb),
+        target=target16,
+        feature_mask=feature_mask,
+        perturbations_per_eval=4,
+        additional_forward_args=args,
+    )[..., 0]
     expected = expected if signed else expected.abs()
     _close(attribute(model, batch, "leave_one_out", mode="pad", signed=signed, internal_batch_size=37), expected)
 
 
 def test_captum_objects_are_accepted(model64, batch16, target16):
     """method=<Captum object>: our forward over embeddings replaces its own, and its user's is restored."""
+
     def user_forward(x):
         raise AssertionError("the object's own forward function must not be called")
 

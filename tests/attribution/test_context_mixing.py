@@ -1,4 +1,5 @@
 """Context-mixing methods against hand computations built from the model's own modules and hooks (float64)."""
+
 from __future__ import annotations
 
 import os
@@ -13,33 +14,60 @@ transformers = pytest.importorskip("transformers")
 from lightning_xai.adapters import HuggingFaceAdapter  # noqa: E402
 from lightning_xai.adapters.protocol import ProtocolError  # noqa: E402
 from lightning_xai.attribution import attribute  # noqa: E402
-from lightning_xai.attribution.context_mixing import (alti, attention_flow, attention_norm, grad_attention,  # noqa: E402
-                                                      max_flow_value, value_zeroing)
+from lightning_xai.attribution.context_mixing import (
+    alti,
+    attention_flow,
+    attention_norm,
+    grad_attention,  # noqa: E402
+    max_flow_value,
+    value_zeroing,
+)
 from lightning_xai.attribution.context_mixing.flow import flow_capacities  # noqa: E402
 
 
 def make_bert(seed=0, layers=2, heads=4, hidden=32):
     torch.manual_seed(seed)
-    config = transformers.BertConfig(vocab_size=60, hidden_size=hidden, num_hidden_layers=layers,
-                                     num_attention_heads=heads, intermediate_size=2 * hidden,
-                                     max_position_embeddings=32, attn_implementation="eager", hidden_dropout_prob=0.0,
-                                     attention_probs_dropout_prob=0.0, initializer_range=0.3)
+    config = transformers.BertConfig(
+        vocab_size=60,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=32,
+        attn_implementation="eager",
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        initializer_range=0.3,
+    )
     return HuggingFaceAdapter(transformers.BertForSequenceClassification(config).double().eval())
 
 
 def make_llama(seed=0):
     torch.manual_seed(seed)
-    config = transformers.LlamaConfig(vocab_size=60, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                                      pad_token_id=0, attn_implementation="eager", initializer_range=0.3)
+    config = transformers.LlamaConfig(
+        vocab_size=60,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        pad_token_id=0,
+        attn_implementation="eager",
+        initializer_range=0.3,
+    )
     return HuggingFaceAdapter(transformers.LlamaForSequenceClassification(config).double().eval(), query_index=-1)
 
 
 def bert_batch():
     ids = torch.tensor([[2, 11, 25, 37, 48, 3], [2, 17, 9, 3, 0, 0]])
     attention_mask = (ids != 0).long()
-    return {"input_ids": ids, "attention_mask": attention_mask, "token_type_ids": torch.zeros_like(ids),
-            "mask": attention_mask.bool() & (ids != 2) & (ids != 3)}
+    return {
+        "input_ids": ids,
+        "attention_mask": attention_mask,
+        "token_type_ids": torch.zeros_like(ids),
+        "mask": attention_mask.bool() & (ids != 2) & (ids != 3),
+    }
 
 
 def llama_batch():
@@ -81,8 +109,11 @@ def capture(adapter, batch, modules, inputs=False):
 def head_vector(block, x_j, h, n_heads):
     """``f^h(x_j)`` by hand from the block's own weights (the value input normed first for pre-norm blocks)."""
     if hasattr(block, "attention"):
-        w_v, b_v, w_o = block.attention.self.value.weight, block.attention.self.value.bias, \
-            block.attention.output.dense.weight
+        w_v, b_v, w_o = (
+            block.attention.self.value.weight,
+            block.attention.self.value.bias,
+            block.attention.output.dense.weight,
+        )
         n_kv = n_heads
     else:
         x_j = block.input_layernorm(x_j)
@@ -92,7 +123,7 @@ def head_vector(block, x_j, h, n_heads):
     kv = h // (n_heads // n_kv)
     rows = slice(kv * dh, (kv + 1) * dh)
     value = w_v[rows] @ x_j + (b_v[rows] if b_v is not None else 0.0)
-    return w_o[:, h * dh:(h + 1) * dh] @ value
+    return w_o[:, h * dh : (h + 1) * dh] @ value
 
 
 def pooled(adapter, batch):
@@ -134,10 +165,12 @@ def value_zeroing_oracle(adapter, batch):
         for index, block in enumerate(layers):
             C = torch.zeros(B, T, T, dtype=torch.float64)
             for j in range(T):
+
                 def zero(module, args, output, j=j):
                     output = output.clone()
                     output[:, j] = 0.0
                     return output
+
                 handle = value_module(block).register_forward_hook(zero)
                 try:
                     _, changed = capture(adapter, batch, [block])
@@ -229,8 +262,7 @@ def test_max_flow_matches_networkx():
         graph.add_nodes_from(range(n))
         for u, v in cap.nonzero().tolist():
             graph.add_edge(u, v, capacity=float(cap[u, v]))
-        assert max_flow_value(cap.numpy(), 0, n - 1) == pytest.approx(nx.maximum_flow_value(graph, 0, n - 1),
-                                                                         abs=1e-12)
+        assert max_flow_value(cap.numpy(), 0, n - 1) == pytest.approx(nx.maximum_flow_value(graph, 0, n - 1), abs=1e-12)
 
 
 @pytest.mark.parametrize("solver, atol", [("edmonds_karp", 1e-9), ("dinic", 1e-7)])
@@ -307,6 +339,7 @@ def test_errors_name_the_problem():
     with pytest.raises(ValueError, match="layer=5 does not exist"):
         attribute(adapter, batch, "attention_norm", layer=5)
     from lightning_xai.models import AttentionClassifier
+
     model = AttentionClassifier(vocab_size=20, num_classes=2, embedding_dim=8, hidden_dim=4)
     small = {"input_ids": torch.tensor([[3, 4, 5]]), "mask": torch.ones(1, 3, dtype=torch.bool)}
     with pytest.raises(ProtocolError, match="HuggingFaceAdapter"):
@@ -319,10 +352,19 @@ def test_mean_pooling_heads_get_the_mean_of_their_rows():
     from transformers import ModernBertConfig, ModernBertForSequenceClassification
 
     torch.manual_seed(0)
-    config = ModernBertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                              intermediate_size=64, max_position_embeddings=64, classifier_pooling="mean",
-                              global_attn_every_n_layers=2, local_attention=4, pad_token_id=1,
-                              attn_implementation="eager")
+    config = ModernBertConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        classifier_pooling="mean",
+        global_attn_every_n_layers=2,
+        local_attention=4,
+        pad_token_id=1,
+        attn_implementation="eager",
+    )
     model = ModernBertForSequenceClassification(config).double().eval()
     ids = torch.tensor([[2, 7, 8, 9, 3], [2, 10, 3, 1, 1]])
     attention_mask = (ids != 1).long()
@@ -335,6 +377,12 @@ def test_mean_pooling_heads_get_the_mean_of_their_rows():
             rows = []
             for q in range(length):
                 single = HuggingFaceAdapter(model, query_index=q)
-                rows.append(attribute(single, {k: v[b:b + 1] for k, v in batch.items()}, method, got.new_tensor(
-                    [int(adapter(batch).logits[b].argmax())]).long()).detach()[0])
+                rows.append(
+                    attribute(
+                        single,
+                        {k: v[b : b + 1] for k, v in batch.items()},
+                        method,
+                        got.new_tensor([int(adapter(batch).logits[b].argmax())]).long(),
+                    ).detach()[0]
+                )
             assert torch.allclose(got[b], torch.stack(rows).mean(0), atol=1e-8), method

@@ -6,6 +6,7 @@ it was exactly 0.0. Now ``output="probability"`` is refused by name, and the def
 A multi-label head (``problem_type="multi_label_classification"``) was explained through a softmax over its labels;
 now through each label's sigmoid, the probability the model itself reports.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,7 @@ import torch
 from lightning_xai.adapters import HuggingFaceAdapter
 from lightning_xai.adapters.capabilities import HeadKind, head_kind_of
 from lightning_xai.attribution import attribute, gather_rows
-from lightning_xai.attribution.targets import (decisions, default_output, explained_quantity, label_targets,
-                                               score_values)
+from lightning_xai.attribution.targets import decisions, default_output, explained_quantity, label_targets, score_values
 
 pytest.importorskip("transformers")
 from tests.adapters.conftest import tiny_batch, tiny_bert  # noqa: E402
@@ -35,9 +35,10 @@ def _hand_gradient(adapter, batch, score):
     """‖∂ score(logits)/∂ word embedding‖₂ per token, by hand through the model's own forward."""
     model = adapter.model
     emb = model.get_input_embeddings()(batch["input_ids"]).detach().requires_grad_(True)
-    logits = model(inputs_embeds=emb, attention_mask=batch["attention_mask"],
-                   token_type_ids=batch["token_type_ids"]).logits
-    grad, = torch.autograd.grad(score(logits).sum(), emb)
+    logits = model(
+        inputs_embeds=emb, attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"]
+    ).logits
+    (grad,) = torch.autograd.grad(score(logits).sum(), emb)
     return grad.norm(dim=-1).masked_fill(~batch["mask"], 0.0)
 
 
@@ -60,8 +61,10 @@ def test_regression_maps_are_the_gradient_of_the_output_value():
     assert default_output(adapter) == "logit" and explained_quantity(adapter) == "regression output value"
 
 
-@pytest.mark.parametrize("method,options", [("gradient", {}), ("integrated_gradients", {"n_steps": 8}),
-                                            ("leave_one_out", {}), ("grad_x_input", {})])
+@pytest.mark.parametrize(
+    "method,options",
+    [("gradient", {}), ("integrated_gradients", {"n_steps": 8}), ("leave_one_out", {}), ("grad_x_input", {})],
+)
 def test_a_probability_of_a_regression_head_is_refused_by_name(method, options):
     for output in ("probability", "log_probability"):
         with pytest.raises(ValueError, match="regression head.*output='logit'"):
@@ -81,8 +84,9 @@ def test_regression_leave_one_out_is_the_change_of_the_output_value():
 
 def test_regression_integrated_gradients_is_complete_in_the_output_value():
     adapter, batch = _regression(), tiny_batch()
-    ig, delta = attribute(adapter, batch, "integrated_gradients", output="logit", n_steps=64,
-                          return_convergence_delta=True)
+    ig, delta = attribute(
+        adapter, batch, "integrated_gradients", output="logit", n_steps=64, return_convergence_delta=True
+    )
     with torch.no_grad():
         value = adapter(batch).logits[:, 0]
         zero = adapter.embed(batch).masked_fill(batch["mask"].unsqueeze(-1), 0.0)  # the real tokens' zero baseline

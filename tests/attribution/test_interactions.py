@@ -1,5 +1,6 @@
 """Integrated Hessians: against finite differences of Integrated Gradients (a hand loop, tiny model), completeness
 Σ_t Γ_st = IG_s within 1% on the trained model and real SST-2 sentences, symmetry, and the attribute() form."""
+
 from __future__ import annotations
 
 import warnings
@@ -20,8 +21,10 @@ def tiny():
     model = AttentionClassifier(vocab_size=30, num_classes=2, embedding_dim=5, hidden_dim=3).double().eval()
     with torch.no_grad():
         model.embedding.weight.mul_(0.7)
-    batch = {"input_ids": torch.tensor([[3, 4, 5, 6], [7, 8, 9, 0]]),
-             "mask": torch.tensor([[True, True, True, True], [True, True, True, False]])}
+    batch = {
+        "input_ids": torch.tensor([[3, 4, 5, 6], [7, 8, 9, 0]]),
+        "mask": torch.tensor([[True, True, True, True], [True, True, True, False]]),
+    }
     return model, batch
 
 

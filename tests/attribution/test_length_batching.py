@@ -5,6 +5,7 @@ same model) — on a tiny random BERT (right padding, [CLS]/[SEP] outside the to
 a <bos> outside the token mask) and the reference AttentionClassifier (BiLSTM; with and without special tokens).
 The batched results must match to float rounding whatever the pass sizes, and the passes must really be narrower
 than the batch (right padding) or exactly as wide (left padding: leading pads are never dropped)."""
+
 from __future__ import annotations
 
 import importlib
@@ -14,8 +15,7 @@ import warnings
 import pytest
 import torch
 
-from lightning_xai.attribution import attribute
-from lightning_xai.attribution import batching
+from lightning_xai.attribution import attribute, batching
 from lightning_xai.attribution.batching import erase_tokens, length_chunks, padding_trimmer, row_extents
 from lightning_xai.metrics.functional import erasure_probabilities
 from lightning_xai.models import AttentionClassifier
@@ -31,10 +31,20 @@ def _bert():
     from lightning_xai.adapters import HuggingFaceAdapter
 
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=32, num_labels=2, pad_token_id=0,
-                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, initializer_range=0.5,
-                        attn_implementation="eager")
+    config = BertConfig(
+        vocab_size=60,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+        num_labels=2,
+        pad_token_id=0,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        initializer_range=0.5,
+        attn_implementation="eager",
+    )
     return HuggingFaceAdapter(BertForSequenceClassification(config).double().eval())
 
 
@@ -44,10 +54,21 @@ def _llama():
     from lightning_xai.adapters import HuggingFaceAdapter
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=60, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64, num_labels=2,
-                         pad_token_id=0, bos_token_id=1, eos_token_id=2, initializer_range=0.5,
-                         attn_implementation="eager")
+    config = LlamaConfig(
+        vocab_size=60,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        num_labels=2,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        initializer_range=0.5,
+        attn_implementation="eager",
+    )
     return HuggingFaceAdapter(LlamaForSequenceClassification(config).double().eval())
 
 
@@ -70,17 +91,16 @@ def _batch(kind: str) -> dict:
         start = T - n - extra if kind == "llama" else 0
         row = torch.randint(4, 60, (n,), generator=g)
         if kind == "llama":
-            ids[b, start], ids[b, start + 1:start + 1 + n] = 1, row
-            mask[b, start + 1:start + 1 + n] = True
+            ids[b, start], ids[b, start + 1 : start + 1 + n] = 1, row
+            mask[b, start + 1 : start + 1 + n] = True
         elif extra:
-            ids[b, 0], ids[b, 1:n + 1], ids[b, n + 1] = 2, row, 3
-            mask[b, 1:n + 1] = True
+            ids[b, 0], ids[b, 1 : n + 1], ids[b, n + 1] = 2, row, 3
+            mask[b, 1 : n + 1] = True
         else:
             ids[b, :n] = row
             mask[b, :n] = True
-        present[b, start:start + n + extra] = True
-    out = {"input_ids": ids, "mask": mask, "labels": torch.arange(B) % 2,
-           "rationale": mask & (ids % 2 == 0)}
+        present[b, start : start + n + extra] = True
+    out = {"input_ids": ids, "mask": mask, "labels": torch.arange(B) % 2, "rationale": mask & (ids % 2 == 0)}
     if kind in ("bert", "llama"):
         out["attention_mask"] = present.long()
         if kind == "bert":
@@ -106,7 +126,7 @@ def _alone(batch: dict, b: int, keep: torch.Tensor) -> dict:
     """Row b of the batch with only the columns in ``keep`` (a bool [T]), as a batch of one, no padding."""
     present = next(batch[k] for k in ("input_mask", "attention_mask", "mask") if k in batch)[b].bool()
     cols = (present & keep).nonzero().flatten()
-    return {k: v[b:b + 1, cols] if torch.is_tensor(v) and v.dim() == 2 else v[b:b + 1] for k, v in batch.items()}
+    return {k: v[b : b + 1, cols] if torch.is_tensor(v) and v.dim() == 2 else v[b : b + 1] for k, v in batch.items()}
 
 
 def _prob(model, row: dict, target: int, embeddings=None) -> float:
@@ -125,8 +145,9 @@ def _loo_by_hand(model, batch: dict, target: torch.Tensor, mode: str) -> torch.T
         full = _alone(batch, b, everything)
         p = _prob(model, full, int(target[b]))
         cols = _alone(batch, b, everything)  # which column of the row alone is position i of the batch
-        offset = int(next(batch[k] for k in ("input_mask", "attention_mask", "mask") if k in batch)[b].bool()
-                      .long().argmax())
+        offset = int(
+            next(batch[k] for k in ("input_mask", "attention_mask", "mask") if k in batch)[b].bool().long().argmax()
+        )
         for i in mask[b].nonzero().flatten().tolist():
             if mode == "delete" and int(mask[b].sum()) > 1:
                 keep = everything.clone()
@@ -168,8 +189,9 @@ def test_leave_one_out_matches_each_variant_run_alone(case, mode, internal_batch
     target = torch.arange(len(LENGTHS)) % 2
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="leave_one_out", category=RuntimeWarning)
-        scores = attribute(model, batch, "leave_one_out", target, mode=mode, signed=True,
-                           internal_batch_size=internal_batch_size)
+        scores = attribute(
+            model, batch, "leave_one_out", target, mode=mode, signed=True, internal_batch_size=internal_batch_size
+        )
     expected = _loo_by_hand(model, batch, target, mode)
     assert expected.abs().max() > 1e-3  # the oracle is not trivially zero
     torch.testing.assert_close(scores.double(), expected, rtol=0, atol=ATOL[name])
@@ -182,8 +204,9 @@ def test_leave_one_out_graph_path_matches_too():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="leave_one_out", category=RuntimeWarning)
         for mode in ("delete", "pad"):
-            scores = attribute(model, batch, "leave_one_out", target, mode=mode, signed=True, create_graph=True,
-                               internal_batch_size=4)
+            scores = attribute(
+                model, batch, "leave_one_out", target, mode=mode, signed=True, create_graph=True, internal_batch_size=4
+            )
             assert scores.requires_grad
             torch.testing.assert_close(scores.detach(), _loo_by_hand(model, batch, target, mode), rtol=0, atol=1e-9)
 
@@ -361,9 +384,11 @@ def test_a_model_that_scores_its_own_deletions_runs_no_trimming_check(monkeypatc
 def test_deleting_more_tokens_in_one_row_pads_its_per_token_labels_with_minus_100():
     """A causal LM's labels follow its ids; the positions a deletion frees are padding, not token 0 (a row that loses
     more tokens than another was scored with a spurious target token 0 before)."""
-    batch = {"input_ids": torch.tensor([[1, 5, 6, 7, 8], [1, 5, 6, 7, 8]]),
-             "attention_mask": torch.ones(2, 5, dtype=torch.long),
-             "labels": torch.tensor([[-100, -100, -100, 7, 8], [-100, -100, -100, 7, 8]])}
+    batch = {
+        "input_ids": torch.tensor([[1, 5, 6, 7, 8], [1, 5, 6, 7, 8]]),
+        "attention_mask": torch.ones(2, 5, dtype=torch.long),
+        "labels": torch.tensor([[-100, -100, -100, 7, 8], [-100, -100, -100, 7, 8]]),
+    }
     remove = torch.tensor([[False, True, True, False, False], [False, True, False, False, False]])
     out = batching.remove_tokens(batch, remove)
     assert out["labels"].tolist() == [[-100, 7, 8, -100], [-100, -100, 7, 8]]

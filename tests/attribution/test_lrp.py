@@ -1,5 +1,6 @@
 """LRP for the reference LSTM / MLP + attention models: oracles are nn.LSTM itself, a NumPy port of Arras et
 al.'s reference ``LRP_for_LSTM`` code, and Captum's InputXGradient on a linear model."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,12 +10,18 @@ from captum.attr import InputXGradient
 from torch import nn
 
 from lightning_xai.adapters import ProtocolError
-from lightning_xai.attribution.lrp import (LRP_ENCODER_RULES, lrp, lrp_linear, lstm_forward, lstm_rule,
-                                           per_token_rule, register_lrp_encoder)
+from lightning_xai.attribution.lrp import (
+    LRP_ENCODER_RULES,
+    lrp,
+    lrp_linear,
+    lstm_forward,
+    lstm_rule,
+    per_token_rule,
+    register_lrp_encoder,
+)
 from lightning_xai.data import TextClassificationDataModule, collate
 from lightning_xai.models import AttentionClassifier
 from lightning_xai.models.encoders import LSTMEncoder
-
 
 VOCAB = 20000  # covers the SST-2 vocabulary of the sst2_batch fixture
 
@@ -42,8 +49,15 @@ def test_lstm_rerun_matches_packed_nn_lstm(bidirectional):
     forward = lstm_forward(x, input_mask.sum(1), rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0)
     torch.testing.assert_close(forward["h"], expected[..., :4], rtol=0, atol=1e-12)
     if bidirectional:
-        backward = lstm_forward(x, input_mask.sum(1), rnn.weight_ih_l0_reverse, rnn.weight_hh_l0_reverse,
-                                rnn.bias_ih_l0_reverse, rnn.bias_hh_l0_reverse, reverse=True)
+        backward = lstm_forward(
+            x,
+            input_mask.sum(1),
+            rnn.weight_ih_l0_reverse,
+            rnn.weight_hh_l0_reverse,
+            rnn.bias_ih_l0_reverse,
+            rnn.bias_hh_l0_reverse,
+            reverse=True,
+        )
         torch.testing.assert_close(backward["h"], expected[..., 4:], rtol=0, atol=1e-12)
         # the reverse direction starts afresh at each row's last real token
         assert backward["first"][1].nonzero().flatten().tolist() == [2]
@@ -92,11 +106,22 @@ def test_lstm_rule_matches_arras_reference_code():
     ours, hidden = lstm_rule(encoder, x, mask, r_hidden, eps=1e-3, bias_factor=0.0)
     rnn = encoder.rnn
     p = lambda t: t.detach().numpy()  # noqa: E731
-    fwd_x, fwd_h = _arras_lstm_lrp(p(x[0]), p(rnn.weight_ih_l0), p(rnn.weight_hh_l0),
-                                   p(rnn.bias_ih_l0 + rnn.bias_hh_l0), p(r_hidden[0, :, :5]), 1e-3)
-    bwd_x, bwd_h = _arras_lstm_lrp(p(x[0]).copy()[::-1], p(rnn.weight_ih_l0_reverse), p(rnn.weight_hh_l0_reverse),
-                                   p(rnn.bias_ih_l0_reverse + rnn.bias_hh_l0_reverse), p(r_hidden[0, :, 5:])[::-1],
-                                   1e-3)
+    fwd_x, fwd_h = _arras_lstm_lrp(
+        p(x[0]),
+        p(rnn.weight_ih_l0),
+        p(rnn.weight_hh_l0),
+        p(rnn.bias_ih_l0 + rnn.bias_hh_l0),
+        p(r_hidden[0, :, :5]),
+        1e-3,
+    )
+    bwd_x, bwd_h = _arras_lstm_lrp(
+        p(x[0]).copy()[::-1],
+        p(rnn.weight_ih_l0_reverse),
+        p(rnn.weight_hh_l0_reverse),
+        p(rnn.bias_ih_l0_reverse + rnn.bias_hh_l0_reverse),
+        p(r_hidden[0, :, 5:])[::-1],
+        1e-3,
+    )
     np.testing.assert_allclose(p(hidden[0]), np.concatenate([fwd_h, bwd_h[::-1]], axis=1), atol=1e-12)
     np.testing.assert_allclose(p(ours[0]), fwd_x + bwd_x[::-1], rtol=1e-9, atol=1e-12)
 
@@ -117,8 +142,13 @@ def test_conservation_within_one_percent_on_trained_bilstm(trained_model, sst2_b
 
 def test_without_biases_both_bias_modes_agree_and_conserve(sst2_batch):
     torch.manual_seed(0)
-    model = AttentionClassifier(vocab_size=int(sst2_batch["input_ids"].max()) + 1, embedding_dim=12, hidden_dim=6,
-                                embedding_std=0.3).double().eval()
+    model = (
+        AttentionClassifier(
+            vocab_size=int(sst2_batch["input_ids"].max()) + 1, embedding_dim=12, hidden_dim=6, embedding_std=0.3
+        )
+        .double()
+        .eval()
+    )
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "bias" in name and not name.startswith("attention"):
@@ -136,8 +166,9 @@ def test_sos_eos_rows_and_explicit_target():
     assert "input_mask" in batch
     torch.manual_seed(0)
     model = AttentionClassifier(dm.vocab_size, embedding_dim=8, hidden_dim=4, embedding_std=0.3).eval()
-    relevance, delta = lrp(model, batch, target=torch.tensor([0, 1, 0, 1, 0, 1]), bias_factor=1.0,
-                           return_convergence_delta=True)
+    relevance, delta = lrp(
+        model, batch, target=torch.tensor([0, 1, 0, 1, 0, 1]), bias_factor=1.0, return_convergence_delta=True
+    )
     assert (relevance[~batch["mask"]] == 0).all()
     assert relevance[:, 0].eq(0).all()  # <sos>
     assert relevance[batch["mask"]].ne(0).all()
@@ -147,8 +178,11 @@ def test_sos_eos_rows_and_explicit_target():
 
 def test_mlp_encoder_conserves_with_bias_factor_one(sst2_batch):
     torch.manual_seed(0)
-    model = AttentionClassifier(int(sst2_batch["input_ids"].max()) + 1, encoder="mlp", embedding_dim=12,
-                                hidden_dim=6).double().eval()
+    model = (
+        AttentionClassifier(int(sst2_batch["input_ids"].max()) + 1, encoder="mlp", embedding_dim=12, hidden_dim=6)
+        .double()
+        .eval()
+    )
     _, delta = lrp(model, sst2_batch, eps=1e-3, bias_factor=1.0, return_convergence_delta=True)
     assert delta.abs().max() < 1e-10
 
@@ -267,8 +301,9 @@ def test_encoder_that_breaks_its_rule_is_caught(sst2_batch):
 def test_attribute_verb_dispatches_to_lrp(trained_model, sst2_batch):
     from lightning_xai.attribution.core import ATTRIBUTION_METHODS, attribute
 
-    scores, delta = attribute(trained_model, sst2_batch, method="lrp", target=1, bias_factor=1.0,
-                              return_convergence_delta=True)
+    scores, delta = attribute(
+        trained_model, sst2_batch, method="lrp", target=1, bias_factor=1.0, return_convergence_delta=True
+    )
     assert "lrp" in ATTRIBUTION_METHODS
     expected = lrp(trained_model, sst2_batch, target=1, bias_factor=1.0)
     torch.testing.assert_close(scores, expected)

@@ -1,13 +1,22 @@
 """A method's facts live in its registry record (issue 28): ``attribute`` reads them and holds methods to them, and
 every module that registers methods is imported where the import contracts see it."""
+
 from __future__ import annotations
 
 import grimp
 import pytest
 import torch
 
-from lightning_xai.attribution import (ATTRIBUTION_METHODS, PAIRWISE_INTERACTIONS, SCORES, SCORES_AND_DELTA,
-                                       MethodRecord, attribute, method_record, register_method)
+from lightning_xai.attribution import (
+    ATTRIBUTION_METHODS,
+    PAIRWISE_INTERACTIONS,
+    SCORES,
+    SCORES_AND_DELTA,
+    MethodRecord,
+    attribute,
+    method_record,
+    register_method,
+)
 
 
 @pytest.fixture()
@@ -29,8 +38,12 @@ def test_the_built_in_methods_carry_their_facts():
     sensitive = {name for name, record in ATTRIBUTION_METHODS.items() if record.precision_sensitive}
     assert sensitive == {"leave_one_out", "integrated_gradients", "integrated_hessians"}
     returns = {name: record.returns for name, record in ATTRIBUTION_METHODS.items() if record.returns != SCORES}
-    assert returns == {"integrated_gradients": SCORES_AND_DELTA, "lrp": SCORES_AND_DELTA,
-                       "attnlrp": SCORES_AND_DELTA, "integrated_hessians": PAIRWISE_INTERACTIONS}
+    assert returns == {
+        "integrated_gradients": SCORES_AND_DELTA,
+        "lrp": SCORES_AND_DELTA,
+        "attnlrp": SCORES_AND_DELTA,
+        "integrated_hessians": PAIRWISE_INTERACTIONS,
+    }
     assert method_record("integrated_hessians").has_interactions
     assert method_record("lrp").has_convergence_delta and not method_record("gradient").has_convergence_delta
 
@@ -77,7 +90,8 @@ def test_a_bad_fact_or_an_unknown_name_fails_with_the_choices():
 def test_a_captum_object_gets_a_record_from_its_own_has_convergence_delta(sst2_batch, trained_model):
     captum = pytest.importorskip("captum.attr")
     forward = lambda x: x  # noqa: E731 (replaced by the bridge)
-    scores, delta = attribute(trained_model, sst2_batch, captum.IntegratedGradients(forward), n_steps=4,
-                              return_convergence_delta=True)
+    scores, delta = attribute(
+        trained_model, sst2_batch, captum.IntegratedGradients(forward), n_steps=4, return_convergence_delta=True
+    )
     assert scores.shape == sst2_batch["input_ids"].shape and delta.shape == (sst2_batch["input_ids"].shape[0],)
     assert isinstance(attribute(trained_model, sst2_batch, captum.Saliency(forward)), torch.Tensor)

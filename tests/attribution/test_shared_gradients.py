@@ -1,4 +1,5 @@
 """shared_input_gradients: gradient and grad×input share one backward pass, and only when that is exact."""
+
 import torch
 
 from lightning_xai.attribution import attribute, shared_input_gradients

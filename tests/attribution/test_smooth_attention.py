@@ -1,5 +1,6 @@
 """Smooth attention: zero noise is the attention, explicit noise is a hand-averaged attention, the noise scale is
 smooth_grad's, and the method runs inside AttentionAudit. Real SST-2 sentences, the session's trained model."""
+
 from __future__ import annotations
 
 import pytest
@@ -79,16 +80,27 @@ def test_bad_options_are_named(model64, batch8):
 
 
 def test_usable_in_attention_audit(trained_model, sst2, tmp_path):
-    audit = AttentionAudit(methods=("smooth_attention", "gradient"), metrics=("kendall_tau",),
-                           method_options={"smooth_attention": {"n_samples": 4}}, num_samples=32)
-    loader = torch.utils.data.DataLoader(torch.utils.data.Subset(sst2.dataset("val"), range(32)), batch_size=16,
-                                         collate_fn=collate)
-    trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[audit],
-                         default_root_dir=tmp_path)
+    audit = AttentionAudit(
+        methods=("smooth_attention", "gradient"),
+        metrics=("kendall_tau",),
+        method_options={"smooth_attention": {"n_samples": 4}},
+        num_samples=32,
+    )
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.Subset(sst2.dataset("val"), range(32)), batch_size=16, collate_fn=collate
+    )
+    trainer = pl.Trainer(
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[audit],
+        default_root_dir=tmp_path,
+    )
     trainer.validate(trained_model, loader)
     metrics = audit.history[-1]["metrics"]
-    assert {"kendall_tau/attention_vs_smooth_attention/mean", "kendall_tau/smooth_attention_vs_gradient/mean"} \
-        <= set(metrics)
+    assert {"kendall_tau/attention_vs_smooth_attention/mean", "kendall_tau/smooth_attention_vs_gradient/mean"} <= set(
+        metrics
+    )
     print(metrics["kendall_tau/attention_vs_smooth_attention/mean"])
     # smoothing at σ = 0.15·range perturbs attention but keeps its ranking close to the plain one on this model
     assert 0.3 < metrics["kendall_tau/attention_vs_smooth_attention/mean"] < 1.0

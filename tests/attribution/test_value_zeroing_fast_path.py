@@ -5,6 +5,7 @@ projection's output edited by a hook) is the general path, itself checked agains
 model in ``test_context_mixing.py``; here every family the fast path knows must give the same ``C^l`` at every
 pair of real positions, and a family it does not know (Gemma's extra norms) must fall back to it.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -22,15 +23,32 @@ from tests.adapters.test_families import DECODERS, family_batch, family_model  #
 
 vz = importlib.import_module("lightning_xai.attribution.context_mixing.value_zeroing")  # the module, not the function
 
-FAST = [("bert", False), ("roberta", False), ("electra", False), ("distilbert", False), ("llama", False),
-        ("llama", True), ("qwen2", True), ("gemma", False)]
+FAST = [
+    ("bert", False),
+    ("roberta", False),
+    ("electra", False),
+    ("distilbert", False),
+    ("llama", False),
+    ("llama", True),
+    ("qwen2", True),
+    ("gemma", False),
+]
 
 
 def gemma2():
     """Gemma 2 adds norms around the attention and the MLP that the Llama-family tail does not compute."""
-    config = transformers.Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=1, head_dim=8,
-                                       max_position_embeddings=64, pad_token_id=1, attn_implementation="eager")
+    config = transformers.Gemma2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=8,
+        max_position_embeddings=64,
+        pad_token_id=1,
+        attn_implementation="eager",
+    )
     torch.manual_seed(0)
     return transformers.Gemma2ForSequenceClassification(config).double().eval()
 
@@ -93,7 +111,7 @@ def test_a_block_the_tail_does_not_reproduce_falls_back(monkeypatch):
     with torch.no_grad():
         expected = value_zeroing(adapter, batch)
         calls.clear()
-        monkeypatch.setattr(vz, "block_tail", lambda parts: (lambda x, o: x + o))
+        monkeypatch.setattr(vz, "block_tail", lambda parts: lambda x, o: x + o)
         assert torch.allclose(value_zeroing(adapter, batch), expected, rtol=1e-9, atol=1e-12)
     assert calls == [0, 1]
 

@@ -1,4 +1,5 @@
 """Jain & Wallace's divergences vs scipy and the per-instance adversarial attention search."""
+
 from __future__ import annotations
 
 import copy
@@ -9,8 +10,13 @@ import torch
 from scipy.spatial.distance import jensenshannon
 from scipy.stats import entropy
 
-from lightning_xai.audits.adversarial import (adversarial_attention_search, jensen_shannon_divergence,
-                                              kl_divergence, summarize_search, total_variation)
+from lightning_xai.audits.adversarial import (
+    adversarial_attention_search,
+    jensen_shannon_divergence,
+    kl_divergence,
+    summarize_search,
+    total_variation,
+)
 
 
 def test_divergences_match_scipy():
@@ -19,12 +25,14 @@ def test_divergences_match_scipy():
     q = rng.dirichlet(np.ones(7), size=5)
     tp, tq = torch.tensor(p), torch.tensor(q)
     assert np.allclose(kl_divergence(tp, tq).numpy(), [entropy(a, b) for a, b in zip(p, q)], atol=1e-8)
-    assert np.allclose(jensen_shannon_divergence(tp, tq).numpy(), [jensenshannon(a, b) ** 2 for a, b in zip(p, q)],
-                       atol=1e-8)
+    assert np.allclose(
+        jensen_shannon_divergence(tp, tq).numpy(), [jensenshannon(a, b) ** 2 for a, b in zip(p, q)], atol=1e-8
+    )
     assert np.allclose(total_variation(tp, tq).numpy(), 0.5 * np.abs(p - q).sum(-1))
     # zeros (pads) contribute nothing; disjoint supports reach ln 2
-    assert jensen_shannon_divergence(torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0.0, 1.0, 0.0])).item() == \
-        pytest.approx(np.log(2), rel=1e-6)
+    assert jensen_shannon_divergence(
+        torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0.0, 1.0, 0.0])
+    ).item() == pytest.approx(np.log(2), rel=1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +57,9 @@ def test_search_respects_the_output_constraint_and_the_mask(search_result, sst2_
     change = 0.5 * (probs - base).abs().sum(-1)
     assert torch.allclose(change[found], result.output_change[found], atol=1e-5)
     assert (change[found] <= 0.05 + 1e-6).all()
-    assert torch.allclose(jensen_shannon_divergence(att, result.original_attention)[found], result.max_jsd[found],
-                          atol=1e-6)
+    assert torch.allclose(
+        jensen_shannon_divergence(att, result.original_attention)[found], result.max_jsd[found], atol=1e-6
+    )
     assert torch.isnan(result.max_jsd[~found]).all()
 
 

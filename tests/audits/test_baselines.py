@@ -1,4 +1,5 @@
 """J&W permutation test and W&P uniform attention: checked against hand loops, numpy and torchmetrics."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -6,9 +7,15 @@ import pytest
 import torch
 import torchmetrics
 
-from lightning_xai.audits.baselines import (bin_by_max_attention, permutation_test, permute_attention,
-                                            total_variation, uniform_attention, uniform_attention_evaluation,
-                                            uniform_attention_summary)
+from lightning_xai.audits.baselines import (
+    bin_by_max_attention,
+    permutation_test,
+    permute_attention,
+    total_variation,
+    uniform_attention,
+    uniform_attention_evaluation,
+    uniform_attention_summary,
+)
 from lightning_xai.models import AttentionClassifier
 
 
@@ -42,16 +49,18 @@ def test_permutation_test_matches_hand_loop(trained_model, sst2_batch):
     model = trained_model.eval()
     gen_state = torch.Generator().manual_seed(5)
     result = permutation_test(model, sst2_batch, num_permutations=9, generator=gen_state, chunk_size=40)
-    permuted = permute_attention(model(sst2_batch).attention.detach(), sst2_batch["mask"], 9,
-                                 torch.Generator().manual_seed(5))
+    permuted = permute_attention(
+        model(sst2_batch).attention.detach(), sst2_batch["mask"], 9, torch.Generator().manual_seed(5)
+    )
     with torch.no_grad():
         base = model(sst2_batch).logits.softmax(-1)
         for n in range(9):
             probs = model(sst2_batch, attention_override=permuted[n]).logits.softmax(-1)
             expected = 0.5 * (probs - base).abs().sum(-1)
             assert torch.allclose(result.deltas[n], expected, atol=1e-6)
-    assert torch.allclose(result.median_delta, torch.from_numpy(np.median(result.deltas.numpy(), axis=0)).float(),
-                          atol=1e-7)
+    assert torch.allclose(
+        result.median_delta, torch.from_numpy(np.median(result.deltas.numpy(), axis=0)).float(), atol=1e-7
+    )
     att = model(sst2_batch).attention.detach()
     assert torch.allclose(result.max_attention, att.max(-1).values)
     # binary case: the total variation equals J&W's |p1 - p1'|
@@ -89,8 +98,9 @@ def test_uniform_attention_evaluation_matches_manual(trained_model, sst2_batch):
     assert torch.allclose(out["delta"], 0.5 * (trained - uniform).abs().sum(-1), atol=1e-6)
     summary = uniform_attention_summary(out["trained_pred"], out["uniform_pred"], out["labels"], num_classes=2)
     acc = torchmetrics.functional.accuracy(out["uniform_pred"], out["labels"], task="multiclass", num_classes=2)
-    f1 = torchmetrics.functional.f1_score(out["trained_pred"], out["labels"], task="multiclass", num_classes=2,
-                                          average="macro")
+    f1 = torchmetrics.functional.f1_score(
+        out["trained_pred"], out["labels"], task="multiclass", num_classes=2, average="macro"
+    )
     assert summary["accuracy_uniform"] == pytest.approx(float(acc))
     assert summary["f1_trained"] == pytest.approx(float(f1))
     assert summary["accuracy_delta"] == pytest.approx(summary["accuracy_uniform"] - summary["accuracy_trained"])
@@ -104,8 +114,10 @@ def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match="num_permutations"):
         permute_attention(torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool), 0)
     with pytest.raises(KeyError, match="labels"):
-        uniform_attention_evaluation(AttentionClassifier(10, 2, embedding_dim=4, hidden_dim=2),
-                                     {"input_ids": torch.tensor([[2, 3]]), "mask": torch.ones(1, 2, dtype=torch.bool)})
+        uniform_attention_evaluation(
+            AttentionClassifier(10, 2, embedding_dim=4, hidden_dim=2),
+            {"input_ids": torch.tensor([[2, 3]]), "mask": torch.ones(1, 2, dtype=torch.bool)},
+        )
 
 
 @pytest.mark.parametrize("name", ["bert", "llama"])
@@ -126,8 +138,9 @@ def test_permutations_and_uniform_attention_of_a_transformer_run_through_its_rep
     uniform_fast = uniform_attention_evaluation(adapter, labelled)
     with torch.no_grad():  # a replay made once serves both (as AttentionBaselines does)
         shared = baselines.override_scorer(adapter, adapter.embed(batch), batch)
-    again = permutation_test(adapter, batch, num_permutations=12, generator=torch.Generator().manual_seed(3),
-                             replay=shared)
+    again = permutation_test(
+        adapter, batch, num_permutations=12, generator=torch.Generator().manual_seed(3), replay=shared
+    )
     assert torch.equal(again.deltas, fast.deltas)
     assert torch.equal(uniform_attention_evaluation(adapter, labelled, replay=shared)["delta"], uniform_fast["delta"])
     monkeypatch.setattr(baselines, "override_scorer", lambda m, e, b: (m.forward_from_embeddings(e, b), None))

@@ -1,4 +1,5 @@
 """Wiegreffe & Pinter's diagnostic MLP (imposed / uniform / trained attention) and seed variance."""
+
 from __future__ import annotations
 
 import copy
@@ -9,10 +10,10 @@ import torch
 from scipy.spatial.distance import jensenshannon
 from torch.utils.data import DataLoader, Subset
 
-from lightning_xai.models.diagnostic import DiagnosticMLP, diagnostic_audit, evaluate_classifier
 from lightning_xai.audits.seed_variance import seed_variance
 from lightning_xai.data import collate
 from lightning_xai.models import AttentionClassifier
+from lightning_xai.models.diagnostic import DiagnosticMLP, diagnostic_audit, evaluate_classifier
 
 
 def test_imposed_attention_is_the_sources_and_the_source_is_never_trained(sst2, trained_model, sst2_batch, tmp_path):
@@ -20,8 +21,18 @@ def test_imposed_attention_is_the_sources_and_the_source_is_never_trained(sst2, 
     before = {k: v.clone() for k, v in source.state_dict().items()}
     train = DataLoader(Subset(sst2.dataset("train"), range(64)), batch_size=32, collate_fn=collate)
     val = DataLoader(Subset(sst2.dataset("val"), range(32)), batch_size=32, collate_fn=collate)
-    results = diagnostic_audit(train, val, [sst2_batch], sst2.vocab_size, 2, {"base": source}, epochs=1,
-                               embedding_dim=16, hidden_dim=8, trainer_kwargs={"default_root_dir": tmp_path})
+    results = diagnostic_audit(
+        train,
+        val,
+        [sst2_batch],
+        sst2.vocab_size,
+        2,
+        {"base": source},
+        epochs=1,
+        embedding_dim=16,
+        hidden_dim=8,
+        trainer_kwargs={"default_root_dir": tmp_path},
+    )
     assert set(results) == {"trained", "uniform", "imposed:base"}
     assert all(0.0 <= r["acc"] <= 1.0 and r["n"] == 16 for r in results.values())
     assert all(torch.equal(before[k], v) for k, v in source.state_dict().items())

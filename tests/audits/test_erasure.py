@@ -1,4 +1,5 @@
 """Erasure interventions on the trained reference model and real SST-2 batches, checked by hand."""
+
 from __future__ import annotations
 
 import math
@@ -7,8 +8,14 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from lightning_xai.audits.erasure import (RANKINGS, attention_gradient, decision_flip, erase_tokens,
-                                          erasure_probabilities, ranking_scores)
+from lightning_xai.audits.erasure import (
+    RANKINGS,
+    attention_gradient,
+    decision_flip,
+    erase_tokens,
+    erasure_probabilities,
+    ranking_scores,
+)
 from lightning_xai.data import collate
 from lightning_xai.data.datamodule import EncodedDataset
 
@@ -16,7 +23,7 @@ from lightning_xai.data.datamodule import EncodedDataset
 def _single(batch, i):
     """Row i alone, cut to its own length (a batch of one, no padding)."""
     n = int(batch["mask"][i].sum())
-    return {"input_ids": batch["input_ids"][i:i + 1, :n], "mask": torch.ones(1, n, dtype=torch.bool)}
+    return {"input_ids": batch["input_ids"][i : i + 1, :n], "mask": torch.ones(1, n, dtype=torch.bool)}
 
 
 def _hand_flip(model, batch, i, scores):
@@ -38,8 +45,10 @@ def _hand_flip(model, batch, i, scores):
 
 def test_erase_tokens_keeps_special_tokens_and_aligns_every_per_token_tensor(sst2, trained_model):
     examples = sst2.examples("val")[:6]
-    items = [dict(it, rationale=[i % 3 == 0 for i in range(len(it["input_ids"]))])
-             for it in EncodedDataset(examples, sst2.vocab, add_sos_eos=True)]
+    items = [
+        dict(it, rationale=[i % 3 == 0 for i in range(len(it["input_ids"]))])
+        for it in EncodedDataset(examples, sst2.vocab, add_sos_eos=True)
+    ]
     batch = collate(items)
     assert "input_mask" in batch  # <sos>/<eos> are read by the encoder but are not real tokens
     mask = batch["mask"]

@@ -1,6 +1,7 @@
 """Issue 30 item 3 at the audits: the measures defined on one softmax output distribution (total variation between
 outputs, argmax flips) refuse a regression or multi-label head by name instead of a silent wrong number (a softmax
 of one regression value is the constant 1: every TVD 0, nothing ever flips)."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,8 +21,11 @@ class _MultiLabel(AttentionClassifier):
     head_kind = "sigmoid"
 
 
-BATCH = {"input_ids": torch.tensor([[3, 4, 5], [6, 7, 0]]), "mask": torch.tensor([[1, 1, 1], [1, 1, 0]]).bool(),
-         "labels": torch.tensor([0, 0])}
+BATCH = {
+    "input_ids": torch.tensor([[3, 4, 5], [6, 7, 0]]),
+    "mask": torch.tensor([[1, 1, 1], [1, 1, 0]]).bool(),
+    "labels": torch.tensor([0, 0]),
+}
 
 MEASURES = {
     "the adversarial attention search": lambda m: adversarial_attention_search(m, BATCH, steps=1),

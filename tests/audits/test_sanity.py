@@ -1,5 +1,6 @@
 """Saliency sanity checks on the trained reference BiLSTM: Kindermans input invariance, Adebayo randomisation,
 IG completeness / LRP conservation. Oracles: scipy's Kendall τ-b, Captum's Saliency / InputXGradient."""
+
 from __future__ import annotations
 
 import math
@@ -10,8 +11,14 @@ import torch
 from captum.attr import InputXGradient, Saliency
 from scipy.stats import kendalltau
 
-from lightning_xai.audits.sanity import (SanityTable, completeness, input_invariance, model_randomization,
-                                         run_sanity_checks, shifted_model)
+from lightning_xai.audits.sanity import (
+    SanityTable,
+    completeness,
+    input_invariance,
+    model_randomization,
+    run_sanity_checks,
+    shifted_model,
+)
 from lightning_xai.metrics.functional import kendall_tau
 from lightning_xai.models import AttentionClassifier
 
@@ -80,9 +87,16 @@ def test_kindermans_gradient_invariant_grad_x_input_not(trained_model, sst2_batc
     assert isinstance(table, SanityTable)
     assert table.row(method="model (logits)")["passes"]
     passes = {row["method"]: row["passes"] for row in table.rows}
-    assert passes == {"model (logits)": True, "attention": True, "gradient": True, "grad_x_input": False,
-                      "integrated_gradients (zero baseline)": False, "integrated_gradients (pad baseline)": True,
-                      "leave_one_out": True, "lrp": False}
+    assert passes == {
+        "model (logits)": True,
+        "attention": True,
+        "gradient": True,
+        "grad_x_input": False,
+        "integrated_gradients (zero baseline)": False,
+        "integrated_gradients (pad baseline)": True,
+        "leave_one_out": True,
+        "lrp": False,
+    }
     assert table.row(method="grad_x_input")["relative_change"] > 0.1
     per_example = table.per_example
     assert per_example["gradient/passes"].eq(1).all() and per_example["grad_x_input/passes"].eq(0).any()
@@ -90,8 +104,13 @@ def test_kindermans_gradient_invariant_grad_x_input_not(trained_model, sst2_batc
 
 
 def test_randomization_decorrelates_gradient_methods(trained_model, sst2_batch):
-    methods = ["attention", "gradient", "grad_x_input", ("integrated_gradients", "integrated_gradients",
-                                                         {"n_steps": 16}), "lrp"]
+    methods = [
+        "attention",
+        "gradient",
+        "grad_x_input",
+        ("integrated_gradients", "integrated_gradients", {"n_steps": 16}),
+        "lrp",
+    ]
     table = model_randomization(trained_model, sst2_batch, methods)
     assert table.column("stage")[0] == "classifier" and table.column("stage")[-1] == "+embedding"
     # attention never looks at the classifier: randomising it leaves the map identical (a failed check)
@@ -104,8 +123,9 @@ def test_randomization_decorrelates_gradient_methods(trained_model, sst2_batch):
     assert table.row(stage="+encoder", method="gradient")["tau"] > 0.3
     assert table.per_example["cascading/embedding/lrp/tau"].shape == (16,)
 
-    independent = model_randomization(trained_model, sst2_batch, ["grad_x_input"], mode="independent",
-                                      layers=["attention", "embedding"])
+    independent = model_randomization(
+        trained_model, sst2_batch, ["grad_x_input"], mode="independent", layers=["attention", "embedding"]
+    )
     assert independent.column("stage") == ["attention", "embedding"]
     # re-drawing the attention scorer alone barely moves grad×input: the LSTM carries the signal
     assert independent.row(stage="attention")["tau"] > 0.8
@@ -130,8 +150,13 @@ def test_completeness_table(trained_model, sst2_batch):
 
 
 def test_run_sanity_checks_routes_options_and_rejects_unknown(trained_model, sst2_batch):
-    tables = run_sanity_checks(trained_model, sst2_batch, checks=["input_invariance", "completeness"],
-                               input_invariance_methods=["gradient"], completeness_n_steps=(8,))
+    tables = run_sanity_checks(
+        trained_model,
+        sst2_batch,
+        checks=["input_invariance", "completeness"],
+        input_invariance_methods=["gradient"],
+        completeness_n_steps=(8,),
+    )
     assert [r["method"] for r in tables["input_invariance"].rows] == ["model (logits)", "gradient"]
     with pytest.raises(TypeError, match="match no check"):
         run_sanity_checks(trained_model, sst2_batch, checks=["completeness"], input_invariance_methods=["gradient"])

@@ -1,4 +1,5 @@
 """Small real SST-2 slices and tiny models for the callback tests."""
+
 from __future__ import annotations
 
 from typing import Dict, Optional
@@ -28,14 +29,16 @@ class SST2Slice(TextClassificationDataModule):
     def examples(self, split):
         examples = super().examples(split)[: self.sizes[split]]
         if self.impermissible:
-            examples = [Example(e.tokens, e.label, [int(t.lower() in IMPERMISSIBLE) for t in e.tokens])
-                        for e in examples]
+            examples = [
+                Example(e.tokens, e.label, [int(t.lower() in IMPERMISSIBLE) for t in e.tokens]) for e in examples
+            ]
         return examples
 
 
 def make_dm(impermissible: bool = False, batch_size: int = 16, **sizes: int) -> SST2Slice:
-    dm = SST2Slice({"train": 192, "val": 48, "test": 48, **sizes}, impermissible=impermissible,
-                   batch_size=batch_size, seed=0)
+    dm = SST2Slice(
+        {"train": 192, "val": 48, "test": 48, **sizes}, impermissible=impermissible, batch_size=batch_size, seed=0
+    )
     dm.setup("fit")
     return dm
 
@@ -48,9 +51,16 @@ def make_model(dm: TextClassificationDataModule, seed: int = 0, **kwargs) -> Att
 
 
 def make_trainer(tmp_path, callbacks=(), **kwargs) -> pl.Trainer:
-    options = dict(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                   enable_model_summary=False, default_root_dir=str(tmp_path), num_sanity_val_steps=0,
-                   deterministic=True)
+    options = dict(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        num_sanity_val_steps=0,
+        deterministic=True,
+    )
     options.update(kwargs)
     return pl.Trainer(callbacks=list(callbacks), **options)
 
@@ -116,14 +126,18 @@ def generation_row(verse, vocab: Dict[str, int], causal: bool) -> dict:
         labels = [*tgt, EOS]
         source_words = [*range(n_src), -1]
         target_words = [*range(n_tgt), -1]
-    return {"input_ids": torch.tensor(ids), "labels": torch.tensor(labels),
-            "source_words": torch.tensor(source_words), "target_words": torch.tensor(target_words),
-            "alignment": list(verse.sure), "target_exclude": list(verse.target_exclude)}
+    return {
+        "input_ids": torch.tensor(ids),
+        "labels": torch.tensor(labels),
+        "source_words": torch.tensor(source_words),
+        "target_words": torch.tensor(target_words),
+        "alignment": list(verse.sure),
+        "target_exclude": list(verse.target_exclude),
+    }
 
 
 def generation_collate(rows):
     """Right-padded batch: ``input_ids`` (0), ``attention_mask``, ``labels`` / maps (-100 / -1), lists kept."""
-    import torch
     from torch.nn.utils.rnn import pad_sequence
 
     out = {"input_ids": pad_sequence([r["input_ids"] for r in rows], batch_first=True, padding_value=PAD)}
@@ -144,17 +158,47 @@ def generator(kind: str, vocab_size: int, seed: int = 0):
     torch.manual_seed(seed)
     ids = dict(pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS)
     if kind == "llama":
-        config = tf.LlamaConfig(vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **ids)
+        config = tf.LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            **ids,
+        )
         return tf.LlamaForCausalLM._from_config(config, attn_implementation="eager")
     if kind == "gpt2":
-        config = tf.GPT2Config(vocab_size=vocab_size, n_embd=16, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0,
-                               embd_pdrop=0.0, attn_pdrop=0.0, **ids)
+        config = tf.GPT2Config(
+            vocab_size=vocab_size,
+            n_embd=16,
+            n_layer=2,
+            n_head=4,
+            n_positions=64,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **ids,
+        )
         return tf.GPT2LMHeadModel._from_config(config, attn_implementation="eager")
-    config = tf.BartConfig(vocab_size=vocab_size, d_model=16, encoder_layers=2, decoder_layers=2,
-                           encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=32, decoder_ffn_dim=32,
-                           max_position_embeddings=64, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-                           decoder_start_token_id=EOS, forced_eos_token_id=None, **ids)
+    config = tf.BartConfig(
+        vocab_size=vocab_size,
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        decoder_start_token_id=EOS,
+        forced_eos_token_id=None,
+        **ids,
+    )
     return tf.BartForConditionalGeneration._from_config(config, attn_implementation="eager")
 
 
@@ -170,8 +214,9 @@ def generation_classes():
             self.vocab = ["<pad>", "<s>", "</s>", *vocab]
 
         def _loss(self, batch):
-            return self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                              labels=batch["labels"]).loss
+            return self.model(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]
+            ).loss
 
         def training_step(self, batch, batch_idx):
             return self._loss(batch)

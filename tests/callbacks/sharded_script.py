@@ -9,6 +9,7 @@ sharded model: what each fit raised). Lightning's launcher re-runs ``sys.argv`` 
 module also holds the models and data that the test builds unsharded in one process (``python sharded_script.py``
 is never imported by the launcher's re-run: the test imports it by path).
 """
+
 from __future__ import annotations
 
 import collections
@@ -51,10 +52,15 @@ class SST2(L.LightningDataModule):
         self.tokenizer, self.batch_size = tokenizer, batch_size
 
     def _loader(self, split: str, n: int) -> torch.utils.data.DataLoader:
-        rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) \
-            if split == "train" and torch.distributed.is_initialized() else (0, 1)
-        rows = [dict(self.tokenizer(" ".join(e.tokens), truncation=True, max_length=32), labels=e.label)
-                for e in read_split("sst2", split)[:n]][rank::world]  # this process's share, in order
+        rank, world = (
+            (torch.distributed.get_rank(), torch.distributed.get_world_size())
+            if split == "train" and torch.distributed.is_initialized()
+            else (0, 1)
+        )
+        rows = [
+            dict(self.tokenizer(" ".join(e.tokens), truncation=True, max_length=32), labels=e.label)
+            for e in read_split("sst2", split)[:n]
+        ][rank::world]  # this process's share, in order
         collate = tf.DataCollatorWithPadding(self.tokenizer)
 
         def collate_fn(items: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -75,13 +81,29 @@ class SST2(L.LightningDataModule):
 def classifier(family: str, vocab_size: int) -> Any:
     """A tiny random ``transformers`` sequence classifier (eager attention), from a config (no download)."""
     if family == "llama":
-        config = tf.LlamaConfig(vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                pad_token_id=0, num_labels=2)
+        config = tf.LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            pad_token_id=0,
+            num_labels=2,
+        )
         return tf.LlamaForSequenceClassification._from_config(config, attn_implementation="eager")
-    config = tf.BertConfig(vocab_size=vocab_size, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                           intermediate_size=32, max_position_embeddings=64, num_labels=2, hidden_dropout_prob=0.0,
-                           attention_probs_dropout_prob=0.0)  # no dropout: one process and two draw alike
+    config = tf.BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+        num_labels=2,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )  # no dropout: one process and two draw alike
     return tf.BertForSequenceClassification._from_config(config, attn_implementation="eager")
 
 
@@ -95,8 +117,11 @@ class Classifier(L.LightningModule):
 
     def configure_model(self) -> None:
         if self.shard:
-            for layer in self.model.base_model.layers if hasattr(self.model.base_model, "layers") \
-                    else self.model.base_model.encoder.layer:
+            for layer in (
+                self.model.base_model.layers
+                if hasattr(self.model.base_model, "layers")
+                else self.model.base_model.encoder.layer
+            ):
                 fully_shard(layer)
             fully_shard(self.model)
 
@@ -122,9 +147,11 @@ MORE_METHODS = ("smooth_grad", "attnlrp", "attention_flow", "grad_attention", "s
 def audits(family: str) -> List[Any]:
     """The audits compared: cheap settings, no cost budget (it would resize the subset after the first audit)."""
     common: Dict[str, Any] = dict(num_samples=8, batch_size=4, budget=None)
-    found = [AttentionAudit(methods=METHODS, method_options={"integrated_gradients": {"n_steps": 8}}, **common),
-             ErasureAudit(rankings=("attention", "attention_gradient", "leave_one_out"), **common),
-             AttentionBaselines(num_permutations=4, **common)]
+    found = [
+        AttentionAudit(methods=METHODS, method_options={"integrated_gradients": {"n_steps": 8}}, **common),
+        ErasureAudit(rankings=("attention", "attention_gradient", "leave_one_out"), **common),
+        AttentionBaselines(num_permutations=4, **common),
+    ]
     if family == "bert":
         found.append(AttentionAudit(methods=MORE_METHODS, log_prefix="more", **common))
     return found
@@ -132,8 +159,10 @@ def audits(family: str) -> List[Any]:
 
 def full_weights(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
     """The module's full weights on every process (a sharded DTensor is gathered: a collective)."""
-    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
-            for k, v in module.state_dict().items()}
+    return {
+        k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+        for k, v in module.state_dict().items()
+    }
 
 
 def trainer(root: str, callbacks: List[Any], shard: bool) -> L.Trainer:
@@ -141,11 +170,22 @@ def trainer(root: str, callbacks: List[Any], shard: bool) -> L.Trainer:
 
     where: Dict[str, Any] = dict(accelerator="cpu", devices=1)
     if shard:
-        where = dict(accelerator="cpu", devices=2,
-                     strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1))
-    return L.Trainer(max_epochs=1, logger=False, use_distributed_sampler=False, enable_checkpointing=False,
-                     enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                     default_root_dir=root, callbacks=callbacks, deterministic=True, **where)
+        where = dict(
+            accelerator="cpu", devices=2, strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)
+        )
+    return L.Trainer(
+        max_epochs=1,
+        logger=False,
+        use_distributed_sampler=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=root,
+        callbacks=callbacks,
+        deterministic=True,
+        **where,
+    )
 
 
 def fit(root: str, family: str, callbacks: List[Any], shard: bool) -> Dict[str, torch.Tensor]:
@@ -158,10 +198,12 @@ def fit(root: str, family: str, callbacks: List[Any], shard: bool) -> Dict[str, 
 
 def refusals(root: str) -> Dict[str, str]:
     """What a fit of the sharded BERT raised with each audit whose methods cannot explain a sharded model."""
-    refused = {"attention_audit": lambda: AttentionAudit(methods=("gradient", "alti", "integrated_hessians"),
-                                                         num_samples=4, budget=None),
-               "erasure_audit": lambda: ErasureAudit(rankings=("attention", "value_zeroing"), num_samples=4,
-                                                     budget=None)}
+    refused = {
+        "attention_audit": lambda: AttentionAudit(
+            methods=("gradient", "alti", "integrated_hessians"), num_samples=4, budget=None
+        ),
+        "erasure_audit": lambda: ErasureAudit(rankings=("attention", "value_zeroing"), num_samples=4, budget=None),
+    }
     outcomes = {}
     for name, make in refused.items():
         try:
@@ -182,8 +224,10 @@ def main(root: str, families: List[str]) -> None:
         audited = fit(root, family, callbacks, shard=True)
         plain = fit(root, family, [], shard=True) if callbacks else audited
         rank = torch.distributed.get_rank()
-        torch.save({"audited": audited, "plain": plain, "histories": [c.history for c in callbacks]},
-                   os.path.join(root, f"{family}_rank{rank}.pt"))
+        torch.save(
+            {"audited": audited, "plain": plain, "histories": [c.history for c in callbacks]},
+            os.path.join(root, f"{family}_rank{rank}.pt"),
+        )
     torch.distributed.barrier()  # gloo torn down before exit (left to interpreter shutdown it can abort)
     torch.distributed.destroy_process_group()
 

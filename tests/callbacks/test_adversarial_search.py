@@ -1,4 +1,5 @@
 """AdversarialSearchAudit in a real Trainer on an SST-2 slice: the logged distribution is the search's own."""
+
 from __future__ import annotations
 
 import math
@@ -43,7 +44,7 @@ def _oracle(model, dm, num_samples, batch_size, steps, seed=0):
     max_jsd, change, found = [], [], []
     model.eval()
     for start in range(0, len(indices), batch_size):
-        batch = collate([dataset[i] for i in indices[start:start + batch_size]])
+        batch = collate([dataset[i] for i in indices[start : start + batch_size]])
         result = adversarial_attention_search(model, batch, steps=steps, seed=seed)
         max_jsd.append(result.max_jsd)
         change.append(result.output_change)
@@ -79,8 +80,13 @@ def test_logged_distribution_equals_the_search_run_directly(kit, tmp_path):
     first = audit.latest.examples[0]
     assert len(first.maps["adversarial_attention"]) == len(first.token_ids)
     assert abs(sum(first.maps["adversarial_attention"]) - 1.0) < 1e-5
-    logged = {k: v for _, record in logger.records for k, v in record.items() if k.startswith("adversarial_search/")
-              and not k.startswith(("adversarial_search/cost/", "adversarial_search/budget/"))}  # the audit's cost
+    logged = {
+        k: v
+        for _, record in logger.records
+        for k, v in record.items()
+        if k.startswith("adversarial_search/")
+        and not k.startswith(("adversarial_search/cost/", "adversarial_search/budget/"))
+    }  # the audit's cost
     expected = {f"adversarial_search/{k}": v for k, v in metrics.items() if not math.isnan(v)}
     assert logged == pytest.approx(expected, rel=1e-12)
 

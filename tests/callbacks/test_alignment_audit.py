@@ -1,6 +1,7 @@
 """AlignmentAudit (issue #31): the alignment error rate of the links a generator's maps induce, against the gold links
 of the bundled Greek→English corpus, checked against a hand computation from the model's own ``output_attentions``
 (argmax per target word, corpus-level counts)."""
+
 from __future__ import annotations
 
 import warnings
@@ -21,8 +22,9 @@ def hand_aer(word_maps, batch):
     excluded target words get no link."""
     predicted = sure = both = 0
     for b, verse_links in enumerate(batch["alignment"]):
-        links = {(int(word_maps[b][t].argmax()), t) for t, excluded in enumerate(batch["target_exclude"][b])
-                 if not excluded}
+        links = {
+            (int(word_maps[b][t].argmax()), t) for t, excluded in enumerate(batch["target_exclude"][b]) if not excluded
+        }
         gold = set(map(tuple, verse_links))
         predicted, sure, both = predicted + len(links), sure + len(gold), both + len(links & gold)
     return 1 - 2 * both / (predicted + sure), both / predicted, both / sure
@@ -36,8 +38,12 @@ def source_columns(maps, batch):
 def own_step_attention(model, batch, causal: bool, layer: int):
     """``[B, K, T]``: each target step's row of the model's own attention maps (mean of heads), by hand."""
     with torch.no_grad():
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"],
-                    output_attentions=True)
+        out = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            labels=batch["labels"],
+            output_attentions=True,
+        )
     maps = []
     for b in range(batch["input_ids"].shape[0]):
         positions = (batch["labels"][b] != -100).nonzero().flatten()
@@ -65,14 +71,16 @@ def test_alignment_audit_matches_a_hand_computation(gen_kit, tmp_path, kind):
         trainer.fit(module, datamodule=dm)
     metrics = audit.history[-1]["metrics"]
     assert metrics["sentences"] == 6
-    assert {"attention", "attention_layer_0", "attention_layer_1", "gradient"} == {k.split("/")[0] for k in metrics
-                                                                                    if "/" in k}
+    assert {"attention", "attention_layer_0", "attention_layer_1", "gradient"} == {
+        k.split("/")[0] for k in metrics if "/" in k
+    }
     rows = [dm.val_dataloader().dataset[i] for i in audit.audit_indices(trainer, "val")]
     batch = dm.val_dataloader().collate_fn(rows)
     module.model.eval()
     for layer in (0, 1):
-        aer, precision, recall = hand_aer(source_columns(own_step_attention(module.model, batch, causal, layer), batch),
-                                          batch)
+        aer, precision, recall = hand_aer(
+            source_columns(own_step_attention(module.model, batch, causal, layer), batch), batch
+        )
         assert metrics[f"attention_layer_{layer}/aer"] == pytest.approx(aer, abs=1e-12)
         assert metrics[f"attention_layer_{layer}/precision"] == pytest.approx(precision, abs=1e-12)
         assert metrics[f"attention_layer_{layer}/recall"] == pytest.approx(recall, abs=1e-12)
@@ -130,11 +138,13 @@ def test_setup_refuses_a_classifier_a_class_logit_method_and_batches_without_lin
     Generation, Verses = gen_kit.classes()
     verses = Verses(causal=False)
     with pytest.raises(MisconfigurationException, match=r"with \['lrp'\]"):
-        gen_kit.make_trainer(tmp_path, [AlignmentAudit(methods=("lrp",))]).fit(Generation("bart", verses.word_ids),
-                                                                                datamodule=verses)
+        gen_kit.make_trainer(tmp_path, [AlignmentAudit(methods=("lrp",))]).fit(
+            Generation("bart", verses.word_ids), datamodule=verses
+        )
     with pytest.raises(MisconfigurationException, match="no 'gold' key"):
         gen_kit.make_trainer(tmp_path, [AlignmentAudit(alignment_key="gold")]).fit(
-            Generation("bart", verses.word_ids), datamodule=verses)
+            Generation("bart", verses.word_ids), datamodule=verses
+        )
     with pytest.raises(MisconfigurationException, match="rule='argmax'"):
         AlignmentAudit(rule="argmax")
     with pytest.raises(MisconfigurationException, match="threshold= goes with"):

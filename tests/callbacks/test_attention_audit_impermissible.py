@@ -1,5 +1,6 @@
 """AttentionAudit's impermissible share (Pruthi et al.'s pronoun data): the logged statistic against a hand
 computation from ``lightning_xai.attribution.attribute``, the logged key names, and the errors."""
+
 from __future__ import annotations
 
 import csv
@@ -35,13 +36,28 @@ def _setup(tmp_path, logger=False, audit_kwargs=None, extra_callbacks=()):
     dm = PronounSlice(batch_size=16, seed=0)
     dm.setup("fit")
     pl.seed_everything(0, verbose=False)
-    model = AttentionClassifier(dm.vocab_size, dm.num_classes, embedding_dim=16, hidden_dim=8, embedding_std=0.3,
-                                attention="linear", vocab=dm.vocab.itos)
-    audit = AttentionAudit(methods=METHODS, metrics=("kendall_tau",), num_samples=20, batch_size=7,
-                           **(audit_kwargs or {}))
-    trainer = pl.Trainer(max_epochs=1, logger=logger, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir=str(tmp_path), num_sanity_val_steps=0,
-                         callbacks=[audit, *extra_callbacks])
+    model = AttentionClassifier(
+        dm.vocab_size,
+        dm.num_classes,
+        embedding_dim=16,
+        hidden_dim=8,
+        embedding_std=0.3,
+        attention="linear",
+        vocab=dm.vocab.itos,
+    )
+    audit = AttentionAudit(
+        methods=METHODS, metrics=("kendall_tau",), num_samples=20, batch_size=7, **(audit_kwargs or {})
+    )
+    trainer = pl.Trainer(
+        max_epochs=1,
+        logger=logger,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        num_sanity_val_steps=0,
+        callbacks=[audit, *extra_callbacks],
+    )
     trainer.fit(model, dm)
     return dm, model, audit
 
@@ -86,7 +102,8 @@ def test_impermissible_share_matches_a_hand_computation(tmp_path):
         np.testing.assert_allclose(per_example, shares[name], rtol=1e-4, atol=1e-6)
     # attention sums to 1 over real tokens, so its share is the monitor's impermissible mass
     assert metrics["impermissible_share/attention/mean"] == pytest.approx(
-        monitor.history[-1]["metrics"]["mass/mean"], rel=1e-5)
+        monitor.history[-1]["metrics"]["mass/mean"], rel=1e-5
+    )
     # the shares differ by method (a share computed from the wrong map would not)
     assert len({round(metrics[f"impermissible_share/{n}/mean"], 6) for n in ("attention", *METHODS)}) == 3
 

@@ -1,6 +1,7 @@
 """AttentionAudit with methods whose ``attribute`` returns a tuple — Integrated Hessians ``(row sums [B, T],
 Γ [B, T, T])`` and Integrated Gradients with ``return_convergence_delta=True`` ``(map, delta)`` — compares their
 ``[B, T]`` maps: the logged agreements equal the metric recomputed by hand on ``attribute(...)[0]``."""
+
 from __future__ import annotations
 
 import torch
@@ -10,8 +11,10 @@ from lightning_xai.callbacks import AttentionAudit
 from lightning_xai.data.datamodule import collate
 from lightning_xai.metrics.functional.agreement import jensen_shannon
 
-OPTIONS = {"integrated_gradients": {"n_steps": 8, "return_convergence_delta": True},
-           "integrated_hessians": {"n_steps": 4, "inner_steps": 4}}
+OPTIONS = {
+    "integrated_gradients": {"n_steps": 8, "return_convergence_delta": True},
+    "integrated_hessians": {"n_steps": 4, "inner_steps": 4},
+}
 
 
 def test_tuple_returning_methods_use_their_token_map(trained_model, sst2):

@@ -1,4 +1,5 @@
 """The audit joins small loader batches into fewer passes (bounded by a token budget) without changing results."""
+
 import math
 
 import torch
@@ -10,8 +11,7 @@ from lightning_xai.callbacks import base as callback_base
 def _audit_and_batches(kit, tmp_path, **options):
     dm = kit.make_dm(batch_size=8, val=40)
     model = kit.make_model(dm)
-    audit = AttentionAudit(methods=("gradient", "leave_one_out"), metrics=("kendall_tau",), num_samples=40,
-                           **options)
+    audit = AttentionAudit(methods=("gradient", "leave_one_out"), metrics=("kendall_tau",), num_samples=40, **options)
     kit.make_trainer(tmp_path, [audit], limit_train_batches=2).fit(model, dm)
     return audit, audit._subsets.batches["val"]
 
@@ -35,8 +35,9 @@ def test_small_batches_are_joined_within_the_token_budget(kit, tmp_path, monkeyp
     second = small.history[-1]["metrics"]
     assert first.keys() == second.keys()
     for key, value in first.items():
-        assert math.isclose(value, second[key], rel_tol=1e-5, abs_tol=1e-6) or (math.isnan(value)
-                                                                                and math.isnan(second[key])), key
+        assert math.isclose(value, second[key], rel_tol=1e-5, abs_tol=1e-6) or (
+            math.isnan(value) and math.isnan(second[key])
+        ), key
 
 
 def test_an_explicit_batch_size_is_kept(kit, tmp_path):

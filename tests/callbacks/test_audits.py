@@ -1,4 +1,5 @@
 """The audit callbacks in real Trainers on real SST-2 slices: values, cadence, stages, errors at setup."""
+
 from __future__ import annotations
 
 import math
@@ -13,7 +14,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from lightning_xai.adapters.protocol import ExplainOutput
 from lightning_xai.attribution import attribute
 from lightning_xai.audits.erasure import decision_flip
-from lightning_xai.callbacks import (AttentionAudit, AttentionBaselines, ErasureAudit, ImpermissibleAttentionMonitor)
+from lightning_xai.callbacks import AttentionAudit, AttentionBaselines, ErasureAudit, ImpermissibleAttentionMonitor
 from lightning_xai.data import collate
 from lightning_xai.metrics.functional import AOPC_BINS, aopc, comprehensiveness, jensen_shannon, topk_overlap
 
@@ -27,8 +28,12 @@ def _subset_batch(dm, split, n, seed=0):
 def test_attention_audit_matches_scipy_on_the_fixed_subset(kit, tmp_path):
     dm = kit.make_dm()
     model = kit.make_model(dm)
-    audit = AttentionAudit(methods=("gradient", "leave_one_out"), metrics=("kendall_tau", "jsd", "topk_overlap"),
-                           num_samples=24, batch_size=10)
+    audit = AttentionAudit(
+        methods=("gradient", "leave_one_out"),
+        metrics=("kendall_tau", "jsd", "topk_overlap"),
+        num_samples=24,
+        batch_size=10,
+    )
     kit.make_trainer(tmp_path, [audit], max_epochs=2).fit(model, dm)
 
     assert [r["epoch"] for r in audit.history] == [0, 1]
@@ -37,8 +42,11 @@ def test_attention_audit_matches_scipy_on_the_fixed_subset(kit, tmp_path):
     assert [e.index for e in audit.latest.examples] == indices  # the same fixed subset every time
 
     model.eval()
-    maps = {"attention": model(batch).attention.detach(),
-            "gradient": attribute(model, batch, "gradient"), "leave_one_out": attribute(model, batch, "leave_one_out")}
+    maps = {
+        "attention": model(batch).attention.detach(),
+        "gradient": attribute(model, batch, "gradient"),
+        "leave_one_out": attribute(model, batch, "leave_one_out"),
+    }
     mask = batch["mask"]
     metrics = audit.history[-1]["metrics"]
     for first, second in audit.pairs:
@@ -68,8 +76,9 @@ def test_erasure_and_baselines_and_monitor_values(kit, tmp_path):
     dm = kit.make_dm(impermissible=True)
     model = kit.make_model(dm)
     erasure = ErasureAudit(rankings=("attention", "random"), num_samples=16)
-    with_aopc = ErasureAudit(rankings=("attention",), aopc_bins=AOPC_BINS, decision_flip=False, num_samples=16,
-                             log_prefix="erasure_aopc")
+    with_aopc = ErasureAudit(
+        rankings=("attention",), aopc_bins=AOPC_BINS, decision_flip=False, num_samples=16, log_prefix="erasure_aopc"
+    )
     baselines = AttentionBaselines(num_samples=16, num_permutations=12)
     monitor = ImpermissibleAttentionMonitor(num_samples=16)
     kit.make_trainer(tmp_path, [erasure, with_aopc, baselines, monitor]).fit(model, dm)
@@ -103,8 +112,9 @@ def test_erasure_and_baselines_and_monitor_values(kit, tmp_path):
 
 def test_every_n_train_steps_cadence(kit, tmp_path):
     dm = kit.make_dm()  # 192 train examples / 16 = 12 steps per epoch
-    audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), every_n_epochs=0, every_n_train_steps=5,
-                           num_samples=8)
+    audit = AttentionAudit(
+        methods=("gradient",), metrics=("kendall_tau",), every_n_epochs=0, every_n_train_steps=5, num_samples=8
+    )
     kit.make_trainer(tmp_path, [audit], max_epochs=2).fit(kit.make_model(dm), dm)
     assert [r["global_step"] for r in audit.history] == [5, 10, 15, 20]
 
@@ -112,8 +122,12 @@ def test_every_n_train_steps_cadence(kit, tmp_path):
 def test_validate_and_test_run_under_inference_mode(kit, tmp_path):
     dm = kit.make_dm()
     model = kit.make_model(dm)
-    audit = AttentionAudit(methods=("gradient", "integrated_gradients", "leave_one_out"), num_samples=12,
-                           method_options=kit.FAST_METHODS, every_n_epochs=0)
+    audit = AttentionAudit(
+        methods=("gradient", "integrated_gradients", "leave_one_out"),
+        num_samples=12,
+        method_options=kit.FAST_METHODS,
+        every_n_epochs=0,
+    )
     baselines = AttentionBaselines(num_samples=12, num_permutations=5, every_n_epochs=0)
     trainer = kit.make_trainer(tmp_path, [audit, baselines])
     trainer.validate(model, dm)

@@ -1,4 +1,5 @@
 """The cost budget: the pure plan (properties) and a real Trainer whose audit is deliberately slow."""
+
 from __future__ import annotations
 
 import math
@@ -19,10 +20,17 @@ positive = st.floats(min_value=1e-4, max_value=1e3, allow_nan=False, allow_infin
 
 
 @settings(max_examples=300, deadline=None)
-@given(spe=positive, train=positive, budget=st.floats(min_value=1e-3, max_value=2.0), requested=st.integers(1, 5000),
-       fixed_samples=st.booleans(), fixed_cadence=st.booleans())
-def test_plan_lowers_the_cadence_first_and_never_goes_below_the_floor(spe, train, budget, requested, fixed_samples,
-                                                                      fixed_cadence):
+@given(
+    spe=positive,
+    train=positive,
+    budget=st.floats(min_value=1e-3, max_value=2.0),
+    requested=st.integers(1, 5000),
+    fixed_samples=st.booleans(),
+    fixed_cadence=st.booleans(),
+)
+def test_plan_lowers_the_cadence_first_and_never_goes_below_the_floor(
+    spe, train, budget, requested, fixed_samples, fixed_cadence
+):
     chosen = plan(spe, train, budget, requested, fixed_samples=fixed_samples, fixed_cadence=fixed_cadence)
     assert 1 <= chosen.cadence <= (1 if fixed_cadence else 10)
     assert min(128, requested) <= chosen.num_samples <= requested
@@ -123,8 +131,15 @@ def test_over_budget_at_the_largest_cadence_shrinks_to_128_nested(tmp_path, slow
 
 
 def test_explicit_choices_win_and_none_switches_off(tmp_path, slow_method):
-    audit = _Subsets(methods=("sleepy",), metrics=("kendall_tau",), num_samples=256, every_n_epochs=1, budget=1e-4,
-                     on_validate=False, on_test=False)
+    audit = _Subsets(
+        methods=("sleepy",),
+        metrics=("kendall_tau",),
+        num_samples=256,
+        every_n_epochs=1,
+        budget=1e-4,
+        on_validate=False,
+        on_test=False,
+    )
     trainer = _fit(tmp_path, audit, slow_method, epochs=2)
     assert [e for e, _ in audit.seen] == [0, 1] and audit.plan.cadence == 1 and audit.plan.num_samples == 256
     assert "attention_audit/budget/share" in trainer.callback_metrics

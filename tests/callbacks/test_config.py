@@ -1,4 +1,5 @@
 """Callback configuration, state keys, the non-invasive guard and the aggregation — no Trainer needed."""
+
 from __future__ import annotations
 
 import random
@@ -15,32 +16,35 @@ from lightning_xai.callbacks._audit.guard import audit_guard
 from lightning_xai.metrics import summarize_values
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda: AttentionAudit(every_n_epochs=-1), "every_n_epochs"),
-    (lambda: AttentionAudit(every_n_train_steps=0), "every_n_train_steps"),
-    (lambda: AttentionAudit(every_n_epochs=0, on_validate=False, on_test=False), "never run"),
-    (lambda: AttentionAudit(num_samples=0), "num_samples"),
-    (lambda: AttentionAudit(dataloader="dev"), "dataloader"),
-    (lambda: AttentionAudit(seed=1.5), "seed"),
-    (lambda: AttentionAudit(precision="16"), "precision"),
-    (lambda: AttentionAudit(methods=()), "at least one attribution method"),
-    (lambda: AttentionAudit(methods=("attention", "gradient")), "always computed"),
-    (lambda: AttentionAudit(methods=("gradient", "gradient")), "duplicate"),
-    (lambda: AttentionAudit(metrics=("kendal",)), "unknown metric 'kendal'"),
-    (lambda: AttentionAudit(methods=("gradient",), pairs=[("attention", "lrp")]), "pair"),
-    (lambda: AttentionAudit(methods=("gradient",), method_options={"leave_one_out": {}}), "method_options"),
-    (lambda: AttentionAudit(metrics=("jsd",), metric_options={"topk_overlap": {"k": 2}}), "metric_options"),
-    (lambda: ErasureAudit(rankings=("attention", "atention")), "unknown ranking 'atention'"),
-    (lambda: ErasureAudit(rankings="attention"), "not a string"),
-    (lambda: ErasureAudit(k=0), "k"),
-    (lambda: ErasureAudit(decision_flip=False, eraser=False), "enable"),
-    (lambda: ErasureAudit(aopc_bins=0.2), "list of sizes"),
-    (lambda: ErasureAudit(aopc_bins=(0.1, 0, 1.5)), r"\[0, 1.5\]"),
-    (lambda: AttentionBaselines(num_permutations=0), "num_permutations"),
-    (lambda: AttentionBaselines(max_attention_bins=(0.5, 0.2)), "increasing"),
-    (lambda: AttentionBaselines(permutation=False, uniform=False), "enable"),
-    (lambda: ImpermissibleAttentionMonitor(threshold=0), "threshold"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: AttentionAudit(every_n_epochs=-1), "every_n_epochs"),
+        (lambda: AttentionAudit(every_n_train_steps=0), "every_n_train_steps"),
+        (lambda: AttentionAudit(every_n_epochs=0, on_validate=False, on_test=False), "never run"),
+        (lambda: AttentionAudit(num_samples=0), "num_samples"),
+        (lambda: AttentionAudit(dataloader="dev"), "dataloader"),
+        (lambda: AttentionAudit(seed=1.5), "seed"),
+        (lambda: AttentionAudit(precision="16"), "precision"),
+        (lambda: AttentionAudit(methods=()), "at least one attribution method"),
+        (lambda: AttentionAudit(methods=("attention", "gradient")), "always computed"),
+        (lambda: AttentionAudit(methods=("gradient", "gradient")), "duplicate"),
+        (lambda: AttentionAudit(metrics=("kendal",)), "unknown metric 'kendal'"),
+        (lambda: AttentionAudit(methods=("gradient",), pairs=[("attention", "lrp")]), "pair"),
+        (lambda: AttentionAudit(methods=("gradient",), method_options={"leave_one_out": {}}), "method_options"),
+        (lambda: AttentionAudit(metrics=("jsd",), metric_options={"topk_overlap": {"k": 2}}), "metric_options"),
+        (lambda: ErasureAudit(rankings=("attention", "atention")), "unknown ranking 'atention'"),
+        (lambda: ErasureAudit(rankings="attention"), "not a string"),
+        (lambda: ErasureAudit(k=0), "k"),
+        (lambda: ErasureAudit(decision_flip=False, eraser=False), "enable"),
+        (lambda: ErasureAudit(aopc_bins=0.2), "list of sizes"),
+        (lambda: ErasureAudit(aopc_bins=(0.1, 0, 1.5)), r"\[0, 1.5\]"),
+        (lambda: AttentionBaselines(num_permutations=0), "num_permutations"),
+        (lambda: AttentionBaselines(max_attention_bins=(0.5, 0.2)), "increasing"),
+        (lambda: AttentionBaselines(permutation=False, uniform=False), "enable"),
+        (lambda: ImpermissibleAttentionMonitor(threshold=0), "threshold"),
+    ],
+)
 def test_bad_config_fails_at_init_with_a_named_error(make, message):
     with pytest.raises(MisconfigurationException, match=message):
         make()
@@ -52,7 +56,12 @@ def test_defaults_and_pairs():
     assert audit.methods == ["gradient", "grad_x_input", "leave_one_out"]
     assert audit.metrics == ["kendall_tau", "jsd", "topk_overlap"]
     assert len(audit.pairs) == 6 and ("gradient", "leave_one_out") in audit.pairs
-    assert (audit.every_n_epochs, audit.every_n_train_steps, audit.num_samples, audit.dataloader) == (1, None, 256, "val")
+    assert (audit.every_n_epochs, audit.every_n_train_steps, audit.num_samples, audit.dataloader) == (
+        1,
+        None,
+        256,
+        "val",
+    )
     assert AttentionAudit(metrics=("jensen_shannon",)).metrics == ["jsd"]
 
 
@@ -62,8 +71,10 @@ class _HoldsABert(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         import transformers
-        config = transformers.BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-                                         intermediate_size=16)
+
+        config = transformers.BertConfig(
+            vocab_size=30, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16
+        )
         self.model = transformers.BertForSequenceClassification(config)
 
 
@@ -95,9 +106,15 @@ def test_default_methods_follow_the_model():
 
 
 def test_state_keys_tell_instances_apart():
-    keys = {AttentionAudit().state_key, AttentionAudit(seed=1).state_key, AttentionAudit(methods=("gradient",)).state_key,
-            ErasureAudit().state_key, ErasureAudit(aopc_bins=(0.1, 0.5)).state_key, AttentionBaselines().state_key,
-            ImpermissibleAttentionMonitor().state_key}
+    keys = {
+        AttentionAudit().state_key,
+        AttentionAudit(seed=1).state_key,
+        AttentionAudit(methods=("gradient",)).state_key,
+        ErasureAudit().state_key,
+        ErasureAudit(aopc_bins=(0.1, 0.5)).state_key,
+        AttentionBaselines().state_key,
+        ImpermissibleAttentionMonitor().state_key,
+    }
     assert len(keys) == 7
     assert AttentionAudit().state_key == AttentionAudit().state_key
 
@@ -105,24 +122,44 @@ def test_state_keys_tell_instances_apart():
 def test_a_log_prefix_or_a_precision_tells_two_audits_apart_and_the_default_keys_are_unchanged():
     # the key of a default audit is the one checkpoints written before log_prefix/precision joined it carry
     assert AttentionAudit().state_key == AttentionAudit()._generate_state_key(
-        every_n_epochs=AttentionAudit().every_n_epochs, every_n_train_steps=None,
-        num_samples=AttentionAudit().num_samples, dataloader="val", seed=0, methods="auto",
-        metrics=("kendall_tau", "jsd", "topk_overlap"))
+        every_n_epochs=AttentionAudit().every_n_epochs,
+        every_n_train_steps=None,
+        num_samples=AttentionAudit().num_samples,
+        dataloader="val",
+        seed=0,
+        methods="auto",
+        metrics=("kendall_tau", "jsd", "topk_overlap"),
+    )
     assert AttentionAudit(log_prefix=AttentionAudit().name).state_key == AttentionAudit().state_key
-    keys = {AttentionAudit().state_key, AttentionAudit(log_prefix="fp32").state_key,
-            AttentionAudit(precision="trainer").state_key, ErasureAudit(log_prefix="e2").state_key,
-            ErasureAudit().state_key}
+    keys = {
+        AttentionAudit().state_key,
+        AttentionAudit(log_prefix="fp32").state_key,
+        AttentionAudit(precision="trainer").state_key,
+        ErasureAudit(log_prefix="e2").state_key,
+        ErasureAudit().state_key,
+    }
     assert len(keys) == 5
     # Lightning refuses two stateful callbacks of one class with the same key; these two are accepted
-    trainer = pl.Trainer(callbacks=[AttentionAudit(), AttentionAudit(precision="trainer", log_prefix="bf16")],
-                         logger=False, enable_checkpointing=False)
+    trainer = pl.Trainer(
+        callbacks=[AttentionAudit(), AttentionAudit(precision="trainer", log_prefix="bf16")],
+        logger=False,
+        enable_checkpointing=False,
+    )
     assert len({c.state_key for c in trainer.callbacks if isinstance(c, AttentionAudit)}) == 2
 
 
 def test_state_dict_round_trip():
     audit = AttentionAudit()
-    audit.history = [{"stage": "fit", "epoch": 0, "global_step": 3, "split": "val", "num_examples": 2,
-                      "metrics": {"kendall_tau/attention_vs_gradient/mean": 0.25}}]
+    audit.history = [
+        {
+            "stage": "fit",
+            "epoch": 0,
+            "global_step": 3,
+            "split": "val",
+            "num_examples": 2,
+            "metrics": {"kendall_tau/attention_vs_gradient/mean": 0.25},
+        }
+    ]
     state = audit.state_dict()
     other = AttentionAudit()
     other.load_state_dict(state)

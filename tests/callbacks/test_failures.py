@@ -1,4 +1,5 @@
 """Issue 19, items 5-7: a failing audit never ends training, faithfulness is monitorable, the cost is announced."""
+
 from __future__ import annotations
 
 import csv
@@ -51,8 +52,9 @@ def _fit(kit, tmp_path, callbacks, epochs=2):
 
 def test_a_failing_audit_is_reported_once_and_training_runs_to_the_end(kit, tmp_path, failing_method):
     plain_trainer, plain = _fit(kit, tmp_path / "plain", [])
-    audit = AttentionAudit(methods=("gradient", failing_method), metrics=("kendall_tau",), num_samples=16,
-                           every_n_epochs=1)
+    audit = AttentionAudit(
+        methods=("gradient", failing_method), metrics=("kendall_tau",), num_samples=16, every_n_epochs=1
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer, audited = _fit(kit, tmp_path / "audited", [audit])
@@ -68,8 +70,9 @@ def test_a_failing_audit_is_reported_once_and_training_runs_to_the_end(kit, tmp_
 
 
 def test_strict_re_raises_the_audit_exception(kit, tmp_path, failing_method):
-    audit = AttentionAudit(methods=(failing_method,), metrics=("kendall_tau",), num_samples=16, strict=True,
-                           every_n_epochs=1)
+    audit = AttentionAudit(
+        methods=(failing_method,), metrics=("kendall_tau",), num_samples=16, strict=True, every_n_epochs=1
+    )
     with pytest.raises(RuntimeError, match="deliberate failure inside the audit"):
         _fit(kit, tmp_path, [audit], epochs=1)
 
@@ -91,8 +94,7 @@ class _SelfAttentionNet(nn.Module):
 
     def forward(self, ids, mask):
         x = self.emb(ids)
-        h, _ = self.attn(x, x, x, key_padding_mask=~mask, need_weights=self.need_weights,
-                         average_attn_weights=False)
+        h, _ = self.attn(x, x, x, key_padding_mask=~mask, need_weights=self.need_weights, average_attn_weights=False)
         return self.out((h * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True))
 
 
@@ -102,9 +104,18 @@ class _UserModule(pl.LightningModule):
     def __init__(self, vocab_size: int, need_weights: bool, pooling=None) -> None:
         super().__init__()
         self.net = _SelfAttentionNet(vocab_size, need_weights)
-        object.__setattr__(self, "adapter", HookAdapter(self.net, embedding="emb", attention="attn",
-                                                        attention_index=1, pooling=pooling,
-                                                        forward_fn=lambda m, b: m(b["input_ids"], b["mask"])))
+        object.__setattr__(
+            self,
+            "adapter",
+            HookAdapter(
+                self.net,
+                embedding="emb",
+                attention="attn",
+                attention_index=1,
+                pooling=pooling,
+                forward_fn=lambda m, b: m(b["input_ids"], b["mask"]),
+            ),
+        )
 
     def token_mask(self, batch):
         return self.adapter.token_mask(batch)
@@ -150,8 +161,12 @@ class _UnusedSoftmaxNet(nn.Module):
 
     def __init__(self, vocab_size: int) -> None:
         super().__init__()
-        self.emb, self.score, self.attn, self.out = (nn.Embedding(vocab_size, 16), nn.Linear(16, 1),
-                                                     nn.Softmax(dim=-1), nn.Linear(16, 2))
+        self.emb, self.score, self.attn, self.out = (
+            nn.Embedding(vocab_size, 16),
+            nn.Linear(16, 1),
+            nn.Softmax(dim=-1),
+            nn.Linear(16, 2),
+        )
 
     def forward(self, ids, mask):
         x = self.emb(ids)
@@ -163,8 +178,12 @@ def test_probe_refuses_attention_weights_that_do_not_feed_the_logits(kit):
     dm = kit.make_dm()
     batch = next(iter(dm.val_dataloader()))
     pl.seed_everything(0, verbose=False)
-    unused = HookAdapter(_UnusedSoftmaxNet(dm.vocab_size), embedding="emb", attention="attn",
-                         forward_fn=lambda m, b: m(b["input_ids"], b["mask"]))
+    unused = HookAdapter(
+        _UnusedSoftmaxNet(dm.vocab_size),
+        embedding="emb",
+        attention="attn",
+        forward_fn=lambda m, b: m(b["input_ids"], b["mask"]),
+    )
     with pytest.raises(ProtocolError, match="does not feed the logits"):
         unused.probe(batch)
     _UserModule(dm.vocab_size, need_weights=True, pooling="mean").adapter.probe(batch)  # MHA's weights now do
@@ -173,10 +192,15 @@ def test_probe_refuses_attention_weights_that_do_not_feed_the_logits(kit):
 def test_model_checkpoint_and_early_stopping_monitor_an_audit_key(kit, tmp_path):
     dm = kit.make_dm()
     # every_n_epochs given explicitly: the test needs an audit every epoch, whatever the default cadence
-    audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), num_samples=16,
-                           every_n_epochs=1)
-    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor=KEY, mode="max", save_top_k=1,
-                                 filename=f"{{epoch}}-tau={{{KEY}:.4f}}", auto_insert_metric_name=False)
+    audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), num_samples=16, every_n_epochs=1)
+    checkpoint = ModelCheckpoint(
+        dirpath=tmp_path / "ckpt",
+        monitor=KEY,
+        mode="max",
+        save_top_k=1,
+        filename=f"{{epoch}}-tau={{{KEY}:.4f}}",
+        auto_insert_metric_name=False,
+    )
     stopping = EarlyStopping(monitor=KEY, mode="max", patience=10)
     trainer = kit.make_trainer(tmp_path, [audit, checkpoint, stopping], max_epochs=3, enable_checkpointing=True)
     trainer.fit(kit.make_model(dm), dm)
@@ -191,16 +215,18 @@ def test_model_checkpoint_and_early_stopping_monitor_an_audit_key(kit, tmp_path)
 
 def test_the_first_audit_announces_its_cost_against_the_training_epoch(kit, tmp_path, caplog):
     dm = kit.make_dm()
-    audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), num_samples=16,
-                           every_n_epochs=1)
+    audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), num_samples=16, every_n_epochs=1)
     logger = CSVLogger(str(tmp_path), name="csv")
     trainer = kit.make_trainer(tmp_path, [audit], max_epochs=2, logger=logger)
     with caplog.at_level(logging.INFO):
         trainer.fit(kit.make_model(dm), dm)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("AttentionAudit: the first audit")]
     assert len(lines) == 1, lines
-    found = re.fullmatch(r"AttentionAudit: the first audit took ([\d.]+) s, ([\d.]+)% of the training epoch it ran "
-                         r"in \(([\d.]+) s without audits\)\.", lines[0])
+    found = re.fullmatch(
+        r"AttentionAudit: the first audit took ([\d.]+) s, ([\d.]+)% of the training epoch it ran "
+        r"in \(([\d.]+) s without audits\)\.",
+        lines[0],
+    )
     assert found, lines[0]
     seconds, percent, training = map(float, found.groups())
     with open(f"{logger.log_dir}/metrics.csv") as f:
@@ -255,8 +281,9 @@ def test_an_audit_failing_on_one_ddp_process_is_skipped_on_both(tmp_path, strict
     script = tmp_path / "one_rank_fails.py"
     script.write_text(_ONE_RANK_FAILS.format(conftest_dir=os.path.dirname(__file__), root=str(tmp_path), strict=strict))
     env = dict(os.environ, OMP_NUM_THREADS="1", PL_DISABLE_FORK="1")
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
     if strict:  # raised on both: the failing process its own error, the other one naming it

@@ -4,6 +4,7 @@ the one line ``AttentionAudit()``: its logged numbers equal a direct ``attribute
 subset (the oracle), free decoding explains the model's greedy output, per-step maps are compared over the steps
 that exist, training is bit-identical with and without the audit, and the methods that cannot explain a target
 sequence are refused by name."""
+
 from __future__ import annotations
 
 import math
@@ -57,8 +58,11 @@ def test_one_line_audit_of_a_generator_matches_a_direct_computation(gen_kit, tmp
     model = audit.explainable(module)
     batch = audited_batch(audit, trainer, dm)
     mask = model.token_mask(batch)
-    maps = {"attention": attribute(model, batch, "attention"), "gradient": attribute(model, batch, "gradient"),
-            "grad_x_input": attribute(model, batch, "grad_x_input", absolute=True)}
+    maps = {
+        "attention": attribute(model, batch, "attention"),
+        "gradient": attribute(model, batch, "gradient"),
+        "grad_x_input": attribute(model, batch, "grad_x_input", absolute=True),
+    }
     for first, second in (("attention", "gradient"), ("attention", "grad_x_input"), ("gradient", "grad_x_input")):
         tau, _ = AGREEMENT_METRICS["kendall_tau"][0](maps[first], maps[second], mask)
         jsd = AGREEMENT_METRICS["jsd"][0](maps[first], maps[second], mask)
@@ -90,14 +94,17 @@ def test_per_step_agreement_is_computed_over_the_steps_that_exist(gen_kit, tmp_p
     per_row = []
     for b in range(steps.shape[0]):  # by hand: one τ per existing (b, k), the mean over the row's steps
         ks = out.target_steps[b].nonzero().flatten()
-        tau, _ = AGREEMENT_METRICS["kendall_tau"][0](out.extras["step_attention"][b, ks], steps[b, ks],
-                                                     mask[b].expand(len(ks), -1))
+        tau, _ = AGREEMENT_METRICS["kendall_tau"][0](
+            out.extras["step_attention"][b, ks], steps[b, ks], mask[b].expand(len(ks), -1)
+        )
         tau = tau[torch.isfinite(tau)]
         per_row.append(float(tau.mean()) if tau.numel() else math.nan)
     assert metrics["per_step/kendall_tau/attention_vs_gradient/mean"] == pytest.approx(
-        mean_of(torch.tensor(per_row)), abs=1e-6)
+        mean_of(torch.tensor(per_row)), abs=1e-6
+    )
     assert metrics["per_step/kendall_tau/attention_vs_gradient/mean"] != pytest.approx(
-        metrics["kendall_tau/attention_vs_gradient/mean"], abs=1e-6)
+        metrics["kendall_tau/attention_vs_gradient/mean"], abs=1e-6
+    )
 
 
 def test_free_decoding_explains_the_models_greedy_output(gen_kit, tmp_path):
@@ -107,13 +114,16 @@ def test_free_decoding_explains_the_models_greedy_output(gen_kit, tmp_path):
     batch = model.greedy_targets(audited_batch(audit, trainer, dm), 4)
     assert batch["labels"].shape[1] <= 4
     mask = model.token_mask(batch)
-    tau, _ = AGREEMENT_METRICS["kendall_tau"][0](attribute(model, batch, "attention"),
-                                                 attribute(model, batch, "gradient"), mask)
+    tau, _ = AGREEMENT_METRICS["kendall_tau"][0](
+        attribute(model, batch, "attention"), attribute(model, batch, "gradient"), mask
+    )
     logged = audit.history[-1]["metrics"]["kendall_tau/attention_vs_gradient/mean"]
     assert logged == pytest.approx(mean_of(tau), abs=1e-6)
-    forced = AGREEMENT_METRICS["kendall_tau"][0](attribute(model, audited_batch(audit, trainer, dm), "attention"),
-                                                 attribute(model, audited_batch(audit, trainer, dm), "gradient"),
-                                                 mask)[0]
+    forced = AGREEMENT_METRICS["kendall_tau"][0](
+        attribute(model, audited_batch(audit, trainer, dm), "attention"),
+        attribute(model, audited_batch(audit, trainer, dm), "gradient"),
+        mask,
+    )[0]
     assert logged != pytest.approx(mean_of(forced), abs=1e-6)  # the batch's own labels give another number
 
 
@@ -147,6 +157,9 @@ def test_generation_options_are_refused_for_a_classifier(kit, tmp_path):
 
 @pytest.mark.parametrize("callback", [AdversarialSearchAudit, SanityCheck])
 def test_audits_that_cannot_explain_a_target_sequence_refuse_a_generator_by_name(gen_kit, tmp_path, callback):
-    with pytest.raises(MisconfigurationException, match=f"{callback.__name__} does not audit text generators "
-                                                        r"\(BartForConditionalGeneration\)"):
+    with pytest.raises(
+        MisconfigurationException,
+        match=f"{callback.__name__} does not audit text generators "
+        r"\(BartForConditionalGeneration\)",
+    ):
         fit(gen_kit, tmp_path, "bart", [callback()], epochs=1)

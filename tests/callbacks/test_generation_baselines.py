@@ -4,6 +4,7 @@ the one line ``AttentionBaselines()``: the uniform-attention change of each targ
 hand run of the transformers model whose eager attention is patched here (the last layer's step rows replaced,
 independently of the adapter's override), the Σ over steps is consistent with the per-token mean, and training is
 bit-identical with and without the audit."""
+
 from __future__ import annotations
 
 import warnings
@@ -63,10 +64,12 @@ def uniform_rows_patch(target, queries, source):
     """An eager attention function that calls transformers' own, then — only for ``target`` — gives every head's
     rows at ``queries`` a uniform distribution over ``source`` (the head keeps its mass elsewhere) and recomputes
     weights @ values."""
+
     def patch(original):
         def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-            out, weights = original(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                                    **kwargs)
+            out, weights = original(
+                module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+            )
             if module is not target:
                 return out, weights
             weights = weights.clone()
@@ -78,7 +81,9 @@ def uniform_rows_patch(target, queries, source):
                 weights[0, :, q] = kept + uniform * (1 - kept.sum(-1, keepdim=True))
             values = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)
             return (weights @ values).transpose(1, 2).contiguous(), weights
+
         return attention
+
     return patch
 
 
@@ -89,8 +94,12 @@ def test_uniform_attention_matches_a_hand_run_with_the_rows_replaced(gen_kit, tm
     assert len(audit.history) == 2
     metrics = audit.history[-1]["metrics"]
     for part in ("uniform", "permutation"):
-        for value in ("log_prob_change", "log_prob_change_per_token", "abs_log_prob_change_per_token",
-                      "greedy_token_changed"):
+        for value in (
+            "log_prob_change",
+            "log_prob_change_per_token",
+            "abs_log_prob_change_per_token",
+            "greedy_token_changed",
+        ):
             assert f"{part}/{value}/mean" in metrics and f"{part}/{value}/std" in metrics
     assert audit.history[-1]["explained_quantity"] == "log-probability of the target sequence"
     net = module.model.eval()
@@ -112,19 +121,23 @@ def test_uniform_attention_matches_a_hand_run_with_the_rows_replaced(gen_kit, tm
         delta = uniform - trained
         assert example.values["uniform/log_prob_change"] == pytest.approx(float(delta.sum()), abs=2e-4)
         assert example.values["uniform/log_prob_change_per_token"] == pytest.approx(float(delta.mean()), abs=2e-5)
-        assert example.values["uniform/abs_log_prob_change_per_token"] == pytest.approx(float(delta.abs().mean()),
-                                                                                          abs=2e-5)
+        assert example.values["uniform/abs_log_prob_change_per_token"] == pytest.approx(
+            float(delta.abs().mean()), abs=2e-5
+        )
         # Σ over steps = the per-token mean × the row's steps
         assert example.values["uniform/log_prob_change"] == pytest.approx(
-            example.values["uniform/log_prob_change_per_token"] * len(where), rel=1e-9, abs=1e-12)
+            example.values["uniform/log_prob_change_per_token"] * len(where), rel=1e-9, abs=1e-12
+        )
         hand.append(float(delta.sum()))
         assert float(delta.abs().mean()) > 1e-3  # the replaced rows change the target far beyond the tolerances
     assert metrics["uniform/log_prob_change/mean"] == pytest.approx(sum(hand) / len(hand), abs=2e-4)
 
 
 def test_permutations_change_the_target_and_free_decoding_explains_the_greedy_output(gen_kit, tmp_path):
-    forced, free = AttentionBaselines(num_permutations=4), AttentionBaselines(num_permutations=4, decoding="free",
-                                                                              max_new_tokens=4, log_prefix="free")
+    forced, free = (
+        AttentionBaselines(num_permutations=4),
+        AttentionBaselines(num_permutations=4, decoding="free", max_new_tokens=4, log_prefix="free"),
+    )
     module, dm, trainer = fit(gen_kit, tmp_path, "bart", [forced, free], epochs=1)
     for audit in (forced, free):
         values = [e.values for e in audit.latest.examples]
@@ -133,11 +146,13 @@ def test_permutations_change_the_target_and_free_decoding_explains_the_greedy_ou
     # free decoding scores the model's own greedy output: with the trained attention its argmax is the target itself,
     # so its target log-probability is the highest at every step, and no audit value equals the forced one
     model = free.explainable(module)
-    batch = model.greedy_targets(dm.val_dataloader().collate_fn(
-        [dm.val_dataloader().dataset[i] for i in free.audit_indices(trainer, "val")]), 4)
+    batch = model.greedy_targets(
+        dm.val_dataloader().collate_fn([dm.val_dataloader().dataset[i] for i in free.audit_indices(trainer, "val")]), 4
+    )
     assert batch["labels"].shape[1] <= 4
     assert [e.values["uniform/log_prob_change"] for e in free.latest.examples] != pytest.approx(
-        [e.values["uniform/log_prob_change"] for e in forced.latest.examples], abs=1e-9)
+        [e.values["uniform/log_prob_change"] for e in forced.latest.examples], abs=1e-9
+    )
 
 
 def test_the_audit_leaves_training_bit_identical(gen_kit, tmp_path):

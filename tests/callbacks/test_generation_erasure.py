@@ -3,6 +3,7 @@ encoder–decoder (BART) on short verses of the bundled Greek→English corpus, 
 ``ErasureAudit()``: comprehensiveness and sufficiency equal hand re-runs of the transformers model on the source with
 the top-ranked tokens deleted / kept alone, Σ over steps = per-token value × steps, the greedy-token flip equals a
 hand loop deleting tokens in ranking order, and training is bit-identical with and without the audit."""
+
 from __future__ import annotations
 
 import math
@@ -75,21 +76,29 @@ def test_erasure_matches_hand_reruns_of_the_model_on_the_erased_source(gen_kit, 
         order = source[torch.sort(attention, descending=True, stable=True).indices]
         size = min(math.ceil(0.5 * n), n)
         full, greedy = hand_run(net, ids, labels, causal)
-        comp = full - hand_run(net, *deleted(ids, labels, order[:min(size, n - 1)], causal), causal)[0]
+        comp = full - hand_run(net, *deleted(ids, labels, order[: min(size, n - 1)], causal), causal)[0]
         suff = full - hand_run(net, *deleted(ids, labels, order[size:], causal), causal)[0]
         values = example.values
         assert values["attention/comprehensiveness"] == pytest.approx(comp, abs=2e-4)
         assert values["attention/sufficiency"] == pytest.approx(suff, abs=2e-4)
         assert values["attention/comprehensiveness"] == pytest.approx(
-            values["attention/comprehensiveness_per_token"] * steps, rel=1e-9, abs=1e-12)
+            values["attention/comprehensiveness_per_token"] * steps, rel=1e-9, abs=1e-12
+        )
         # the greedy-token flip: delete the top-ranked tokens one more at a time until a step's argmax changes
-        first = next((m for m in range(1, n) if not torch.equal(
-            hand_run(net, *deleted(ids, labels, order[:m], causal), causal)[1], greedy)), None)
+        first = next(
+            (
+                m
+                for m in range(1, n)
+                if not torch.equal(hand_run(net, *deleted(ids, labels, order[:m], causal), causal)[1], greedy)
+            ),
+            None,
+        )
         assert values["attention/flipped"] == float(first is not None)
         if first is not None:
             assert values["attention/fraction_removed"] == pytest.approx(first / n)
-            assert values["attention/attention_removed"] == pytest.approx(float(attention.sort(
-                descending=True, stable=True).values[:first].sum()), abs=1e-6)
+            assert values["attention/attention_removed"] == pytest.approx(
+                float(attention.sort(descending=True, stable=True).values[:first].sum()), abs=1e-6
+            )
         comps.append(comp)
     metrics = audit.history[-1]["metrics"]
     assert metrics["attention/comprehensiveness/mean"] == pytest.approx(sum(comps) / len(comps), abs=2e-4)
@@ -104,8 +113,14 @@ def test_both_callbacks_audit_a_causal_lm_with_one_line_and_leave_training_bit_i
         assert torch.equal(a, b), name
     logged = erasure.history[-1]["metrics"]
     for ranking in ("attention", "attention_gradient", "random"):
-        for value in ("comprehensiveness", "sufficiency", "comprehensiveness_per_token", "sufficiency_per_token",
-                      "flipped", "steps_changed"):
+        for value in (
+            "comprehensiveness",
+            "sufficiency",
+            "comprehensiveness_per_token",
+            "sufficiency_per_token",
+            "flipped",
+            "steps_changed",
+        ):
             assert math.isfinite(logged[f"{ranking}/{value}/mean"]), (ranking, value)
     assert "uniform/log_prob_change/mean" in baselines.history[-1]["metrics"]
     assert "permutation/greedy_token_changed/mean" in baselines.history[-1]["metrics"]

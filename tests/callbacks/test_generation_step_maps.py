@@ -3,6 +3,7 @@ steps, attention's row of each step and each method's map of that step's log-pro
 words. An unmodified LightningModule holding a tiny causal LM (Llama, GPT-2) or encoder–decoder (BART), audited with
 ``AttentionAudit()``: the stored maps equal ``attribute(..., target="steps")`` and the model's own
 ``output_attentions`` rows (the oracle); only the first ``step_examples`` of the report's examples get them."""
+
 from __future__ import annotations
 
 import warnings
@@ -44,8 +45,12 @@ def own_step_attention(hf, batch) -> list:
     labels = batch["labels"]
     with torch.no_grad():
         if hf.config.is_encoder_decoder:
-            out = hf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_attentions=True,
-                     decoder_input_ids=hf.prepare_decoder_input_ids_from_labels(labels=labels))
+            out = hf(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                output_attentions=True,
+                decoder_input_ids=hf.prepare_decoder_input_ids_from_labels(labels=labels),
+            )
             maps, shift = out.cross_attentions[-1].double().mean(1), 0
         else:
             out = hf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_attentions=True)
@@ -67,8 +72,10 @@ def test_report_examples_keep_step_maps_equal_to_attribute_and_the_models_own_at
     batch = audited_batch(audit, trainer, dm)
     module.model.eval()
     own = own_step_attention(module.model, batch)
-    methods = {"gradient": attribute(model, batch, "gradient", target="steps"),
-               "grad_x_input": attribute(model, batch, "grad_x_input", target="steps", absolute=True)}
+    methods = {
+        "gradient": attribute(model, batch, "gradient", target="steps"),
+        "grad_x_input": attribute(model, batch, "grad_x_input", target="steps", absolute=True),
+    }
     examples = audit.latest.examples
     assert len(examples) == 6 and [bool(e.step_maps) for e in examples] == [True] * 3 + [False] * 3  # step_examples=3
     for row, example in enumerate(examples[:3]):
@@ -92,8 +99,10 @@ def test_report_examples_keep_step_maps_equal_to_attribute_and_the_models_own_at
     assert audit.example_tokens(trainer, module, example, target=True) == [*verse.target, "</s>"]
 
 
-@pytest.mark.parametrize("options, kept", [({"num_report_examples": 2}, 2), ({"step_examples": 5}, 5),
-                                           ({"step_examples": 1, "per_step": True}, 1)])
+@pytest.mark.parametrize(
+    "options, kept",
+    [({"num_report_examples": 2}, 2), ({"step_examples": 5}, 5), ({"step_examples": 1, "per_step": True}, 1)],
+)
 def test_only_the_first_report_examples_get_step_maps(gen_kit, tmp_path, options, kept):
     audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), **options)
     module, dm, trainer = fit(gen_kit, tmp_path, "gpt2", [audit])
@@ -106,8 +115,9 @@ def test_only_the_first_report_examples_get_step_maps(gen_kit, tmp_path, options
     for row, example in enumerate(examples[:kept]):
         source = batch["source_words"][row] >= 0
         K = len(example.target_token_ids)
-        torch.testing.assert_close(torch.tensor(example.step_maps["gradient"]), steps[row, :K][:, source],
-                                   atol=1e-6, rtol=1e-4)
+        torch.testing.assert_close(
+            torch.tensor(example.step_maps["gradient"]), steps[row, :K][:, source], atol=1e-6, rtol=1e-4
+        )
     per_step = "per_step/kendall_tau/attention_vs_gradient/mean" in audit.history[-1]["metrics"]
     assert per_step == options.get("per_step", False)
 

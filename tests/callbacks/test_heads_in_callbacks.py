@@ -5,6 +5,7 @@ example's ``probability`` is the regression output value (``prediction`` -1: no 
 label, the explained quantity is recorded, and the audits that need a decision or a softmax distribution refuse a
 regression head at setup, by name, instead of failing (or measuring nothing) at the first audit.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -25,11 +26,20 @@ class HeadModule(pl.LightningModule):
     def __init__(self, tokenizer, head: str) -> None:
         super().__init__()
         self.tokenizer = tokenizer  # gives the audits the special tokens, as a user's module often holds it
-        labels = {"regression": dict(num_labels=1),
-                  "multi_label": dict(num_labels=3, problem_type="multi_label_classification")}[head]
-        config = transformers.BertConfig(vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1,
-                                         num_attention_heads=2, intermediate_size=32, max_position_embeddings=64,
-                                         attn_implementation="eager", **labels)
+        labels = {
+            "regression": dict(num_labels=1),
+            "multi_label": dict(num_labels=3, problem_type="multi_label_classification"),
+        }[head]
+        config = transformers.BertConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=64,
+            attn_implementation="eager",
+            **labels,
+        )
         self.model = transformers.BertForSequenceClassification(config)
 
     def training_step(self, batch, batch_idx):
@@ -60,9 +70,16 @@ def _fit(tmp_path, head: str, callbacks):
     pl.seed_everything(0, verbose=False)
     module = HeadModule(tokenizer, head)
     train, val = _loaders(tokenizer, head)
-    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir=str(tmp_path), num_sanity_val_steps=0,
-                         callbacks=list(callbacks))
+    trainer = pl.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        num_sanity_val_steps=0,
+        callbacks=list(callbacks),
+    )
     trainer.fit(module, train, val)
     return trainer, module, val
 
@@ -71,9 +88,10 @@ def _hand_gradient(module, audit, batch, score):
     """‖∂ score(logits)/∂ word embedding‖₂ over the real tokens, by hand through the user's model."""
     model = module.model.eval()
     emb = model.get_input_embeddings()(batch["input_ids"]).detach().requires_grad_(True)
-    logits = model(inputs_embeds=emb, attention_mask=batch["attention_mask"],
-                   token_type_ids=batch["token_type_ids"]).logits
-    grad, = torch.autograd.grad(score(logits).sum(), emb)
+    logits = model(
+        inputs_embeds=emb, attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"]
+    ).logits
+    (grad,) = torch.autograd.grad(score(logits).sum(), emb)
     mask = audit.explainable(module).token_mask(batch)
     return grad.norm(dim=-1), logits.detach(), mask
 
@@ -127,9 +145,14 @@ def test_erasure_audit_measures_the_change_of_a_regression_value(tmp_path):
     assert any(abs(e.values["attention/comprehensiveness"]) > 0 for e in audit.latest.examples)
 
 
-@pytest.mark.parametrize("callback", [AttentionBaselines(num_permutations=2, num_samples=None, budget=None),
-                                      AdversarialSearchAudit(steps=2, num_samples=None, budget=None)],
-                         ids=lambda c: type(c).__name__)
+@pytest.mark.parametrize(
+    "callback",
+    [
+        AttentionBaselines(num_permutations=2, num_samples=None, budget=None),
+        AdversarialSearchAudit(steps=2, num_samples=None, budget=None),
+    ],
+    ids=lambda c: type(c).__name__,
+)
 def test_softmax_only_audits_refuse_a_regression_head_at_setup(callback, tmp_path):
     with pytest.raises(MisconfigurationException, match=f"{type(callback).__name__}.*regression head"):
         _fit(tmp_path, "regression", [callback])

@@ -1,5 +1,6 @@
 """Restoring an earlier checkpoint in the same run (``trainer.test(ckpt_path=...)``) keeps the audits that ran
 after it: restoring weights does not undo audits. A fresh callback (a resume) takes the checkpoint's history."""
+
 from __future__ import annotations
 
 import pytorch_lightning as pl
@@ -22,8 +23,15 @@ def test_testing_from_an_earlier_checkpoint_keeps_the_later_audits(tmp_path):
     model = AttentionClassifier(dm.vocab_size, 2, embedding_dim=16, hidden_dim=8, vocab=dm.vocab.itos)
     audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), num_samples=8, every_n_epochs=1)
     checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{epoch}", save_top_k=-1)
-    trainer = pl.Trainer(max_epochs=3, callbacks=[audit, checkpoints], logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir=str(tmp_path), num_sanity_val_steps=0)
+    trainer = pl.Trainer(
+        max_epochs=3,
+        callbacks=[audit, checkpoints],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        num_sanity_val_steps=0,
+    )
     trainer.fit(model, datamodule=dm)
     assert [r["epoch"] for r in audit.history] == [0, 1, 2]
     trainer.test(model, datamodule=dm, ckpt_path=str(tmp_path / "ckpt" / "epoch=0.ckpt"), verbose=False)

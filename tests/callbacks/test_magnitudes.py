@@ -1,5 +1,6 @@
 """Issue 30 item 7: AttentionAudit compares attention with |grad×input| (Jain & Wallace's magnitude) by default;
 the signed map stays one option away."""
+
 from __future__ import annotations
 
 import torch
@@ -19,6 +20,7 @@ def test_grad_x_input_is_compared_as_a_magnitude_unless_asked_signed(kit):
     signed = attribute(model, batch, "grad_x_input")
     assert (signed < 0).any()  # the signed map has negative tokens, which a magnitude cannot
     torch.testing.assert_close(found.maps["grad_x_input"], signed.abs().float())
-    asked, _ = AttentionAudit(methods=("grad_x_input",), method_options={"grad_x_input": {"absolute": False}}
-                              ).audit_batch(model, batch, generator, list(range(16)))
+    asked, _ = AttentionAudit(
+        methods=("grad_x_input",), method_options={"grad_x_input": {"absolute": False}}
+    ).audit_batch(model, batch, generator, list(range(16)))
     torch.testing.assert_close(asked.maps["grad_x_input"], signed.float())

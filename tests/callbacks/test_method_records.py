@@ -1,12 +1,13 @@
 """The audit callbacks ask a method's registry record, not its name (issue 28): a method registered as
 precision-sensitive is computed in float32 under autocast, and one registered with pairwise interactions gives the
 report its strongest pairs under its own name."""
+
 from __future__ import annotations
 
 import warnings
 
-import pytorch_lightning as pl
 import pytest
+import pytorch_lightning as pl
 import torch
 
 from lightning_xai.attribution import ATTRIBUTION_METHODS, PAIRWISE_INTERACTIONS, attribute, register_method
@@ -35,8 +36,14 @@ def test_a_precision_sensitive_record_runs_in_float32_under_autocast(autocast_se
     audit = AttentionAudit(methods=("custom_sensitive", "custom_robust"), metrics=("kendall_tau",), num_samples=8)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        pl.Trainer(precision="bf16-mixed", logger=False, enable_progress_bar=False, enable_model_summary=False,
-                   default_root_dir=str(tmp_path), callbacks=[audit]).validate(trained_model, sst2, verbose=False)
+        pl.Trainer(
+            precision="bf16-mixed",
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=str(tmp_path),
+            callbacks=[audit],
+        ).validate(trained_model, sst2, verbose=False)
     assert autocast_seen == {"custom_sensitive": False, "custom_robust": True}
     said = [str(w.message) for w in caught if "reduced precision" in str(w.message)]
     assert len(said) == 1 and "custom_sensitive" in said[0]

@@ -1,4 +1,5 @@
 """One agreement-metric registry, one aggregation path (the torchmetrics classes) for callbacks and metrics."""
+
 from __future__ import annotations
 
 import math
@@ -29,6 +30,7 @@ def cosine():
     yield "cosine"
     AGREEMENT_METRICS.pop("cosine")
     from lightning_xai.metrics.registry import AGREEMENT_ALIASES
+
     AGREEMENT_ALIASES.pop("cos")
 
 

@@ -8,6 +8,7 @@ shard of the subset with its own number of forward passes, and every pass of a s
 gloo "collective mismatch" abort, or a hang). Now every process holds what one unsharded process computes, and
 training is untouched.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -38,8 +39,15 @@ def _run(tmp_path: Path, families: List[str], timeout: float) -> List[Dict[str, 
     """The 2-process fits; a hang (a process waiting in a collective the other never reaches) fails here."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PL_DISABLE_FORK="1", PYTHONWARNINGS="ignore")
     env.pop("LOCAL_RANK", None)
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path), ",".join(families)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(tmp_path), ",".join(families)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         _, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -77,8 +85,9 @@ def test_audits_of_a_sharded_model_equal_one_unsharded_process_and_leave_trainin
     for rank in ranks:
         audited, plain = rank[family]["audited"], rank[family]["plain"]
         assert list(audited) == list(plain)
-        assert all(torch.equal(audited[k], plain[k]) for k in plain), [k for k in plain
-                                                                       if not torch.equal(audited[k], plain[k])]
+        assert all(torch.equal(audited[k], plain[k]) for k in plain), [
+            k for k in plain if not torch.equal(audited[k], plain[k])
+        ]
     # every process holds the same results, of the whole subset
     for mine, theirs in zip(ranks[1][family]["histories"], first["histories"]):
         assert len(mine) == len(theirs) == 1
@@ -90,8 +99,7 @@ def test_audits_of_a_sharded_model_equal_one_unsharded_process_and_leave_trainin
     module = script.Classifier(family, len(tok), shard=False)
     module.load_state_dict(first["audited"])
     callbacks = script.audits(family)
-    script.trainer(str(tmp_path / "single"), callbacks, shard=False).validate(module, script.SST2(tok),
-                                                                              verbose=False)
+    script.trainer(str(tmp_path / "single"), callbacks, shard=False).validate(module, script.SST2(tok), verbose=False)
     for callback, history in zip(callbacks, first["histories"]):
         _close(history[0]["metrics"], callback.history[0]["metrics"])
 
@@ -110,9 +118,11 @@ def test_deception_penalty_trains_a_sharded_model_as_one_process_does(tmp_path):
     assert list(sharded) == list(single)
     for key in single:
         if key.endswith("attention.self.key.bias"):  # its gradient is 0 (softmax ignores a shift): Adam's steps of
-            continue                                 # the rounding noise differ between the two runs
-        assert torch.allclose(sharded[key], single[key], rtol=1e-4, atol=1e-5), (key, (sharded[key] - single[key])
-                                                                                 .abs().max())
+            continue  # the rounding noise differ between the two runs
+        assert torch.allclose(sharded[key], single[key], rtol=1e-4, atol=1e-5), (
+            key,
+            (sharded[key] - single[key]).abs().max(),
+        )
 
 
 @pytest.mark.slow
@@ -124,8 +134,9 @@ def test_methods_that_cannot_explain_a_sharded_model_are_refused_before_training
     for rank in _run(tmp_path, ["refused"], timeout=200):
         audit, erasure = rank["refused"]["attention_audit"], rank["refused"]["erasure_audit"]
         for outcome in (audit, erasure):
-            assert outcome.startswith("MisconfigurationException: ") or \
-                outcome.startswith("MisconfiguredOnAnotherProcess: "), outcome
+            assert outcome.startswith("MisconfigurationException: ") or outcome.startswith(
+                "MisconfiguredOnAnotherProcess: "
+            ), outcome
             assert "sharded with FSDP2 (fully_shard, under ModelParallelStrategy)" in outcome, outcome
             assert "the methods that explain a sharded model are " in outcome and "'gradient'" not in outcome
             assert "integrated_gradients" in outcome.split("the methods that explain")[1]

@@ -1,4 +1,5 @@
 """The shared machinery after the split of ``callbacks/base.py``: the prediction step, the loader lookup, the guard."""
+
 from __future__ import annotations
 
 import importlib
@@ -28,8 +29,9 @@ class _Confidence(AuditCallback):
 
     def audit_batch(self, model, batch, generator, indices, prediction=None):
         self.received.append(prediction)
-        return BatchResult(values={"margin": prediction.probabilities.max(-1).values
-                                   - prediction.probabilities.min(-1).values}), {}
+        return BatchResult(
+            values={"margin": prediction.probabilities.max(-1).values - prediction.probabilities.min(-1).values}
+        ), {}
 
 
 def _loaders(dm):
@@ -55,6 +57,7 @@ def test_the_prediction_step_runs_once_in_the_base_and_matches_the_model(kit, tm
 
 def test_an_audit_batch_without_the_shared_prediction_is_refused_when_the_class_is_made():
     with pytest.raises(TypeError, match=r"_OldStyle.audit_batch must take `prediction"):
+
         class _OldStyle(AuditCallback):  # noqa: F841 - written before the shared prediction step
             name = "old_style"
 
@@ -70,14 +73,21 @@ def test_an_audit_batch_returning_a_dict_is_told_to_return_a_batch_result():
     everything = SimpleNamespace(finite=torch.tensor([True, True]))
     with pytest.raises(TypeError, match=r"returned a dict where it returns \(BatchResult, extra\).*BatchResult\(maps="):
         audit_finite_rows(lambda b, i, p: ({"values": {}}, {}), {"x": torch.ones(2)}, [0, 1], everything)
-    found, extra = audit_finite_rows(lambda b, i, p: (BatchResult(values={"v": b["x"]}), {"k": 1}), {"x": torch.ones(2)},
-                                     [0, 1], everything)
+    found, extra = audit_finite_rows(
+        lambda b, i, p: (BatchResult(values={"v": b["x"]}), {"k": 1}), {"x": torch.ones(2)}, [0, 1], everything
+    )
     assert found.values["v"].tolist() == [1.0, 1.0] and extra == {"k": 1}
 
 
 def test_no_subclass_repeats_the_forward_softmax_argmax():
-    for name in ("attention_audit", "erasure_audit", "attention_baselines", "impermissible", "adversarial_search",
-                 "sanity"):
+    for name in (
+        "attention_audit",
+        "erasure_audit",
+        "attention_baselines",
+        "impermissible",
+        "adversarial_search",
+        "sanity",
+    ):
         source = inspect.getsource(importlib.import_module(f"lightning_xai.callbacks.{name}"))
         assert ".softmax(" not in source and "forward_from_embeddings(model.embed" not in source, name
 
@@ -89,14 +99,15 @@ def test_step_audits_find_plain_val_loaders_before_the_first_validation(kit, tmp
     audit = _Confidence(num_samples=10, every_n_epochs=0, every_n_train_steps=1, on_validate=False)
     kit.make_trainer(tmp_path, [audit], limit_train_batches=2).fit(kit.make_model(dm), train, val)
     assert [(r["global_step"], r["num_examples"]) for r in audit.history] == [(1, 10), (2, 10)]
-    assert audit.audit_indices(None, "val") == sorted(torch.randperm(len(dm.dataset("val")),
-                                                                     generator=torch.Generator().manual_seed(0))[:10]
-                                                      .tolist())
+    assert audit.audit_indices(None, "val") == sorted(
+        torch.randperm(len(dm.dataset("val")), generator=torch.Generator().manual_seed(0))[:10].tolist()
+    )
     # without validation Lightning never loads the loaders given to fit: a clear error, not a silent skip
     audit = _Confidence(num_samples=10, every_n_epochs=0, every_n_train_steps=1)
     with pytest.raises(MisconfigurationException, match="limit_val_batches=0.*pass a datamodule"):
-        kit.make_trainer(tmp_path, [audit], limit_train_batches=2, limit_val_batches=0).fit(kit.make_model(dm),
-                                                                                            train, val)
+        kit.make_trainer(tmp_path, [audit], limit_train_batches=2, limit_val_batches=0).fit(
+            kit.make_model(dm), train, val
+        )
 
 
 class _OwnLoaders(AttentionClassifier):
@@ -135,8 +146,12 @@ def test_audit_guard_is_explanation_context_plus_the_random_state():
     for name, guard in (("guard", lambda: audit_guard(net, seed=1)), ("context", lambda: explanation_context(net))):
         with torch.inference_mode():
             with guard():
-                seen[name] = (net[0].weight.grad, net.training, torch.is_grad_enabled(),
-                              torch.is_inference_mode_enabled())
+                seen[name] = (
+                    net[0].weight.grad,
+                    net.training,
+                    torch.is_grad_enabled(),
+                    torch.is_inference_mode_enabled(),
+                )
                 net(torch.randn(3, 2)).sum().backward()
         assert net[0].weight.grad is grad and net.training  # the training step's gradient is back, untouched
     assert seen["guard"] == seen["context"] == (None, False, True, False)
@@ -175,11 +190,9 @@ def test_loading_plain_loaders_early_leaves_training_bit_identical(kit, tmp_path
 
     def train(callbacks, root):
         torch.manual_seed(0)
-        train_loader = torch.utils.data.DataLoader(dm.dataset("train"), batch_size=16, collate_fn=collate,
-                                                   shuffle=True)
+        train_loader = torch.utils.data.DataLoader(dm.dataset("train"), batch_size=16, collate_fn=collate, shuffle=True)
         model = kit.make_model(dm, dropout=0.3)  # dropout and shuffling draw from the global RNG
-        kit.make_trainer(root, callbacks, max_epochs=2, limit_train_batches=4).fit(model, train_loader,
-                                                                                    _loaders(dm)[1])
+        kit.make_trainer(root, callbacks, max_epochs=2, limit_train_batches=4).fit(model, train_loader, _loaders(dm)[1])
         return model.state_dict()
 
     plain = train([], tmp_path / "plain")

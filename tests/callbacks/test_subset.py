@@ -1,4 +1,5 @@
 """The audit subset is read without disturbing training: a dataset that draws at every read keeps its stream."""
+
 from __future__ import annotations
 
 import random
@@ -30,8 +31,9 @@ def _fit(tmp_path, callbacks):
 
 
 def test_auditing_the_masked_training_split_leaves_training_bit_identical(tmp_path):
-    audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), dataloader="train", num_samples=24,
-                           budget=None)
+    audit = AttentionAudit(
+        methods=("gradient",), metrics=("kendall_tau",), dataloader="train", num_samples=24, budget=None
+    )
     plain = _fit(tmp_path / "plain", [])
     audited = _fit(tmp_path / "audited", [audit])
     assert len(audit.history) == 2  # the audit ran (and read the masked training items) every epoch
@@ -51,8 +53,12 @@ def test_every_kind_of_generator_a_dataset_wraps_is_restored():
             return 4
 
         def __getitem__(self, i):
-            return (float(torch.rand((), generator=self.torch_gen)), self.py_gen.random(), self.np_state.rand(),
-                    self.np_gen.random())
+            return (
+                float(torch.rand((), generator=self.torch_gen)),
+                self.py_gen.random(),
+                self.np_state.rand(),
+                self.np_gen.random(),
+            )
 
     data = Draws()
     wrapped = torch.utils.data.ConcatDataset([torch.utils.data.Subset(data, [0, 1]), [9]])

@@ -1,4 +1,5 @@
 """End to end with real Trainers: non-invasiveness, resuming, loggers, bf16, W&B offline, DDP."""
+
 from __future__ import annotations
 
 import glob
@@ -21,9 +22,11 @@ from lightning_xai.reporting import AuditReport
 
 def _all_four(kit, num_samples=16):
     return [
-        AttentionAudit(methods=("gradient", "grad_x_input", "integrated_gradients", "leave_one_out", "smooth_grad"),
-                       method_options={"integrated_gradients": {"n_steps": 8}, "smooth_grad": {"n_samples": 4}},
-                       num_samples=num_samples),
+        AttentionAudit(
+            methods=("gradient", "grad_x_input", "integrated_gradients", "leave_one_out", "smooth_grad"),
+            method_options={"integrated_gradients": {"n_steps": 8}, "smooth_grad": {"n_samples": 4}},
+            num_samples=num_samples,
+        ),
         ErasureAudit(rankings=("attention", "attention_gradient", "random"), num_samples=num_samples),
         AttentionBaselines(num_samples=num_samples, num_permutations=8),
         ImpermissibleAttentionMonitor(num_samples=num_samples),
@@ -62,8 +65,7 @@ def test_weights_are_bit_identical_with_all_four_callbacks(kit, tmp_path):
 def test_resume_from_a_mid_training_checkpoint_continues_the_history(kit, tmp_path):
     dm = kit.make_dm()
     audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), num_samples=12)
-    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, every_n_epochs=1,
-                                 filename="{epoch}")
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, every_n_epochs=1, filename="{epoch}")
     kit.make_trainer(tmp_path, [audit, checkpoint], max_epochs=2, enable_checkpointing=True).fit(kit.make_model(dm), dm)
     assert [r["epoch"] for r in audit.history] == [0, 1]
 
@@ -126,8 +128,12 @@ def test_wandb_offline_run_holds_the_table_and_html(kit, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     dm = kit.make_dm()
-    audit = AttentionAudit(methods=("integrated_gradients", "leave_one_out"), metrics=("kendall_tau",),
-                           method_options=kit.FAST_METHODS, num_samples=8)
+    audit = AttentionAudit(
+        methods=("integrated_gradients", "leave_one_out"),
+        metrics=("kendall_tau",),
+        method_options=kit.FAST_METHODS,
+        num_samples=8,
+    )
     logger = WandbLogger(save_dir=str(tmp_path), offline=True, project="lightning-xai-test")
     report = AuditReport(png=False)
     kit.make_trainer(tmp_path, [audit, report], logger=logger).fit(kit.make_model(dm), dm)
@@ -183,8 +189,9 @@ def test_ddp_on_two_cpu_processes_equals_one_process(kit, tmp_path):
     script = tmp_path / "ddp_audit.py"
     script.write_text(_DDP_SCRIPT.format(conftest_dir=os.path.dirname(__file__), weights=weights, root=str(tmp_path)))
     env = dict(os.environ, OMP_NUM_THREADS="1", PL_DISABLE_FORK="1")
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
     assert [r["world"] for r in ranks] == [2, 2]

@@ -6,6 +6,7 @@ Trainers of both Lightning packages: the audit finds the model and the tokenizer
 metrics, shows word pieces, and leaves training exactly as it was (sdpa in every step, bit-identical weights,
 the same checkpoint keys, a checkpoint that loads into a plain transformers model).
 """
+
 from __future__ import annotations
 
 import collections
@@ -45,10 +46,13 @@ def user_classes(pkg):
             self.tokenizer = tokenizer
 
         def _loader(self, split: str, n: int, shuffle: bool):
-            rows = [dict(self.tokenizer(" ".join(e.tokens), truncation=True, max_length=48), labels=e.label,
-                         sentence_id=i) for i, e in enumerate(read_split("sst2", split)[:n])]
-            return torch.utils.data.DataLoader(rows, batch_size=16, shuffle=shuffle,
-                                               collate_fn=DataCollatorWithPadding(self.tokenizer))
+            rows = [
+                dict(self.tokenizer(" ".join(e.tokens), truncation=True, max_length=48), labels=e.label, sentence_id=i)
+                for i, e in enumerate(read_split("sst2", split)[:n])
+            ]
+            return torch.utils.data.DataLoader(
+                rows, batch_size=16, shuffle=shuffle, collate_fn=DataCollatorWithPadding(self.tokenizer)
+            )
 
         def train_dataloader(self):
             return self._loader("train", 64, shuffle=True)
@@ -59,8 +63,15 @@ def user_classes(pkg):
     class Classifier(pkg.LightningModule):
         def __init__(self, vocab_size: int) -> None:
             super().__init__()
-            config = BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                intermediate_size=64, max_position_embeddings=64, num_labels=2)
+            config = BertConfig(
+                vocab_size=vocab_size,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=64,
+                max_position_embeddings=64,
+                num_labels=2,
+            )
             self.model = AutoModelForSequenceClassification.from_config(config, attn_implementation="sdpa")
             self.step_implementations = []
 
@@ -85,11 +96,18 @@ def fit(pkg, tokenizer, root, callbacks):
     SST2, Classifier = user_classes(pkg)
     pkg.seed_everything(0, verbose=False)
     module, data = Classifier(len(tokenizer)), SST2(tokenizer)
-    trainer = pkg.Trainer(max_epochs=2, default_root_dir=str(root), logger=pkg.loggers.CSVLogger(str(root)),
-                          callbacks=list(callbacks), enable_progress_bar=False, enable_model_summary=False,
-                          num_sanity_val_steps=0, deterministic=True)
+    trainer = pkg.Trainer(
+        max_epochs=2,
+        default_root_dir=str(root),
+        logger=pkg.loggers.CSVLogger(str(root)),
+        callbacks=list(callbacks),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        deterministic=True,
+    )
     trainer.fit(module, datamodule=data)
-    checkpoint, = glob.glob(os.path.join(str(root), "**", "*.ckpt"), recursive=True)
+    (checkpoint,) = glob.glob(os.path.join(str(root), "**", "*.ckpt"), recursive=True)
     return trainer, module, torch.load(checkpoint, weights_only=True)  # plain tensors and lists only
 
 
@@ -129,7 +147,7 @@ def test_attention_audit_on_an_unmodified_user_module(package, tmp_path):
     assert list(checkpoint["state_dict"]) == list(reference_checkpoint["state_dict"]) == list(mine)
     # ... and the checkpoint loads into a plain transformers model, in code that never heard of lightning_xai
     plain = AutoModelForSequenceClassification.from_config(module.model.config)
-    plain.load_state_dict({k[len("model."):]: v for k, v in checkpoint["state_dict"].items()})
+    plain.load_state_dict({k[len("model.") :]: v for k, v in checkpoint["state_dict"].items()})
 
 
 class MaskedSoftmax(torch.nn.Module):
@@ -176,8 +194,12 @@ def test_a_custom_network_named_by_a_callable(kit, tmp_path):
 
     def explain(module):
         built.append(module)
-        return HookAdapter(module.net, embedding="emb", attention="attn",
-                           forward_fn=lambda net, batch: net(batch["input_ids"], batch["mask"]))
+        return HookAdapter(
+            module.net,
+            embedding="emb",
+            attention="attn",
+            forward_fn=lambda net, batch: net(batch["input_ids"], batch["mask"]),
+        )
 
     dm = kit.make_dm(train=64, val=32)
     pytorch_lightning.seed_everything(0, verbose=False)
@@ -200,8 +222,14 @@ def test_which_model_is_found_and_how_to_name_it(tmp_path):
     from lightning_xai.adapters import HuggingFaceAdapter
     from lightning_xai.models import AttentionClassifier
 
-    config = BertConfig(vocab_size=40, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=8, max_position_embeddings=16)
+    config = BertConfig(
+        vocab_size=40,
+        hidden_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=8,
+        max_position_embeddings=16,
+    )
 
     class Two(pytorch_lightning.LightningModule):
         def __init__(self) -> None:
@@ -210,8 +238,11 @@ def test_which_model_is_found_and_how_to_name_it(tmp_path):
             self.teacher = torch.nn.ModuleDict({"net": AutoModelForSequenceClassification.from_config(config)})
 
     two = Two()
-    with pytest.raises(MisconfigurationException, match=r"several .*student \(BertForSequenceClassification\), "
-                                                        r"teacher\.net .*model='<attribute path>'"):
+    with pytest.raises(
+        MisconfigurationException,
+        match=r"several .*student \(BertForSequenceClassification\), "
+        r"teacher\.net .*model='<attribute path>'",
+    ):
         AttentionAudit().explainable(two)
     assert AttentionAudit(model="teacher.net").explainable(two).model is two.teacher["net"]
     audit = AttentionAudit(model="student")
@@ -234,8 +265,8 @@ def test_which_model_is_found_and_how_to_name_it(tmp_path):
 
 
 def test_losses_take_the_module_that_holds_the_model(tmp_path):
-    from lightning_xai.losses import AttentionAlignmentLoss, ErasureFaithfulnessLoss
     from lightning_xai.adapters import explainable_model
+    from lightning_xai.losses import AttentionAlignmentLoss, ErasureFaithfulnessLoss
 
     tokenizer = sst2_tokenizer(tmp_path)
     _, Classifier = user_classes(pytorch_lightning)
@@ -273,14 +304,22 @@ def test_report_html_shows_the_word_pieces_in_a_lightning_pytorch_trainer(tmp_pa
     from lightning_xai.reporting import AuditReport
 
     tokenizer = sst2_tokenizer(tmp_path)
-    audit, report = AttentionAudit(num_samples=8), AuditReport(dirpath=str(tmp_path / "report"), png=False,
-                                                              heatmap_pngs=0, max_examples=2)
+    audit, report = (
+        AttentionAudit(num_samples=8),
+        AuditReport(dirpath=str(tmp_path / "report"), png=False, heatmap_pngs=0, max_examples=2),
+    )
     SST2, Classifier = user_classes(lightning.pytorch)
     lightning.pytorch.seed_everything(0, verbose=False)
-    trainer = lightning.pytorch.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
-                                        enable_progress_bar=False, enable_model_summary=False,
-                                        num_sanity_val_steps=0, default_root_dir=str(tmp_path),
-                                        callbacks=[audit, report])
+    trainer = lightning.pytorch.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=str(tmp_path),
+        callbacks=[audit, report],
+    )
     trainer.fit(Classifier(len(tokenizer)), datamodule=SST2(tokenizer))
     page = open(report.report_path, encoding="utf-8").read()
     shown = " ".join(html.unescape(t) for t in re.findall(r'<span class="tok"[^>]*>([^<]*)</span>', page))

@@ -1,5 +1,6 @@
 """Issue 30 item 5: a vocabulary kept as a dict (id -> token or token -> id) names the tokens wherever a vocab is
 read — the report's example words, the reference model's copy from the data module, the adversary's check."""
+
 from __future__ import annotations
 
 import types
@@ -11,8 +12,12 @@ from lightning_xai.callbacks._audit.results import example_tokens
 from lightning_xai.data.vocabulary import token_list
 
 WORDS = ["<pad>", "<unk>", "good", "film"]
-FORMS = {"list": WORDS, "id -> token": dict(enumerate(WORDS)), "token -> id": {w: i for i, w in enumerate(WORDS)},
-         "json id -> token": {str(i): w for i, w in enumerate(WORDS)}}
+FORMS = {
+    "list": WORDS,
+    "id -> token": dict(enumerate(WORDS)),
+    "token -> id": {w: i for i, w in enumerate(WORDS)},
+    "json id -> token": {str(i): w for i, w in enumerate(WORDS)},
+}
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))

@@ -1,4 +1,5 @@
 """The bundled Greek→English alignment corpus: the package's copy matches its README's table and checks."""
+
 from __future__ import annotations
 
 import configparser
@@ -40,8 +41,12 @@ def test_readme_table_is_the_one_checked_here():
 @pytest.mark.parametrize("split", ALIGNMENT_SPLITS)
 def test_split_counts_match_the_readme(split):
     verses = read_alignments(split)
-    counts = (len(verses), sum(len(v.source) for v in verses), sum(len(v.target) for v in verses),
-              sum(len(v.sure) for v in verses))
+    counts = (
+        len(verses),
+        sum(len(v.source) for v in verses),
+        sum(len(v.target) for v in verses),
+        sum(len(v.sure) for v in verses),
+    )
     assert counts == COUNTS[split]
 
 

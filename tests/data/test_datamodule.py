@@ -1,4 +1,5 @@
 """The bundled datasets load with the documented counts, masks stay aligned, and bad input fails clearly."""
+
 from __future__ import annotations
 
 import json
@@ -43,14 +44,15 @@ def test_eraser_rationales_align_with_tokens():
     import gzip
 
     from lightning_xai.data.readers import bundled_path
+
     examples = read_split("eraser_movies", "val")
     with gzip.open(bundled_path("eraser_movies", "val.jsonl"), "rt") as handle:
         annotations = [json.loads(line) for line in handle]
     for example, annotation in zip(examples[:20], annotations[:20]):
         for group in annotation["evidences"]:
             for span in group:
-                assert example.tokens[span["start_token"]:span["end_token"]] == span["text"].lower().split()
-                assert all(example.rationale[span["start_token"]:span["end_token"]])
+                assert example.tokens[span["start_token"] : span["end_token"]] == span["text"].lower().split()
+                assert all(example.rationale[span["start_token"] : span["end_token"]])
 
 
 def test_batches_carry_masks_aligned_with_tokens():
@@ -135,16 +137,27 @@ def test_labels_outside_num_classes(tmp_path):
     tsv.write_text("sentence\tlabel\nfine film\t0\nbad film\t3\n")
     dm = TextClassificationDataModule(train_path=str(tsv), batch_size=2)
     model = AttentionClassifier(dm.vocab_size, num_classes=2, embedding_dim=4, hidden_dim=2)
-    trainer = pl.Trainer(fast_dev_run=True, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                         default_root_dir=tmp_path)
+    trainer = pl.Trainer(
+        fast_dev_run=True,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     with pytest.raises(ValueError, match=r"labels must lie in \[0, 2\)"):
         trainer.fit(model, dm)
 
 
 def test_vocabulary_is_saved_with_the_model(tmp_path, sst2):
     model = AttentionClassifier(sst2.vocab_size, 2, embedding_dim=8, hidden_dim=4)
-    trainer = pl.Trainer(max_steps=2, limit_val_batches=1, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir=tmp_path)
+    trainer = pl.Trainer(
+        max_steps=2,
+        limit_val_batches=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     trainer.fit(model, sst2)
     path = tmp_path / "model.ckpt"
     trainer.save_checkpoint(path)

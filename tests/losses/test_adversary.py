@@ -1,4 +1,5 @@
 """ModelConsistentAdversary: the base is never updated; the terms match scipy; training moves attention."""
+
 from __future__ import annotations
 
 import copy
@@ -27,7 +28,9 @@ def test_terms_match_scipy(trained_model, sst2_batch):
     p, q = out.attention.detach().numpy(), base.attention.detach().numpy()
     kl = np.mean([entropy(p[i][p[i] > 0], q[i][p[i] > 0]) for i in range(len(p))])
     jsd = np.mean([jensenshannon(p[i], q[i]) ** 2 for i in range(len(p))])
-    tvd = np.mean(0.5 * np.abs(out.logits.softmax(-1).detach().numpy() - base.logits.softmax(-1).detach().numpy()).sum(-1))
+    tvd = np.mean(
+        0.5 * np.abs(out.logits.softmax(-1).detach().numpy() - base.logits.softmax(-1).detach().numpy()).sum(-1)
+    )
     assert objective.last_terms["kl"].item() == pytest.approx(kl, rel=1e-4)
     assert objective.last_terms["jsd"].item() == pytest.approx(jsd, rel=1e-4)
     assert objective.last_terms["tvd"].item() == pytest.approx(tvd, rel=1e-4, abs=1e-7)
@@ -55,8 +58,14 @@ def test_trainer_never_updates_the_base(sst2, trained_model, tmp_path):
     start = {k: v.clone() for k, v in adversary.state_dict().items()}
     assert all(id(p) not in {id(q) for q in base.parameters()} for p in adversary.parameters())
     loader = DataLoader(Subset(sst2.dataset("train"), range(96)), batch_size=32, collate_fn=collate)
-    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir=tmp_path)
+    trainer = pl.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     trainer.fit(adversary, loader)
     optimised = {id(p) for group in trainer.optimizers[0].param_groups for p in group["params"]}
     assert not optimised & {id(p) for p in base.parameters()}

@@ -1,4 +1,5 @@
 """DeceptionPenalty against hand computation on a real BiLSTM batch and on synthetic multi-head maps."""
+
 from __future__ import annotations
 
 import math
@@ -28,7 +29,9 @@ def test_bilstm_attention_matches_hand_computation(wiki_batch):
     out = model(batch)
     logs = []
     for b in range(batch["input_ids"].shape[0]):
-        mass = sum(float(out.attention.detach()[b, t]) for t in range(batch["mask"].shape[1]) if batch["impermissible"][b, t])
+        mass = sum(
+            float(out.attention.detach()[b, t]) for t in range(batch["mask"].shape[1]) if batch["impermissible"][b, t]
+        )
         logs.append(math.log(1.0 - mass))
     for lam in (0.1, 1.0):
         mean = DeceptionPenalty(weight=lam, reduction="mean")(out, batch)

@@ -4,6 +4,7 @@ Every explained target step's query row is penalised (decoder self-attention of 
 encoder–decoder), checked against the model's own ``output_attentions`` rows; before, a generator's output fell
 through to the classifier rule and penalised query row 0 of every example.
 """
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """torch.autograd.gradcheck in float64 for every loss, on small inputs."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,8 +7,16 @@ import torch
 from torch.autograd import gradcheck
 
 from lightning_xai.adapters import ExplainOutput
-from lightning_xai.losses import (AttentionAlignmentLoss, ConicityLoss, DeceptionPenalty, ErasureFaithfulnessLoss,
-                                  attention_alignment_kl, conicity, model_consistent_adversary_loss, soft_top_k_mask)
+from lightning_xai.losses import (
+    AttentionAlignmentLoss,
+    ConicityLoss,
+    DeceptionPenalty,
+    ErasureFaithfulnessLoss,
+    attention_alignment_kl,
+    conicity,
+    model_consistent_adversary_loss,
+    soft_top_k_mask,
+)
 from lightning_xai.models import AttentionClassifier, masked_softmax
 
 MASK = torch.tensor([[True, True, True, True], [True, True, True, False]])
@@ -39,8 +48,10 @@ def test_deception_penalty_multi_head(reduction):
 
     def f(s):
         raw = (s.softmax(-1), (s * 0.5).softmax(-1))
-        return penalty(ExplainOutput(logits=torch.zeros(2, 2, dtype=torch.float64), attention=raw[1][:, 0, 0],
-                                     raw_attentions=raw), batch)
+        return penalty(
+            ExplainOutput(logits=torch.zeros(2, 2, dtype=torch.float64), attention=raw[1][:, 0, 0], raw_attentions=raw),
+            batch,
+        )
 
     assert gradcheck(f, (scores,))
 
@@ -63,8 +74,12 @@ def test_conicity():
     hidden = torch.randn(2, 4, 5, dtype=torch.float64, requires_grad=True)
     assert gradcheck(lambda h: conicity(h, MASK), (hidden,))
     loss = ConicityLoss(weight=0.5)
-    assert gradcheck(lambda h: loss(ExplainOutput(logits=torch.zeros(2, 2), attention=MASK.double(),
-                                                  hidden_states=h), {"mask": MASK}), (hidden,))
+    assert gradcheck(
+        lambda h: loss(
+            ExplainOutput(logits=torch.zeros(2, 2), attention=MASK.double(), hidden_states=h), {"mask": MASK}
+        ),
+        (hidden,),
+    )
 
 
 def test_soft_top_k_mask():
@@ -87,8 +102,9 @@ def test_erasure_loss(mode):
     scores = reference.attention_scores.detach().masked_fill(~MASK, 0.0).requires_grad_(True)
 
     def f(s):
-        out = ExplainOutput(logits=reference.logits.detach(), attention=_softmax(s),
-                            hidden_states=reference.hidden_states.detach())
+        out = ExplainOutput(
+            logits=reference.logits.detach(), attention=_softmax(s), hidden_states=reference.hidden_states.detach()
+        )
         return loss(out, batch, model=model)
 
     assert gradcheck(f, (scores,))

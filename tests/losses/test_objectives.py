@@ -1,4 +1,5 @@
 """Every loss as an objective of a real Trainer run (each term logged), in a user's own module, and conicity."""
+
 from __future__ import annotations
 
 import copy
@@ -10,8 +11,14 @@ from torch.utils.data import DataLoader, Subset
 
 from lightning_xai.adapters import ExplainOutput
 from lightning_xai.data import TextClassificationDataModule, collate
-from lightning_xai.losses import (AttentionAlignmentLoss, ConicityLoss, DeceptionPenalty, ErasureFaithfulnessLoss,
-                                  conicity, normalize_saliency)
+from lightning_xai.losses import (
+    AttentionAlignmentLoss,
+    ConicityLoss,
+    DeceptionPenalty,
+    ErasureFaithfulnessLoss,
+    conicity,
+    normalize_saliency,
+)
 from lightning_xai.models import AttentionClassifier
 
 
@@ -23,26 +30,48 @@ def wiki():
 
 
 def _trainer(tmp_path, steps):
-    return pl.Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, default_root_dir=tmp_path, log_every_n_steps=1)
+    return pl.Trainer(
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        log_every_n_steps=1,
+    )
 
 
 def test_trainer_logs_each_objective(wiki, tmp_path):
     torch.manual_seed(0)
-    objectives = [DeceptionPenalty(weight=0.1), ConicityLoss(weight=0.5), ErasureFaithfulnessLoss(fraction=0.2),
-                  AttentionAlignmentLoss("gradient", weight=0.1)]
-    model = AttentionClassifier(wiki.vocab_size, 2, embedding_dim=16, hidden_dim=8, attention="linear",
-                                objectives=objectives)
+    objectives = [
+        DeceptionPenalty(weight=0.1),
+        ConicityLoss(weight=0.5),
+        ErasureFaithfulnessLoss(fraction=0.2),
+        AttentionAlignmentLoss("gradient", weight=0.1),
+    ]
+    model = AttentionClassifier(
+        wiki.vocab_size, 2, embedding_dim=16, hidden_dim=8, attention="linear", objectives=objectives
+    )
     loader = DataLoader(Subset(wiki.dataset("train"), range(48)), batch_size=16, collate_fn=collate)
     trainer = _trainer(tmp_path, 3)
     trainer.fit(model, loader)
     logged = set(trainer.logged_metrics)
-    expected = {"train/ce", "train/loss", "train/deception", "train/conicity", "train/erasure", "train/alignment",
-                "train/deception_mass", "train/deception_empty", "train/erasure_comprehensiveness",
-                "train/erasure_sufficiency"}
+    expected = {
+        "train/ce",
+        "train/loss",
+        "train/deception",
+        "train/conicity",
+        "train/erasure",
+        "train/alignment",
+        "train/deception_mass",
+        "train/deception_empty",
+        "train/erasure_comprehensiveness",
+        "train/erasure_sufficiency",
+    }
     assert expected <= logged, expected - logged
-    parts = sum(float(trainer.logged_metrics[f"train/{k}"]) for k in
-                ("ce", "deception", "conicity", "erasure", "alignment"))
+    parts = sum(
+        float(trainer.logged_metrics[f"train/{k}"]) for k in ("ce", "deception", "conicity", "erasure", "alignment")
+    )
     assert float(trainer.logged_metrics["train/loss"]) == pytest.approx(parts, rel=1e-4, abs=1e-5)
     assert objectives[0].seen_examples == 48
 
@@ -110,8 +139,7 @@ def test_alignment_gradients_flow_where_documented(trained_model, sst2_batch):
     model = copy.deepcopy(trained_model).train()
     for create_graph in (False, True):
         model.zero_grad(set_to_none=True)
-        loss = AttentionAlignmentLoss("gradient", create_graph=create_graph)(model(sst2_batch), sst2_batch,
-                                                                            model=model)
+        loss = AttentionAlignmentLoss("gradient", create_graph=create_graph)(model(sst2_batch), sst2_batch, model=model)
         loss.backward()
         # the classifier head only influences the loss through the saliency map (attention does not depend on it)
         head = model.classifier.weight.grad

@@ -1,5 +1,6 @@
 """RationaleSupervisionLoss: values against a numpy/scipy reference, its gradient moves attention onto the human
 rationale of real ERASER movie reviews, it trains as an objective of a real Trainer run, and clear errors."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -84,8 +85,15 @@ def test_trains_as_an_objective(movies, tmp_path):
     objective = RationaleSupervisionLoss(weight=0.5)
     model = AttentionClassifier(movies.vocab_size, 2, embedding_dim=16, hidden_dim=8, objectives=[objective])
     loader = DataLoader(Subset(movies.dataset("train"), range(24)), batch_size=8, collate_fn=collate)
-    trainer = pl.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir=tmp_path, log_every_n_steps=1)
+    trainer = pl.Trainer(
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        log_every_n_steps=1,
+    )
     trainer.fit(model, loader)
     assert {"train/rationale", "train/rationale_mass", "train/rationale_empty"} <= set(trainer.logged_metrics)
     assert objective.seen_examples == 24

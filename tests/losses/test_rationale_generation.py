@@ -1,5 +1,6 @@
 """RationaleSupervisionLoss on generators (issue #31, item 5): supervised alignment pulls each target step's attention
 over the source toward its gold links (a ``[B, K, T]`` mask), checked against a hand KL per step."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """Issue 13: every loss calls its strength ``weight`` (``lam``, the name DeceptionPenalty and
 ModelConsistentAdversary used before, was removed before the first release: issue 28)."""
+
 import warnings
 
 import pytest
@@ -9,9 +10,11 @@ from lightning_xai.adapters import ExplainOutput
 from lightning_xai.losses import DeceptionPenalty, ModelConsistentAdversary, model_consistent_adversary_loss
 from lightning_xai.models import AttentionClassifier
 
-BATCH = {"input_ids": torch.tensor([[3, 4, 5, 6], [7, 8, 9, 0]]),
-         "mask": torch.tensor([[True, True, True, True], [True, True, True, False]]),
-         "impermissible": torch.tensor([[True, False, True, False], [False, True, False, False]])}
+BATCH = {
+    "input_ids": torch.tensor([[3, 4, 5, 6], [7, 8, 9, 0]]),
+    "mask": torch.tensor([[True, True, True, True], [True, True, True, False]]),
+    "impermissible": torch.tensor([[True, False, True, False], [False, True, False, False]]),
+}
 OUT = ExplainOutput(logits=torch.zeros(2, 2), attention=torch.tensor([[0.4, 0.1, 0.3, 0.2], [0.2, 0.5, 0.3, 0.0]]))
 
 

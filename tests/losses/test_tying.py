@@ -1,6 +1,7 @@
 """WordTyingLoss (Tutek & Šnajder 2020): both forms against hand formulas on real SST-2 sentences, training with it
 ties the hidden states to their words (the loss falls and the tied decoder recovers the words), the projection is
 trained by the model's own optimizer under a Trainer, and clear errors."""
+
 from __future__ import annotations
 
 import pytest
@@ -32,7 +33,7 @@ def test_embedding_form_matches_hand_formula(sst2, sst2_batch):
                 e = model.embedding.weight[sst2_batch["input_ids"][b, t]].detach()
                 p = loss.projection(out.hidden_states[b, t])
                 errors.append(((p - e) ** 2).sum())
-                norms.append((e ** 2).sum())
+                norms.append((e**2).sum())
     torch.testing.assert_close(value, 0.5 * torch.stack(errors).sum() / torch.stack(norms).sum())
 
 
@@ -84,8 +85,15 @@ def test_projection_is_trained_as_an_objective(sst2, tmp_path):
     model = _model(sst2, objectives=[tie])
     start = tie.projection.weight.detach().clone()
     loader = DataLoader(Subset(sst2.dataset("train"), range(48)), batch_size=16, collate_fn=collate)
-    trainer = pl.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir=tmp_path, log_every_n_steps=1)
+    trainer = pl.Trainer(
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        log_every_n_steps=1,
+    )
     trainer.fit(model, loader)
     assert "train/tying" in trainer.logged_metrics
     assert not torch.equal(start, tie.projection.weight.detach())

@@ -4,6 +4,7 @@ lightning_xai metrics in validation_step and writes the synced values (rank 0) t
 It is a script, not a test module, because Lightning's DDP launcher re-runs ``sys.argv`` in its child process:
 re-running this small script is cheap, re-running a pytest session would not be.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,20 @@ import pytorch_lightning as pl
 import torch
 
 from lightning_xai.data import TextClassificationDataModule, collate
-from lightning_xai.metrics import (AOPC, AUPRC, IOUF1, Comprehensiveness, DecisionFlip, JensenShannon, KendallTau,
-                                   PearsonCorrelation, SpearmanCorrelation, TokenF1, TopKKendallTau, TopKOverlap)
+from lightning_xai.metrics import (
+    AOPC,
+    AUPRC,
+    IOUF1,
+    Comprehensiveness,
+    DecisionFlip,
+    JensenShannon,
+    KendallTau,
+    PearsonCorrelation,
+    SpearmanCorrelation,
+    TokenF1,
+    TopKKendallTau,
+    TopKOverlap,
+)
 from lightning_xai.models import AttentionClassifier
 
 N_EXAMPLES = 32  # divisible by 2 processes x batch 4: DistributedSampler adds no duplicates
@@ -55,10 +68,20 @@ def build_model(vocab_size: int) -> AttentionClassifier:
 
 
 def make_metrics() -> Dict[str, torch.nn.Module]:
-    return {"kendall": KendallTau(), "topk_kendall": TopKKendallTau(k=3), "spearman": SpearmanCorrelation(),
-            "pearson": PearsonCorrelation(), "jsd": JensenShannon(), "overlap": TopKOverlap(k=0.3),
-            "token_f1": TokenF1(k=0.3), "iou_f1": IOUF1(k=0.3), "auprc": AUPRC(),
-            "comprehensiveness": Comprehensiveness(k=0.2), "aopc": AOPC(), "flip": DecisionFlip("gradient")}
+    return {
+        "kendall": KendallTau(),
+        "topk_kendall": TopKKendallTau(k=3),
+        "spearman": SpearmanCorrelation(),
+        "pearson": PearsonCorrelation(),
+        "jsd": JensenShannon(),
+        "overlap": TopKOverlap(k=0.3),
+        "token_f1": TokenF1(k=0.3),
+        "iou_f1": IOUF1(k=0.3),
+        "auprc": AUPRC(),
+        "comprehensiveness": Comprehensiveness(k=0.2),
+        "aopc": AOPC(),
+        "flip": DecisionFlip("gradient"),
+    }
 
 
 def update_all(metrics: Dict[str, torch.nn.Module], model: AttentionClassifier, batch: dict) -> None:
@@ -97,14 +120,27 @@ def main(out_path: str, root: str) -> None:
     vocab_size.setup("fit")
     module = MetricsModule(vocab_size.vocab_size)
     loader = torch.utils.data.DataLoader(items, batch_size=4, shuffle=False, collate_fn=collate_examples)
-    trainer = pl.Trainer(strategy="ddp", accelerator="cpu", devices=2, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False, default_root_dir=root)
+    trainer = pl.Trainer(
+        strategy="ddp",
+        accelerator="cpu",
+        devices=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=root,
+    )
     trainer.validate(module, loader, verbose=False)
     if trainer.global_rank == 0:
         with open(out_path, "w") as handle:
-            json.dump({"metrics": module.result, "world_size": trainer.world_size,
-                       "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None},
-                      handle)
+            json.dump(
+                {
+                    "metrics": module.result,
+                    "world_size": trainer.world_size,
+                    "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None,
+                },
+                handle,
+            )
     # tear the gloo group down before exit: left to interpreter shutdown, its threads can abort the process
     # ("terminate called without an active exception", seen once in ~10 runs)
     if torch.distributed.is_initialized():

@@ -1,4 +1,5 @@
 """Agreement metrics per instance over real tokens, against scipy (the oracle) and by hand."""
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,15 @@ from hypothesis import strategies as hs
 from scipy.spatial.distance import jensenshannon
 from torch.overrides import TorchFunctionMode
 
-from lightning_xai.metrics.functional import (jensen_shannon, jw_top_k, kendall_tau, pearson, spearman,
-                                              topk_kendall_tau, topk_overlap)
+from lightning_xai.metrics.functional import (
+    jensen_shannon,
+    jw_top_k,
+    kendall_tau,
+    pearson,
+    spearman,
+    topk_kendall_tau,
+    topk_overlap,
+)
 
 ORACLES = {kendall_tau: st.kendalltau, spearman: st.spearmanr, pearson: st.pearsonr}
 
@@ -39,8 +47,13 @@ def _assert_matches_scipy(fn, x: torch.Tensor, y: torch.Tensor, mask: torch.Tens
                 assert math.isnan(ours), (fn.__name__, b, what, ours, ref)
             else:
                 assert abs(ours - ref) <= tol, (fn.__name__, b, what, ours, ref, len(xs))
-                assert abs(ours - ref) <= 1e-9 * max(abs(ref), 1e-300) or abs(ours - ref) <= 1e-12, \
-                    (fn.__name__, b, what, ours, ref)  # also relatively tight (tiny p-values)
+                assert abs(ours - ref) <= 1e-9 * max(abs(ref), 1e-300) or abs(ours - ref) <= 1e-12, (
+                    fn.__name__,
+                    b,
+                    what,
+                    ours,
+                    ref,
+                )  # also relatively tight (tiny p-values)
 
 
 def _ragged(B: int, T: int, seed: int, ties: bool):
@@ -57,8 +70,9 @@ def _ragged(B: int, T: int, seed: int, ties: bool):
 
 
 @pytest.mark.parametrize("fn", [kendall_tau, spearman, pearson], ids=lambda f: f.__name__)
-@pytest.mark.parametrize("T,ties", [(12, False), (12, True), (33, False), (34, False), (80, False), (80, True),
-                                    (300, True)])
+@pytest.mark.parametrize(
+    "T,ties", [(12, False), (12, True), (33, False), (34, False), (80, False), (80, True), (300, True)]
+)
 def test_equals_scipy_per_instance(fn, T, ties):
     """Small n (exact Kendall p-values), n just above 33, large n (asymptotic), with and without ties."""
     x, y, mask = _ragged(40, T, seed=T + 100 * ties, ties=ties)
@@ -133,10 +147,14 @@ def test_kendall_tau_c_matches_scipy():
 
 def test_documented_conventions_constant_maps_and_short_instances():
     """Constant map or one real token -> NaN (scipy's NaN); two tokens -> ±1 with scipy's p-values."""
-    x = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 2.0, 3.0, 0.0], [5.0, 0.0, 0.0, 0.0], [1.0, 2.0, 0.0, 0.0],
-                      [1.0, 2.0, 0.0, 0.0]], dtype=torch.float64)
-    y = torch.tensor([[1.0, 2.0, 3.0, 9.0], [4.0, 4.0, 4.0, 9.0], [2.0, 0.0, 0.0, 0.0], [3.0, 1.0, 0.0, 0.0],
-                      [3.0, 3.0, 0.0, 0.0]], dtype=torch.float64)
+    x = torch.tensor(
+        [[1.0, 1.0, 1.0, 0.0], [1.0, 2.0, 3.0, 0.0], [5.0, 0.0, 0.0, 0.0], [1.0, 2.0, 0.0, 0.0], [1.0, 2.0, 0.0, 0.0]],
+        dtype=torch.float64,
+    )
+    y = torch.tensor(
+        [[1.0, 2.0, 3.0, 9.0], [4.0, 4.0, 4.0, 9.0], [2.0, 0.0, 0.0, 0.0], [3.0, 1.0, 0.0, 0.0], [3.0, 3.0, 0.0, 0.0]],
+        dtype=torch.float64,
+    )
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0]], dtype=torch.bool)
     for fn in (kendall_tau, spearman, pearson):
         value, p = fn(x, y, mask)
@@ -158,8 +176,9 @@ class _CountCalls(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("fn", [kendall_tau, spearman, pearson, jensen_shannon, topk_overlap, topk_kendall_tau],
-                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "fn", [kendall_tau, spearman, pearson, jensen_shannon, topk_overlap, topk_kendall_tau], ids=lambda f: f.__name__
+)
 @pytest.mark.parametrize("T", [20, 300])
 def test_vectorised_by_design_the_number_of_torch_calls_does_not_grow_with_the_batch(fn, T):
     counts = []
@@ -180,13 +199,18 @@ def test_jensen_shannon_matches_scipy_and_j_and_w_eps():
         ref = jensenshannon(p / p.sum(), q / q.sum()) ** 2  # base e
         assert abs(float(exact[b]) - ref) < 1e-12
         assert abs(float(jsd[b]) - ref) < 1e-8  # J&W's eps = 1e-10 inside the logs
-    disjoint = jensen_shannon(torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 2.0]]), torch.ones(1, 2, dtype=torch.bool))
+    disjoint = jensen_shannon(
+        torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 2.0]]), torch.ones(1, 2, dtype=torch.bool)
+    )
     assert float(disjoint) == pytest.approx(math.log(2), abs=1e-8)
 
 
 def test_jensen_shannon_of_an_all_zero_map_is_nan():
-    out = jensen_shannon(torch.tensor([[0.0, 0.0], [1.0, 0.0]]), torch.tensor([[1.0, 2.0], [1.0, 2.0]]),
-                         torch.ones(2, 2, dtype=torch.bool))
+    out = jensen_shannon(
+        torch.tensor([[0.0, 0.0], [1.0, 0.0]]),
+        torch.tensor([[1.0, 2.0], [1.0, 2.0]]),
+        torch.ones(2, 2, dtype=torch.bool),
+    )
     assert math.isnan(out[0]) and not math.isnan(out[1])
 
 
@@ -219,8 +243,9 @@ def test_jain_wallace_default_k():
     assert jw_top_k(torch.ones(4, 30, dtype=torch.bool)) == 10
     assert jw_top_k(torch.ones(4, 250, dtype=torch.bool)) == 25
     x, y, mask = _ragged(8, 300, seed=2, ties=False)
-    assert torch.equal(topk_kendall_tau(x, y, mask)[0].nan_to_num(9),
-                       topk_kendall_tau(x, y, mask, k=jw_top_k(mask))[0].nan_to_num(9))
+    assert torch.equal(
+        topk_kendall_tau(x, y, mask)[0].nan_to_num(9), topk_kendall_tau(x, y, mask, k=jw_top_k(mask))[0].nan_to_num(9)
+    )
 
 
 # --- properties -------------------------------------------------------------------------------------------
@@ -271,8 +296,9 @@ def test_property_invariant_to_pad_contents(values, pads, pad_value):
 
 
 # --- bad input --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("fn", [kendall_tau, topk_kendall_tau, spearman, pearson, jensen_shannon, topk_overlap],
-                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "fn", [kendall_tau, topk_kendall_tau, spearman, pearson, jensen_shannon, topk_overlap], ids=lambda f: f.__name__
+)
 def test_bad_input_gives_clear_errors(fn):
     x = torch.randn(2, 4)
     mask = torch.ones(2, 4, dtype=torch.bool)

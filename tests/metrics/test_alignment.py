@@ -1,4 +1,5 @@
 """Alignment error rate, link precision/recall/F1: hand-counted examples, a set-based oracle, properties, merging."""
+
 from __future__ import annotations
 
 import math
@@ -11,8 +12,13 @@ from hypothesis import strategies as hs
 
 from lightning_xai.data import read_alignments
 from lightning_xai.metrics import AlignmentErrorRate
-from lightning_xai.metrics.functional import (alignment_counts, alignment_error_rate, alignment_scores, link_set,
-                                              links_to_matrix)
+from lightning_xai.metrics.functional import (
+    alignment_counts,
+    alignment_error_rate,
+    alignment_scores,
+    link_set,
+    links_to_matrix,
+)
 
 # Two sentences, counted by hand.
 # Sentence 0: S = {(0,0), (1,1), (2,2)}, P = S + {(2,3), (3,3)}, A = {(0,0), (1,1), (3,3), (1,2)}
@@ -48,7 +54,8 @@ def test_hand_counted_example():
     counts = alignment_counts(PRED, SURE, POSSIBLE)
     assert [c.tolist() for c in counts] == [[4, 0], [3, 1], [2, 0], [3, 0]]
     assert _floats(alignment_scores(PRED, SURE, POSSIBLE)) == pytest.approx(
-        {"aer": 3 / 8, "precision": 3 / 4, "recall": 1 / 2, "f1": 0.6}, abs=1e-15)
+        {"aer": 3 / 8, "precision": 3 / 4, "recall": 1 / 2, "f1": 0.6}, abs=1e-15
+    )
     per_sentence = alignment_error_rate(PRED, SURE, POSSIBLE, per_sentence=True)
     assert per_sentence.tolist() == pytest.approx([2 / 7, 1.0], abs=1e-15)
     # corpus AER is the micro average, not the mean of the sentence AERs (0.643)
@@ -125,8 +132,9 @@ def test_bad_links_are_refused_with_the_fix():
 def _corpus_strategy():
     pair = hs.tuples(hs.integers(0, 5), hs.integers(0, 5))
     sentence = hs.lists(pair, max_size=12)
-    return hs.integers(1, 6).flatmap(lambda n: hs.tuples(*(hs.lists(sentence, min_size=n, max_size=n)
-                                                           for _ in range(3))))
+    return hs.integers(1, 6).flatmap(
+        lambda n: hs.tuples(*(hs.lists(sentence, min_size=n, max_size=n) for _ in range(3)))
+    )
 
 
 @settings(max_examples=80, deadline=None)
@@ -174,7 +182,7 @@ def test_updates_on_two_halves_merge_to_the_whole(corpus, cut):
     assert _floats(first.compute()) == _floats(whole.compute())
     stepwise = AlignmentErrorRate()
     for i in range(len(pred)):
-        stepwise.update(pred[i:i + 1], sure[i:i + 1], possible[i:i + 1])
+        stepwise.update(pred[i : i + 1], sure[i : i + 1], possible[i : i + 1])
     assert _floats(stepwise.compute()) == _floats(whole.compute())
 
 

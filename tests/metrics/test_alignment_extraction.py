@@ -1,12 +1,12 @@
 """Score maps to links (argmax rules, threshold, excluded targets, padding) and piece-to-word pooling, against loops."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
 from lightning_xai.data import read_alignments
-from lightning_xai.metrics.functional import (LINK_RULES, alignment_scores, extract_links, links_to_matrix,
-                                              pool_to_words)
+from lightning_xai.metrics.functional import LINK_RULES, alignment_scores, extract_links, links_to_matrix, pool_to_words
 
 
 def _loop_links(scores, rule, exclude, threshold=None):
@@ -43,8 +43,7 @@ def test_rules_equal_loops_with_ties_and_excluded_targets(rule):
 
 
 def test_ties_go_to_the_lower_index_and_excluded_targets_are_no_candidates():
-    scores = torch.tensor([[0.5, 0.5, 0.9],
-                           [0.5, 0.2, 0.1]])
+    scores = torch.tensor([[0.5, 0.5, 0.9], [0.5, 0.2, 0.1]])
     assert _as_pairs(extract_links(scores)) == {(0, 0), (0, 1), (0, 2)}  # column 0 tie → source 0
     # source 0's best target (2) is excluded: its next best, the tie 0/1, goes to target 0
     assert _as_pairs(extract_links(scores, "source_argmax", target_exclude=[0, 0, 1])) == {(0, 0), (1, 0)}
@@ -62,8 +61,9 @@ def test_a_padded_batch_equals_each_sentence_alone(rule):
     exclude = torch.rand(B, T, generator=g) < 0.2
     scores = scores.masked_fill(~(source_mask.unsqueeze(2) & target_mask.unsqueeze(1)), float("nan"))  # pads: any
     threshold = 0.6 if rule == "threshold" else None
-    batch = extract_links(scores, rule, threshold=threshold, target_exclude=exclude, source_mask=source_mask,
-                          target_mask=target_mask)
+    batch = extract_links(
+        scores, rule, threshold=threshold, target_exclude=exclude, source_mask=source_mask, target_mask=target_mask
+    )
     for b in range(B):
         s, t = int(source_len[b]), int(target_len[b])
         alone = extract_links(scores[b, :s, :t], rule, threshold=threshold, target_exclude=exclude[b, :t])
@@ -115,8 +115,7 @@ def test_pooling_equals_loops(source_reduce, target_reduce):
     scores = torch.rand(7, 6, generator=g, dtype=torch.float64)
     source_words = [None, 0, 0, 1, 2, 2, None]  # <s> ... </s>
     target_words = torch.tensor([0, 1, 1, 1, 2, -1])
-    pooled = pool_to_words(scores, source_words, target_words, source_reduce=source_reduce,
-                           target_reduce=target_reduce)
+    pooled = pool_to_words(scores, source_words, target_words, source_reduce=source_reduce, target_reduce=target_reduce)
     assert pooled.shape == (3, 3)
     expected = _loop_pool(scores, source_words, target_words.tolist(), source_reduce, target_reduce)
     torch.testing.assert_close(pooled, expected, rtol=0, atol=1e-12)

@@ -1,4 +1,5 @@
 """A 2-process DDP run (CPU, gloo) gives the same metric values as one process on the same data."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -34,8 +35,14 @@ def test_ddp_synced_metrics_equal_single_process(tmp_path):
     out = tmp_path / "ddp.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     env.pop("LOCAL_RANK", None)
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(out), str(tmp_path / "root")], env=env,
-                          cwd=str(tmp_path), capture_output=True, text=True, timeout=280)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), str(out), str(tmp_path / "root")],
+        env=env,
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["world_size"] == 2 and result["backend"] == "gloo"
@@ -44,12 +51,13 @@ def test_ddp_synced_metrics_equal_single_process(tmp_path):
     script = _load_script()
     items = script.build_examples()
     from lightning_xai.data import TextClassificationDataModule
+
     dm = TextClassificationDataModule("sst2", batch_size=4, seed=0)
     dm.setup("fit")
     model = script.build_model(dm.vocab_size)
     metrics = script.make_metrics()
     for start in range(0, len(items), 8):
-        script.update_all(metrics, model, script.collate_examples(items[start:start + 8]))
+        script.update_all(metrics, model, script.collate_examples(items[start : start + 8]))
     single = script.as_floats(metrics)
 
     assert result["metrics"]["kendall"]["count"] == len(items)  # both halves were reduced, nothing duplicated

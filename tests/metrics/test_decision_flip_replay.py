@@ -1,4 +1,5 @@
 """decision_flip's replay fast path gives the results of full passes; a replay that fails its check is not used."""
+
 from __future__ import annotations
 
 import warnings
@@ -43,8 +44,14 @@ def _same(fast, slow):
 
 def _hf(name: str) -> HuggingFaceAdapter:
     """A tiny random classifier of the family (fp64, eval), initialised large enough that decisions flip."""
-    config = AutoConfig.for_model(name, **{**SIZE, **ENCODERS.get(name, DECODERS.get(name, {}))}, num_labels=2,
-                                  pad_token_id=PAD, attn_implementation="eager", initializer_range=0.5)
+    config = AutoConfig.for_model(
+        name,
+        **{**SIZE, **ENCODERS.get(name, DECODERS.get(name, {}))},
+        num_labels=2,
+        pad_token_id=PAD,
+        attn_implementation="eager",
+        initializer_range=0.5,
+    )
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -97,8 +104,12 @@ def test_a_stack_of_rankings_gives_each_rankings_own_flips(name, request):
         model, batch = request.getfixturevalue("trained_model"), request.getfixturevalue("sst2_batch")
     else:
         model, batch = _hf(name), _batch(name in ENCODERS, name == "llama")
-    maps = torch.stack([ranking_scores(model, batch, r, generator=torch.Generator().manual_seed(2)).float()
-                        for r in ("attention", "random", "grad_x_attention")]).to(model.embed(batch).dtype)
+    maps = torch.stack(
+        [
+            ranking_scores(model, batch, r, generator=torch.Generator().manual_seed(2)).float()
+            for r in ("attention", "random", "grad_x_attention")
+        ]
+    ).to(model.embed(batch).dtype)
     stacked = decision_flip(model, batch, maps)
     assert stacked.flipped.shape == (3, batch["input_ids"].shape[0])
     for r, one in enumerate(maps):
@@ -114,11 +125,16 @@ def test_a_stack_of_rankings_gives_each_rankings_own_flips(name, request):
     for r, name in enumerate(names):  # against the rankings of full passes (the bare protocol has no replay)
         full = name if isinstance(name, torch.Tensor) else ranking_scores(Plain(model), batch, name)
         mask = model.token_mask(batch)
-        assert torch.allclose(listed.scores[r].masked_fill(~mask, 0), full.to(listed.scores.dtype).masked_fill(
-            ~mask, 0), rtol=1e-4, atol=1e-6 * float(full.abs().max())), r
+        assert torch.allclose(
+            listed.scores[r].masked_fill(~mask, 0),
+            full.to(listed.scores.dtype).masked_fill(~mask, 0),
+            rtol=1e-4,
+            atol=1e-6 * float(full.abs().max()),
+        ), r
         alone = decision_flip(model, batch, full)
-        assert torch.equal(listed.flipped[r], alone.flipped) and torch.equal(listed.items_removed[r],
-                                                                             alone.items_removed), r
+        assert torch.equal(listed.flipped[r], alone.flipped) and torch.equal(
+            listed.items_removed[r], alone.items_removed
+        ), r
     with pytest.raises(ValueError, match="empty stack"):
         decision_flip(model, batch, maps[:0])
 
@@ -190,12 +206,16 @@ def test_fallback_passes_are_as_wide_as_their_longest_row(trained_model, sst2_ba
             return super().forward_from_embeddings(embeddings, batch, attention_override=attention_override)
 
     T = sst2_batch["mask"].shape[1]
-    wide = {k: torch.cat([v, torch.zeros_like(v[:, :5])], 1) if k in ("input_ids", "mask") else v
-            for k, v in sst2_batch.items()}  # five more pad columns
+    wide = {
+        k: torch.cat([v, torch.zeros_like(v[:, :5])], 1) if k in ("input_ids", "mask") else v
+        for k, v in sst2_batch.items()
+    }  # five more pad columns
     scores = ranking_scores(trained_model, sst2_batch, "random", generator=torch.Generator().manual_seed(2))
     padded = torch.cat([scores, torch.zeros(scores.shape[0], 5)], 1)
-    _same(decision_flip(Recording(trained_model), wide, padded, max_rows=4), decision_flip(trained_model, sst2_batch,
-                                                                                           scores))
+    _same(
+        decision_flip(Recording(trained_model), wide, padded, max_rows=4),
+        decision_flip(trained_model, sst2_batch, scores),
+    )
     # the full pass, then padding_trimmer's check (the same rows at full width and trimmed), then the steps
     assert widths[0] == widths[1] == T + 5 and max(widths[3:]) <= T and min(widths[3:]) < T
 
@@ -232,7 +252,9 @@ def test_attention_gradient_through_the_replay_is_the_full_passes_gradient(name,
         model, batch = _hf(name), _batch(name in ENCODERS, name == "llama")
     assert _uses_replay(model, batch)
     for target in (None, 1):
-        fast, full = attention_gradient(model, batch, target=target), attention_gradient(Plain(model), batch,
-                                                                                         target=target)
+        fast, full = (
+            attention_gradient(model, batch, target=target),
+            attention_gradient(Plain(model), batch, target=target),
+        )
         scale = float(full.abs().max())
         assert scale > 0 and torch.allclose(fast, full, rtol=1e-5, atol=1e-6 * scale), (fast - full).abs().max()

@@ -1,5 +1,6 @@
 """ERASER comprehensiveness / sufficiency / AOPC against a direct hand computation on the trained reference model
 and real SST-2 sentences, and the Metric classes against the functional values."""
+
 from __future__ import annotations
 
 import math
@@ -29,7 +30,7 @@ def _hand(model, batch, scores, k, i, target=None):
     cls = int(full.argmax()) if target is None else target
     size = min(k, n) if isinstance(k, int) else max(1, math.ceil(k * n - 1e-9))
     top = sorted(range(n), key=lambda j: (-values[j], j))
-    deleted = set(top[:min(size, n - 1)])  # x \ r keeps at least one token
+    deleted = set(top[: min(size, n - 1)])  # x \ r keeps at least one token
     kept_for_suff = set(top[:size])
     comp_ids = [t for j, t in enumerate(ids) if j not in deleted]
     suff_ids = [t for j, t in enumerate(ids) if j in kept_for_suff]
@@ -59,21 +60,29 @@ def test_attention_rationale_and_explicit_target(trained_model, sst2_batch):
         attention = trained_model(sst2_batch).attention
     comp = comprehensiveness(trained_model, sst2_batch, attention, k=0.2, target=0)
     for i in range(0, sst2_batch["mask"].shape[0], 3):
-        assert float(comp[i]) == pytest.approx(_hand(trained_model, sst2_batch, attention, 0.2, i, target=0)[0],
-                                               abs=1e-5)
+        assert float(comp[i]) == pytest.approx(
+            _hand(trained_model, sst2_batch, attention, 0.2, i, target=0)[0], abs=1e-5
+        )
 
 
 def test_aopc_is_the_mean_over_bins(trained_model, sst2_batch, saliency):
     comp, suff = aopc(trained_model, sst2_batch, saliency)
-    per_bin = [(comprehensiveness(trained_model, sst2_batch, saliency, k=k),
-                sufficiency(trained_model, sst2_batch, saliency, k=k)) for k in AOPC_BINS]
+    per_bin = [
+        (
+            comprehensiveness(trained_model, sst2_batch, saliency, k=k),
+            sufficiency(trained_model, sst2_batch, saliency, k=k),
+        )
+        for k in AOPC_BINS
+    ]
     assert torch.allclose(comp, torch.stack([c for c, _ in per_bin]).mean(0), atol=1e-6)
     assert torch.allclose(suff, torch.stack([s for _, s in per_bin]).mean(0), atol=1e-6)
 
 
 def test_edge_cases_single_token_and_whole_input(trained_model):
-    batch = {"input_ids": torch.tensor([[5, 0, 0], [7, 8, 9]]),
-             "mask": torch.tensor([[True, False, False], [True, True, True]])}
+    batch = {
+        "input_ids": torch.tensor([[5, 0, 0], [7, 8, 9]]),
+        "mask": torch.tensor([[True, False, False], [True, True, True]]),
+    }
     scores = torch.tensor([[1.0, 0.0, 0.0], [0.2, 0.9, 0.5]])
     # one real token: nothing can be deleted from x \ r and r = x -> exactly 0
     assert float(comprehensiveness(trained_model, batch, scores, k=1.0)[0]) == 0.0
@@ -132,8 +141,9 @@ def test_metric_classes_accumulate_over_batches(trained_model, sst2_batch, salie
     got = flip.compute()
     assert float(got["flip_rate"]) == pytest.approx(float(f.double().mean()))
     assert float(got["items_mean"]) == pytest.approx(float(full.items_removed[f].double().mean()))
-    assert float(got["attention_mass_mean"]) == pytest.approx(float(full.attention_removed[f].double().mean()),
-                                                              abs=1e-6)
+    assert float(got["attention_mass_mean"]) == pytest.approx(
+        float(full.attention_removed[f].double().mean()), abs=1e-6
+    )
     assert float(got["fraction_mean"]) == pytest.approx(float(full.fraction_removed[f].mean()))
     assert got["count"] == 16
     for metric in (metric_c, metric_s, metric_a, flip):
@@ -141,8 +151,9 @@ def test_metric_classes_accumulate_over_batches(trained_model, sst2_batch, salie
     assert Comprehensiveness.higher_is_better is True and Sufficiency.higher_is_better is False
 
 
-def test_a_stack_of_maps_gives_each_maps_own_scores_and_scores_a_shared_erasure_once(trained_model, sst2_batch,
-                                                                                      saliency, monkeypatch):
+def test_a_stack_of_maps_gives_each_maps_own_scores_and_scores_a_shared_erasure_once(
+    trained_model, sst2_batch, saliency, monkeypatch
+):
     import lightning_xai.metrics.functional.erasure as erasure
 
     with torch.no_grad():

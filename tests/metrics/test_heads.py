@@ -4,6 +4,7 @@ Before, a regression model (``num_labels=1``) got comprehensiveness 0.0 and "nev
 softmax of one logit is the constant 1, its argmax the constant 0), and a multi-label model's erasures were
 measured through a softmax over its labels.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -31,7 +32,7 @@ def _multi_label():
 
 def _without(batch, row, positions):
     keep = [t for t in range(batch["input_ids"].shape[1]) if t not in positions]
-    return {k: v[row:row + 1, keep] for k, v in batch.items() if k != "labels"}
+    return {k: v[row : row + 1, keep] for k, v in batch.items() if k != "labels"}
 
 
 def test_regression_comprehensiveness_is_the_change_of_the_output_value():
@@ -39,8 +40,12 @@ def test_regression_comprehensiveness_is_the_change_of_the_output_value():
     comp = comprehensiveness(adapter, batch, SCORES, k=1)  # the default: the change of the output value
     with torch.no_grad():
         value = adapter(batch).logits[:, 0]
-        expected = torch.stack([value[0] - adapter(_without(batch, 0, [2])).logits[0, 0],
-                                value[1] - adapter(_without(batch, 1, [1])).logits[0, 0]])
+        expected = torch.stack(
+            [
+                value[0] - adapter(_without(batch, 0, [2])).logits[0, 0],
+                value[1] - adapter(_without(batch, 1, [1])).logits[0, 0],
+            ]
+        )
     assert torch.allclose(comp, expected, atol=1e-10)
     assert bool((comp != 0).all())  # not the 0.0 of a softmax of one value
     assert torch.equal(comprehensiveness(adapter, batch, SCORES, k=1, output="logit"), comp)
@@ -81,7 +86,7 @@ def test_multi_label_decision_flip_is_a_change_of_the_label_set():
         labels = out.logits > 0
         assert bool(result.flipped.any()) and not bool(result.flipped.all())  # row 1's label 2 crosses 0.5
         for row in range(2):  # the hand loop: zero the s highest-attended tokens, renormalise, compare label sets
-            alpha = out.attention[row:row + 1]
+            alpha = out.attention[row : row + 1]
             order = alpha[0].masked_fill(~mask[row], -1).argsort(descending=True, stable=True)
             first = -1
             for step in range(1, int(mask[row].sum())):

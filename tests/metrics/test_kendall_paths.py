@@ -7,6 +7,7 @@ runs — checked here on Hypothesis batches with ties, masks and pads holding an
 on one-row blocks; scipy is the oracle of both (tests/metrics/test_agreement.py, tests/reliability/
 test_kendall_memory.py). The speed itself is a benchmark (benchmarks/bench_kendall.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -23,7 +24,7 @@ import lightning_xai.metrics.functional.agreement as agreement
 from lightning_xai.metrics.functional import kendall_tau, topk_kendall_tau
 from tests.reliability.test_kendall_memory import _batches, _LargestTensor
 
-KNIGHT, PAIRWISE = 0, 10 ** 9  # _PAIRWISE_MAX_T forcing one path
+KNIGHT, PAIRWISE = 0, 10**9  # _PAIRWISE_MAX_T forcing one path
 
 
 def _both_paths(fn, *args, **kwargs):

@@ -1,4 +1,5 @@
 """Agreement Metric classes: compute() over several updates equals numpy over the per-instance values."""
+
 from __future__ import annotations
 
 import math
@@ -7,10 +8,22 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_xai.metrics import (JensenShannon, KendallTau, PearsonCorrelation, SpearmanCorrelation,
-                                   TopKKendallTau, TopKOverlap)
-from lightning_xai.metrics.functional import (jensen_shannon, kendall_tau, pearson, spearman, topk_kendall_tau,
-                                              topk_overlap)
+from lightning_xai.metrics import (
+    JensenShannon,
+    KendallTau,
+    PearsonCorrelation,
+    SpearmanCorrelation,
+    TopKKendallTau,
+    TopKOverlap,
+)
+from lightning_xai.metrics.functional import (
+    jensen_shannon,
+    kendall_tau,
+    pearson,
+    spearman,
+    topk_kendall_tau,
+    topk_overlap,
+)
 
 CASES = [
     (KendallTau, {}, lambda x, y, m: kendall_tau(x, y, m)),

@@ -1,4 +1,5 @@
 """Plausibility vs human rationales: sklearn (AUPRC, token P/R/F1) and ERASER's span-IOU definition as oracles."""
+
 from __future__ import annotations
 
 import math
@@ -15,7 +16,7 @@ from lightning_xai.metrics.functional import auprc, binarize, iou_f1, token_f1
 def _data(B=120, T=25, seed=0):
     g = torch.Generator().manual_seed(seed)
     scores = torch.randint(0, 5, (B, T), generator=g).double() / 4  # many ties
-    scores[B // 2:] = torch.rand(B - B // 2, T, generator=g, dtype=torch.float64)
+    scores[B // 2 :] = torch.rand(B - B // 2, T, generator=g, dtype=torch.float64)
     rationale = torch.rand(B, T, generator=g) < 0.35
     lengths = torch.randint(1, T + 1, (B,), generator=g)
     mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
@@ -90,7 +91,7 @@ def test_iou_f1_follows_eraser_span_matching():
         matched_total, pred_total, gold_total = matched_total + tp, pred_total + len(P), gold_total + len(G)
     metric = IOUF1(threshold=0.5)
     for start in range(0, scores.shape[0], 50):
-        metric.update(scores[start:start + 50], rationale[start:start + 50], mask[start:start + 50])
+        metric.update(scores[start : start + 50], rationale[start : start + 50], mask[start : start + 50])
     micro_p, micro_r = matched_total / pred_total, matched_total / gold_total
     out = metric.compute()
     assert float(out["precision"]) == pytest.approx(micro_p) and float(out["recall"]) == pytest.approx(micro_r)

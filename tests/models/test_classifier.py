@@ -1,4 +1,5 @@
 """The reference model: attention is a distribution over real tokens, overrides act as hand computations say."""
+
 from __future__ import annotations
 
 import itertools
@@ -16,8 +17,9 @@ COMBINATIONS = list(itertools.product(sorted(ENCODERS), sorted(ATTENTIONS)))
 
 def small_model(vocab_size: int, encoder: str = "bilstm", attention: str = "tanh") -> AttentionClassifier:
     torch.manual_seed(0)
-    return AttentionClassifier(vocab_size, 2, encoder=encoder, attention=attention, embedding_dim=12,
-                               hidden_dim=6, embedding_std=0.5).eval()
+    return AttentionClassifier(
+        vocab_size, 2, encoder=encoder, attention=attention, embedding_dim=12, hidden_dim=6, embedding_std=0.5
+    ).eval()
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +82,7 @@ def test_pad_contents_do_not_matter(sst2, ragged_batch, encoder):
 
 def test_sos_eos_are_encoded_but_not_attended(sst2):
     from lightning_xai.data import TextClassificationDataModule
+
     dm = TextClassificationDataModule("sst2", add_sos_eos=True, batch_size=4)
     batch = next(iter(dm.val_dataloader()))
     model = small_model(dm.vocab_size)
@@ -121,8 +124,9 @@ def test_attention_parameters_are_not_weight_decayed():
 def test_trains_on_real_data(sst2, tmp_path):
     model = AttentionClassifier(sst2.vocab_size, 2, embedding_dim=16, hidden_dim=8)
     before = model.classifier.weight.detach().clone()
-    trainer = pl.Trainer(fast_dev_run=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                         default_root_dir=tmp_path)
+    trainer = pl.Trainer(
+        fast_dev_run=2, logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path
+    )
     trainer.fit(model, sst2)
     assert not torch.equal(before, model.classifier.weight)
     assert {"train/loss", "val/acc", "val/f1"} <= set(trainer.callback_metrics)
@@ -138,8 +142,9 @@ class Penalty(torch.nn.Module):
 
 def test_objectives_are_added_and_logged(sst2, tmp_path):
     model = AttentionClassifier(sst2.vocab_size, 2, embedding_dim=16, hidden_dim=8, objectives=[Penalty()])
-    trainer = pl.Trainer(fast_dev_run=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                         default_root_dir=tmp_path)
+    trainer = pl.Trainer(
+        fast_dev_run=1, logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path
+    )
     trainer.fit(model, sst2)
     metrics = trainer.callback_metrics
     torch.testing.assert_close(metrics["train/loss"], metrics["train/ce"] + metrics["train/entropy"])

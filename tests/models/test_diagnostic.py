@@ -1,5 +1,6 @@
 """Issue 13: the diagnostic MLP lives in models (audits must not import models); the best epoch is kept by
 Lightning's ModelCheckpoint. Oracle: a callback that snapshots the weights after every validation."""
+
 import copy
 
 import pytest
@@ -24,9 +25,20 @@ def test_the_first_best_validation_epoch_is_restored(sst2, tmp_path):
     val = DataLoader(Subset(sst2.dataset("val"), range(64)), batch_size=32, collate_fn=collate)
     test = DataLoader(Subset(sst2.dataset("val"), range(64, 160)), batch_size=32, collate_fn=collate)
     snapshots = _Snapshots()
-    results = diagnostic_audit(train, val, test, sst2.vocab_size, 2, include_uniform=False, epochs=5, seed=0,
-                               embedding_dim=16, hidden_dim=8, lr=0.1,
-                               trainer_kwargs={"default_root_dir": tmp_path, "callbacks": [snapshots]})
+    results = diagnostic_audit(
+        train,
+        val,
+        test,
+        sst2.vocab_size,
+        2,
+        include_uniform=False,
+        epochs=5,
+        seed=0,
+        embedding_dim=16,
+        hidden_dim=8,
+        lr=0.1,
+        trainer_kwargs={"default_root_dir": tmp_path, "callbacks": [snapshots]},
+    )
     accuracies = [acc for acc, _ in snapshots.epochs]
     assert len(accuracies) == 5
     best = max(range(5), key=lambda epoch: (accuracies[epoch], -epoch))  # the first of the best

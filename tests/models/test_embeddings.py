@@ -1,4 +1,5 @@
 """Embedding initialisation: vector files, the bundled MiniLM's word pieces, and when the model applies them."""
+
 from __future__ import annotations
 
 import gzip
@@ -11,8 +12,13 @@ from torch import nn
 
 from lightning_xai.data import collate
 from lightning_xai.models import AttentionClassifier
-from lightning_xai.models.embeddings import (embedding_matrix, initialize_embedding, minilm_word_vectors,
-                                             read_word_vectors, save_word_vectors)
+from lightning_xai.models.embeddings import (
+    embedding_matrix,
+    initialize_embedding,
+    minilm_word_vectors,
+    read_word_vectors,
+    save_word_vectors,
+)
 
 VOCAB = ["<pad>", "<unk>", "<sos>", "<eos>", "good", "bad", "film"]
 
@@ -62,8 +68,11 @@ def test_save_then_read_roundtrip_skips_the_pad(tmp_path):
 
 # --- building the table ------------------------------------------------------------------------------------
 def test_embedding_matrix_copies_found_rows_zeroes_the_rest_and_rescales_by_one_factor():
-    vectors = {"good": torch.tensor([3.0, 0.0, 4.0]), "Bad": torch.tensor([1.0, 1.0, 1.0]),
-               "film": torch.tensor([0.0, -2.0, 0.0])}
+    vectors = {
+        "good": torch.tensor([3.0, 0.0, 4.0]),
+        "Bad": torch.tensor([1.0, 1.0, 1.0]),
+        "film": torch.tensor([0.0, -2.0, 0.0]),
+    }
     table, report = embedding_matrix(VOCAB, vectors, 3)
     assert report.found == 2 and report.total == 6  # "bad" is not "Bad": lower-casing only goes vocab -> source
     torch.testing.assert_close(table[4], vectors["good"])
@@ -77,8 +86,14 @@ def test_embedding_matrix_copies_found_rows_zeroes_the_rest_and_rescales_by_one_
 
 
 def test_embedding_matrix_normal_oov_rows_and_lowercase_lookup():
-    table, report = embedding_matrix(["<pad>", "<unk>", "Good"], {"good": torch.ones(4)}, 4, oov="normal",
-                                     std=0.5, generator=torch.Generator().manual_seed(1))
+    table, report = embedding_matrix(
+        ["<pad>", "<unk>", "Good"],
+        {"good": torch.ones(4)},
+        4,
+        oov="normal",
+        std=0.5,
+        generator=torch.Generator().manual_seed(1),
+    )
     assert report.found == 1
     torch.testing.assert_close(table[2], torch.ones(4))
     torch.testing.assert_close(table[1], torch.randn(1, 4, generator=torch.Generator().manual_seed(1))[0] * 0.5)
@@ -145,8 +160,16 @@ def test_minilm_projection_is_fixed_and_keeps_geometry():
 # --- the model applies the source once, before training, and never over restored weights --------------------
 def small_classifier(itos, path, **kwargs) -> AttentionClassifier:
     torch.manual_seed(0)
-    return AttentionClassifier(len(itos), 2, embedding_dim=4, hidden_dim=3, embedding_init="file",
-                               embeddings_path=str(path), embedding_rms=0.2, **kwargs)
+    return AttentionClassifier(
+        len(itos),
+        2,
+        embedding_dim=4,
+        hidden_dim=3,
+        embedding_init="file",
+        embeddings_path=str(path),
+        embedding_rms=0.2,
+        **kwargs,
+    )
 
 
 @pytest.fixture()
@@ -178,9 +201,16 @@ def test_fit_initialises_in_setup_and_restores_never_reinitialise(sst2, sst_vect
 
     model = small_classifier(sst2.vocab.itos, path)
     assert model.embedding_init_report is None  # no vocabulary yet: nothing to look words up in
-    trainer = pl.Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=2, logger=False,
-                         enable_progress_bar=False, enable_model_summary=False, callbacks=[Probe()],
-                         default_root_dir=tmp_path)
+    trainer = pl.Trainer(
+        max_epochs=1,
+        limit_train_batches=3,
+        limit_val_batches=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Probe()],
+        default_root_dir=tmp_path,
+    )
     trainer.fit(model, sst2)
     scale = model.embedding_init_report.scale
     torch.testing.assert_close(seen["start"][sst2.vocab.stoi["film"]], vectors["film"] * scale)
@@ -205,9 +235,16 @@ def test_fit_initialises_in_setup_and_restores_never_reinitialise(sst2, sst_vect
         def on_train_start(self, trainer, module):
             probe["start"] = module.embedding.weight.detach().clone()
 
-    trainer = pl.Trainer(max_epochs=2, limit_train_batches=1, limit_val_batches=1, logger=False,
-                         enable_progress_bar=False, enable_model_summary=False, callbacks=[ResumeProbe()],
-                         default_root_dir=tmp_path)
+    trainer = pl.Trainer(
+        max_epochs=2,
+        limit_train_batches=1,
+        limit_val_batches=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[ResumeProbe()],
+        default_root_dir=tmp_path,
+    )
     trainer.fit(resumed, sst2, ckpt_path=ckpt)  # would raise FileNotFoundError if setup() read the source
     torch.testing.assert_close(probe["start"], trained)
 
@@ -223,8 +260,15 @@ def test_state_dict_loaded_before_fit_wins(sst2, sst_vectors, tmp_path):
         def on_train_start(self, trainer, module):
             start["w"] = module.embedding.weight.detach().clone()
 
-    trainer = pl.Trainer(max_steps=1, limit_val_batches=0, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[Probe()], default_root_dir=tmp_path)
+    trainer = pl.Trainer(
+        max_steps=1,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Probe()],
+        default_root_dir=tmp_path,
+    )
     trainer.fit(model, sst2)
     torch.testing.assert_close(start["w"], donor.embedding.weight.detach())
 
@@ -242,8 +286,9 @@ def test_bad_configuration_fails_at_construction():
 
 def test_minilm_init_matches_the_word_vectors(sst2):
     vocab = sst2.vocab.itos[:40]
-    model = AttentionClassifier(len(vocab), 2, embedding_dim=300, hidden_dim=3, embedding_init="minilm",
-                                embedding_rms=0.2, vocab=vocab)
+    model = AttentionClassifier(
+        len(vocab), 2, embedding_dim=300, hidden_dim=3, embedding_init="minilm", embedding_rms=0.2, vocab=vocab
+    )
     vectors = minilm_word_vectors(vocab, 300)
     scale = model.embedding_init_report.scale
     assert model.embedding_init_report.found == 36  # all but <pad>, <unk>, <sos>, <eos>

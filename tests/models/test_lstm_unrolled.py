@@ -1,4 +1,5 @@
 """The (Bi)LSTM deletion fast path against nn.LSTM run on the shortened rows, and its use by leave-one-out."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,8 +10,13 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from lightning_xai.attribution import attribute
 from lightning_xai.models import AttentionClassifier
 from lightning_xai.models.encoders import LSTMEncoder
-from lightning_xai.models.lstm_unrolled import (deleted_hidden, deletion_reruns, lstm_states, supports_unrolling,
-                                               unrolled_lstm)
+from lightning_xai.models.lstm_unrolled import (
+    deleted_hidden,
+    deletion_reruns,
+    lstm_states,
+    supports_unrolling,
+    unrolled_lstm,
+)
 
 
 def _packed(rnn: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor, width: int) -> torch.Tensor:
@@ -40,7 +46,7 @@ def test_states_and_every_deletion_equal_nn_lstm_on_the_shortened_rows(bidirecti
     assert fast.shape == (rows.numel(), T - 1, full.shape[-1])
     for k, (b, i) in enumerate(zip(rows.tolist(), positions.tolist())):
         keep = [j for j in range(T) if j != i]
-        slow = _packed(rnn, x[b:b + 1, keep], lengths[b:b + 1] - 1, T - 1)[0]
+        slow = _packed(rnn, x[b : b + 1, keep], lengths[b : b + 1] - 1, T - 1)[0]
         torch.testing.assert_close(fast[k], slow, rtol=1e-12, atol=1e-12, msg=f"row {b} without position {i}")
     some = torch.tensor([5, 0, 17])
     narrow = deleted_hidden(states, reruns, rows, positions, variants=some, width=8)
@@ -99,7 +105,7 @@ def test_deletion_logits_equal_the_model_on_shortened_real_sentences(trained_mod
         for k in range(0, rows.numel(), 7):
             b, i = int(rows[k]), int(positions[k])
             keep = [j for j in range(batch["mask"].shape[1]) if j != i]
-            short = {"input_ids": batch["input_ids"][b:b + 1, keep], "mask": batch["mask"][b:b + 1, keep]}
+            short = {"input_ids": batch["input_ids"][b : b + 1, keep], "mask": batch["mask"][b : b + 1, keep]}
             torch.testing.assert_close(fast[k], model(short).logits[0], rtol=1e-5, atol=1e-6)
 
 
@@ -130,13 +136,15 @@ def test_leave_one_out_fast_path_equals_rerunning_the_shortened_rows(trained_mod
 
 
 @pytest.mark.parametrize("attention, head_bias", [("tanh", True), ("tanh", False), ("dot", True), ("linear", True)])
-def test_deletion_logits_of_every_attention_and_head_equal_the_model_on_the_shortened_rows(sst2_batch, attention,
-                                                                                           head_bias):
+def test_deletion_logits_of_every_attention_and_head_equal_the_model_on_the_shortened_rows(
+    sst2_batch, attention, head_bias
+):
     # the deleted-token variants go through the model's own attention and head, whichever they are
     torch.manual_seed(0)
     batch = {k: v[:6] for k, v in sst2_batch.items()}
-    model = AttentionClassifier(int(batch["input_ids"].max()) + 1, 3, attention=attention, embedding_dim=12,
-                                hidden_dim=5).eval()
+    model = AttentionClassifier(
+        int(batch["input_ids"].max()) + 1, 3, attention=attention, embedding_dim=12, hidden_dim=5
+    ).eval()
     if not head_bias:
         model.classifier = nn.Linear(10, 3, bias=False)
     rows, positions = batch["mask"].nonzero(as_tuple=True)
@@ -145,5 +153,5 @@ def test_deletion_logits_of_every_attention_and_head_equal_the_model_on_the_shor
         for k in range(rows.numel()):
             b, i = int(rows[k]), int(positions[k])
             keep = [j for j in range(batch["mask"].shape[1]) if j != i]
-            short = {"input_ids": batch["input_ids"][b:b + 1, keep], "mask": batch["mask"][b:b + 1, keep]}
+            short = {"input_ids": batch["input_ids"][b : b + 1, keep], "mask": batch["mask"][b : b + 1, keep]}
             torch.testing.assert_close(fast[k], model(short).logits[0], rtol=1e-5, atol=1e-6)

@@ -1,4 +1,5 @@
 """Mohankumar's orthogonal LSTM encoder (``encoder="ortho_bilstm"`` / ``"ortho_lstm"``)."""
+
 from __future__ import annotations
 
 import torch

@@ -6,6 +6,7 @@ after the other in the same two processes (Lightning's DDP launcher re-runs ``sy
 Trainers reuse the process group). A stage whose failure leaves one process waiting in a collective hangs here,
 which the test sees as a timeout. It is a script, not a test module, for that re-run.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,10 @@ from conftest import make_dm, make_model, make_trainer  # noqa: E402  (the callb
 
 import lightning_xai.reporting.report as report_module  # noqa: E402
 from lightning_xai.attribution import attribute, register_method  # noqa: E402
-from lightning_xai.callbacks import AttentionAudit  # noqa: E402
-from lightning_xai.callbacks import AuditExample  # noqa: E402
+from lightning_xai.callbacks import (
+    AttentionAudit,  # noqa: E402
+    AuditExample,  # noqa: E402
+)
 from lightning_xai.callbacks._audit.budget import AuditBudget  # noqa: E402
 from lightning_xai.reporting import AuditReport  # noqa: E402
 
@@ -76,12 +79,14 @@ def patched(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable
         setattr(owner, name, original)
 
 
-def fail_on(process: int, stage: str, original: Callable[..., Any], when: Callable[..., bool] = lambda *a: True
-            ) -> Callable[..., Any]:
+def fail_on(
+    process: int, stage: str, original: Callable[..., Any], when: Callable[..., bool] = lambda *a: True
+) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if rank() == process and when(*args):
             raise injected(stage)
         return original(*args, **kwargs)
+
     return wrapper
 
 
@@ -90,25 +95,32 @@ def injection(stage: str) -> Any:
     the method that calls it, so the injection follows the helper if it moves)."""
     planner = sys.modules[AuditBudget.choose.__module__]  # the callback's budget calls plan() there
     if stage == "probe":  # the two-example probe before fit: a configuration error on one process's shard
+
         def probe(original):
             def check_model(self, *args, **kwargs):
                 if rank() == 1:
-                    raise MisconfigurationException("AttentionAudit needs the model's attention: injected probe "
-                                                    "failure on process 1")
+                    raise MisconfigurationException(
+                        "AttentionAudit needs the model's attention: injected probe failure on process 1"
+                    )
                 return original(self, *args, **kwargs)
+
             return check_model
+
         return patched(AttentionAudit, "check_model", probe)
     if stage == "prediction":  # the audit's forward pass (not the probe's: that one runs before _checked is set)
         return patched(AttentionAudit, "predict", lambda o: fail_on(1, stage, o, lambda self, *a: self._checked))
     if stage == "metrics":  # the logged scalars from the gathered examples
         return patched(AttentionAudit, "aggregate", lambda o: fail_on(1, stage, o))
     if stage == "gather":  # one process cannot pickle its examples for the gather
+
         def unpicklable(original):
             def reduce_ex(self, protocol):
                 if rank() == 1:
                     raise injected("gather")
                 return original(self, protocol)
+
             return reduce_ex
+
         return patched(AuditExample, "__reduce_ex__", unpicklable)
     if stage == "budget":  # sizing the audit to the budget, before the plan is broadcast
         return patched(planner, "plan", lambda o: fail_on(1, stage, o))
@@ -120,13 +132,26 @@ def injection(stage: str) -> Any:
 def run(stage: str, strict: bool, root: str) -> Dict[str, Any]:
     dm = make_dm(batch_size=8, train=32, val=16, test=16)
     model = make_model(dm)
-    audit = AttentionAudit(methods=("fails_on_process_1" if stage == "attribution" else "gradient",),
-                           metrics=("kendall_tau",), num_samples=8, batch_size=4, every_n_epochs=1, strict=strict)
+    audit = AttentionAudit(
+        methods=("fails_on_process_1" if stage == "attribution" else "gradient",),
+        metrics=("kendall_tau",),
+        num_samples=8,
+        batch_size=4,
+        every_n_epochs=1,
+        strict=strict,
+    )
     callbacks: List[Any] = [audit]
     if stage == "report":
         callbacks.append(AuditReport(dirpath=os.path.join(root, f"report_{strict}"), png=False, wandb=False))
-    trainer = make_trainer(root, callbacks, accelerator="cpu", devices=2, strategy="ddp", max_epochs=1,
-                           logger=[AuditKeysFailOnProcess0()] if stage == "logging" else False)
+    trainer = make_trainer(
+        root,
+        callbacks,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=1,
+        logger=[AuditKeysFailOnProcess0()] if stage == "logging" else False,
+    )
     outcome, misconfigured = "finished", False
     with warnings.catch_warnings(record=True) as caught, injection(stage):
         warnings.simplefilter("always")
@@ -134,8 +159,13 @@ def run(stage: str, strict: bool, root: str) -> Dict[str, Any]:
             trainer.fit(model, dm)
         except Exception as err:  # noqa: BLE001 - what each process raised is the result
             outcome, misconfigured = f"{type(err).__name__}: {err}", isinstance(err, MisconfigurationException)
-    return {"outcome": outcome, "misconfigured": misconfigured, "history": len(audit.history),
-            "failures": audit._failures.count, "warnings": [str(w.message) for w in caught]}
+    return {
+        "outcome": outcome,
+        "misconfigured": misconfigured,
+        "history": len(audit.history),
+        "failures": audit._failures.count,
+        "warnings": [str(w.message) for w in caught],
+    }
 
 
 def main(out_dir: str, strict: bool, stages: List[str]) -> None:

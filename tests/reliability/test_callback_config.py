@@ -1,5 +1,6 @@
 """Issue 29, callbacks: configurations that used to fail late or lose numbers silently now fail at construction or
 setup with the fix named, or keep what they used to lose (two Trainers, spawned workers, several val loaders)."""
+
 from __future__ import annotations
 
 import csv
@@ -28,24 +29,32 @@ KEY = "attention_audit/kendall_tau/attention_vs_gradient/mean"
 
 
 def _audit(**kwargs):
-    return AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), num_samples=8, batch_size=8,
-                          budget=None, **kwargs)
+    return AttentionAudit(
+        methods=("gradient",), metrics=("kendall_tau",), num_samples=8, batch_size=8, budget=None, **kwargs
+    )
 
 
 # --- method_options: checked when written ----------------------------------------------------------------------
-@pytest.mark.parametrize("make", [
-    lambda options: AttentionAudit(methods=("integrated_gradients",), method_options=options),
-    lambda options: ErasureAudit(rankings=("attention", "integrated_gradients"), method_options=options),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda options: AttentionAudit(methods=("integrated_gradients",), method_options=options),
+        lambda options: ErasureAudit(rankings=("attention", "integrated_gradients"), method_options=options),
+    ],
+)
 def test_a_misspelled_method_option_fails_at_construction_naming_the_close_match(make):
     with pytest.raises(MisconfigurationException, match=r"unknown option\(s\) \['n_step'\].*did you mean 'n_steps'"):
         make({"integrated_gradients": {"n_step": 8}})
 
 
 def test_method_options_the_method_takes_are_accepted_with_attributes_own_keywords():
-    audit = AttentionAudit(methods=("integrated_gradients", "gradient"),
-                           method_options={"integrated_gradients": {"n_steps": 8, "rule": "riemann_left"},
-                                           "gradient": {"normalize": "l1", "reduction": "abs_sum"}})
+    audit = AttentionAudit(
+        methods=("integrated_gradients", "gradient"),
+        method_options={
+            "integrated_gradients": {"n_steps": 8, "rule": "riemann_left"},
+            "gradient": {"normalize": "l1", "reduction": "abs_sum"},
+        },
+    )
     assert audit.method_options["integrated_gradients"] == {"n_steps": 8, "rule": "riemann_left"}
     with pytest.raises(MisconfigurationException, match="Unknown normalize 'l2'"):
         AttentionAudit(methods=("gradient",), method_options={"gradient": {"normalize": "l2"}})
@@ -75,16 +84,21 @@ def test_two_audits_with_their_own_prefixes_each_log_their_keys(tmp_path):
 
 
 # --- monitors of an audit key ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("monitor, fix", [
-    (lambda: EarlyStopping(monitor=KEY, mode="max"), r"EarlyStopping\(strict=False\)"),
-    (lambda: ModelCheckpoint(monitor=KEY, mode="max"), r"ModelCheckpoint\(every_n_epochs=2\)"),
-])
+@pytest.mark.parametrize(
+    "monitor, fix",
+    [
+        (lambda: EarlyStopping(monitor=KEY, mode="max"), r"EarlyStopping\(strict=False\)"),
+        (lambda: ModelCheckpoint(monitor=KEY, mode="max"), r"ModelCheckpoint\(every_n_epochs=2\)"),
+    ],
+)
 def test_a_monitor_that_reads_an_audit_key_before_the_first_audit_names_the_cadence(tmp_path, monitor, fix):
     dm = kit.make_dm()
-    trainer = kit.make_trainer(tmp_path, [_audit(every_n_epochs=2), monitor()], max_epochs=2,
-                               enable_checkpointing=True)
-    with pytest.raises(MisconfigurationException, match=r"every_n_epochs=2\) first audits at the end of epoch 1.*"
-                                                        r"from the end of epoch 0.*" + fix):
+    trainer = kit.make_trainer(tmp_path, [_audit(every_n_epochs=2), monitor()], max_epochs=2, enable_checkpointing=True)
+    with pytest.raises(
+        MisconfigurationException,
+        match=r"every_n_epochs=2\) first audits at the end of epoch 1.*"
+        r"from the end of epoch 0.*" + fix,
+    ):
         trainer.fit(kit.make_model(dm), dm)
 
 
@@ -92,11 +106,11 @@ def test_a_checkpoint_at_the_audit_cadence_saves_on_the_audit_key(tmp_path):
     dm = kit.make_dm()
     checkpoint = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), monitor=KEY, mode="max", every_n_epochs=2)
     audit = _audit(every_n_epochs=2)
-    kit.make_trainer(tmp_path, [audit, checkpoint], max_epochs=2, enable_checkpointing=True).fit(
-        kit.make_model(dm), dm)
+    kit.make_trainer(tmp_path, [audit, checkpoint], max_epochs=2, enable_checkpointing=True).fit(kit.make_model(dm), dm)
     assert [r["epoch"] for r in audit.history] == [1]
     assert checkpoint.best_model_path and float(checkpoint.best_model_score) == pytest.approx(
-        audit.history[-1]["metrics"]["kendall_tau/attention_vs_gradient/mean"])
+        audit.history[-1]["metrics"]["kendall_tau/attention_vs_gradient/mean"]
+    )
 
 
 # --- history over two Trainers ---------------------------------------------------------------------------------
@@ -124,8 +138,10 @@ def test_one_trainer_fitting_then_testing_stays_one_run(tmp_path):
 # --- several validation loaders --------------------------------------------------------------------------------
 class _TwoValLoaders(kit.SST2Slice):
     def val_dataloader(self):
-        return [DataLoader(self.dataset("val"), batch_size=16, collate_fn=collate),
-                DataLoader(self.dataset("test"), batch_size=16, collate_fn=collate)]
+        return [
+            DataLoader(self.dataset("val"), batch_size=16, collate_fn=collate),
+            DataLoader(self.dataset("test"), batch_size=16, collate_fn=collate),
+        ]
 
 
 def test_several_val_loaders_say_which_one_is_audited(tmp_path):
@@ -165,8 +181,13 @@ def test_ddp_spawn_says_the_history_stays_in_the_workers(tmp_path):
     script = tmp_path / "spawned.py"
     script.write_text(SPAWNED)
     kit_folder = Path(__file__).parents[1] / "callbacks"
-    done = subprocess.run([sys.executable, str(script), str(kit_folder), str(tmp_path)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [sys.executable, str(script), str(kit_folder), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "HISTORY 0 KEY" in done.stdout  # the numbers came back only through callback_metrics
     assert "callback.history and callback.latest stay empty in the process that called fit" in done.stderr

@@ -1,5 +1,6 @@
 """Issue 14, callbacks: non-finite logits are undefined (not 'not flipped', not wrong), a metric undefined for a whole
 audit is logged as NaN with a warning, a misspelled method fails at construction, iterable val datasets work."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -13,8 +14,13 @@ from pytorch_lightning.loggers import Logger
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch.utils.data import DataLoader, IterableDataset
 
-from lightning_xai.callbacks import (AdversarialSearchAudit, AttentionAudit, AttentionBaselines, ErasureAudit,
-                                     ImpermissibleAttentionMonitor)
+from lightning_xai.callbacks import (
+    AdversarialSearchAudit,
+    AttentionAudit,
+    AttentionBaselines,
+    ErasureAudit,
+    ImpermissibleAttentionMonitor,
+)
 from lightning_xai.callbacks._audit.subset import draw_subset, row_reader
 from lightning_xai.data import collate
 
@@ -42,10 +48,12 @@ class _MemoryLogger(Logger):
 
 def _audits(num_samples=16):
     options = dict(num_samples=num_samples, batch_size=8, every_n_epochs=None)
-    return [ErasureAudit(rankings=("attention",), eraser=False, **options),
-            AttentionBaselines(num_permutations=4, **options),
-            ImpermissibleAttentionMonitor(**options),
-            AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), **options)]
+    return [
+        ErasureAudit(rankings=("attention",), eraser=False, **options),
+        AttentionBaselines(num_permutations=4, **options),
+        ImpermissibleAttentionMonitor(**options),
+        AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), **options),
+    ]
 
 
 def _validate(tmp_path, model, dm, audits):
@@ -70,15 +78,20 @@ def test_nan_logits_are_undefined_and_logged_as_nan_with_a_warning(tmp_path):
     assert math.isnan(monitor["accuracy"]) and math.isnan(monitor["mass/mean"])
     assert math.isnan(agreement["kendall_tau/attention_vs_gradient/mean"])
     assert math.isnan(search["fraction_found"]) and search["count"] == 0  # was 0.0: "no adversary found"
-    for key in ("validate/erasure_audit/attention/flipped/mean", "validate/attention_baselines/uniform/flip_fraction",
-                "validate/impermissible_attention/accuracy",
-                "validate/attention_audit/kendall_tau/attention_vs_gradient/mean"):
+    for key in (
+        "validate/erasure_audit/attention/flipped/mean",
+        "validate/attention_baselines/uniform/flip_fraction",
+        "validate/impermissible_attention/accuracy",
+        "validate/attention_audit/kendall_tau/attention_vs_gradient/mean",
+    ):
         assert math.isnan(logged[key]), key  # logged as NaN, not dropped
     for audit in audits:
         name = type(audit).__name__
         assert all(e.undefined == "non-finite logits" for e in audit.latest.examples)
-        assert any(m.startswith(f"{name}: 16 of 16 audited 'val' examples have undefined results (non-finite "
-                                "logits") for m in messages), name
+        assert any(
+            m.startswith(f"{name}: 16 of 16 audited 'val' examples have undefined results (non-finite logits")
+            for m in messages
+        ), name
         assert any(m.startswith(name) and "undefined for the whole 'val' audit" in m for m in messages), name
 
 

@@ -1,5 +1,6 @@
 """Under DDP a failure on one process, at any stage of an audit, is agreed on by every process: none is left waiting
 in a collective (2 CPU processes, gloo; the failures are injected by tests/reliability/ddp_failure_script.py)."""
+
 from __future__ import annotations
 
 import json
@@ -15,17 +16,31 @@ import pytest
 SCRIPT = Path(__file__).with_name("ddp_failure_script.py")
 AUDIT_STAGES = ["prediction", "attribution", "metrics", "gather", "logging", "budget", "report"]
 #: which process each stage fails on in the script (the logger and the report write on process 0 only)
-FAILING = {"probe": 1, "prediction": 1, "attribution": 1, "metrics": 1, "gather": 1, "logging": 0, "budget": 1,
-           "report": 0}
+FAILING = {
+    "probe": 1,
+    "prediction": 1,
+    "attribution": 1,
+    "metrics": 1,
+    "gather": 1,
+    "logging": 0,
+    "budget": 1,
+    "report": 0,
+}
 
 
 def _run(tmp_path: Path, strict: bool, stages: List[str], timeout: float) -> List[Dict[str, Any]]:
     """Both processes' results; a hang (a process waiting in a collective the other never reaches) fails here."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PL_DISABLE_FORK="1", PYTHONWARNINGS="ignore")
     env.pop("LOCAL_RANK", None)
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path), "1" if strict else "0", ",".join(stages)],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # its own process group: both processes are killed on a hang
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(tmp_path), "1" if strict else "0", ",".join(stages)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )  # its own process group: both processes are killed on a hang
     try:
         _, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -6,6 +6,7 @@ attention ×5 gave an impermissible mass of 1.58 without ``token_mask``, an int 
 and ``ImpermissibleAttentionMonitor`` logged 1.475. Now each is a ``ValueError`` naming the rows and the fix;
 the happy paths (broadcast candidates, bf16 softmax, multi-head maps) keep their values.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,19 +15,26 @@ import pytest
 import torch
 from scipy.spatial.distance import jensenshannon
 
-from lightning_xai.metrics.functional import (impermissible_mass, jensen_shannon_divergence, kl_divergence,
-                                              total_variation)
+from lightning_xai.metrics.functional import (
+    impermissible_mass,
+    jensen_shannon_divergence,
+    kl_divergence,
+    total_variation,
+)
 
 DIVERGENCES = [kl_divergence, jensen_shannon_divergence, total_variation]
 
 
 @pytest.mark.parametrize("fn", DIVERGENCES, ids=lambda f: f.__name__)
-@pytest.mark.parametrize("p,problem", [
-    (torch.tensor([3.0, 4.0]), r"does not sum to 1 in rows \[0\] \(sums \[7.0\]\)"),
-    (torch.tensor([[2.0, -1.0], [0.5, 0.5]]), r"negative entries in rows \[0\]"),
-    (torch.tensor([[0.5, 0.5], [math.nan, 1.0]]), r"NaN or inf in rows \[1\]"),
-    (torch.tensor([[[0.5, 0.5], [0.2, 0.2]]]), r"does not sum to 1 in rows \[\(0, 1\)\]"),
-])
+@pytest.mark.parametrize(
+    "p,problem",
+    [
+        (torch.tensor([3.0, 4.0]), r"does not sum to 1 in rows \[0\] \(sums \[7.0\]\)"),
+        (torch.tensor([[2.0, -1.0], [0.5, 0.5]]), r"negative entries in rows \[0\]"),
+        (torch.tensor([[0.5, 0.5], [math.nan, 1.0]]), r"NaN or inf in rows \[1\]"),
+        (torch.tensor([[[0.5, 0.5], [0.2, 0.2]]]), r"does not sum to 1 in rows \[\(0, 1\)\]"),
+    ],
+)
 def test_not_a_distribution_is_refused_with_the_row_and_the_fix(fn, p, problem):
     q = torch.full(p.shape, 1.0 / p.shape[-1])
     with pytest.raises(ValueError, match=problem + r".*softmax\(-1\).*sum\(-1, keepdim=True\)"):
@@ -119,9 +127,16 @@ def test_impermissible_monitor_does_not_log_the_mass_of_five_times_attention(tmp
         model = FiveTimes(dm.vocab_size, dm.num_classes, embedding_dim=16, hidden_dim=8)
         model.scale = scale
         monitor = ImpermissibleAttentionMonitor(num_samples=8, batch_size=8)
-        trainer = pl.Trainer(max_epochs=1, limit_train_batches=1, callbacks=[monitor], logger=False,
-                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                             default_root_dir=str(tmp_path))
+        trainer = pl.Trainer(
+            max_epochs=1,
+            limit_train_batches=1,
+            callbacks=[monitor],
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=str(tmp_path),
+        )
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             trainer.fit(model, dm)

@@ -9,6 +9,7 @@ budget leave-one-out's reruns use (:data:`~lightning_xai.adapters.budget.PASS_BU
 the shape of every last-layer pass on real ERASER text and check the logits and flips against one unbudgeted pass;
 the peak-memory figure itself is a benchmark (benchmarks/bench_erasure_memory.py).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -35,15 +36,15 @@ def _long_batch(pieces):
     """Two real ERASER movie reviews, their first ``pieces`` and ``pieces − 70`` tokens, as [CLS] tokens [SEP] rows
     (right-padded)."""
     reviews = [e.tokens for e in read_split("eraser_movies", "val")[:2]]
-    texts = [reviews[0][:pieces], reviews[1][:pieces - 70]]
+    texts = [reviews[0][:pieces], reviews[1][: pieces - 70]]
     vocab = Vocabulary.build(texts)
     T = pieces + 2
     ids = torch.zeros(2, T, dtype=torch.long)
     attention_mask = torch.zeros(2, T, dtype=torch.long)
     for row, text in enumerate(texts):
-        ids[row, 1:len(text) + 1] = torch.tensor(vocab.encode(text)) + 4
+        ids[row, 1 : len(text) + 1] = torch.tensor(vocab.encode(text)) + 4
         ids[row, 0], ids[row, len(text) + 1] = 2, 3
-        attention_mask[row, :len(text) + 2] = 1
+        attention_mask[row, : len(text) + 2] = 1
     mask = attention_mask.bool() & (ids != 2) & (ids != 3)
     return {"input_ids": ids, "attention_mask": attention_mask, "mask": mask}, len(vocab) + 4
 
@@ -51,9 +52,16 @@ def _long_batch(pieces):
 def _case(pieces, dtype=torch.float32):
     """A tiny random BERT (hidden 32, 16 heads) with room for 46 positions after the longest row, and the batch."""
     batch, vocab_size = _long_batch(pieces)
-    config = transformers.BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=HEADS, intermediate_size=64, num_labels=2,
-                                     max_position_embeddings=pieces + 2 + ROOM, attn_implementation="eager")
+    config = transformers.BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=HEADS,
+        intermediate_size=64,
+        num_labels=2,
+        max_position_embeddings=pieces + 2 + ROOM,
+        attn_implementation="eager",
+    )
     torch.manual_seed(0)
     return HuggingFaceAdapter(transformers.BertForSequenceClassification(config).to(dtype).eval()), batch
 
@@ -69,7 +77,8 @@ def _pass_shapes(adapter):
     last = layer_stack(adapter.model, adapter._attention_modules[-1])[-1]
     handle = last.register_forward_pre_hook(
         lambda module, args, kwargs: shapes.append(tuple((args[0] if args else kwargs["hidden_states"]).shape[:2])),
-        with_kwargs=True)
+        with_kwargs=True,
+    )
     return shapes, handle
 
 

@@ -5,6 +5,7 @@ empty batch an empty result, LRP in half precision an error naming precision, an
 distribution over the real tokens (5x the model's own) an error instead of an impermissible mass of 1.47.
 Each scenario sits next to its happy path.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,8 +29,10 @@ def _model(seed: int = 0, vocab_size: int = 50) -> AttentionClassifier:
 
 
 def _batch():
-    return {"input_ids": torch.tensor([[3, 4, 5, 6], [7, 8, 0, 0]]),
-            "mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]]).bool()}
+    return {
+        "input_ids": torch.tensor([[3, 4, 5, 6], [7, 8, 0, 0]]),
+        "mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]]).bool(),
+    }
 
 
 def _nan_model() -> AttentionClassifier:
@@ -41,8 +44,10 @@ def _nan_model() -> AttentionClassifier:
 
 
 # --- 1. NaN weights: NaN maps and a warning, not all-zero finite maps ------------------------------------------
-@pytest.mark.parametrize("method,options", [("gradient", {}), ("gradient", {"reduction": "abs_sum"}),
-                                            ("smooth_grad", {"n_samples": 3}), ("grad_x_input", {})])
+@pytest.mark.parametrize(
+    "method,options",
+    [("gradient", {}), ("gradient", {"reduction": "abs_sum"}), ("smooth_grad", {"n_samples": 3}), ("grad_x_input", {})],
+)
 def test_nan_weights_give_nan_maps_and_a_warning(method, options):
     batch = _batch()
     with pytest.warns(RuntimeWarning, match="the model's logits are not finite"):
@@ -72,8 +77,11 @@ def test_l2_gradient_stays_twice_differentiable_at_pads():
 # --- 2. ids past the vocabulary: the id, the table size and the fix --------------------------------------------
 def test_ids_past_the_vocabulary_name_id_size_and_fix():
     batch = {"input_ids": torch.tensor([[3, 60, 4]]), "mask": torch.ones(1, 3, dtype=torch.bool)}
-    with pytest.raises(ValueError, match=r"id 60 but the embedding table has 50 rows.*Encode it with the model's "
-                                         r"vocabulary"):
+    with pytest.raises(
+        ValueError,
+        match=r"id 60 but the embedding table has 50 rows.*Encode it with the model's "
+        r"vocabulary",
+    ):
         attribute(_model(), batch, "gradient")
     with pytest.raises(ValueError, match="id -1"):
         attribute(_model(), {"input_ids": torch.tensor([[3, -1]]), "mask": torch.ones(1, 2, dtype=torch.bool)})
@@ -122,8 +130,9 @@ def test_batch_with_mask_is_explained():
 
 
 # --- 4. an empty batch: an empty map, empty metric results, a no-op update ---------------------------------------
-@pytest.mark.parametrize("method", ["attention", "gradient", "grad_x_input", "integrated_gradients", "smooth_grad",
-                                    "leave_one_out", "lrp"])
+@pytest.mark.parametrize(
+    "method", ["attention", "gradient", "grad_x_input", "integrated_gradients", "smooth_grad", "leave_one_out", "lrp"]
+)
 def test_empty_batch_gives_an_empty_map(method):
     empty = {"input_ids": torch.zeros(0, 4, dtype=torch.long), "mask": torch.zeros(0, 4, dtype=torch.bool)}
     scores = attribute(_model(), empty, method)
@@ -148,22 +157,25 @@ def test_empty_batch_in_kendall_tau_and_its_metric():
     with_empty.update(a, b, mask)
     with_empty.update(empty, empty, none)  # a no-op
     without.update(a, b, mask)
-    assert {k: float(v) for k, v in with_empty.compute().items()} == {k: float(v) for k, v in
-                                                                      without.compute().items()}
+    assert {k: float(v) for k, v in with_empty.compute().items()} == {k: float(v) for k, v in without.compute().items()}
     assert float(without.compute()["count"]) == 2
 
 
 def test_nonempty_batch_in_kendall_tau():
-    tau, _ = kendall_tau(torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[1.0, 2.0, 3.0]]),
-                         torch.ones(1, 3, dtype=torch.bool))
+    tau, _ = kendall_tau(
+        torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[1.0, 2.0, 3.0]]), torch.ones(1, 3, dtype=torch.bool)
+    )
     assert float(tau[0]) == 1.0
 
 
 # --- 5. LRP in half precision: the cause is precision, the fix float32 --------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_lrp_in_half_precision_names_precision_and_the_fix(dtype):
-    with pytest.raises(ValueError, match=r"float32 or float64.*The cause is precision, not a missing rule: cast "
-                                         r"the model to float32"):
+    with pytest.raises(
+        ValueError,
+        match=r"float32 or float64.*The cause is precision, not a missing rule: cast "
+        r"the model to float32",
+    ):
         attribute(_model().to(dtype), _batch(), "lrp")
 
 
@@ -196,8 +208,11 @@ class ScaledAttention(nn.Module):
 def test_five_times_attention_is_refused_by_attribute_and_impermissible_mass():
     batch = _batch()
     model = ScaledAttention(_model())
-    with pytest.raises(ValueError, match=r"ScaledAttention's attention is not a distribution over the real tokens: "
-                                         r"row 0 sums to 5 "):
+    with pytest.raises(
+        ValueError,
+        match=r"ScaledAttention's attention is not a distribution over the real tokens: "
+        r"row 0 sums to 5 ",
+    ):
         attribute(model, batch, "attention")
     impermissible = torch.tensor([[True, False, False, False], [False, True, False, False]])
     with torch.no_grad():
@@ -220,12 +235,15 @@ def test_a_distribution_over_the_real_tokens_is_accepted():
     check_attention_distribution(scores.to(torch.bfloat16), batch["mask"])
 
 
-@pytest.mark.parametrize("values,problem", [
-    ([[0.5, 0.5, 0.1, 0.0]], "puts mass 0.1 on positions outside the token mask"),
-    ([[1.5, -0.5, 0.0, 0.0]], "has a negative weight -0.5"),
-    ([[float("nan"), 0.5, 0.0, 0.0]], "has NaN or infinite values"),
-    ([[0.3, 0.3, 0.0, 0.0]], "sums to 0.6 over its real tokens"),
-])
+@pytest.mark.parametrize(
+    "values,problem",
+    [
+        ([[0.5, 0.5, 0.1, 0.0]], "puts mass 0.1 on positions outside the token mask"),
+        ([[1.5, -0.5, 0.0, 0.0]], "has a negative weight -0.5"),
+        ([[float("nan"), 0.5, 0.0, 0.0]], "has NaN or infinite values"),
+        ([[0.3, 0.3, 0.0, 0.0]], "sums to 0.6 over its real tokens"),
+    ],
+)
 def test_attention_check_names_each_problem(values, problem):
     mask = torch.tensor([[True, True, False, False]])
     with pytest.raises(ValueError, match=problem):

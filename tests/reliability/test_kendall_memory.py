@@ -7,6 +7,7 @@ These tests record the size of every tensor the call produces (a dispatch mode, 
 and check the values against scipy on ties and masks; the peak-memory and time figures at T = 1,000 … 100,000
 are a benchmark (benchmarks/bench_kendall_memory.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -81,8 +82,7 @@ def _batches(draw):
     B = draw(hs.integers(1, 5))
     T = draw(hs.integers(1, 70))
     pool = draw(hs.sampled_from([None, [0.0, 1.0, 2.0], [-1.0, 0.0, 0.5, 1.0, 3.0, 1e-3]]))
-    values = (hs.floats(-1e6, 1e6, allow_nan=False, allow_subnormal=False) if pool is None
-              else hs.sampled_from(pool))
+    values = hs.floats(-1e6, 1e6, allow_nan=False, allow_subnormal=False) if pool is None else hs.sampled_from(pool)
     x = np.array(draw(hs.lists(values, min_size=B * T, max_size=B * T))).reshape(B, T)
     y = np.array(draw(hs.lists(values, min_size=B * T, max_size=B * T))).reshape(B, T)
     mask = np.array(draw(hs.lists(hs.booleans(), min_size=B * T, max_size=B * T))).reshape(B, T)

@@ -5,6 +5,7 @@ the callbacks never compared the adapter with the model (only ``adapter.forward`
 logged numbers for another function (τ 0.0019 in the issue). Every callback now runs
 :func:`~lightning_xai.adapters.checks.check_logits` in its two-example probe.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,13 @@ import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch.utils.data import DataLoader
 
-from lightning_xai.callbacks import (AdversarialSearchAudit, AttentionAudit, AttentionBaselines, ErasureAudit,
-                                     ImpermissibleAttentionMonitor)
+from lightning_xai.callbacks import (
+    AdversarialSearchAudit,
+    AttentionAudit,
+    AttentionBaselines,
+    ErasureAudit,
+    ImpermissibleAttentionMonitor,
+)
 from tests.adapters.test_families import family_batch, family_model
 
 
@@ -26,8 +32,9 @@ class _UserModule(pl.LightningModule):
         self.net = family_model("llama").float()
 
     def training_step(self, batch, batch_idx):
-        return self.net(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                        labels=batch["labels"]).loss
+        return self.net(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]
+        ).loss
 
     def validation_step(self, batch, batch_idx):
         pass
@@ -48,17 +55,24 @@ CALLBACKS = {
     "ErasureAudit": lambda spec: ErasureAudit(model=spec, budget=None, num_samples=6),
     "AttentionBaselines": lambda spec: AttentionBaselines(model=spec, budget=None, num_samples=6, num_permutations=2),
     "AdversarialSearchAudit": lambda spec: AdversarialSearchAudit(model=spec, budget=None, num_samples=6),
-    "ImpermissibleAttentionMonitor": lambda spec: ImpermissibleAttentionMonitor(model=spec, budget=None,
-                                                                                num_samples=6),
+    "ImpermissibleAttentionMonitor": lambda spec: ImpermissibleAttentionMonitor(model=spec, budget=None, num_samples=6),
 }
 
 
 def _fit(callback, tmp_path):
     module = _UserModule()
     before = {k: v.clone() for k, v in module.state_dict().items()}
-    trainer = pl.Trainer(max_epochs=1, callbacks=[callback], logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
-                         num_sanity_val_steps=0, accelerator="cpu")
+    trainer = pl.Trainer(
+        max_epochs=1,
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+    )
     trainer.fit(module, _loader(), _loader())
     return before, module.state_dict()
 

@@ -5,6 +5,7 @@ per-sentence τ against the float32 map fell to 0.12, without a word. The map is
 callbacks' ``precision="trainer"`` option relies on it) but with a warning that says how to get the float32
 one; the maps are compared with the float32 oracle to show why.
 """
+
 from __future__ import annotations
 
 import copy
@@ -24,8 +25,9 @@ from lightning_xai.models import AttentionClassifier
 def model_and_batch():
     texts = [e.tokens for e in read_split("sst2", "val")[:8]]
     vocab = Vocabulary.build(texts)
-    batch = collate([{"input_ids": vocab.encode(t), "mask": [1] * len(t), "labels": 0, "index": i}
-                     for i, t in enumerate(texts)])
+    batch = collate(
+        [{"input_ids": vocab.encode(t), "mask": [1] * len(t), "labels": 0, "index": i} for i, t in enumerate(texts)]
+    )
     torch.manual_seed(0)
     model = AttentionClassifier(len(vocab), 2, embedding_dim=32, hidden_dim=16, encoder="cnn").eval()
     return model, batch
@@ -35,8 +37,9 @@ def _loo(model, batch):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         scores = attribute(model, batch, "leave_one_out", target=0)
-    return scores.float(), [str(w.message) for w in caught if "leave_one_out" in str(w.message)
-                            and "rounding" in str(w.message)]
+    return scores.float(), [
+        str(w.message) for w in caught if "leave_one_out" in str(w.message) and "rounding" in str(w.message)
+    ]
 
 
 def test_float32_is_quiet_bf16_autocast_and_bf16_weights_warn(model_and_batch):

@@ -7,6 +7,7 @@ with a gradient of 1e-8, because log(α + eps) has the gradient dα / (α + eps)
 Now the dead rows count 0 with a warning (as rows without impermissible tokens do) and the KL keeps eps in its
 value but takes the exact gradient d log α. Both are checked against hand-written autograd.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -20,8 +21,7 @@ IMPERMISSIBLE = torch.tensor([[True, True, True], [True, False, False], [False, 
 
 
 def _scores() -> torch.Tensor:
-    return torch.tensor([[0.3, -0.2, 0.5], [1.0, 0.0, -1.0], [0.2, 2.0, -0.4]], dtype=torch.float64,
-                        requires_grad=True)
+    return torch.tensor([[0.3, -0.2, 0.5], [1.0, 0.0, -1.0], [0.2, 2.0, -0.4]], dtype=torch.float64, requires_grad=True)
 
 
 def _hand(scores: torch.Tensor, rows) -> torch.Tensor:
@@ -59,8 +59,9 @@ def test_a_pad_is_not_a_permissible_token():
 def test_deception_penalty_without_dead_rows_is_unchanged():
     scores = _scores()
     out = ExplainOutput(logits=torch.zeros(2, 2), attention=scores[1:].softmax(-1))
-    value = DeceptionPenalty(weight=1.0, reduction="max")(out, {"impermissible": IMPERMISSIBLE[1:],
-                                                                "mask": torch.ones(2, 3, dtype=torch.bool)})
+    value = DeceptionPenalty(weight=1.0, reduction="max")(
+        out, {"impermissible": IMPERMISSIBLE[1:], "mask": torch.ones(2, 3, dtype=torch.bool)}
+    )
     value.backward()
     oracle_scores = _scores()
     _hand(oracle_scores, [1, 2]).max().backward()

@@ -1,5 +1,6 @@
 """Issue 14, losses: every weight checked, the deception penalty keeps its gradient near mass 1, and NaN attention
 never becomes a NaN loss or NaN weights without a word."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,10 +14,20 @@ from torch.utils.data import DataLoader, Subset
 
 from lightning_xai.adapters import ExplainOutput
 from lightning_xai.data import collate
-from lightning_xai.losses import (AttentionAlignmentLoss, ConicityLoss, DeceptionPenalty, ErasureFaithfulnessLoss,
-                                  ModelConsistentAdversary, RationaleSupervisionLoss, WordTyingLoss,
-                                  attention_alignment_kl, conicity, deception_penalty,
-                                  model_consistent_adversary_loss, rationale_supervision)
+from lightning_xai.losses import (
+    AttentionAlignmentLoss,
+    ConicityLoss,
+    DeceptionPenalty,
+    ErasureFaithfulnessLoss,
+    ModelConsistentAdversary,
+    RationaleSupervisionLoss,
+    WordTyingLoss,
+    attention_alignment_kl,
+    conicity,
+    deception_penalty,
+    model_consistent_adversary_loss,
+    rationale_supervision,
+)
 from lightning_xai.models import AttentionClassifier
 
 _SPEC = importlib.util.spec_from_file_location("callbacks_kit", Path(__file__).parents[1] / "callbacks" / "conftest.py")
@@ -31,10 +42,12 @@ def _reference_model(seed=0):
     return AttentionClassifier(50, 2, embedding_dim=16, hidden_dim=8).eval()
 
 
-_BATCH = {"input_ids": torch.tensor([[3, 4, 5, 6], [7, 8, 0, 0]]),
-          "mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]]).bool(),
-          "impermissible": torch.tensor([[True, False, False, False], [False, True, False, False]]),
-          "rationale": torch.tensor([[False, True, True, False], [True, False, False, False]])}
+_BATCH = {
+    "input_ids": torch.tensor([[3, 4, 5, 6], [7, 8, 0, 0]]),
+    "mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]]).bool(),
+    "impermissible": torch.tensor([[True, False, False, False], [False, True, False, False]]),
+    "rationale": torch.tensor([[False, True, True, False], [True, False, False, False]]),
+}
 
 _LOSSES = {
     "DeceptionPenalty": lambda w: DeceptionPenalty(weight=w),
@@ -59,8 +72,9 @@ def test_functional_weights_and_the_other_erasure_weights_are_checked_too():
     with pytest.raises(ValueError, match="must be >= 0 and finite"):
         deception_penalty(torch.tensor([0.5]), weight=NAN)
     with pytest.raises(ValueError, match="must be >= 0 and finite"):
-        model_consistent_adversary_loss(torch.zeros(1, 2), torch.full((1, 2), 0.5), torch.full((1, 2), 0.5),
-                                        torch.full((1, 2), 0.5), weight=INF)
+        model_consistent_adversary_loss(
+            torch.zeros(1, 2), torch.full((1, 2), 0.5), torch.full((1, 2), 0.5), torch.full((1, 2), 0.5), weight=INF
+        )
     with pytest.raises(ValueError, match="sufficiency_weight must be >= 0"):
         ErasureFaithfulnessLoss(sufficiency_weight=-0.5)
 
@@ -105,8 +119,7 @@ def test_penalty_gradient_at_mass_exactly_one():
 
 def test_penalty_values_away_from_one_are_unchanged():
     attention = torch.tensor([[0.5, 0.25, 0.25, 0.0], [0.0, 0.0, 1.0, 0.0], [0.1, 0.1, 0.2, 0.6]])
-    impermissible = torch.tensor([[True, False, False, False], [True, False, False, False],
-                                  [True, True, False, False]])
+    impermissible = torch.tensor([[True, False, False, False], [True, False, False, False], [True, True, False, False]])
     out = ExplainOutput(logits=torch.zeros(3, 2), attention=attention)
     value = DeceptionPenalty(weight=2.0)(out, {"impermissible": impermissible})
     expected = -2.0 * (math.log(0.5) + math.log(1.0) + math.log(0.8)) / 3
@@ -174,8 +187,11 @@ class _OneBadBatch(AttentionClassifier):
 
 def test_fit_with_a_nan_attention_batch_keeps_the_weights_finite(tmp_path):
     dm = kit.make_dm(impermissible=True)
-    objectives = [DeceptionPenalty(weight=0.5), ErasureFaithfulnessLoss(weight=0.5),
-                  RationaleSupervisionLoss(weight=0.5, key="impermissible")]
+    objectives = [
+        DeceptionPenalty(weight=0.5),
+        ErasureFaithfulnessLoss(weight=0.5),
+        RationaleSupervisionLoss(weight=0.5, key="impermissible"),
+    ]
     torch.manual_seed(0)
     model = _OneBadBatch(dm.vocab_size, 2, embedding_dim=16, hidden_dim=8, objectives=objectives)
     loader = DataLoader(Subset(dm.dataset("train"), range(64)), batch_size=16, collate_fn=collate)

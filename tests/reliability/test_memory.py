@@ -6,6 +6,7 @@ whose rerun buffers hold at most ``max_elements`` elements; these tests force se
 SST-2 text and check the logits against the one-buffer path (``max_elements=None``) and against re-running
 the model on the shortened rows. The peak-memory figure itself is a benchmark (benchmarks/bench_loo_memory.py).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -28,8 +29,9 @@ def long_batch():
     sentence = read_split("sst2", "val")[0]
     texts = [reviews[0].tokens[:160], sentence.tokens, reviews[1].tokens[:90]]
     vocab = Vocabulary.build(texts)
-    batch = collate([{"input_ids": vocab.encode(t), "mask": [1] * len(t), "labels": 0, "index": i}
-                     for i, t in enumerate(texts)])
+    batch = collate(
+        [{"input_ids": vocab.encode(t), "mask": [1] * len(t), "labels": 0, "index": i} for i, t in enumerate(texts)]
+    )
     torch.manual_seed(0)
     model = AttentionClassifier(len(vocab), 2, embedding_dim=16, hidden_dim=HIDDEN).eval()
     return model, batch

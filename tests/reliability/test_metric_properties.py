@@ -9,6 +9,7 @@ maps, zero maps) or freely, float32 or float64, NaN/inf at random positions — 
 * raises a ``ValueError`` that names the problem, exactly when the input is invalid: NaN/inf at a real token or
   a row without any real token. NaN/inf at pads never changes a value.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,8 +24,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 from scipy.special import rel_entr
 
-from lightning_xai.metrics import (JensenShannon, KendallTau, PearsonCorrelation, SpearmanCorrelation,
-                                   TopKKendallTau, TopKOverlap)
+from lightning_xai.metrics import (
+    JensenShannon,
+    KendallTau,
+    PearsonCorrelation,
+    SpearmanCorrelation,
+    TopKKendallTau,
+    TopKOverlap,
+)
 from lightning_xai.metrics.registry import AGREEMENT_METRICS
 
 Ref = Tuple[float, Optional[float]]  # (value, p-value or None)
@@ -95,8 +102,9 @@ REFERENCES: Dict[str, Tuple[Callable[..., Ref], type, List[dict]]] = {
 def test_every_registered_metric_has_a_reference():
     assert set(AGREEMENT_METRICS) == set(REFERENCES)
     for name in REFERENCES:
-        assert AGREEMENT_METRICS[name].p_value == (name in ("kendall_tau", "topk_kendall_tau", "spearman",
-                                                             "pearson")), name
+        assert AGREEMENT_METRICS[name].p_value == (
+            name in ("kendall_tau", "topk_kendall_tau", "spearman", "pearson")
+        ), name
 
 
 @hs.composite
@@ -199,7 +207,9 @@ def test_property_nan_at_pads_is_ignored_and_at_real_tokens_is_a_clear_error(bat
     else:
         clean = fn(preds, target, mask, **options)
         dirty = fn(maps["preds"], maps["target"], mask, **options)
-        for a, c in zip(clean if isinstance(clean, tuple) else (clean,), dirty if isinstance(dirty, tuple) else (dirty,)):
+        for a, c in zip(
+            clean if isinstance(clean, tuple) else (clean,), dirty if isinstance(dirty, tuple) else (dirty,)
+        ):
             assert torch.equal(a.isnan(), c.isnan()) and torch.equal(a.nan_to_num(), c.nan_to_num()), name
 
 

@@ -5,6 +5,7 @@ equal to zero, but got -nan`` from the padding-trim check (its tolerance was sca
 trim is simply not used when it cannot be verified, and the results are NaN with the ``RuntimeWarning`` that
 names the rows, as the callbacks record such rows as undefined. A finite model keeps finite values.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,10 @@ def _model(nan: bool) -> AttentionClassifier:
     return model
 
 
-BATCH = {"input_ids": torch.tensor([[3, 4, 5, 6], [3, 4, 5, 0]]),
-         "mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]).bool()}
+BATCH = {
+    "input_ids": torch.tensor([[3, 4, 5, 6], [3, 4, 5, 0]]),
+    "mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]).bool(),
+}
 SCORES = torch.tensor([[0.1, 0.9, 0.2, 0.3], [0.5, 0.1, 0.7, 0.0]])
 
 

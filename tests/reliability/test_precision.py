@@ -9,6 +9,7 @@ convergence warning no longer divides by a gap of ~0.
 
 Real Trainers on CPU, the bundled SST-2 (the first examples of each split), a tiny reference model.
 """
+
 from __future__ import annotations
 
 import re
@@ -28,7 +29,7 @@ N = 24
 
 class _SST2Head(TextClassificationDataModule):
     def examples(self, split):
-        return super().examples(split)[:96 if split == "train" else N]
+        return super().examples(split)[: 96 if split == "train" else N]
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +44,14 @@ def trained(dm):
     """A tiny reference model after a few float32 steps (weights that give non-uniform maps)."""
     pl.seed_everything(0, verbose=False)
     model = AttentionClassifier(dm.vocab_size, 2, embedding_dim=16, hidden_dim=8, embedding_std=0.3)
-    pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-               enable_model_summary=False, num_sanity_val_steps=0).fit(model, dm)
+    pl.Trainer(
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    ).fit(model, dm)
     return model.state_dict()
 
 
@@ -54,12 +61,19 @@ def _validate(dm, state, precision, tmp_path, *, audit_precision=None, bf16_weig
     if bf16_weights:
         model = model.bfloat16()
     options = {} if audit_precision is None else {"precision": audit_precision}
-    audit = callback or AttentionAudit(methods=("gradient", "leave_one_out"), metrics=("kendall_tau",),
-                                       num_samples=N, num_report_examples=N, **options)
+    audit = callback or AttentionAudit(
+        methods=("gradient", "leave_one_out"), metrics=("kendall_tau",), num_samples=N, num_report_examples=N, **options
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        pl.Trainer(precision=precision, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                   default_root_dir=str(tmp_path), callbacks=[audit]).validate(model, dm, verbose=False)
+        pl.Trainer(
+            precision=precision,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=str(tmp_path),
+            callbacks=[audit],
+        ).validate(model, dm, verbose=False)
     said = [str(w.message) for w in caught if "reduced precision" in str(w.message)]
     return audit, model, said
 
@@ -80,8 +94,7 @@ def test_bf16_mixed_audits_leave_one_out_in_float32_and_says_so(dm, trained, tmp
     key = "kendall_tau/attention_vs_leave_one_out/mean"
     assert auto.history[-1]["metrics"][key] == pytest.approx(full.history[-1]["metrics"][key], abs=0.02)
     # the option keeps the trainer's precision: bf16 leave-one-out is another map
-    worst = max(float((a - b).abs().max()) for a, b in zip(_maps(kept, "leave_one_out"),
-                                                            _maps(full, "leave_one_out")))
+    worst = max(float((a - b).abs().max()) for a, b in zip(_maps(kept, "leave_one_out"), _maps(full, "leave_one_out")))
     assert worst > 1e-4
 
 

@@ -1,6 +1,7 @@
 """Issue 29, non-invasiveness: auditing the training split leaves training bit-identical wherever the training
 dataset keeps its random generator (one object down, in a list), and a resumed run audits and trains exactly as one
 run, because the audit never calls ``train_dataloader()`` itself during ``fit``."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -76,8 +77,9 @@ def _fit_weights(tmp_path, hold, callbacks):
 
 @pytest.mark.parametrize("hold", ["nested", "list"])
 def test_a_train_split_audit_leaves_training_bit_identical_wherever_the_generator_lives(tmp_path, hold):
-    audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), dataloader="train", num_samples=24,
-                           budget=None)
+    audit = AttentionAudit(
+        methods=("gradient",), metrics=("kendall_tau",), dataloader="train", num_samples=24, budget=None
+    )
     plain = _fit_weights(tmp_path / "plain", hold, [])
     audited = _fit_weights(tmp_path / "audited", hold, [audit])
     assert len(audit.history) == 2
@@ -108,22 +110,36 @@ class _Slice(TextClassificationDataModule):
 def _resume_fit(tmp_path, init_seed, max_epochs, audit, ckpt_path=None, checkpoint_dir=None):
     pl.seed_everything(init_seed, workers=True, verbose=False)
     dm = _Slice("sst2", batch_size=16, seed=0)
-    model = AttentionClassifier(dm.vocab_size if dm.setup("fit") is None else 0, 2, embedding_dim=16, hidden_dim=8,
-                                embedding_std=0.3, vocab=dm.vocab.itos)
+    model = AttentionClassifier(
+        dm.vocab_size if dm.setup("fit") is None else 0,
+        2,
+        embedding_dim=16,
+        hidden_dim=8,
+        embedding_std=0.3,
+        vocab=dm.vocab.itos,
+    )
     callbacks = [audit]
     if checkpoint_dir is not None:
         callbacks.append(ModelCheckpoint(dirpath=checkpoint_dir, filename="{epoch}", save_top_k=-1))
-    trainer = pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False,
-                         enable_checkpointing=checkpoint_dir is not None, enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir=str(tmp_path), num_sanity_val_steps=0,
-                         deterministic=True)
+    trainer = pl.Trainer(
+        max_epochs=max_epochs,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=checkpoint_dir is not None,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        num_sanity_val_steps=0,
+        deterministic=True,
+    )
     trainer.fit(model, dm, ckpt_path=ckpt_path)
     return model.state_dict()
 
 
 def _train_audit():
-    return AttentionAudit(methods=("gradient",), metrics=("kendall_tau",), dataloader="train", num_samples=24,
-                          budget=None)
+    return AttentionAudit(
+        methods=("gradient",), metrics=("kendall_tau",), dataloader="train", num_samples=24, budget=None
+    )
 
 
 def test_resuming_a_run_with_a_train_split_audit_is_exact(tmp_path):

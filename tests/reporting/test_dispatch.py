@@ -1,4 +1,5 @@
 """Reporting reads audit callbacks through attributes and methods, never through their class names or imports."""
+
 from __future__ import annotations
 
 import ast
@@ -32,13 +33,17 @@ def _record(metrics):
 
 def test_rows_come_from_the_callbacks_own_method():
     renamed = MyAttentionAudit(methods=("gradient",), metrics=("kendall_tau",))
-    renamed.history = _record({"kendall_tau/attention_vs_gradient/mean": 0.4,
-                               "kendall_tau/attention_vs_gradient/std": 0.1})
+    renamed.history = _record(
+        {"kendall_tau/attention_vs_gradient/mean": 0.4, "kendall_tau/attention_vs_gradient/std": 0.1}
+    )
     new = Confidence()
     new.history = _record({"top/mean": 0.9, "top/std": 0.05, "n": 5.0})
     rows = {q: v for q, v, _ in final_results([renamed, new])}
-    assert rows == {"Kendall τ attention ↔ gradient": "0.400 ± 0.100", "top-class probability": "0.900 ± 0.050",
-                    "audited examples": "5"}
+    assert rows == {
+        "Kendall τ attention ↔ gradient": "0.400 ± 0.100",
+        "top-class probability": "0.900 ± 0.050",
+        "audited examples": "5",
+    }
 
 
 def test_a_new_audit_callback_is_reported_end_to_end(kit, tmp_path):

@@ -2,6 +2,7 @@
 encoder–decoder (BART), ``AttentionAudit()`` and ``AuditReport``: the page shows, for a few examples, a source tokens ×
 target tokens heatmap of every map (attention and each method) with the words on both axes and the stored step maps
 in its cells; an offline W&B run logs the same as a table (one row per cell) and as HTML heatmaps."""
+
 from __future__ import annotations
 
 import glob
@@ -36,7 +37,7 @@ def fit(gen_kit, tmp_path, kind: str, callbacks, **trainer_options):
 
 def block(page: str, start: str, end: str) -> str:
     at = page.index(start)
-    return page[at: page.index(end, at)]
+    return page[at : page.index(end, at)]
 
 
 @pytest.mark.parametrize("kind", ["llama", "bart"])
@@ -73,11 +74,18 @@ def test_an_offline_wandb_run_logs_the_step_maps(gen_kit, tmp_path):
     logged = json.load(open(files[0], encoding="utf-8"))
     assert logged["columns"] == STEP_COLUMNS
     shown = audit.latest.examples[:3]
-    expected = [[e.index, name, k, e.target_tokens[k], i, e.tokens[i], v] for e in shown
-                for name, rows in e.step_maps.items() for k, row in enumerate(rows) for i, v in enumerate(row)]
+    expected = [
+        [e.index, name, k, e.target_tokens[k], i, e.tokens[i], v]
+        for e in shown
+        for name, rows in e.step_maps.items()
+        for k, row in enumerate(rows)
+        for i, v in enumerate(row)
+    ]
     assert logged["data"] == expected
-    assert {row[3] for row in logged["data"] if row[0] == shown[0].index} == {*dm.val_verses[shown[0].index].target,
-                                                                                "</s>"}
+    assert {row[3] for row in logged["data"] if row[0] == shown[0].index} == {
+        *dm.val_verses[shown[0].index].target,
+        "</s>",
+    }
     panels = glob.glob(os.path.join(run_dir, "files", "media", "html", "**", "step_heatmaps_*.html"), recursive=True)
     assert len(panels) == 1
     panel = open(panels[0], encoding="utf-8").read()
@@ -94,8 +102,9 @@ def test_step_heatmaps_is_a_count():
 
 
 def test_source_word_pieces_merge_with_summed_scores_and_a_misshapen_map_is_refused():
-    out = step_heatmap_html(["Ġun", "believ", "Ġfilm"], ["x", "y"], {"gradient": [[1.0, 2.0, 4.0], [0.5, 0.25, 1.0]]},
-                            merge_pieces=True)
+    out = step_heatmap_html(
+        ["Ġun", "believ", "Ġfilm"], ["x", "y"], {"gradient": [[1.0, 2.0, 4.0], [0.5, 0.25, 1.0]]}, merge_pieces=True
+    )
     assert re.findall(r'title="source token \d+">([^<]*)</th>', out) == ["unbeliev", "film"]
     assert re.findall(r'data-score="([^"]+)"', out) == ["3", "4", "0.75", "1"]
     with pytest.raises(ValueError, match="step map 'gradient' is 1 × \\[3\\] for 2 target × 3 source tokens"):

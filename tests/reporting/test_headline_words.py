@@ -1,5 +1,6 @@
 """Issue 30 items 7 and 8: the headline's words follow the sign of τ, read the common Lightning metric names, and
 say when the cost budget skipped epochs (also on the written page)."""
+
 from __future__ import annotations
 
 import types
@@ -10,11 +11,29 @@ from lightning_xai.reporting.headline import headline_sentences
 
 
 def _audit(taus, plan=None, epochs=(0,)):
-    history = [{"stage": "fit", "epoch": e, "global_step": 10 * (e + 1), "split": "val", "num_examples": 256,
-                "metrics": {f"kendall_tau/attention_vs_{m}/mean": t for m, t in taus.items()}} for e in epochs]
-    return types.SimpleNamespace(history=history, metrics=["kendall_tau"], log_prefix="attention_audit", plan=plan,
-                                 budget=0.05, every_n_epochs=1, latest=None, version=1,
-                                 histogram_keys=lambda examples: [], example_tokens=lambda *a: [])
+    history = [
+        {
+            "stage": "fit",
+            "epoch": e,
+            "global_step": 10 * (e + 1),
+            "split": "val",
+            "num_examples": 256,
+            "metrics": {f"kendall_tau/attention_vs_{m}/mean": t for m, t in taus.items()},
+        }
+        for e in epochs
+    ]
+    return types.SimpleNamespace(
+        history=history,
+        metrics=["kendall_tau"],
+        log_prefix="attention_audit",
+        plan=plan,
+        budget=0.05,
+        every_n_epochs=1,
+        latest=None,
+        version=1,
+        histogram_keys=lambda examples: [],
+        example_tokens=lambda *a: [],
+    )
 
 
 def test_a_negative_tau_is_never_called_agreement():
@@ -29,9 +48,21 @@ def test_a_negative_tau_is_never_called_agreement():
 
 
 def test_the_common_lightning_metric_names_are_training_metrics():
-    records = [{"stage": "fit", "epoch": e, "global_step": e,
-                "metrics": {"train_loss": 0.7 - e / 10, "val_loss": 0.69, "val_acc": 0.5 + e / 10,
-                            "train/acc_epoch": 0.6, "lr": 1e-3}} for e in range(2)]
+    records = [
+        {
+            "stage": "fit",
+            "epoch": e,
+            "global_step": e,
+            "metrics": {
+                "train_loss": 0.7 - e / 10,
+                "val_loss": 0.69,
+                "val_acc": 0.5 + e / 10,
+                "train/acc_epoch": 0.6,
+                "lr": 1e-3,
+            },
+        }
+        for e in range(2)
+    ]
     line = headline_sentences([], records)["training"][0]
     assert line == "Training, epoch 1: train/acc_epoch 0.6, train_loss 0.6, val_acc 0.6, val_loss 0.69."
     panels = {title: names for title, _, names, _ in training_panels(records)}
@@ -44,9 +75,11 @@ def test_the_report_says_which_epochs_the_budget_skipped(tmp_path):
     audit.history[1]["num_examples"] = audit.history[2]["num_examples"] = 128
     training = [{"stage": "fit", "epoch": e, "global_step": e, "metrics": {"val_loss": 0.5}} for e in range(8)]
     lines = headline_sentences([audit], training)["training"]
-    assert lines[1] == ("Audit schedule — attention_audit: the cost budget (5% of training time) changed the audit — "
-                        "every 3 epochs instead of every 1, 128 examples instead of 256 after the first audit "
-                        "(predicted share 4.5%). Epochs audited: 0, 3, 6; not audited: 1, 2, 4, 5, 7.")
+    assert lines[1] == (
+        "Audit schedule — attention_audit: the cost budget (5% of training time) changed the audit — "
+        "every 3 epochs instead of every 1, 128 examples instead of 256 after the first audit "
+        "(predicted share 4.5%). Epochs audited: 0, 3, 6; not audited: 1, 2, 4, 5, 7."
+    )
     page = open(write_report([audit], str(tmp_path), png=False, training=training), encoding="utf-8").read()
     assert "not audited: 1, 2, 4, 5, 7." in page
     unchanged = _audit({"gradient": 0.3}, plan=types.SimpleNamespace(num_samples=256, cadence=1, share=0.01, fits=True))

@@ -1,4 +1,5 @@
 """The HTML report (DOM, escaping, self-containment), PNGs, the summary table, and a headless Chromium render."""
+
 from __future__ import annotations
 
 import os
@@ -11,12 +12,27 @@ import pytest
 import torch
 
 from lightning_xai.callbacks import AttentionAudit, AttentionBaselines, AuditExample, AuditResult, ErasureAudit
-from lightning_xai.reporting import (AuditReport, final_results, format_summary, plot_heatmap, plot_histograms,
-                                     plot_history, print_summary, score_colour, token_heatmap_html, write_report)
+from lightning_xai.reporting import (
+    AuditReport,
+    final_results,
+    format_summary,
+    plot_heatmap,
+    plot_histograms,
+    plot_history,
+    print_summary,
+    score_colour,
+    token_heatmap_html,
+    write_report,
+)
 from lightning_xai.reporting.summary import pick_record
 
-HOSTILE = ['<script>document.body.setAttribute("data-pwned","1")</script>', '<img src=x onerror="alert(1)">',
-           '"quoted"', "a&b", "good"]
+HOSTILE = [
+    '<script>document.body.setAttribute("data-pwned","1")</script>',
+    '<img src=x onerror="alert(1)">',
+    '"quoted"',
+    "a&b",
+    "good",
+]
 
 
 class _Dom(HTMLParser):
@@ -45,24 +61,54 @@ class _Dom(HTMLParser):
 
 def _audit_with_result(history_epochs=(0, 1, 2)):
     audit = AttentionAudit(methods=("integrated_gradients", "leave_one_out"), metrics=("kendall_tau",))
-    audit.history = [{"stage": "fit", "epoch": e, "global_step": 10 * (e + 1), "split": "val", "num_examples": 2,
-                      "metrics": {"kendall_tau/attention_vs_leave_one_out/mean": 0.1 * e,
-                                  "kendall_tau/attention_vs_leave_one_out/std": 0.05,
-                                  "kendall_tau/attention_vs_leave_one_out/significant_fraction": 0.5}}
-                     for e in history_epochs]
-    examples = [
-        AuditExample(position=0, index=7, split="val", token_ids=[4, 5, 6, 7, 8], label=1, prediction=1,
-                     probability=0.9, tokens=list(HOSTILE),
-                     maps={"attention": [0.1, 0.2, 0.3, 0.1, 0.3], "integrated_gradients": [-0.5, 0.2, 1.0, 0.0, 0.1],
-                           "leave_one_out": [0.0, 0.01, 0.2, 0.0, 0.05]},
-                     values={"kendall_tau/attention_vs_leave_one_out": 0.4}),
-        AuditExample(position=1, index=9, split="val", token_ids=[4, 5], label=0, prediction=1, probability=0.6,
-                     tokens=["fine", "film"], maps={"attention": [0.5, 0.5], "integrated_gradients": [0.1, 0.2],
-                                                     "leave_one_out": [0.1, 0.0]},
-                     values={"kendall_tau/attention_vs_leave_one_out": -0.2}),
+    audit.history = [
+        {
+            "stage": "fit",
+            "epoch": e,
+            "global_step": 10 * (e + 1),
+            "split": "val",
+            "num_examples": 2,
+            "metrics": {
+                "kendall_tau/attention_vs_leave_one_out/mean": 0.1 * e,
+                "kendall_tau/attention_vs_leave_one_out/std": 0.05,
+                "kendall_tau/attention_vs_leave_one_out/significant_fraction": 0.5,
+            },
+        }
+        for e in history_epochs
     ]
-    audit.latest = AuditResult(stage="fit", epoch=2, global_step=30, split="val", metrics=audit.history[-1]["metrics"],
-                               examples=examples)
+    examples = [
+        AuditExample(
+            position=0,
+            index=7,
+            split="val",
+            token_ids=[4, 5, 6, 7, 8],
+            label=1,
+            prediction=1,
+            probability=0.9,
+            tokens=list(HOSTILE),
+            maps={
+                "attention": [0.1, 0.2, 0.3, 0.1, 0.3],
+                "integrated_gradients": [-0.5, 0.2, 1.0, 0.0, 0.1],
+                "leave_one_out": [0.0, 0.01, 0.2, 0.0, 0.05],
+            },
+            values={"kendall_tau/attention_vs_leave_one_out": 0.4},
+        ),
+        AuditExample(
+            position=1,
+            index=9,
+            split="val",
+            token_ids=[4, 5],
+            label=0,
+            prediction=1,
+            probability=0.6,
+            tokens=["fine", "film"],
+            maps={"attention": [0.5, 0.5], "integrated_gradients": [0.1, 0.2], "leave_one_out": [0.1, 0.0]},
+            values={"kendall_tau/attention_vs_leave_one_out": -0.2},
+        ),
+    ]
+    audit.latest = AuditResult(
+        stage="fit", epoch=2, global_step=30, split="val", metrics=audit.history[-1]["metrics"], examples=examples
+    )
     return audit
 
 
@@ -75,7 +121,7 @@ def test_token_text_is_escaped_and_nothing_can_run(tmp_path):
     assert "script" not in tags and "img" in tags  # the only <img> are our embedded PNGs
     assert all(a.get("src", "").startswith("data:image/png;base64,") for t, a in dom.tags if t == "img")
     assert not any(k.startswith("on") for _, a in dom.tags for k in a)  # no event handler attribute anywhere
-    assert "http://" not in page and "https://" not in page and "src=\"//" not in page  # no CDN, nothing remote
+    assert "http://" not in page and "https://" not in page and 'src="//' not in page  # no CDN, nothing remote
     csp = [a for t, a in dom.tags if t == "meta" and a.get("http-equiv") == "Content-Security-Policy"]
     assert csp and "default-src 'none'" in csp[0]["content"]
     # the hostile strings come back as text, exactly
@@ -106,10 +152,13 @@ def test_heatmap_has_a_row_per_map_legend_and_colour_scale(tmp_path):
 
 def test_pngs_are_real_images(tmp_path):
     audit = _audit_with_result()
-    paths = [plot_history(audit.history, ["kendall_tau/attention_vs_leave_one_out"], str(tmp_path / "h.png")),
-             plot_histograms({"tau": [0.1, 0.5, -0.2]}, str(tmp_path / "hist.png")),
-             plot_heatmap(HOSTILE, {"attention": [0.1, 0.2, 0.3, 0.1, 0.3], "ig": [-1, 0, 1, 2, 0]},
-                          str(tmp_path / "m.png"))]
+    paths = [
+        plot_history(audit.history, ["kendall_tau/attention_vs_leave_one_out"], str(tmp_path / "h.png")),
+        plot_histograms({"tau": [0.1, 0.5, -0.2]}, str(tmp_path / "hist.png")),
+        plot_heatmap(
+            HOSTILE, {"attention": [0.1, 0.2, 0.3, 0.1, 0.3], "ig": [-1, 0, 1, 2, 0]}, str(tmp_path / "m.png")
+        ),
+    ]
     for path in paths:
         with open(path, "rb") as handle:
             assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -143,26 +192,68 @@ def test_report_callback_writes_into_the_run_directory(kit, tmp_path):
 def test_summary_table_from_histories():
     audit = AttentionAudit(methods=("gradient", "leave_one_out"), metrics=("kendall_tau", "jsd"))
     audit.history = [
-        {"stage": "fit", "epoch": 3, "global_step": 9, "split": "val", "num_examples": 256,
-         "metrics": {"kendall_tau/attention_vs_gradient/mean": 0.9}},
-        {"stage": "test", "epoch": 4, "global_step": 9, "split": "test", "num_examples": 256,
-         "metrics": {"kendall_tau/attention_vs_gradient/mean": 0.35, "kendall_tau/attention_vs_gradient/std": 0.2,
-                     "kendall_tau/attention_vs_gradient/significant_fraction": 0.41,
-                     "kendall_tau/gradient_vs_leave_one_out/mean": 0.66,
-                     "kendall_tau/gradient_vs_leave_one_out/std": 0.1,
-                     "jsd/attention_vs_gradient/mean": 0.2, "jsd/attention_vs_gradient/std": 0.1}}]
+        {
+            "stage": "fit",
+            "epoch": 3,
+            "global_step": 9,
+            "split": "val",
+            "num_examples": 256,
+            "metrics": {"kendall_tau/attention_vs_gradient/mean": 0.9},
+        },
+        {
+            "stage": "test",
+            "epoch": 4,
+            "global_step": 9,
+            "split": "test",
+            "num_examples": 256,
+            "metrics": {
+                "kendall_tau/attention_vs_gradient/mean": 0.35,
+                "kendall_tau/attention_vs_gradient/std": 0.2,
+                "kendall_tau/attention_vs_gradient/significant_fraction": 0.41,
+                "kendall_tau/gradient_vs_leave_one_out/mean": 0.66,
+                "kendall_tau/gradient_vs_leave_one_out/std": 0.1,
+                "jsd/attention_vs_gradient/mean": 0.2,
+                "jsd/attention_vs_gradient/std": 0.1,
+            },
+        },
+    ]
     erasure = ErasureAudit(rankings=("attention", "random"))
-    erasure.history = [{"stage": "fit", "epoch": 1, "global_step": 2, "split": "val", "num_examples": 8,
-                        "metrics": {"attention/flipped/mean": 0.25, "attention/fraction_removed/mean": 0.5,
-                                    "attention/fraction_removed/std": 0.1, "attention/comprehensiveness/mean": 0.2,
-                                    "attention/comprehensiveness/std": 0.05}}]
+    erasure.history = [
+        {
+            "stage": "fit",
+            "epoch": 1,
+            "global_step": 2,
+            "split": "val",
+            "num_examples": 8,
+            "metrics": {
+                "attention/flipped/mean": 0.25,
+                "attention/fraction_removed/mean": 0.5,
+                "attention/fraction_removed/std": 0.1,
+                "attention/comprehensiveness/mean": 0.2,
+                "attention/comprehensiveness/std": 0.05,
+            },
+        }
+    ]
     baselines = AttentionBaselines()
-    baselines.history = [{"stage": "fit", "epoch": 1, "global_step": 2, "split": "val", "num_examples": 8,
-                          "metrics": {"uniform/accuracy_trained": 0.8, "uniform/accuracy_uniform": 0.78,
-                                      "uniform/accuracy_delta": -0.02, "uniform/f1_delta": -0.03,
-                                      "uniform/flip_fraction": 0.05, "permutation/median_delta": 0.0123,
-                                      "permutation/bin[0.00,0.10)/median_delta": 0.01,
-                                      "permutation/bin[0.00,0.10)/count": 8.0}}]
+    baselines.history = [
+        {
+            "stage": "fit",
+            "epoch": 1,
+            "global_step": 2,
+            "split": "val",
+            "num_examples": 8,
+            "metrics": {
+                "uniform/accuracy_trained": 0.8,
+                "uniform/accuracy_uniform": 0.78,
+                "uniform/accuracy_delta": -0.02,
+                "uniform/f1_delta": -0.03,
+                "uniform/flip_fraction": 0.05,
+                "permutation/median_delta": 0.0123,
+                "permutation/bin[0.00,0.10)/median_delta": 0.01,
+                "permutation/bin[0.00,0.10)/count": 8.0,
+            },
+        }
+    ]
     rows = final_results([audit, erasure, baselines, object()], {"test/acc": torch.tensor(0.8125)})
     table = dict((q, v) for q, v, _ in rows)
     assert table["test accuracy"] == "0.8125"
@@ -183,8 +274,16 @@ def test_summary_table_from_histories():
 
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-_CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                   "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
+_CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 # Appended to a copy of a page (with its CSP relaxed for this one script): measures the layout at 1400 px and writes
 # the result into the DOM, which --dump-dom prints. The report itself runs no script.
 _MEASURE = """<script>
@@ -201,8 +300,12 @@ document.body.setAttribute('data-measure', JSON.stringify({scrollWidth: document
 
 
 def _chromium(tmp_path, *args):
-    run = subprocess.run([CHROMIUM, *_CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args],
-                         capture_output=True, text=True, timeout=180)
+    run = subprocess.run(
+        [CHROMIUM, *_CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     return run
 
@@ -215,8 +318,9 @@ def _measure_at_1400(tmp_path, report_path):
     page = page.replace("default-src 'none';", "default-src 'none'; script-src 'unsafe-inline';", 1)
     probe = tmp_path / ("probe_" + os.path.basename(os.path.dirname(report_path)) + ".html")
     probe.write_text(page.replace("</body>", _MEASURE + "</body>"), encoding="utf-8")
-    dom = _chromium(tmp_path, "--window-size=1400,1000", "--virtual-time-budget=5000", "--dump-dom",
-                    f"file://{probe}").stdout
+    dom = _chromium(
+        tmp_path, "--window-size=1400,1000", "--virtual-time-budget=5000", "--dump-dom", f"file://{probe}"
+    ).stdout
     found = re.search(r'data-measure="([^"]*)"', dom)
     assert found, dom[-2000:]
     return json.loads(html_unescape(found.group(1)))
@@ -245,8 +349,13 @@ def _eraser_report(tmp_path):
     model = AttentionClassifier(dm.vocab_size, 2, embedding_dim=8, hidden_dim=4, vocab=dm.vocab.itos)
     report = AuditReport(dirpath=str(tmp_path / "eraser"), heatmap_pngs=0, max_examples=2)
     audit = AttentionAudit(methods=("gradient", "grad_x_input"), metrics=("kendall_tau",), num_samples=2)
-    pl.Trainer(callbacks=[audit, report], logger=False, enable_progress_bar=False, enable_model_summary=False,
-               default_root_dir=str(tmp_path)).validate(model, dm)
+    pl.Trainer(
+        callbacks=[audit, report],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+    ).validate(model, dm)
     assert min(len(e.tokens) for e in audit.latest.examples) > 300
     return report.report_path
 
@@ -265,10 +374,16 @@ def test_report_renders_in_headless_chromium_and_scripts_do_not_run(tmp_path, au
     pixels = imread(str(shot))[..., :3]
     assert pixels.shape[0] == 900 and pixels.shape[1] == 1200
     # the page is not blank: the heatmap blue and the legend's red are painted
-    blue = ((abs(pixels[..., 0] - 33 / 255) < 0.08) & (abs(pixels[..., 1] - 102 / 255) < 0.08)
-            & (abs(pixels[..., 2] - 172 / 255) < 0.08)).sum()
-    red = ((abs(pixels[..., 0] - 178 / 255) < 0.1) & (abs(pixels[..., 1] - 24 / 255) < 0.1)
-           & (abs(pixels[..., 2] - 43 / 255) < 0.1)).sum()
+    blue = (
+        (abs(pixels[..., 0] - 33 / 255) < 0.08)
+        & (abs(pixels[..., 1] - 102 / 255) < 0.08)
+        & (abs(pixels[..., 2] - 172 / 255) < 0.08)
+    ).sum()
+    red = (
+        (abs(pixels[..., 0] - 178 / 255) < 0.1)
+        & (abs(pixels[..., 1] - 24 / 255) < 0.1)
+        & (abs(pixels[..., 2] - 43 / 255) < 0.1)
+    ).sum()
     assert blue > 50 and red > 20
 
     # Issue 20: a real run's report at 1400 px — headline, curves and erasure comparison present, nothing wider
@@ -279,10 +394,17 @@ def test_report_renders_in_headless_chromium_and_scripts_do_not_run(tmp_path, au
     assert measured["scrollWidth"] <= 1400 and not measured["over"] and measured["broken"] == 0, measured
     reviews = _measure_at_1400(tmp_path, _eraser_report(tmp_path))
     assert reviews["longRows"] >= 2 and reviews["scrollWidth"] <= 1400 and not reviews["over"], reviews
-    logged = _chromium(tmp_path, "--enable-logging=stderr", "--v=0", "--window-size=1400,1000",
-                       f"--screenshot={tmp_path / 'report_1400.png'}", f"file://{real}")
-    errors = [line for line in logged.stderr.splitlines()
-              if "CONSOLE" in line or "Uncaught" in line or "Refused to" in line]
+    logged = _chromium(
+        tmp_path,
+        "--enable-logging=stderr",
+        "--v=0",
+        "--window-size=1400,1000",
+        f"--screenshot={tmp_path / 'report_1400.png'}",
+        f"file://{real}",
+    )
+    errors = [
+        line for line in logged.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line or "Refused to" in line
+    ]
     assert not errors, errors
     pixels = imread(str(tmp_path / "report_1400.png"))[..., :3]
     assert pixels.shape[:2] == (1000, 1400) and pixels.std() > 0.05  # a page was painted, not a blank window
@@ -297,6 +419,7 @@ def test_report_renders_in_headless_chromium_and_scripts_do_not_run(tmp_path, au
 def test_plot_history_epoch_ticks_are_integers(tmp_path):
     """Issue 20: three audits (epochs 0..2) must not label the epoch axis 0.25, 0.5, ..."""
     from matplotlib.figure import Figure
+
     from lightning_xai.reporting import plots
 
     seen = {}
@@ -304,7 +427,9 @@ def test_plot_history_epoch_ticks_are_integers(tmp_path):
 
     def capture(fig: Figure, path: str) -> str:
         fig.canvas.draw() if fig.canvas is not None else None
-        seen["ticks"] = [t for t in fig.axes[0].get_xticks() if fig.axes[0].get_xlim()[0] <= t <= fig.axes[0].get_xlim()[1]]
+        seen["ticks"] = [
+            t for t in fig.axes[0].get_xticks() if fig.axes[0].get_xlim()[0] <= t <= fig.axes[0].get_xlim()[1]
+        ]
         return original(fig, path)
 
     plots._save = capture

@@ -1,5 +1,6 @@
 """Issue 17: the report draws Integrated Hessians' strongest token pairs — words and Γ equal to
 ``attribute(..., "integrated_hessians")`` on the same example — and draws none without the method."""
+
 from __future__ import annotations
 
 import html
@@ -20,8 +21,7 @@ TOP = 5
 
 def _fit(kit, tmp_path, methods, **options):
     dm = kit.make_dm(train=64, val=3, batch_size=16)
-    audit = AttentionAudit(methods=methods, metrics=("kendall_tau",), num_samples=3, num_report_examples=2,
-                           **options)
+    audit = AttentionAudit(methods=methods, metrics=("kendall_tau",), num_samples=3, num_report_examples=2, **options)
     report = AuditReport(dirpath=str(tmp_path / "report"), png=False, max_examples=2)
     model = kit.make_model(dm)
     with warnings.catch_warnings():
@@ -33,12 +33,13 @@ def _fit(kit, tmp_path, methods, **options):
 
 def _block(page, ident):
     start = page.index(f'id="{ident}"')
-    return page[start:page.index("</details></div>", start)]
+    return page[start : page.index("</details></div>", start)]
 
 
 def test_report_draws_the_strongest_pairs_of_integrated_hessians(kit, tmp_path):
-    dm, model, audit, page = _fit(kit, tmp_path, ("gradient", "integrated_hessians"),
-                                  method_options={"integrated_hessians": IH}, top_pairs=TOP)
+    dm, model, audit, page = _fit(
+        kit, tmp_path, ("gradient", "integrated_hessians"), method_options={"integrated_hessians": IH}, top_pairs=TOP
+    )
     shown = [e for e in audit.latest.examples if e.maps]
     assert len(shown) == 2 and all(e.interactions is not None for e in shown)
     assert all(e.interactions is None for e in audit.latest.examples if not e.maps)  # only the report's examples
@@ -62,8 +63,8 @@ def test_report_draws_the_strongest_pairs_of_integrated_hessians(kit, tmp_path):
             assert html.unescape(text).startswith(f"{words[int(i)]} × {words[int(j)]}: ")
         involved = sorted({p for i, j, _ in expected for p in (i, j)})
         header = re.findall(r'<th title="token (\d+)">([^<]*)</th>', block)
-        assert [int(p) for p, _ in header[:len(involved)]] == involved
-        assert [html.unescape(w) for _, w in header[:len(involved)]] == [words[p] for p in involved]
+        assert [int(p) for p, _ in header[: len(involved)]] == involved
+        assert [html.unescape(w) for _, w in header[: len(involved)]] == [words[p] for p in involved]
         cells = [float(v) for v in re.findall(r'<td class="num" data-gamma="([^"]+)"', block)]
         want = [float(gamma[p, q]) for p in involved for q in involved if p != q]
         assert cells == pytest.approx(want, rel=1e-4, abs=0)

@@ -1,5 +1,6 @@
 """Issue 20: the report a person opens first — headline in words, training curves beside the audits, erasure
 rankings on one axes, one report per run (also inside an offline W&B run), readable word pieces."""
+
 from __future__ import annotations
 
 import csv
@@ -63,11 +64,16 @@ def test_headline_states_the_latest_audit_in_words_with_its_numbers(audited_run)
         key = f"kendall_tau/attention_vs_{method}"
         assert f"{method} {latest[key + '/mean']:.3f} ± {latest[key + '/std']:.3f}" in words
         assert f"({latest[key + '/significant_fraction']:.0%} of examples significant at p ≤ 0.05)" in words
-        assert f"{first[key + '/mean']:.3f} at the first audit (fit, epoch 0) → {latest[key + '/mean']:.3f} at epoch 1" in words
+        assert (
+            f"{first[key + '/mean']:.3f} at the first audit (fit, epoch 0) → {latest[key + '/mean']:.3f} at epoch 1"
+            in words
+        )
     erased = audited_run.erasure.history[-1]["metrics"]
     comp = {r: erased[f"{r}/comprehensiveness/mean"] for r in ("attention", "attention_gradient", "random")}
-    assert (f"attention {comp['attention']:.3f}, random {comp['random']:.3f}, best saliency ranking "
-            f"(attention_gradient) {comp['attention_gradient']:.3f}") in words
+    assert (
+        f"attention {comp['attention']:.3f}, random {comp['random']:.3f}, best saliency ranking "
+        f"(attention_gradient) {comp['attention_gradient']:.3f}"
+    ) in words
     verdict = "beats" if comp["attention"] > comp["random"] else "does not beat"
     assert f"Attention {verdict} random ({comp['attention'] - comp['random']:+.3f})" in words
     val_acc = _csv_by_epoch(audited_run.logger, "val/acc")
@@ -76,8 +82,16 @@ def test_headline_states_the_latest_audit_in_words_with_its_numbers(audited_run)
 
 def test_headline_says_what_is_absent(tmp_path):
     audit = AttentionAudit(methods=("gradient",), metrics=("kendall_tau",))
-    audit.history = [{"stage": "fit", "epoch": 0, "global_step": 3, "split": "val", "num_examples": 4,
-                      "metrics": {"kendall_tau/attention_vs_gradient/mean": 0.25}}]
+    audit.history = [
+        {
+            "stage": "fit",
+            "epoch": 0,
+            "global_step": 3,
+            "split": "val",
+            "num_examples": 4,
+            "metrics": {"kendall_tau/attention_vs_gradient/mean": 0.25},
+        }
+    ]
     words = _sections(write_report([audit], str(tmp_path), png=False)).text["headline"]
     assert "gradient 0.250" in words and "Only one audit so far" in words
     assert "Absent: no erasure audit ran" in words and "Absent: no training metric" in words
@@ -93,7 +107,7 @@ def test_training_curves_are_the_logged_metrics_on_the_audit_epoch_axis(audited_
     page = _sections(audited_run.report.report_path)
     assert {"curves", "erasure-comparison"} <= set(page.ids)
     html = open(audited_run.report.report_path, encoding="utf-8").read()
-    curves = html[html.index('id="curves"'):html.index('id="legend"')]
+    curves = html[html.index('id="curves"') : html.index('id="legend"')]
     assert curves.count("<img") == 1 and "data:image/png;base64," in curves
     assert os.path.exists(os.path.join(os.path.dirname(audited_run.report.report_path), "training_and_audits.png"))
 
@@ -105,9 +119,18 @@ def test_one_axes_per_comparison_with_integer_epoch_ticks(audited_run, tmp_path)
 
     def capture(fig, path):
         fig.canvas.draw()
-        seen.append([(ax.get_title(), [line.get_label() for line in ax.get_lines()],
-                      [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]], len(ax.collections))
-                     for ax in fig.axes if ax.get_visible()])
+        seen.append(
+            [
+                (
+                    ax.get_title(),
+                    [line.get_label() for line in ax.get_lines()],
+                    [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]],
+                    len(ax.collections),
+                )
+                for ax in fig.axes
+                if ax.get_visible()
+            ]
+        )
         return original(fig, path)
 
     plots._save = capture
@@ -118,10 +141,15 @@ def test_one_axes_per_comparison_with_integer_epoch_ticks(audited_run, tmp_path)
         plots._save = original
     erasure, agreement = seen
     comp = next(ax for ax in erasure if ax[0] == "comprehensiveness: every ranking")
-    assert comp[1] == ["attention/comprehensiveness", "attention_gradient/comprehensiveness",
-                       "random/comprehensiveness"] and comp[3] == 0  # three rankings, one axes, no bands
-    assert sorted(ax[0] for ax in agreement) == ["a: attention ↔ gradient", "a: attention ↔ leave_one_out",
-                                                 "a: gradient ↔ leave_one_out"]
+    assert (
+        comp[1] == ["attention/comprehensiveness", "attention_gradient/comprehensiveness", "random/comprehensiveness"]
+        and comp[3] == 0
+    )  # three rankings, one axes, no bands
+    assert sorted(ax[0] for ax in agreement) == [
+        "a: attention ↔ gradient",
+        "a: attention ↔ leave_one_out",
+        "a: gradient ↔ leave_one_out",
+    ]
     assert all(len(ax[1]) == 1 and ax[3] == 1 for ax in agreement)  # one series and its ±std band per axes
     for ax in erasure + agreement:
         assert ax[2] and all(float(t).is_integer() for t in ax[2]), ax
@@ -141,12 +169,16 @@ def test_two_runs_with_the_same_save_dir_keep_two_reports(kit, tmp_path):
     first, second = (_short_fit(kit, tmp_path / "plain", e) for e in (1, 2))  # no logger: default_root_dir
     assert first.report_path != second.report_path
     assert [os.path.relpath(r.report_path, tmp_path) for r in (first, second)] == [
-        "plain/xai_report/version_0/report.html", "plain/xai_report/version_1/report.html"]
+        "plain/xai_report/version_0/report.html",
+        "plain/xai_report/version_1/report.html",
+    ]
     assert "latest audit: epoch 0" in open(first.report_path, encoding="utf-8").read()  # not overwritten
     assert "latest audit: epoch 1" in open(second.report_path, encoding="utf-8").read()
     logged = [_short_fit(kit, tmp_path, 1, logger=CSVLogger(str(tmp_path), name="csv")) for _ in range(2)]
     assert [os.path.relpath(r.report_path, tmp_path) for r in logged] == [
-        "csv/version_0/xai_report/report.html", "csv/version_1/xai_report/report.html"]
+        "csv/version_0/xai_report/report.html",
+        "csv/version_1/xai_report/report.html",
+    ]
 
 
 def test_the_offline_wandb_run_holds_the_report(kit, tmp_path):
@@ -180,8 +212,17 @@ def test_word_pieces_of_a_real_tokenizer_merge_into_words_with_summed_scores(tmp
     # in the report, as an option: the page shows the words, each with its summed score
     audit = AttentionAudit(methods=("gradient",))
     audit.history = [{"stage": "fit", "epoch": 0, "global_step": 1, "split": "val", "num_examples": 1, "metrics": {}}]
-    example = AuditExample(position=0, index=0, split="val", token_ids=list(range(len(pieces))), label=1,
-                           prediction=1, probability=0.9, tokens=pieces, maps={"attention": scores})
+    example = AuditExample(
+        position=0,
+        index=0,
+        split="val",
+        token_ids=list(range(len(pieces))),
+        label=1,
+        prediction=1,
+        probability=0.9,
+        tokens=pieces,
+        maps={"attention": scores},
+    )
     audit.latest = AuditResult(stage="fit", epoch=0, global_step=1, split="val", metrics={}, examples=[example])
     merged = open(write_report([audit], str(tmp_path / "m"), png=False, merge_pieces=True), encoding="utf-8").read()
     plain = open(write_report([audit], str(tmp_path / "p"), png=False), encoding="utf-8").read()

@@ -1,4 +1,5 @@
 """Issue 30 item 8: the W&B table's scores/* columns hold numbers (a list per row), not JSON strings."""
+
 from __future__ import annotations
 
 import glob
@@ -19,10 +20,21 @@ def test_scores_columns_are_numbers_in_an_offline_run(tmp_path):
             (wb_type,) = [t for t in wb_type.params["allowed_types"] if not isinstance(t, NoneType)]
         return wb_type
 
-    examples = [AuditExample(position=i, index=i, split="val", token_ids=[1, 2, 3], label=1, prediction=1,
-                             probability=0.9, tokens=["a", "good", "film"],
-                             maps={"attention": [0.2, 0.5, 0.3], "gradient": [0.1, -0.25, 1e-9 * i]},
-                             values={"kendall_tau/attention_vs_gradient": 0.3 * i}) for i in range(2)]
+    examples = [
+        AuditExample(
+            position=i,
+            index=i,
+            split="val",
+            token_ids=[1, 2, 3],
+            label=1,
+            prediction=1,
+            probability=0.9,
+            tokens=["a", "good", "film"],
+            maps={"attention": [0.2, 0.5, 0.3], "gradient": [0.1, -0.25, 1e-9 * i]},
+            values={"kendall_tau/attention_vs_gradient": 0.3 * i},
+        )
+        for i in range(2)
+    ]
     logger = WandbLogger(save_dir=str(tmp_path), offline=True, project="lightning-xai-tests")
     payload = log_audit_to_wandb(logger, "attention_audit", examples, step=3)
     run_dir = os.path.dirname(logger.experiment.dir)

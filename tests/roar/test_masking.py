@@ -1,5 +1,6 @@
 """Masked fine-tuning data (RandomMaskingDataset and MaskedDataModule(random_masking=...)) on real SST-2 sentences:
 reproducible draws, the expected share of masked tokens, specials and one real token always kept."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,7 @@
 """Remove-and-retrain on a slice of real SST-2: the masks follow the base model's own ranking (recomputed by hand),
 no ranked token survives in the retrain data (unk and delete), the same seed gives the same accuracies, and the
 masking rule's edge cases and errors."""
+
 from __future__ import annotations
 
 import pytest

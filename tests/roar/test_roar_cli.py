@@ -1,5 +1,6 @@
 """``lightning-xai-roar`` on a slice of real SST-2: the console script is installed and ``main`` writes the table
 and JSON whose accuracies are those of the retrained models (in [0, 1], one per ranking × fraction × seed)."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,26 @@ def test_roar_cli_writes_table_and_json(tmp_path):
         path.write_text("\n".join(rows) + "\n")
         paths += [f"--{split}-path", str(path)]
     out = tmp_path / "runs" / "roar"
-    payload = main([*paths, "--rankings", "attention", "random", "--fractions", "0.5", "--seeds", "0",
-                    "--epochs", "1", "--embedding-dim", "8", "--hidden-dim", "4", "--out", str(out)])
+    payload = main(
+        [
+            *paths,
+            "--rankings",
+            "attention",
+            "random",
+            "--fractions",
+            "0.5",
+            "--seeds",
+            "0",
+            "--epochs",
+            "1",
+            "--embedding-dim",
+            "8",
+            "--hidden-dim",
+            "4",
+            "--out",
+            str(out),
+        ]
+    )
     written = json.loads(out.with_suffix(".json").read_text())
     assert written["accuracy"] == json.loads(json.dumps(payload["accuracy"]))
     assert set(written["accuracy"]) == {"attention", "random"}

@@ -13,10 +13,22 @@ One module per concern; :mod:`.families` is the one place that knows facts about
 * :mod:`.tokens` — which positions are real tokens;
 * :mod:`.replay` and :mod:`.packing` — many overrides scored running only the last layer and the head.
 """
-from lightning_xai.adapters.huggingface.adapter import (ATTENTION_IMPLEMENTATION, HuggingFaceAdapter,
-                                                        attention_rollout, register_attention_implementation)
+
+from lightning_xai.adapters.huggingface.adapter import (
+    ATTENTION_IMPLEMENTATION,
+    HuggingFaceAdapter,
+    attention_rollout,
+    register_attention_implementation,
+)
 from lightning_xai.adapters.huggingface.generation import HuggingFaceGenerationAdapter, is_generator
 from lightning_xai.adapters.huggingface.reductions import Reduction
 
-__all__ = ["ATTENTION_IMPLEMENTATION", "HuggingFaceAdapter", "HuggingFaceGenerationAdapter", "Reduction",
-           "attention_rollout", "is_generator", "register_attention_implementation"]
+__all__ = [
+    "ATTENTION_IMPLEMENTATION",
+    "HuggingFaceAdapter",
+    "HuggingFaceGenerationAdapter",
+    "Reduction",
+    "attention_rollout",
+    "is_generator",
+    "register_attention_implementation",
+]

@@ -62,6 +62,7 @@ default position of the summary token):
   the same rows through a forward hook on its last attention module's dropout, attached for the override pass only
   (:mod:`lightning_xai.adapters.huggingface.native`).
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -71,19 +72,34 @@ import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.capabilities import OverrideScorer
-from lightning_xai.adapters.checks import (check_attention_mask, check_logits, check_sequence_length,
-                                           check_token_ids, evaluating)
-from lightning_xai.adapters.huggingface.attention import (ATTENTION_IMPLEMENTATION, OverrideState,
-                                                           active_override, override_rows, recording_attention,
-                                                           register_attention_implementation)
+from lightning_xai.adapters.checks import (
+    check_attention_mask,
+    check_logits,
+    check_sequence_length,
+    check_token_ids,
+    evaluating,
+)
+from lightning_xai.adapters.huggingface.attention import (
+    ATTENTION_IMPLEMENTATION,
+    OverrideState,
+    active_override,
+    override_rows,
+    recording_attention,
+    register_attention_implementation,
+)
 from lightning_xai.adapters.huggingface.families import module_calls
 from lightning_xai.adapters.huggingface.heads import head_kind as config_head_kind
 from lightning_xai.adapters.huggingface.inputs import position_offset, warn_missing_token_types
 from lightning_xai.adapters.huggingface.native import native_attention_modules, native_override
 from lightning_xai.adapters.huggingface.pooling import detect_pooling, is_causal, pooled_logits, query_mask
+from lightning_xai.adapters.huggingface.reductions import (
+    Reduction,
+    attention_rollout,
+    parse_reduction,
+    pooled_rows,
+    renormalise,
+)
 from lightning_xai.adapters.huggingface.replay import override_replay
-from lightning_xai.adapters.huggingface.reductions import (Reduction, attention_rollout, parse_reduction,
-                                                            pooled_rows, renormalise)
 from lightning_xai.adapters.huggingface.tokens import real_token_mask
 from lightning_xai.adapters.huggingface.unwrap import unchecked_layers, unwrap
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError, check_embeddings
@@ -169,8 +185,9 @@ class HuggingFaceAdapter(nn.Module):
         overriding this (a subclass that only changes behaviour is built by name)."""
         return False
 
-    def _hold(self, model: nn.Module, tokenizer: Any, attention: Reduction, override_specials: str,
-              query_index: Optional[int]) -> nn.Module:
+    def _hold(
+        self, model: nn.Module, tokenizer: Any, attention: Reduction, override_specials: str, query_index: Optional[int]
+    ) -> nn.Module:
         """Take ``model`` out of its wrappers (PEFT, ``torch.compile``, DDP, ...) and keep it with the options every
         adapter of this family shares; returns the unwrapped ``transformers`` model."""
         if override_specials not in ("keep", "zero"):
@@ -190,8 +207,15 @@ class HuggingFaceAdapter(nn.Module):
         object.__setattr__(self, "_embedding", self._find_embedding(self.model))
         return self.model
 
-    def __init__(self, model: nn.Module, tokenizer: Any = None, attention: Reduction = "cls_last_mean",
-                 override_specials: str = "keep", query_index: Optional[int] = None, check: bool = True) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any = None,
+        attention: Reduction = "cls_last_mean",
+        override_specials: str = "keep",
+        query_index: Optional[int] = None,
+        check: bool = True,
+    ) -> None:
         super().__init__()
         model = self._hold(model, tokenizer, attention, override_specials, query_index)
         try:
@@ -232,7 +256,8 @@ class HuggingFaceAdapter(nn.Module):
                 f"{type(model).__name__} has no reachable input embedding layer (get_input_embeddings() returned "
                 f"{type(embedding).__name__}). HuggingFaceAdapter needs an nn.Embedding it can call on input_ids and "
                 "a forward accepting inputs_embeds; for other models use HookAdapter(module, embedding='<name>', "
-                "attention='<name>').")
+                "attention='<name>')."
+            )
         return embedding
 
     def _check_tokenizer(self, tokenizer: Any) -> None:
@@ -241,15 +266,19 @@ class HuggingFaceAdapter(nn.Module):
         rows = self._embedding.num_embeddings
         size = len(tokenizer)
         if size > rows:
-            raise ValueError(f"Tokenizer/model mismatch: the tokenizer has {size} tokens but the model's embedding "
-                             f"table has {rows} rows; load the tokenizer that belongs to this checkpoint (or call "
-                             "model.resize_token_embeddings(len(tokenizer)) after adding tokens).")
+            raise ValueError(
+                f"Tokenizer/model mismatch: the tokenizer has {size} tokens but the model's embedding "
+                f"table has {rows} rows; load the tokenizer that belongs to this checkpoint (or call "
+                "model.resize_token_embeddings(len(tokenizer)) after adding tokens)."
+            )
         config = getattr(self.model, "config", None)
         for name in ("pad_token_id", "cls_token_id", "sep_token_id"):
             mine, theirs = getattr(tokenizer, name, None), getattr(config, name, None)
             if mine is not None and theirs is not None and mine != theirs:
-                raise ValueError(f"Tokenizer/model mismatch: tokenizer.{name}={mine} but model.config.{name}="
-                                 f"{theirs}; load the tokenizer that belongs to this checkpoint.")
+                raise ValueError(
+                    f"Tokenizer/model mismatch: tokenizer.{name}={mine} but model.config.{name}="
+                    f"{theirs}; load the tokenizer that belongs to this checkpoint."
+                )
 
     @staticmethod
     def _find_attention_modules(model: nn.Module) -> List[nn.Module]:
@@ -286,12 +315,17 @@ class HuggingFaceAdapter(nn.Module):
     def embed(self, batch: Batch) -> Tensor:
         """``[B, T, E]`` word embeddings of ``batch["input_ids"]`` (graph-connected to the embedding table)."""
         if "input_ids" not in batch:
-            raise KeyError("Batch has no 'input_ids'; HF batches need input_ids and attention_mask "
-                           "(see lightning_xai.data.hf.WordPieceCollator).")
+            raise KeyError(
+                "Batch has no 'input_ids'; HF batches need input_ids and attention_mask "
+                "(see lightning_xai.data.hf.WordPieceCollator)."
+            )
         ids = batch["input_ids"]
         check_token_ids(ids, self._embedding.num_embeddings, "Tokenizer/model mismatch: input_ids")
-        check_sequence_length(ids.shape[1], getattr(getattr(self.model, "config", None), "max_position_embeddings",
-                                                    None), self._positions_skipped())
+        check_sequence_length(
+            ids.shape[1],
+            getattr(getattr(self.model, "config", None), "max_position_embeddings", None),
+            self._positions_skipped(),
+        )
         with gathered(self.model, [self._embedding]):  # FSDP2: called outside the root's forward (adapters.sharding)
             return self._embedding(ids)
 
@@ -307,8 +341,10 @@ class HuggingFaceAdapter(nn.Module):
     @staticmethod
     def _attention_mask(batch: Batch) -> Tensor:
         if "attention_mask" not in batch:
-            raise KeyError("Batch has no 'attention_mask' (1 at every non-pad position, special tokens included); "
-                           "collate with lightning_xai.data.hf.WordPieceCollator or the tokenizer's padding.")
+            raise KeyError(
+                "Batch has no 'attention_mask' (1 at every non-pad position, special tokens included); "
+                "collate with lightning_xai.data.hf.WordPieceCollator or the tokenizer's padding."
+            )
         return batch["attention_mask"]
 
     def _positions_skipped(self) -> int:
@@ -329,8 +365,13 @@ class HuggingFaceAdapter(nn.Module):
 
     def query_mask(self, batch: Batch) -> Tensor:
         """``[B, T]`` bool: the query position(s) whose attention row each example's classifier reads."""
-        return query_mask(self._head_pooling if self.query_index is None else "index", batch,
-                          self._attention_mask(batch), self.pad_token_id, self.query_index)
+        return query_mask(
+            self._head_pooling if self.query_index is None else "index",
+            batch,
+            self._attention_mask(batch),
+            self.pad_token_id,
+            self.query_index,
+        )
 
     def _check_sight(self, qmask: Tensor, mask: Tensor) -> None:
         """Raise when a causal query row sees fewer than two of its example's (two or more) real tokens."""
@@ -341,13 +382,16 @@ class HuggingFaceAdapter(nn.Module):
         seen = (mask & (torch.arange(T, device=mask.device) <= last)).sum(-1)
         blind = (seen < 2) & (mask.sum(-1) >= 2)
         if bool(blind.any()):
-            raise ValueError(f"the attention row read (query_index={self.query_index}) of this causal model sees "
-                             f"only {int(seen[blind].min())} real token(s) of rows {blind.nonzero().flatten().tolist()}"
-                             " that have two or more, so its attention says nothing about them. Leave query_index="
-                             "None (the adapter then reads each row's last non-pad token, the one the head pools).")
+            raise ValueError(
+                f"the attention row read (query_index={self.query_index}) of this causal model sees "
+                f"only {int(seen[blind].min())} real token(s) of rows {blind.nonzero().flatten().tolist()}"
+                " that have two or more, so its attention says nothing about them. Leave query_index="
+                "None (the adapter then reads each row's last non-pad token, the one the head pools)."
+            )
 
-    def _run(self, embeddings: Tensor, batch: Batch, attention_override: Optional[Tensor], *,
-             maps: bool = True) -> Tuple[Tensor, Any, Tensor, Tensor]:
+    def _run(
+        self, embeddings: Tensor, batch: Batch, attention_override: Optional[Tensor], *, maps: bool = True
+    ) -> Tuple[Tensor, Any, Tensor, Tensor]:
         """``(logits, the model's output, token mask, query mask)`` of one pass; ``maps=False`` asks the model for
         no attention maps and hidden states (the logits-only passes of
         :mod:`~lightning_xai.adapters.huggingface.replay`)."""
@@ -356,29 +400,45 @@ class HuggingFaceAdapter(nn.Module):
         attention_mask = self._attention_mask(batch)
         qmask = self.query_mask(batch)
         self._check_sight(qmask, mask)
-        kwargs = {"inputs_embeds": embeddings, "attention_mask": attention_mask,
-                  "output_attentions": maps, "output_hidden_states": maps, "return_dict": True}
+        kwargs = {
+            "inputs_embeds": embeddings,
+            "attention_mask": attention_mask,
+            "output_attentions": maps,
+            "output_hidden_states": maps,
+            "return_dict": True,
+        }
         if "token_type_ids" in batch:
             kwargs["token_type_ids"] = batch["token_type_ids"]
         token = None
         if attention_override is not None:
             if not self.overridable:
-                raise ProtocolError(f"{type(self.model).__name__} computes attention inside its own modeling file "
-                                    "(no transformers AttentionInterface), so attention_override is not supported: "
-                                    "audits that replace attention (ErasureAudit, AttentionBaselines) cannot run on "
-                                    "it; attention maps and every saliency method do.")
+                raise ProtocolError(
+                    f"{type(self.model).__name__} computes attention inside its own modeling file "
+                    "(no transformers AttentionInterface), so attention_override is not supported: "
+                    "audits that replace attention (ErasureAudit, AttentionBaselines) cannot run on "
+                    "it; attention maps and every saliency method do."
+                )
             if not self._attention_modules:
-                raise ProtocolError(f"{type(self.model).__name__} does not declare its attention modules "
-                                    "(_can_record_outputs['attentions']), so attention_override cannot find the last "
-                                    "layer; use HookAdapter for this model.")
+                raise ProtocolError(
+                    f"{type(self.model).__name__} does not declare its attention modules "
+                    "(_can_record_outputs['attentions']), so attention_override cannot find the last "
+                    "layer; use HookAdapter for this model."
+                )
             rows = override_rows(attention_override, attention_mask.bool(), mask, self.override_specials)
             state = OverrideState(self._attention_modules[-1], qmask, rows, calls=self._last_module_calls())
             token = active_override().set(state)
-        hook = native_override(self._attention_modules[-1]) if token is not None and getattr(self, "_native", False) \
+        hook = (
+            native_override(self._attention_modules[-1])
+            if token is not None and getattr(self, "_native", False)
             else nullcontext()
+        )
         try:  # un-checkpointed: a checkpointed layer would recompute in backward outside these contexts
-            with recording_attention(self.model), unchecked_layers(self.model), hook, \
-                    routed_through_root(self.model, self._embedding, kwargs, batch.get("input_ids")):
+            with (
+                recording_attention(self.model),
+                unchecked_layers(self.model),
+                hook,
+                routed_through_root(self.model, self._embedding, kwargs, batch.get("input_ids")),
+            ):
                 if self._head_pooling == "last":  # the head reads the query row: query_index= moves it too
                     logits, output = pooled_logits(self.model, kwargs, qmask.long().argmax(-1))
                 else:
@@ -389,8 +449,9 @@ class HuggingFaceAdapter(nn.Module):
                 active_override().reset(token)
         return logits, output, mask, qmask
 
-    def forward_from_embeddings(self, embeddings: Tensor, batch: Batch, *,
-                                attention_override: Optional[Tensor] = None) -> ExplainOutput:
+    def forward_from_embeddings(
+        self, embeddings: Tensor, batch: Batch, *, attention_override: Optional[Tensor] = None
+    ) -> ExplainOutput:
         """Run the classifier from word embeddings (see the module docstring for the override semantics).
 
         The batch is checked first: ``attention_mask`` (and ``mask``) of ``input_ids``'s shape, every row attending
@@ -404,19 +465,25 @@ class HuggingFaceAdapter(nn.Module):
             raise ProtocolError(
                 f"{type(self.model).__name__} returned no attention maps (attn_implementation="
                 f"{getattr(self.model.config, '_attn_implementation', None)!r}); load it with "
-                "attn_implementation='eager'.")
+                "attn_implementation='eager'."
+            )
         reduced = self._reduce(raw, batch, qmask)
         if reduced.shape != mask.shape:
-            raise ValueError(f"the attention reduction returned shape {tuple(reduced.shape)}; expected "
-                             f"{tuple(mask.shape)}.")
+            raise ValueError(
+                f"the attention reduction returned shape {tuple(reduced.shape)}; expected {tuple(mask.shape)}."
+            )
         attention = renormalise(reduced, mask)
         hidden = output.hidden_states[-1] if getattr(output, "hidden_states", None) else None
-        extras = {"cls_rows": pooled_rows(raw[-1], qmask), "query_mask": qmask,
-                  "all_hidden_states": getattr(output, "hidden_states", None)}
+        extras = {
+            "cls_rows": pooled_rows(raw[-1], qmask),
+            "query_mask": qmask,
+            "all_hidden_states": getattr(output, "hidden_states", None),
+        }
         if bool((qmask.sum(-1) == 1).all()):
             extras["query_positions"] = qmask.long().argmax(-1)
-        return ExplainOutput(logits=logits, attention=attention, hidden_states=hidden, raw_attentions=raw,
-                             extras=extras)
+        return ExplainOutput(
+            logits=logits, attention=attention, hidden_states=hidden, raw_attentions=raw, extras=extras
+        )
 
     def override_replay(self, embeddings: Tensor, batch: Batch) -> Tuple[ExplainOutput, Optional[OverrideScorer]]:
         """:class:`~lightning_xai.adapters.capabilities.OverrideReplay`: a scorer of overrides that runs only the
@@ -440,7 +507,8 @@ class HuggingFaceAdapter(nn.Module):
         return type(self.reference).__name__, (
             f"The adapter read pooling={self.pooling!r}, query_index={self.query_index}. Check query_index (leave it "
             "None: the adapter finds where the head reads, each row's last real token for a decoder, left or right "
-            "padding), the batch's attention_mask/token_type_ids and the config's pad_token_id.")
+            "padding), the batch's attention_mask/token_type_ids and the config's pad_token_id."
+        )
 
     def check_logits(self, batch: Batch, atol: float = 1e-4) -> float:
         """Compare the adapter's logits with the model's own (``model(input_ids=...)``); return max ``|Δlogit|``.

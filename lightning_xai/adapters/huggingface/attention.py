@@ -11,6 +11,7 @@ pooling) and recomputes ``weights @ values``. Outside an override it *is* eager 
 :func:`recording_attention` switches it for the duration of a ``with`` block only, so a model keeps training
 on the implementation it was loaded with (``sdpa``, flash) and only explanation passes run on this one.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,8 +29,16 @@ from torch import Tensor, nn
 from lightning_xai.adapters.huggingface.families import native_attention
 from lightning_xai.adapters.protocol import ProtocolError
 
-__all__ = ["ATTENTION_IMPLEMENTATION", "OverrideState", "active_override", "override_rows", "recording_attention",
-           "register_attention_implementation", "replace_pooled_rows", "use_registered_attention"]
+__all__ = [
+    "ATTENTION_IMPLEMENTATION",
+    "OverrideState",
+    "active_override",
+    "override_rows",
+    "recording_attention",
+    "register_attention_implementation",
+    "replace_pooled_rows",
+    "use_registered_attention",
+]
 
 #: The name under which lightning_xai's attention function is registered with transformers.
 ATTENTION_IMPLEMENTATION = "lightning_xai_eager"
@@ -47,7 +56,8 @@ class OverrideState:
 
 
 _ACTIVE_OVERRIDE: contextvars.ContextVar[Optional[OverrideState]] = contextvars.ContextVar(
-    "lightning_xai_attention_override", default=None)
+    "lightning_xai_attention_override", default=None
+)
 _EAGER_CACHE: Dict[type, Callable] = {}
 
 
@@ -67,9 +77,16 @@ def _eager_for(module: nn.Module) -> Callable:
     return _EAGER_CACHE[cls]
 
 
-def _lightning_xai_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
-                             attention_mask: Optional[Tensor], scaling: Optional[float] = None,
-                             dropout: float = 0.0, **kwargs: Any) -> Tuple[Tensor, Tensor]:
+def _lightning_xai_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Optional[Tensor],
+    scaling: Optional[float] = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> Tuple[Tensor, Tensor]:
     """Eager attention; inside an override, the target module's pooled query rows are replaced, ``weights @ v`` redone.
 
     An additive float mask is clamped at float32's minimum first, so a fully masked (pad) query row gets finite
@@ -80,8 +97,9 @@ def _lightning_xai_attention(module: nn.Module, query: Tensor, key: Tensor, valu
     if attention_mask is not None and attention_mask.is_floating_point():
         floor = max(torch.finfo(attention_mask.dtype).min, torch.finfo(torch.float32).min)
         attention_mask = attention_mask.clamp_min(floor)
-    output, weights = _eager_for(module)(module, query, key, value, attention_mask, scaling=scaling,
-                                         dropout=dropout, **kwargs)
+    output, weights = _eager_for(module)(
+        module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+    )
     replaced = replace_pooled_rows(module, weights)
     if replaced is None:
         return output, weights
@@ -104,8 +122,10 @@ def replace_pooled_rows(module: nn.Module, weights: Tensor) -> Optional[Tensor]:
         return None
     proposed = state.make_rows(weights).to(weights.dtype)
     if proposed.shape != weights.shape:
-        raise ValueError(f"attention override rows have shape {tuple(proposed.shape)}; the layer's weights are "
-                         f"{tuple(weights.shape)}.")
+        raise ValueError(
+            f"attention override rows have shape {tuple(proposed.shape)}; the layer's weights are "
+            f"{tuple(weights.shape)}."
+        )
     where = state.query_mask.to(weights.device)[:, None, :, None]
     return torch.where(where, proposed, weights)
 
@@ -132,8 +152,10 @@ def override_rows(override: Tensor, attention_mask: Tensor, mask: Tensor, specia
     B, T = mask.shape
     if override.dim() == 2:
         if override.shape != (B, T):
-            raise ValueError(f"attention_override has shape {tuple(override.shape)}; expected the token mask's "
-                             f"{(B, T)} (or [B, heads, T] raw rows).")
+            raise ValueError(
+                f"attention_override has shape {tuple(override.shape)}; expected the token mask's "
+                f"{(B, T)} (or [B, heads, T] raw rows)."
+            )
         real = override.masked_fill(~mask, 0.0)
         special = (attention_mask & ~mask)[:, None, None, :]
 
@@ -147,13 +169,16 @@ def override_rows(override: Tensor, attention_mask: Tensor, mask: Tensor, specia
         return make_rows
     if override.dim() == 3:
         if override.shape[0] != B or override.shape[2] != T:
-            raise ValueError(f"attention_override has shape {tuple(override.shape)}; expected [B, heads, T] = "
-                             f"[{B}, heads, {T}] raw rows (or the token mask's [B, T]).")
+            raise ValueError(
+                f"attention_override has shape {tuple(override.shape)}; expected [B, heads, T] = "
+                f"[{B}, heads, {T}] raw rows (or the token mask's [B, T])."
+            )
 
         def make_rows(own: Tensor) -> Tensor:
             if override.shape[1] != own.shape[1]:
-                raise ValueError(f"attention_override has {override.shape[1]} heads; the last layer has "
-                                 f"{own.shape[1]}.")
+                raise ValueError(
+                    f"attention_override has {override.shape[1]} heads; the last layer has {own.shape[1]}."
+                )
             rows = override.to(own.dtype) * attention_mask[:, None, :].to(own.dtype)
             return rows[:, :, None, :].expand_as(own)
 
@@ -175,8 +200,10 @@ def register_attention_implementation() -> str:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface, eager_mask
     except ImportError as error:  # pragma: no cover - depends on the installed version
-        raise ImportError("HuggingFaceAdapter needs `transformers` with AttentionInterface and "
-                          "AttentionMaskInterface (transformers >= 4.53): pip install 'lightning-xai[hf]'.") from error
+        raise ImportError(
+            "HuggingFaceAdapter needs `transformers` with AttentionInterface and "
+            "AttentionMaskInterface (transformers >= 4.53): pip install 'lightning-xai[hf]'."
+        ) from error
     AttentionInterface.register(ATTENTION_IMPLEMENTATION, _lightning_xai_attention)
     AttentionMaskInterface.register(ATTENTION_IMPLEMENTATION, eager_mask)
     return ATTENTION_IMPLEMENTATION
@@ -218,11 +245,15 @@ def use_registered_attention(model: nn.Module, warn: bool = True) -> bool:
         raise ProtocolError(
             f"{type(model).__name__} (attention implementation {current!r}) does not dispatch attention through "
             "transformers' AttentionInterface, so its attention maps cannot be read or overridden. Use a model "
-            "class that supports attn_implementation switching, or HookAdapter on its attention modules.")
+            "class that supports attn_implementation switching, or HookAdapter on its attention modules."
+        )
     if warn and current not in (None, "eager"):
-        warnings.warn(f"{type(model).__name__} used attn_implementation={current!r}, which returns no attention "
-                      f"maps; switched it to lightning_xai's eager attention ({ATTENTION_IMPLEMENTATION!r}). "
-                      "Load it with attn_implementation='eager' to avoid this message.", stacklevel=4)
+        warnings.warn(
+            f"{type(model).__name__} used attn_implementation={current!r}, which returns no attention "
+            f"maps; switched it to lightning_xai's eager attention ({ATTENTION_IMPLEMENTATION!r}). "
+            "Load it with attn_implementation='eager' to avoid this message.",
+            stacklevel=4,
+        )
     return True
 
 

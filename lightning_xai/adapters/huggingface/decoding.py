@@ -5,6 +5,7 @@ generates itself. :func:`greedy_targets` decodes greedily with the *explained* f
 from embeddings, eval mode, no cache — so each target token is exactly the argmax of the log-probabilities the
 explanations read (``transformers``' ``generate`` may differ in near ties: cached attention, other kernels).
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict
@@ -91,8 +92,10 @@ def _causal(adapter: Any, batch: Batch, steps: int, eos_ids: Tensor, pad: int) -
     rows = torch.arange(B, device=ids.device)
     for _ in range(steps):
         current = int(end.max())
-        sub = {"input_ids": out_ids[:, :current],
-               "attention_mask": (torch.arange(current, device=ids.device)[None, :] < end[:, None]).long()}
+        sub = {
+            "input_ids": out_ids[:, :current],
+            "attention_mask": (torch.arange(current, device=ids.device)[None, :] < end[:, None]).long(),
+        }
         token = adapter._model_output(adapter.embed(sub), sub, maps=False).logits[rows, end - 1].argmax(-1)
         live = ~done
         out_ids[rows[live], end[live]] = token[live]
@@ -103,8 +106,14 @@ def _causal(adapter: Any, batch: Batch, steps: int, eos_ids: Tensor, pad: int) -
     width = int(end.max())
     positions = torch.arange(width, device=ids.device)[None, :]
     generated = (positions >= lengths[:, None]) & (positions < end[:, None])
-    carried = [k for k, v in batch.items() if isinstance(v, Tensor) and v.dim() >= 2 and tuple(v.shape[:2]) == (B, T)
-               and k not in ("input_ids", "attention_mask", "labels")]
+    carried = [
+        k
+        for k, v in batch.items()
+        if isinstance(v, Tensor)
+        and v.dim() >= 2
+        and tuple(v.shape[:2]) == (B, T)
+        and k not in ("input_ids", "attention_mask", "labels")
+    ]
     result = {k: v for k, v in batch.items() if k not in carried}
     result["input_ids"] = out_ids[:, :width]
     result["attention_mask"] = (positions < end[:, None]).to(adapter._attention_mask(batch).dtype)
@@ -114,7 +123,7 @@ def _causal(adapter: Any, batch: Batch, steps: int, eos_ids: Tensor, pad: int) -
         shape = (B, T) + (1,) * (value.dim() - 2)
         moved = value.gather(1, order.view(shape).expand_as(value)).masked_fill(~kept.view(shape), 0)
         extended = moved.new_zeros((B, width) + tuple(value.shape[2:]))
-        extended[:, :min(T, width)] = moved[:, :min(T, width)]
+        extended[:, : min(T, width)] = moved[:, : min(T, width)]
         result[key] = extended
     check_token_ids(result["input_ids"], adapter._embedding.num_embeddings)
     return result

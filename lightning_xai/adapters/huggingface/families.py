@@ -31,6 +31,7 @@ Example:
     >>> table_pooling(ModernBertConfig(classifier_pooling="mean"))
     'mean'
 """
+
 from __future__ import annotations
 
 import operator
@@ -39,8 +40,21 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from torch import nn
 
-__all__ = ["BERT_LAYOUT", "DISTILBERT_LAYOUT", "FAMILIES", "Family", "LAYOUTS", "LLAMA_LAYOUT", "Layout",
-           "POOLINGS", "family_of", "layout_of", "module_calls", "native_attention", "table_pooling"]
+__all__ = [
+    "BERT_LAYOUT",
+    "DISTILBERT_LAYOUT",
+    "FAMILIES",
+    "Family",
+    "LAYOUTS",
+    "LLAMA_LAYOUT",
+    "Layout",
+    "POOLINGS",
+    "family_of",
+    "layout_of",
+    "module_calls",
+    "native_attention",
+    "table_pooling",
+]
 
 #: the poolings a classifier head may have (see the module docstring)
 POOLINGS = ("first", "last", "mean")
@@ -133,9 +147,34 @@ FAMILIES: Dict[str, Family] = {
     **{name: _BERT_LRP for name in ("bert", "roberta", "xlm-roberta", "camembert", "electra")},
     **{name: _BERT for name in ("ernie", "data2vec-text", "roc_bert", "layoutlm", "markuplm")},
     # encoders whose classifier reads position 0 (blocks of their own layout)
-    **{name: _FIRST for name in ("xlm-roberta-xl", "mpnet", "nezha", "megatron-bert", "xmod", "luke", "big_bird",
-                                 "rembert", "mobilebert", "squeezebert", "funnel", "canine", "roformer", "esm", "mra",
-                                 "nystromformer", "yoso", "ibert", "convbert", "bros", "lilt", "flaubert", "xlm")},
+    **{
+        name: _FIRST
+        for name in (
+            "xlm-roberta-xl",
+            "mpnet",
+            "nezha",
+            "megatron-bert",
+            "xmod",
+            "luke",
+            "big_bird",
+            "rembert",
+            "mobilebert",
+            "squeezebert",
+            "funnel",
+            "canine",
+            "roformer",
+            "esm",
+            "mra",
+            "nystromformer",
+            "yoso",
+            "ibert",
+            "convbert",
+            "bros",
+            "lilt",
+            "flaubert",
+            "xlm",
+        )
+    },
     "distilbert": Family("first", layout=DISTILBERT_LAYOUT, attnlrp=True),
     "albert": Family("first", shared_layers=True),
     "deberta": Family("first", native_attention=True),
@@ -145,8 +184,9 @@ FAMILIES: Dict[str, Family] = {
     **{name: _DECODER_LRP for name in ("llama", "qwen2", "mistral", "qwen3", "gemma")},
     **{name: _LAST for name in ("gpt2", "phi3")},
     # encoder–decoders whose encoder scales looked-up word embeddings only (inputs_embeds skip the factor)
-    **{name: Family(embedding_scale="embed_scale") for name in ("marian", "pegasus", "blenderbot-small", "mvp",
-                                                                "fsmt")},
+    **{
+        name: Family(embedding_scale="embed_scale") for name in ("marian", "pegasus", "blenderbot-small", "mvp", "fsmt")
+    },
 }
 
 
@@ -174,8 +214,10 @@ def table_pooling(config: Any) -> Optional[str]:
         return family.pooling
     value = getattr(config, family.pooling_field, None)
     if not isinstance(value, str) or value not in family.pooling_values:
-        raise ValueError(f"{config.model_type} {family.pooling_field}={value!r} is not understood; use one of "
-                         f"{sorted(family.pooling_values)}.")
+        raise ValueError(
+            f"{config.model_type} {family.pooling_field}={value!r} is not understood; use one of "
+            f"{sorted(family.pooling_values)}."
+        )
     return family.pooling_values[value]
 
 

@@ -48,6 +48,7 @@ layer's cross-attention for an encoder–decoder) for every head, as a classifie
 does with each head's mass outside the source (see :func:`~lightning_xai.adapters.huggingface.steps.
 step_override_rows`).
 """
+
 from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
@@ -66,6 +67,7 @@ from lightning_xai.adapters.huggingface.unwrap import unchecked_layers, unwrap
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError, check_embeddings
 
 __all__ = ["HuggingFaceGenerationAdapter", "is_generator"]
+
 
 def is_generator(module: Any) -> bool:
     """Whether ``module`` (bare or wrapped) is a ``transformers`` model that generates text (``can_generate()``).
@@ -141,12 +143,21 @@ class HuggingFaceGenerationAdapter(HuggingFaceAdapter):
         """Whether :class:`HuggingFaceAdapter` should build this class for ``model`` (a generator)."""
         return is_generator(model)
 
-    def __init__(self, model: nn.Module, tokenizer: Any = None, attention: Reduction = "cls_last_mean",
-                 override_specials: str = "keep", query_index: Optional[int] = None, check: bool = True) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any = None,
+        attention: Reduction = "cls_last_mean",
+        override_specials: str = "keep",
+        query_index: Optional[int] = None,
+        check: bool = True,
+    ) -> None:
         nn.Module.__init__(self)
         if query_index is not None:
-            raise ValueError("query_index does not apply to a generation model: each target step is read by the query "
-                             "row that predicts it (see lightning_xai.adapters.huggingface.generation); leave it None.")
+            raise ValueError(
+                "query_index does not apply to a generation model: each target step is read by the query "
+                "row that predicts it (see lightning_xai.adapters.huggingface.generation); leave it None."
+            )
         self._hold(model, tokenizer, attention, override_specials, None)
         config = self.model.config
         #: an encoder–decoder (the source is the encoder input) rather than a causal LM (the prompt)
@@ -178,9 +189,11 @@ class HuggingFaceGenerationAdapter(HuggingFaceAdapter):
     @staticmethod
     def _labels(batch: Batch) -> Tensor:
         if "labels" not in batch:
-            raise KeyError("A generation batch needs 'labels', the target (-100 where nothing is explained: a causal "
-                           "LM's prompt, padding). To explain the model's own output, build it with "
-                           "adapter.greedy_targets(batch).")
+            raise KeyError(
+                "A generation batch needs 'labels', the target (-100 where nothing is explained: a causal "
+                "LM's prompt, padding). To explain the model's own output, build it with "
+                "adapter.greedy_targets(batch)."
+            )
         return batch["labels"]
 
     def target_positions(self, batch: Batch) -> Tensor:
@@ -208,8 +221,10 @@ class HuggingFaceGenerationAdapter(HuggingFaceAdapter):
             return mask
         explained = self.target_positions(batch)
         if explained.shape != mask.shape:
-            raise ValueError(f"a causal LM's labels must be aligned with input_ids: labels are "
-                             f"{tuple(explained.shape)}, input_ids {tuple(mask.shape)}.")
+            raise ValueError(
+                f"a causal LM's labels must be aligned with input_ids: labels are "
+                f"{tuple(explained.shape)}, input_ids {tuple(mask.shape)}."
+            )
         before = explained.long().cumsum(1) == 0
         return mask & before.to(mask.device)
 
@@ -230,18 +245,32 @@ class HuggingFaceGenerationAdapter(HuggingFaceAdapter):
         else:
             prepare = getattr(self.model, "prepare_decoder_input_ids_from_labels", None)
             if not callable(prepare):
-                raise ProtocolError(f"{type(self.model).__name__} has no prepare_decoder_input_ids_from_labels; give "
-                                    "the batch its decoder_input_ids (the labels shifted right).")
+                raise ProtocolError(
+                    f"{type(self.model).__name__} has no prepare_decoder_input_ids_from_labels; give "
+                    "the batch its decoder_input_ids (the labels shifted right)."
+                )
             kwargs["decoder_input_ids"] = prepare(labels=self._labels(batch))
         if "decoder_attention_mask" in batch:
             kwargs["decoder_attention_mask"] = batch["decoder_attention_mask"]
         return kwargs
 
-    def _model_output(self, embeddings: Tensor, batch: Batch, state: Optional[OverrideState] = None,
-                      maps: bool = True, decoder: Optional[dict] = None) -> Any:
+    def _model_output(
+        self,
+        embeddings: Tensor,
+        batch: Batch,
+        state: Optional[OverrideState] = None,
+        maps: bool = True,
+        decoder: Optional[dict] = None,
+    ) -> Any:
         """The model's output run from ``embeddings`` on lightning_xai's attention (``state``: an override)."""
-        kwargs = {"inputs_embeds": embeddings, "attention_mask": self._attention_mask(batch),
-                  "output_attentions": maps, "output_hidden_states": maps, "return_dict": True, "use_cache": False}
+        kwargs = {
+            "inputs_embeds": embeddings,
+            "attention_mask": self._attention_mask(batch),
+            "output_attentions": maps,
+            "output_hidden_states": maps,
+            "return_dict": True,
+            "use_cache": False,
+        }
         if "position_ids" in batch and not self.encoder_decoder:
             kwargs["position_ids"] = batch["position_ids"]
         kwargs.update(self._decoder_kwargs(batch) if decoder is None else decoder)
@@ -255,19 +284,24 @@ class HuggingFaceGenerationAdapter(HuggingFaceAdapter):
 
     def _override_state(self, override: Tensor, batch: Batch, steps: Steps, mask: Tensor) -> OverrideState:
         if not self.overridable:
-            raise ProtocolError(f"{type(self.model).__name__} computes attention inside its own modeling file, so "
-                                "attention_override is not supported.")
+            raise ProtocolError(
+                f"{type(self.model).__name__} computes attention inside its own modeling file, so "
+                "attention_override is not supported."
+            )
         if self._override_module is None:
-            raise ProtocolError(f"{type(self.model).__name__} does not declare the attention modules the override "
-                                "replaces (_can_record_outputs); use HookAdapter for this model.")
+            raise ProtocolError(
+                f"{type(self.model).__name__} does not declare the attention modules the override "
+                "replaces (_can_record_outputs); use HookAdapter for this model."
+            )
         queries = torch.zeros(self._labels(batch).shape, dtype=torch.bool, device=mask.device)
         queries[steps.rows, steps.queries] = True
         rows = step_override_rows(override, steps, self._attention_mask(batch).bool(), mask, self.override_specials)
         calls = module_calls(self.model.config, -1) if self.causal else 1  # shared layers (ALBERT-like decoders)
         return OverrideState(self._override_module, queries, rows, calls=calls)
 
-    def forward_from_embeddings(self, embeddings: Tensor, batch: Batch, *,
-                                attention_override: Optional[Tensor] = None) -> ExplainOutput:
+    def forward_from_embeddings(
+        self, embeddings: Tensor, batch: Batch, *, attention_override: Optional[Tensor] = None
+    ) -> ExplainOutput:
         """Run the generator from word embeddings (see the module docstring for what is returned and overridden)."""
         mask = self.token_mask(batch)
         check_embeddings(embeddings, mask)
@@ -281,22 +315,36 @@ class HuggingFaceGenerationAdapter(HuggingFaceAdapter):
         target_log_probs = steps.compact(log_probs)
         raw = tuple(output.cross_attentions if self.encoder_decoder else output.attentions or ())
         if not raw:
-            raise ProtocolError(f"{type(self.model).__name__} returned no attention maps; load it with "
-                                "attn_implementation='eager'.")
+            raise ProtocolError(
+                f"{type(self.model).__name__} returned no attention maps; load it with attn_implementation='eager'."
+            )
         step_attention = self._step_attention(raw, batch, steps, mask)
         count = steps.mask.sum(1, keepdim=True).clamp_min(1).to(step_attention.dtype)
         attention = renormalise(step_attention.sum(1) / count, mask)
         if self.encoder_decoder:
             hidden = output.encoder_last_hidden_state
-            extras = {"decoder_attentions": output.decoder_attentions, "encoder_attentions": output.encoder_attentions,
-                      "all_hidden_states": output.encoder_hidden_states}
+            extras = {
+                "decoder_attentions": output.decoder_attentions,
+                "encoder_attentions": output.encoder_attentions,
+                "all_hidden_states": output.encoder_hidden_states,
+            }
         else:
             hidden = output.hidden_states[-1] if output.hidden_states else None
             extras = {"all_hidden_states": output.hidden_states}
-        extras.update(step_attention=step_attention, step_rows=step_rows(raw[-1], steps),
-                      step_queries=steps.compact(steps.queries))
-        return ExplainOutput(logits=logits, attention=attention, hidden_states=hidden, raw_attentions=raw,
-                             extras=extras, target_log_probs=target_log_probs, target_steps=steps.mask)
+        extras.update(
+            step_attention=step_attention,
+            step_rows=step_rows(raw[-1], steps),
+            step_queries=steps.compact(steps.queries),
+        )
+        return ExplainOutput(
+            logits=logits,
+            attention=attention,
+            hidden_states=hidden,
+            raw_attentions=raw,
+            extras=extras,
+            target_log_probs=target_log_probs,
+            target_steps=steps.mask,
+        )
 
     def _step_attention(self, raw: Tuple[Tensor, ...], batch: Batch, steps: Steps, mask: Tensor) -> Tensor:
         """``[B, K, T]``: the reduction of each step's query row, renormalised over the source tokens."""
@@ -310,13 +358,15 @@ class HuggingFaceGenerationAdapter(HuggingFaceAdapter):
                 reduced = self._reduce(raw, batch, qmask)
             except ValueError as error:
                 if self.attention_name == "rollout" and self.encoder_decoder:
-                    raise ValueError("attention='rollout' composes square self-attention maps; an encoder–decoder's "
-                                     "step rows are cross-attention over the source. Use 'cls_last_mean' or 'L:H'.") \
-                        from error
+                    raise ValueError(
+                        "attention='rollout' composes square self-attention maps; an encoder–decoder's "
+                        "step rows are cross-attention over the source. Use 'cls_last_mean' or 'L:H'."
+                    ) from error
                 raise
             if reduced.shape != mask.shape:
-                raise ValueError(f"the attention reduction returned shape {tuple(reduced.shape)}; expected "
-                                 f"{tuple(mask.shape)}.")
+                raise ValueError(
+                    f"the attention reduction returned shape {tuple(reduced.shape)}; expected {tuple(mask.shape)}."
+                )
             parts.append(renormalise(reduced, mask) * steps.mask[:, k, None].to(reduced.dtype))
         return torch.stack(parts, 1) if parts else mask.new_zeros((B, 0, mask.shape[1]), dtype=torch.float)
 
@@ -336,10 +386,11 @@ class HuggingFaceGenerationAdapter(HuggingFaceAdapter):
         """The reference's name and the fix for a mismatch."""
         return type(self.reference).__name__, (
             "Check the batch's attention_mask and decoder inputs, and whether the encoder scales its word embeddings "
-            "itself (the family table's embedding_scale, lightning_xai.adapters.huggingface.families).")
+            "itself (the family table's embedding_scale, lightning_xai.adapters.huggingface.families)."
+        )
 
     # --- free decoding ----------------------------------------------------------------------------------------
     def greedy_targets(self, batch: Batch, max_new_tokens: int = 20) -> Batch:
-        """"Free decoding": ``batch`` with ``labels`` the model's own greedy continuation
+        """ "Free decoding": ``batch`` with ``labels`` the model's own greedy continuation
         (:func:`~lightning_xai.adapters.huggingface.decoding.greedy_targets`)."""
         return greedy_targets(self, batch, max_new_tokens)

@@ -6,6 +6,7 @@ dtype is unknown, so an unset ``problem_type`` with more than one label is read 
 ``transformers``' ``pipeline`` reads it; set ``config.problem_type = "multi_label_classification"`` for a
 multi-label model (``from_pretrained(..., problem_type=...)``).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -13,8 +14,11 @@ from typing import Any
 __all__ = ["PROBLEM_TYPES", "head_kind"]
 
 #: ``config.problem_type`` -> the :class:`~lightning_xai.adapters.capabilities.HeadKind` it means
-PROBLEM_TYPES = {"regression": "regression", "single_label_classification": "softmax",
-                 "multi_label_classification": "sigmoid"}
+PROBLEM_TYPES = {
+    "regression": "regression",
+    "single_label_classification": "softmax",
+    "multi_label_classification": "sigmoid",
+}
 
 
 def head_kind(config: Any) -> str:
@@ -34,6 +38,7 @@ def head_kind(config: Any) -> str:
     if problem is None:
         return "regression" if getattr(config, "num_labels", 2) == 1 else "softmax"
     if problem not in PROBLEM_TYPES:
-        raise ValueError(f"config.problem_type={problem!r} is not one transformers knows; use one of "
-                         f"{sorted(PROBLEM_TYPES)}.")
+        raise ValueError(
+            f"config.problem_type={problem!r} is not one transformers knows; use one of {sorted(PROBLEM_TYPES)}."
+        )
     return PROBLEM_TYPES[problem]

@@ -7,6 +7,7 @@
   segments) fed a pair without ``token_type_ids`` reads both segments as the first: a different function from the
   one it was trained on, with no error. Warned once, naming the rows.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -83,11 +84,14 @@ def warn_missing_token_types(batch: Any, config: Any, tokenizer: Any = None, own
     if not bool(pairs.any()):
         return
     rows = pairs.nonzero().flatten().tolist()
-    warnings.warn(f"The batch has no 'token_type_ids' but the model has {types} token types (type_vocab_size={types}) "
-                  f"and rows {rows[:10]}{' ...' if len(rows) > 10 else ''} hold two segments: the model reads the "
-                  "second segment as the first (token type 0), a different function from the one trained on pairs, "
-                  "so its outputs and explanations change without an error. Pass the tokenizer's token_type_ids "
-                  "(WordPieceCollator keeps them; tokenizer(a, b, return_token_type_ids=True)).",
-                  UserWarning, stacklevel=3)
+    warnings.warn(
+        f"The batch has no 'token_type_ids' but the model has {types} token types (type_vocab_size={types}) "
+        f"and rows {rows[:10]}{' ...' if len(rows) > 10 else ''} hold two segments: the model reads the "
+        "second segment as the first (token type 0), a different function from the one trained on pairs, "
+        "so its outputs and explanations change without an error. Pass the tokenizer's token_type_ids "
+        "(WordPieceCollator keeps them; tokenizer(a, b, return_token_type_ids=True)).",
+        UserWarning,
+        stacklevel=3,
+    )
     if owner is not None:
         object.__setattr__(owner, "_warned_token_types", True)

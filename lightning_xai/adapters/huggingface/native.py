@@ -13,6 +13,7 @@ hook is attached: the model trains and runs untouched.
 Only modules of the shape above are recognised (:func:`native_attention_modules`): DeBERTa v1's talking-head variant
 mixes heads after the dropout and is left refused.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,8 +40,12 @@ def native_attention_modules(model: nn.Module) -> List[nn.Module]:
         >>> native_attention_modules(BertModel(BertConfig(**small)))
         []
     """
-    return [m for m in model.modules() if callable(getattr(m, "disentangled_attention_bias", None))
-            and isinstance(getattr(m, "dropout", None), nn.Dropout)]
+    return [
+        m
+        for m in model.modules()
+        if callable(getattr(m, "disentangled_attention_bias", None))
+        and isinstance(getattr(m, "dropout", None), nn.Dropout)
+    ]
 
 
 @contextlib.contextmanager

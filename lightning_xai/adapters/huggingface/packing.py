@@ -14,6 +14,7 @@ output to the model's own head (its pooler, final norm, classifier), so no head 
 an explicit ``query_index``, a sliding-window attention (a copy sits further away than the row's positions), or
 tensors it cannot lay out. The caller checks it against the one-override-per-row replay before using it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,8 +25,12 @@ import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.budget import PASS_BUDGET_ELEMENTS, budget_chunks
-from lightning_xai.adapters.huggingface.attention import (OverrideState, active_override, override_rows,
-                                                           recording_attention)
+from lightning_xai.adapters.huggingface.attention import (
+    OverrideState,
+    active_override,
+    override_rows,
+    recording_attention,
+)
 from lightning_xai.adapters.huggingface.pooling import pooled_logits
 
 __all__ = ["ATTENTION_COPIES", "attention_elements", "packed_scorer", "replaced_forwards"]
@@ -89,8 +94,15 @@ def _accepts(module: nn.Module, name: str) -> bool:
 Scorer = Callable[[Tensor, Optional[Tensor]], Tensor]
 
 
-def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.Module], outputs: List[Any],
-                  fallback: Scorer, max_elements: Optional[int] = PASS_BUDGET_ELEMENTS) -> Optional[Scorer]:
+def packed_scorer(
+    adapter: Any,
+    embeddings: Tensor,
+    batch: Any,
+    layers: List[nn.Module],
+    outputs: List[Any],
+    fallback: Scorer,
+    max_elements: Optional[int] = PASS_BUDGET_ELEMENTS,
+) -> Optional[Scorer]:
     """A scorer ``(rows, override) -> [N, C]`` logits packing each row's overrides into one sequence, or ``None``.
 
     Args:
@@ -109,7 +121,8 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
     if adapter._head_pooling not in ("first", "last") or adapter.pooling == "index":
         return None
     if any(getattr(config, name, None) is not None for name in _WINDOWED) or any(
-            t != "full_attention" for t in (getattr(config, "layer_types", None) or ())):
+        t != "full_attention" for t in (getattr(config, "layer_types", None) or ())
+    ):
         return None
     qmask = adapter.query_mask(batch)
     if not bool((qmask.sum(-1) == 1).all()):
@@ -139,11 +152,17 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
     def kwargs_for(source: Tensor, index: Tensor, keys_visible: Tensor) -> Tuple[dict, Callable[[Tensor], Tensor]]:
         """The model's inputs for sequences whose column ``c`` is column ``index[:, c]`` of batch row ``source``,
         and the function that lays out any ``[B, T, ...]`` tensor so."""
+
         def lay(value: Tensor) -> Tensor:
             return value.index_select(0, source)[torch.arange(source.numel(), device=value.device)[:, None], index]
 
-        kwargs = {"inputs_embeds": lay(embeddings), "attention_mask": keys_visible.to(given.dtype),
-                  "output_attentions": False, "output_hidden_states": False, "return_dict": True}
+        kwargs = {
+            "inputs_embeds": lay(embeddings),
+            "attention_mask": keys_visible.to(given.dtype),
+            "output_attentions": False,
+            "output_hidden_states": False,
+            "return_dict": True,
+        }
         if "token_type_ids" in batch:
             kwargs["token_type_ids"] = lay(batch["token_type_ids"])
         if with_positions:
@@ -182,7 +201,8 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
         G = groups.shape[0]
         source = groups[:, 0]
         first_in_group = torch.full((G,), N, dtype=torch.long, device=rows.device).scatter_reduce(
-            0, group_of, torch.arange(N, device=rows.device), reduce="amin")
+            0, group_of, torch.arange(N, device=rows.device), reduce="amin"
+        )
         column = extent + (torch.arange(N, device=rows.device) - first_in_group[group_of])  # the copy's position
         sizes = torch.bincount(group_of, minlength=G)
         widths = extents[source] + sizes
@@ -206,8 +226,9 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
         assert logits is not None  # widths.max() above needs rows: there is a bucket
         return logits
 
-    def score_bucket(source: Tensor, seq: Tensor, column: Tensor, original: Tensor,
-                      override: Optional[Tensor]) -> Tensor:
+    def score_bucket(
+        source: Tensor, seq: Tensor, column: Tensor, original: Tensor, override: Optional[Tensor]
+    ) -> Tensor:
         """Logits of the overrides ``original`` (positions in the caller's rows), copy ``column`` of sequence
         ``seq``; sequence ``s`` lays out batch row ``source[s]``."""
         S, device = source.numel(), present.device
@@ -218,8 +239,15 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
         keys_visible = own & present.index_select(0, source).gather(1, index)
         real = own & token_mask.index_select(0, source).gather(1, index)
         kwargs, lay = kwargs_for(source, index, keys_visible)
-        packed = [_map_tensors(o, lambda v: lay(v) if is_laid_out(v) else v.index_select(0, source)
-                               if v.dim() >= 1 and v.shape[0] == B else v) for o in outputs]
+        packed = [
+            _map_tensors(
+                o,
+                lambda v: (
+                    lay(v) if is_laid_out(v) else v.index_select(0, source) if v.dim() >= 1 and v.shape[0] == B else v
+                ),
+            )
+            for o in outputs
+        ]
         copies = torch.zeros(S, width, dtype=torch.bool, device=device)
         copies[seq, column] = True
         token = None
@@ -228,8 +256,9 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
             heads = chosen.shape[1:-1]  # () for [N, T] distributions, (H,) for [N, H, T] raw rows
             key_index = index[seq].view(-1, *(1,) * len(heads), width).expand(-1, *heads, width)
             kept = own[seq].view(-1, *(1,) * len(heads), width)
-            make = override_rows(chosen.gather(-1, key_index) * kept, keys_visible[seq], real[seq],
-                                 adapter.override_specials)
+            make = override_rows(
+                chosen.gather(-1, key_index) * kept, keys_visible[seq], real[seq], adapter.override_specials
+            )
 
             def make_rows(weights: Tensor) -> Tensor:
                 own_rows = weights[seq, :, column, :]  # [N, H, W]: each copy's own row
@@ -238,8 +267,9 @@ def packed_scorer(adapter: Any, embeddings: Tensor, batch: Any, layers: List[nn.
                 out[seq, :, column, :] = proposed
                 return out
 
-            token = active_override().set(OverrideState(adapter._attention_modules[-1], copies, make_rows,
-                                                        calls=adapter._last_module_calls()))
+            token = active_override().set(
+                OverrideState(adapter._attention_modules[-1], copies, make_rows, calls=adapter._last_module_calls())
+            )
         captured: List[Any] = []
         hook = last.register_forward_hook(lambda module, args, output: captured.append(output))
         try:

@@ -19,6 +19,7 @@ states reach the head. An explicit ``query_index`` replaces the detected positio
 neither the table nor the probe explains raises :class:`~lightning_xai.adapters.protocol.ProtocolError` naming
 ``query_index=``.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -32,8 +33,7 @@ from lightning_xai.adapters.huggingface.families import table_pooling
 from lightning_xai.adapters.protocol import ProtocolError
 from lightning_xai.adapters.sharding import is_sharded
 
-__all__ = ["detect_pooling", "head_reads", "is_causal", "last_non_pad", "pooled_logits", "probe_pooling",
-           "query_mask"]
+__all__ = ["detect_pooling", "head_reads", "is_causal", "last_non_pad", "pooled_logits", "probe_pooling", "query_mask"]
 
 
 def detect_pooling(model: nn.Module) -> str:
@@ -68,7 +68,8 @@ def detect_pooling(model: nn.Module) -> str:
             "sequence representation: the family table does not list it and its head reads neither position 0, "
             "each row's last non-pad token through model.score, nor the mean over attention_mask, so the adapter "
             "cannot say which attention row the classifier reads. Pass query_index=<position> (0 for a "
-            "[CLS]-style head, -1 for a left-padded last-token head).")
+            "[CLS]-style head, -1 for a left-padded last-token head)."
+        )
     return pooling
 
 
@@ -161,8 +162,10 @@ def head_reads(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> O
                 logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
                 if len(leaves) != 1 or leaves[0] is None or not logits.requires_grad:
                     continue
-                grads = [torch.autograd.grad(logits[:, c].sum(), leaves[0], retain_graph=True, allow_unused=True)[0]
-                         for c in range(min(logits.shape[-1], 8))]
+                grads = [
+                    torch.autograd.grad(logits[:, c].sum(), leaves[0], retain_graph=True, allow_unused=True)[0]
+                    for c in range(min(logits.shape[-1], 8))
+                ]
         finally:
             handle.remove()
         if all(g is not None for g in grads) and any(bool(g.abs().sum() > 0) for g in grads):
@@ -227,8 +230,9 @@ def last_non_pad(input_ids: Tensor, pad_token_id: Optional[int]) -> Tensor:
     return (torch.arange(T, device=input_ids.device) * keep).argmax(-1)
 
 
-def query_mask(pooling: str, batch: Any, attention_mask: Tensor, pad_token_id: Optional[int],
-               query_index: Optional[int]) -> Tensor:
+def query_mask(
+    pooling: str, batch: Any, attention_mask: Tensor, pad_token_id: Optional[int], query_index: Optional[int]
+) -> Tensor:
     """``[B, T]`` bool: the query position(s) each row's classifier reads (exactly one per row unless mean).
 
     Example:
@@ -261,10 +265,15 @@ def pooled_logits(model: nn.Module, kwargs: dict, positions: Tensor) -> Tuple[Te
     """
     base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
     if not isinstance(base, nn.Module):
-        raise ProtocolError(f"{type(model).__name__} has no base model at .{model.base_model_prefix}; pass "
-                            "query_index= and check its logits with HuggingFaceAdapter.check_logits.")
-    body = {k: v for k, v in kwargs.items() if k != "token_type_ids" or "token_type_ids" in
-            inspect.signature(base.forward).parameters}
+        raise ProtocolError(
+            f"{type(model).__name__} has no base model at .{model.base_model_prefix}; pass "
+            "query_index= and check its logits with HuggingFaceAdapter.check_logits."
+        )
+    body = {
+        k: v
+        for k, v in kwargs.items()
+        if k != "token_type_ids" or "token_type_ids" in inspect.signature(base.forward).parameters
+    }
     head = cast(Callable[[Tensor], Tensor], model.score)  # detect_pooling checked that a "last" head has one
     if is_sharded(model):
         seen: List[Tensor] = []

@@ -13,6 +13,7 @@ classifier means the attention of its last real token.
 * ``"rollout"``: attention rollout (Abnar & Zuidema, 2020), the pooled row of ``R = Â_L ⋯ Â_1``;
 * a callable ``f(raw_attentions, batch) -> [B, T]`` non-negative scores.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Optional, Sequence, Tuple, Union
@@ -131,5 +132,7 @@ def parse_reduction(attention: Reduction) -> Parsed:
         if layer is not None and head_text.lstrip("-").isdigit():
             head = int(head_text)
             return lambda raw, batch, qmask: _head(pooled_rows(_layer(raw, layer), qmask), head)
-    raise ValueError(f"Unknown attention reduction {attention!r}; use 'cls_last_mean', 'cls_last_max', "
-                     "'rollout', 'LAYER:HEAD' (e.g. '-1:0', '5:mean') or a callable f(raw_attentions, batch).")
+    raise ValueError(
+        f"Unknown attention reduction {attention!r}; use 'cls_last_mean', 'cls_last_max', "
+        "'rollout', 'LAYER:HEAD' (e.g. '-1:0', '5:mean') or a callable f(raw_attentions, batch)."
+    )

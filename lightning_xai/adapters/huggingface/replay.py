@@ -23,6 +23,7 @@ overridden attention module in its last layer only, or a layer that returned som
 still check it against full passes before trusting it
 (:func:`~lightning_xai.attribution.override_replay.override_scorer`).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, List, Optional, Tuple
@@ -81,13 +82,22 @@ def _replayable(value: Any) -> bool:
 
 
 def _declines(adapter: Any) -> bool:
-    return (adapter.model.training or not adapter.overridable or not adapter._attention_modules
-            or adapter._last_module_calls() != 1)
+    return (
+        adapter.model.training
+        or not adapter.overridable
+        or not adapter._attention_modules
+        or adapter._last_module_calls() != 1
+    )
 
 
-def override_replay(adapter: Any, embeddings: Tensor, batch: Batch, *, pack: bool = True,
-                    max_elements: Optional[int] = PASS_BUDGET_ELEMENTS
-                    ) -> Tuple[ExplainOutput, Optional[Callable[[Tensor, Optional[Tensor]], Tensor]]]:
+def override_replay(
+    adapter: Any,
+    embeddings: Tensor,
+    batch: Batch,
+    *,
+    pack: bool = True,
+    max_elements: Optional[int] = PASS_BUDGET_ELEMENTS,
+) -> Tuple[ExplainOutput, Optional[Callable[[Tensor, Optional[Tensor]], Tensor]]]:
     """``(adapter.forward_from_embeddings(embeddings, batch), scorer)``; ``scorer(rows, override)`` gives the
     ``[N, C]`` logits of rows ``rows`` of the batch under ``attention_override=override`` (``[N, T]`` or
     ``[N, heads, T]``; ``None``: none), running only the embeddings, the last layer and the head. ``scorer`` is
@@ -129,6 +139,7 @@ def override_replay(adapter: Any, embeddings: Tensor, batch: Batch, *, pack: boo
     def recorder(i: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             recorded[i].append(output)
+
         return hook
 
     handles = [layer.register_forward_hook(recorder(i)) for i, layer in enumerate(replayed)]
@@ -147,6 +158,7 @@ def override_replay(adapter: Any, embeddings: Tensor, batch: Batch, *, pack: boo
 
     def run(rows: Tensor, override: Optional[Tensor], width: int) -> Tensor:
         """One pass over ``rows``, every ``[N, T, ...]`` value cut to its first ``width`` columns."""
+
         def cut(value: Any) -> Any:
             if isinstance(value, Tensor):
                 return value[:, :width] if width < T and value.dim() >= 2 and value.shape[1] == T else value
@@ -175,8 +187,11 @@ def override_replay(adapter: Any, embeddings: Tensor, batch: Batch, *, pack: boo
                 part = idx[start:end]
                 if part.numel() == rows.numel():  # one pass of every row, in the given order
                     return run(rows, override, width)
-                scored = run(rows.index_select(0, part.to(rows.device)), None if override is None
-                             else override.index_select(0, part.to(override.device)), width)
+                scored = run(
+                    rows.index_select(0, part.to(rows.device)),
+                    None if override is None else override.index_select(0, part.to(override.device)),
+                    width,
+                )
                 logits = scored.new_empty(rows.numel(), scored.shape[1]) if logits is None else logits
                 logits[part.to(logits.device)] = scored
         assert logits is not None  # reach.max() above needs rows: there is a group
@@ -188,11 +203,16 @@ def override_replay(adapter: Any, embeddings: Tensor, batch: Batch, *, pack: boo
     return out, scorer
 
 
-def _agrees(packed: Callable[[Tensor, Optional[Tensor]], Tensor], scorer: Callable[[Tensor, Optional[Tensor]], Tensor],
-            logits: Tensor, mask: Tensor) -> bool:
+def _agrees(
+    packed: Callable[[Tensor, Optional[Tensor]], Tensor],
+    scorer: Callable[[Tensor, Optional[Tensor]], Tensor],
+    logits: Tensor,
+    mask: Tensor,
+) -> bool:
     """Whether the packed scorer gives the pass's logits on two copies of every row in one sequence (the model's own
     attention), and the one-override-per-row replay's logits under uniform and rising attention over the real tokens
     of the two longest and the two shortest rows (two copies each in one sequence)."""
+
     def close(a: Tensor, b: Tensor) -> bool:
         return a.shape == b.shape and bool(torch.allclose(a.double(), b.double(), rtol=1e-4, atol=1e-5))
 
@@ -204,7 +224,8 @@ def _agrees(packed: Callable[[Tensor, Optional[Tensor]], Tensor], scorer: Callab
     weights = torch.where(torch.arange(rows.numel(), device=mask.device).view(-1, 1) % 2 == 0, real, rising)
     varied = weights / weights.sum(1, keepdim=True).clamp(min=1e-12)
     try:  # agree_flag: on a sharded model every process takes process 0's branch (adapters.sharding.lockstep)
-        return agree_flag(close(packed(every, None), logits.index_select(0, every))) and \
-            agree_flag(close(packed(rows, varied), scorer(rows, varied)))
+        return agree_flag(close(packed(every, None), logits.index_select(0, every))) and agree_flag(
+            close(packed(rows, varied), scorer(rows, varied))
+        )
     except Exception:  # noqa: BLE001 - a layout the model does not take: keep the replay
         return False

@@ -12,6 +12,7 @@ when source tokens are deleted or padding is trimmed (positions move, ordinals d
 * :func:`step_override_rows` — the ``make_rows`` of an :class:`~lightning_xai.adapters.huggingface.attention.
   OverrideState` that replaces every step's row.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -64,19 +65,25 @@ def target_steps(labels: Tensor, causal: bool) -> Steps:
         ([0, 1, 0], [1, 2, 0], [[True, True], [True, False]])
     """
     if labels.dim() != 2 or labels.is_floating_point():
-        raise ValueError(f"labels must be an integer [B, S] tensor (-100 where nothing is explained); got "
-                         f"{labels.dtype} {tuple(labels.shape)}.")
+        raise ValueError(
+            f"labels must be an integer [B, S] tensor (-100 where nothing is explained); got "
+            f"{labels.dtype} {tuple(labels.shape)}."
+        )
     explained = labels != IGNORE_INDEX
     empty = (~explained.any(1)).nonzero().flatten()
     if empty.numel():
-        raise ValueError(f"rows {empty.tolist()[:10]} have no target token (labels are all -100), so there is nothing "
-                         "to explain; give every row a target, or build one with adapter.greedy_targets(batch).")
+        raise ValueError(
+            f"rows {empty.tolist()[:10]} have no target token (labels are all -100), so there is nothing "
+            "to explain; give every row a target, or build one with adapter.greedy_targets(batch)."
+        )
     if causal and labels.shape[1] and bool(explained[:, 0].any()):
         first = explained[:, 0].nonzero().flatten().tolist()[:10]
-        raise ValueError(f"rows {first} have a target token at position 0: a causal LM's logits at position s - 1 "
-                         "predict the token at s, so the first token cannot be explained, and a row whose target "
-                         "starts at 0 has no prompt to explain it with. Set labels to -100 on the prompt "
-                         "(labels = input_ids with the prompt positions masked).")
+        raise ValueError(
+            f"rows {first} have a target token at position 0: a causal LM's logits at position s - 1 "
+            "predict the token at s, so the first token cannot be explained, and a row whose target "
+            "starts at 0 has no prompt to explain it with. Set labels to -100 on the prompt "
+            "(labels = input_ids with the prompt positions masked)."
+        )
     rows, positions = explained.nonzero(as_tuple=True)
     ranks = (explained.long().cumsum(1) - 1)[rows, positions]
     counts = explained.sum(1)
@@ -96,8 +103,9 @@ def step_rows(maps: Tensor, steps: Steps) -> Tensor:
     return steps.compact(maps[steps.rows, :, steps.queries])
 
 
-def step_override_rows(override: Tensor, steps: Steps, key_mask: Tensor, token_mask: Tensor,
-                       specials: str) -> Callable[[Tensor], Tensor]:
+def step_override_rows(
+    override: Tensor, steps: Steps, key_mask: Tensor, token_mask: Tensor, specials: str
+) -> Callable[[Tensor], Tensor]:
     """How an ``attention_override`` of a generation model turns a layer's weights into the replaced step rows.
 
     Args:
@@ -140,9 +148,11 @@ def step_override_rows(override: Tensor, steps: Steps, key_mask: Tensor, token_m
 
         return make_raw
     else:
-        raise ValueError(f"attention_override has shape {tuple(override.shape)}; a generation model takes [B, T] = "
-                         f"{(B, T)} (one distribution over the source tokens for every target step), [B, K, T] = "
-                         f"{(B, K, T)} (one per step) or [B, K, heads, T] raw rows (extras['step_rows']).")
+        raise ValueError(
+            f"attention_override has shape {tuple(override.shape)}; a generation model takes [B, T] = "
+            f"{(B, T)} (one distribution over the source tokens for every target step), [B, K, T] = "
+            f"{(B, K, T)} (one per step) or [B, K, heads, T] raw rows (extras['step_rows'])."
+        )
     other = (~token_mask)[steps.rows][:, None, :]
 
     def make_rows(own: Tensor) -> Tensor:

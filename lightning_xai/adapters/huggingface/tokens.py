@@ -5,6 +5,7 @@ model config's special-token ids (``bos``/``eos``/``cls``/``sep``; a config nami
 BERT's does, names none); with neither, every non-pad position counts as a real token and
 :func:`real_token_mask` says so once with a warning.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -52,14 +53,19 @@ def real_token_mask(batch: Any, tokenizer: Any, config: Any, owner: Optional[Any
         [[False, True, True, False, False]]
     """
     if "attention_mask" not in batch:
-        raise KeyError("Batch has no 'attention_mask' (1 at every non-pad position, special tokens included); "
-                       "collate with lightning_xai.data.hf.WordPieceCollator or the tokenizer's padding.")
+        raise KeyError(
+            "Batch has no 'attention_mask' (1 at every non-pad position, special tokens included); "
+            "collate with lightning_xai.data.hf.WordPieceCollator or the tokenizer's padding."
+        )
     ids, source = special_token_ids(tokenizer, config)
     if source == "none" and not getattr(owner, "_warned_specials", False):
-        warnings.warn("No tokenizer is known and the model config names no special tokens besides pad, so "
-                      "[CLS]/[SEP]-like tokens count as real tokens in every explanation. Give the tokenizer: a "
-                      "`tokenizer` attribute on the LightningModule or DataModule, or the callback's/adapter's "
-                      "tokenizer=.", stacklevel=3)
+        warnings.warn(
+            "No tokenizer is known and the model config names no special tokens besides pad, so "
+            "[CLS]/[SEP]-like tokens count as real tokens in every explanation. Give the tokenizer: a "
+            "`tokenizer` attribute on the LightningModule or DataModule, or the callback's/adapter's "
+            "tokenizer=.",
+            stacklevel=3,
+        )
         if owner is not None:
             object.__setattr__(owner, "_warned_specials", True)
     special = torch.tensor(ids, dtype=torch.long, device=batch["input_ids"].device)

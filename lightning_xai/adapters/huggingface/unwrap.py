@@ -17,6 +17,7 @@ A checkpointed layer runs its forward a second time during ``backward``, after t
 outside the adapter's recording attention (so on the model's own implementation, NaN on fully padded rows) and
 outside any attention override, so the gradient would be that of another function.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,6 +51,7 @@ def _parallel_types() -> Tuple[type, ...]:
     types = [nn.DataParallel, nn.parallel.DistributedDataParallel]
     try:
         from torch.distributed.fsdp import FullyShardedDataParallel
+
         types.append(FullyShardedDataParallel)
     except ImportError:  # pragma: no cover - torch built without distributed
         pass
@@ -76,7 +78,8 @@ def _check_peft(module: Any) -> None:
             f"{type(module).__name__} uses {kind} (prompt learning): its forward adds virtual tokens that the "
             "transformers model inside never sees, so explanations of that model would describe another function. "
             "Explain a PEFT model trained with an adapter method (LoRA, IA3, ...), whose layers live inside the "
-            "transformers model.")
+            "transformers model."
+        )
 
 
 def unwrap(module: nn.Module) -> Unwrapped:
@@ -104,7 +107,7 @@ def unwrap(module: nn.Module) -> Unwrapped:
         elif _is_peft(current):
             _check_peft(current)
             reference = current if reference is None else reference
-            inner = getattr(current, "get_base_model")()  # PEFT's method (found by _is_peft), not nn.Module's
+            inner = current.get_base_model()  # PEFT's method (found by _is_peft), not nn.Module's
         else:
             break
         if not isinstance(inner, nn.Module) or inner is current:
@@ -134,8 +137,8 @@ def unchecked_layers(model: nn.Module) -> Iterator[None]:
     flagged = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
     try:
         for module in flagged:  # setattr: torch types Module.__setattr__'s value as Tensor | Module
-            setattr(module, "gradient_checkpointing", False)
+            module.gradient_checkpointing = False
         yield
     finally:
         for module in flagged:
-            setattr(module, "gradient_checkpointing", True)
+            module.gradient_checkpointing = True

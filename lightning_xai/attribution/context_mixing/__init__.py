@@ -18,6 +18,7 @@ method                        source                                      famili
 Mistral and other ``LlamaDecoderLayer``-shaped decoders.) Importing this package registers the methods with
 :func:`lightning_xai.attribution.attribute`.
 """
+
 from lightning_xai.attribution.context_mixing.alti import alti
 from lightning_xai.attribution.context_mixing.attention_norm import attention_norm
 from lightning_xai.attribution.context_mixing.attnlrp import attnlrp

@@ -4,6 +4,7 @@ Each hook returns ``value.detach() + surrogate − surrogate.detach()``: the mod
 (bit-identical), the rule's gradient in the backward pass. :func:`attnlrp_rules` installs them for one forward and
 removes them afterwards; the graph it built keeps the modified backward.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -76,8 +77,9 @@ def _rms_norm(module: nn.Module, x: Tensor, out: Tensor) -> Tensor:
         surrogate = normed * gain.to(x.dtype)
         if torch.allclose(surrogate.detach().to(out.dtype), out.detach(), rtol=rtol, atol=atol):
             return rewire(out, surrogate)
-    raise ProtocolError(f"{type(module).__name__} computes neither w·x/rms(x) nor (1+w)·x/rms(x); attnlrp has no "
-                        "rule for this norm.")
+    raise ProtocolError(
+        f"{type(module).__name__} computes neither w·x/rms(x) nor (1+w)·x/rms(x); attnlrp has no rule for this norm."
+    )
 
 
 def _projections(net: nn.Module) -> Iterator[Tuple[nn.Module, float]]:
@@ -90,8 +92,9 @@ def _projections(net: nn.Module) -> Iterator[Tuple[nn.Module, float]]:
                 yield getattr(module, v), 0.5
 
 
-def _hook_all(net: nn.Module, word_embedding: Optional[nn.Module], record: Optional[List[BiasTerm]],
-              batch_size: int) -> List[Any]:
+def _hook_all(
+    net: nn.Module, word_embedding: Optional[nn.Module], record: Optional[List[BiasTerm]], batch_size: int
+) -> List[Any]:
     handles: List[Any] = []
 
     def on(module: nn.Module, fn: Any, pre: bool = False) -> None:
@@ -114,8 +117,9 @@ def _hook_all(net: nn.Module, word_embedding: Optional[nn.Module], record: Optio
             on(module, lambda m, a, o: _rms_norm(m, a[0], o))
         if all(isinstance(getattr(module, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
             on(cast(nn.Linear, module.down_proj), lambda m, a: (_scaled(a[0], 0.5),) + tuple(a[1:]), pre=True)
-        if isinstance(getattr(module, "dense", None), nn.Linear) and isinstance(getattr(module, "out_proj", None),
-                                                                               nn.Linear):
+        if isinstance(getattr(module, "dense", None), nn.Linear) and isinstance(
+            getattr(module, "out_proj", None), nn.Linear
+        ):
             _functional_head(module, on)
     return handles
 

@@ -16,6 +16,7 @@ One traced forward of the adapter records every layer's input (the residual stre
 value projection (values include ``b_V``), the output projection's output (includes ``b_O``), the layer's output and
 its call arguments (to re-run one layer, e.g. with some value vectors zeroed).
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -29,14 +30,33 @@ from lightning_xai.adapters.huggingface.families import LAYOUTS, Layout, layout_
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError
 from lightning_xai.attribution.targets import resolve_target
 
-__all__ = ["UNSHARDABLE", "LayerParts", "Trace", "adapter_model", "block_tail", "head_outputs", "layer_index",
-           "layer_parts", "mix_vectors", "normalise_rows", "pad_mask", "query_positions", "query_weights",
-           "rerun_layer", "rollout_rows", "tail_reproduces", "trace", "traced_layers"]
+__all__ = [
+    "UNSHARDABLE",
+    "LayerParts",
+    "Trace",
+    "adapter_model",
+    "block_tail",
+    "head_outputs",
+    "layer_index",
+    "layer_parts",
+    "mix_vectors",
+    "normalise_rows",
+    "pad_mask",
+    "query_positions",
+    "query_weights",
+    "rerun_layer",
+    "rollout_rows",
+    "tail_reproduces",
+    "trace",
+    "traced_layers",
+]
 
 #: why the methods that run a layer's parts themselves (value mixing, ALTI, value zeroing) cannot explain a model
 #: sharded with FSDP2: a part called outside its layer's forward reads sharded parameters (DTensors)
-UNSHARDABLE = ("it calls the parts of each layer (attention value and output projections, LayerNorms) outside the "
-               "layer's forward, where FSDP2 has not gathered their parameters")
+UNSHARDABLE = (
+    "it calls the parts of each layer (attention value and output projections, LayerNorms) outside the "
+    "layer's forward, where FSDP2 has not gathered their parameters"
+)
 
 
 @dataclass
@@ -77,8 +97,10 @@ def layer_parts(model: nn.Module) -> List[LayerParts]:
     config = getattr(model, "config", None)
     n_heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_heads", None)
     if not n_heads:
-        raise ProtocolError(f"{type(model).__name__}'s config has no num_attention_heads; the context-mixing methods "
-                            "need the head count to split value vectors into heads.")
+        raise ProtocolError(
+            f"{type(model).__name__}'s config has no num_attention_heads; the context-mixing methods "
+            "need the head count to split value vectors into heads."
+        )
     n_kv = getattr(config, "num_key_value_heads", None) or n_heads
     listed = layout_of(config)  # the family table's layout; a family it does not list is matched against all
     layouts = (listed,) if listed is not None else LAYOUTS
@@ -88,7 +110,8 @@ def layer_parts(model: nn.Module) -> List[LayerParts]:
             f"{type(model).__name__} has no attention block the context-mixing methods can read: they support the "
             "BERT family (attention.self.value / attention.output.dense / .LayerNorm), DistilBERT (attention.v_lin / "
             "out_lin / sa_layer_norm) and the Llama family (self_attn.v_proj / o_proj / input_layernorm). Use "
-            "'rollout', 'attention' or a gradient method for this model.")
+            "'rollout', 'attention' or a gradient method for this model."
+        )
     return found
 
 
@@ -109,9 +132,11 @@ class Trace:
     def attentions(self) -> Tuple[Tensor, ...]:
         raw = self.output.raw_attentions
         if not raw or len(raw) != len(self.parts):
-            raise ProtocolError(f"the model returned {0 if not raw else len(raw)} attention maps for "
-                                f"{len(self.parts)} attention blocks; it must run eager attention "
-                                "(HuggingFaceAdapter switches it) with one self-attention per block.")
+            raise ProtocolError(
+                f"the model returned {0 if not raw else len(raw)} attention maps for "
+                f"{len(self.parts)} attention blocks; it must run eager attention "
+                "(HuggingFaceAdapter switches it) with one self-attention per block."
+            )
         return raw
 
 
@@ -132,8 +157,9 @@ def _hooks(registrations: List[Callable[[], Any]]) -> Iterator[None]:
 def trace(adapter: Any, batch: Batch, embeddings: Optional[Tensor] = None) -> Trace:
     """Run ``adapter.forward_from_embeddings`` once, recording every attention block (see :class:`Trace`)."""
     parts = layer_parts(adapter_model(adapter))
-    slots: Dict[str, List[Any]] = {k: [None] * len(parts) for k in
-                                   ("block_in", "values", "out_proj", "block_out", "norm_out", "calls")}
+    slots: Dict[str, List[Any]] = {
+        k: [None] * len(parts) for k in ("block_in", "values", "out_proj", "block_out", "norm_out", "calls")
+    }
 
     def store(key: str, index: int, value: Any) -> None:
         if slots[key][index] is None:  # the first call is the layer's own (no re-entrant calls expected)
@@ -141,15 +167,18 @@ def trace(adapter: Any, batch: Batch, embeddings: Optional[Tensor] = None) -> Tr
 
     def layer_registrations(i: int, p: LayerParts) -> List[Callable[[], Any]]:
         """The hooks recording layer ``i`` (bound to this ``i`` and ``p``), to register when the pass starts."""
+
         def pre(module, args, kwargs):
             hidden = args[0] if args else kwargs["hidden_states"]
             store("block_in", i, hidden)
             store("calls", i, (tuple(args), dict(kwargs)))
+
         hooks: List[Callable[[], Any]] = [
             lambda: p.block.register_forward_pre_hook(pre, with_kwargs=True),
             lambda: p.block.register_forward_hook(lambda m, a, o: store("block_out", i, _first(o))),
             lambda: p.value.register_forward_hook(lambda m, a, o: store("values", i, o)),
-            lambda: p.out.register_forward_hook(lambda m, a, o: store("out_proj", i, o))]
+            lambda: p.out.register_forward_hook(lambda m, a, o: store("out_proj", i, o)),
+        ]
         norm = p.norm_after
         if norm is not None:
             hooks.append(lambda: norm.register_forward_hook(lambda m, a, o: store("norm_out", i, o)))
@@ -163,8 +192,10 @@ def trace(adapter: Any, batch: Batch, embeddings: Optional[Tensor] = None) -> Tr
         output = adapter.forward_from_embeddings(emb, batch)
     missing = [k for k in ("block_in", "values", "out_proj", "block_out") if any(v is None for v in slots[k])]
     if missing:
-        raise ProtocolError(f"the traced forward of {type(adapter.model).__name__} did not run every attention "
-                            f"block's modules (nothing recorded for {missing}).")
+        raise ProtocolError(
+            f"the traced forward of {type(adapter.model).__name__} did not run every attention "
+            f"block's modules (nothing recorded for {missing})."
+        )
     return Trace(output, parts, **slots)
 
 
@@ -175,8 +206,10 @@ def query_positions(adapter: Any, output: ExplainOutput, batch_size: int, length
         return torch.as_tensor(given, device=device).long().view(batch_size)
     q = getattr(adapter, "query_index", 0)
     if q is None:
-        raise ValueError(f"{type(adapter).__name__} pools several rows (extras['query_mask'], e.g. mean pooling) "
-                         "and this method reads one row; use query_weights, or set the adapter's query_index.")
+        raise ValueError(
+            f"{type(adapter).__name__} pools several rows (extras['query_mask'], e.g. mean pooling) "
+            "and this method reads one row; use query_weights, or set the adapter's query_index."
+        )
     return torch.full((batch_size,), int(q) % length, dtype=torch.long, device=device)
 
 
@@ -224,8 +257,9 @@ def _expand(value: Any, batch_size: int, repeats: int) -> Any:
     return None  # caches and other stateful objects: a re-run must not read or extend them
 
 
-def rerun_layer(tr: Trace, layer: int, hidden: Tensor, repeats: int,
-                value_edit: Optional[Callable[[Tensor], Tensor]] = None) -> Tensor:
+def rerun_layer(
+    tr: Trace, layer: int, hidden: Tensor, repeats: int, value_edit: Optional[Callable[[Tensor], Tensor]] = None
+) -> Tensor:
     """Re-run block ``layer`` on ``hidden`` (``[B·repeats, T, D]``, rows of example b at b·repeats ...), with the
     call's other arguments repeated likewise, and ``value_edit`` applied to its value projection's output."""
     parts = tr.parts[layer]
@@ -235,8 +269,9 @@ def rerun_layer(tr: Trace, layer: int, hidden: Tensor, repeats: int,
     new_kwargs = {k: _expand(v, B, repeats) for k, v in kwargs.items()}
     if not args:
         new_kwargs["hidden_states"] = hidden
-    registrations = [] if value_edit is None else [
-        lambda: parts.value.register_forward_hook(lambda m, a, o: value_edit(o))]
+    registrations = (
+        [] if value_edit is None else [lambda: parts.value.register_forward_hook(lambda m, a, o: value_edit(o))]
+    )
     with _hooks(registrations):
         return _first(parts.block(*new_args, **new_kwargs))
 
@@ -258,14 +293,18 @@ def block_tail(parts: LayerParts) -> Optional[Callable[[Tensor, Tensor], Tensor]
         assert norm is not None  # the BERT layout is post-LN: its parts always include the norm
         return lambda x, o: b.feed_forward_chunk(norm(o + x))
     if parts.family == "distilbert" and all(hasattr(b, n) for n in ("sa_layer_norm", "ffn", "output_layer_norm")):
+
         def distil_tail(x: Tensor, o: Tensor) -> Tensor:
             h = b.sa_layer_norm(o + x)
             return b.output_layer_norm(b.ffn(h) + h)
+
         return distil_tail
     if parts.family == "llama" and all(hasattr(b, n) for n in ("mlp", "post_attention_layernorm")):
+
         def llama_tail(x: Tensor, o: Tensor) -> Tensor:
             h = x + o
             return h + b.mlp(b.post_attention_layernorm(h))
+
         return llama_tail
     return None
 
@@ -281,8 +320,9 @@ def tail_reproduces(tr: Trace, layer: int, tail: Callable[[Tensor, Tensor], Tens
     return float((got.detach() - expected.detach()).abs().max()) <= 1e-4 * scale + 1e-6
 
 
-def traced_layers(model: Any, batch: Batch, target: Any, layer: Optional[int]
-                  ) -> Tuple[Trace, Tensor, Tensor, List[int]]:
+def traced_layers(
+    model: Any, batch: Batch, target: Any, layer: Optional[int]
+) -> Tuple[Trace, Tensor, Tensor, List[int]]:
     """The traced forward, its ``[B, T]`` pad mask, the pooled rows and the layer indices ``layer`` names
     (``None``: every layer, first first), checking ``target`` against the logits: what the rolled-out methods share."""
     tr = trace(model, batch)
@@ -296,8 +336,10 @@ def traced_layers(model: Any, batch: Batch, target: Any, layer: Optional[int]
 def layer_index(layer: int, n_layers: int) -> int:
     """``layer`` as a non-negative index (negative counts from the top), or a ValueError naming the range."""
     if isinstance(layer, bool) or not isinstance(layer, int) or not -n_layers <= layer < n_layers:
-        raise ValueError(f"layer={layer!r} does not exist: the model has {n_layers} attention layers "
-                         f"(use 0..{n_layers - 1} or -1 for the last).")
+        raise ValueError(
+            f"layer={layer!r} does not exist: the model has {n_layers} attention layers "
+            f"(use 0..{n_layers - 1} or -1 for the last)."
+        )
     return layer % n_layers
 
 
@@ -327,7 +369,9 @@ def adapter_model(model: Any) -> nn.Module:
     """The wrapped ``transformers`` model of a :class:`~lightning_xai.adapters.HuggingFaceAdapter`."""
     inner = getattr(model, "model", None)
     if not isinstance(inner, nn.Module) or not hasattr(inner, "config"):
-        raise ProtocolError(f"{type(model).__name__} is not a HuggingFaceAdapter: the context-mixing methods read a "
-                            "transformers model's attention blocks; wrap the classifier with "
-                            "lightning_xai.adapters.HuggingFaceAdapter(model).")
+        raise ProtocolError(
+            f"{type(model).__name__} is not a HuggingFaceAdapter: the context-mixing methods read a "
+            "transformers model's attention blocks; wrap the classifier with "
+            "lightning_xai.adapters.HuggingFaceAdapter(model)."
+        )
     return inner

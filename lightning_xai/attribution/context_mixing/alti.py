@@ -14,6 +14,7 @@ the contribution is the Manhattan-distance rule ``c_{ij} = max(0, ‖y_i‖₁ �
 by its sum. Layers are rolled out without an added identity (the residual is inside ``c``): ``R = C^L ⋯ C^1``.
 The decomposition is checked against the module's own outputs before any contribution is trusted.
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -23,8 +24,14 @@ import torch
 from torch import Tensor, nn
 
 from lightning_xai.adapters.protocol import Batch, ProtocolError
-from lightning_xai.attribution.context_mixing._hf_internals import (UNSHARDABLE, Trace, mix_vectors, normalise_rows,
-                                                                     rollout_rows, traced_layers)
+from lightning_xai.attribution.context_mixing._hf_internals import (
+    UNSHARDABLE,
+    Trace,
+    mix_vectors,
+    normalise_rows,
+    rollout_rows,
+    traced_layers,
+)
 from lightning_xai.attribution.registry import register_method
 
 __all__ = ["alti", "alti_transformed_vectors", "alti_matrix"]
@@ -34,9 +41,11 @@ def _check(name: str, rebuilt: Tensor, actual: Tensor, present: Tensor) -> None:
     gap = (rebuilt - actual).abs()[present].max()
     scale = actual.abs()[present].max().clamp_min(1.0)
     if gap > 1e-4 * scale:
-        raise ProtocolError(f"ALTI's decomposition of the attention block does not add up to the module's own "
-                            f"{name} (max difference {gap.item():.3g}); this layer's forward is not the "
-                            "residual + attention (+ LayerNorm) block ALTI decomposes.")
+        raise ProtocolError(
+            f"ALTI's decomposition of the attention block does not add up to the module's own "
+            f"{name} (max difference {gap.item():.3g}); this layer's forward is not the "
+            "residual + attention (+ LayerNorm) block ALTI decomposes."
+        )
 
 
 def alti_transformed_vectors(tr: Trace, layer: int, present: Tensor) -> tuple:
@@ -58,8 +67,10 @@ def alti_transformed_vectors(tr: Trace, layer: int, present: Tensor) -> tuple:
     transformed = gamma * (z - z.mean(-1, keepdim=True)) / sigma.unsqueeze(2)
     y = tr.norm_out[layer]
     if y is None:
-        raise ProtocolError(f"ALTI: the LayerNorm after layer {layer}'s attention did not run in the traced forward, "
-                            "so there is no block output to decompose.")
+        raise ProtocolError(
+            f"ALTI: the LayerNorm after layer {layer}'s attention did not run in the traced forward, "
+            "so there is no block output to decompose."
+        )
     _check("LayerNorm output", transformed.sum(2) + gamma * (bias - bias.mean()) / sigma + beta, y, present)
     return transformed, y
 
@@ -73,8 +84,9 @@ def alti_matrix(tr: Trace, layer: int, present: Tensor) -> Tensor:
 
 
 @register_method("alti", resolves_target=True, unshardable=UNSHARDABLE)
-def alti(model: Any, batch: Batch, target: Any = None, *, create_graph: bool = False,
-         layer: Optional[int] = None) -> Tensor:
+def alti(
+    model: Any, batch: Batch, target: Any = None, *, create_graph: bool = False, layer: Optional[int] = None
+) -> Tensor:
     """``[B, T]`` ALTI contributions of each token to the classifier's summary row (Ferrando et al. 2022).
 
     Supports the BERT family (BERT, RoBERTa, MiniLM, ELECTRA) and DistilBERT (post-LN), and the Llama family

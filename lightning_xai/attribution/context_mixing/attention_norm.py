@@ -5,6 +5,7 @@ Kobayashi, Kuribayashi, Yokoi & Inui, "Attention is Not Only a Weight: Analyzing
 ``f^h(x) = (x W_V^h + b_V^h) W_O^h``; token ``j``'s score is ``‖Σ_h α^h_{qj} f^h(x_j)‖₂`` — the attention weight
 scaled by the size of what it moves.
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -14,8 +15,13 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch
-from lightning_xai.attribution.context_mixing._hf_internals import (UNSHARDABLE, layer_index, mix_vectors,
-                                                                     query_positions, trace)
+from lightning_xai.attribution.context_mixing._hf_internals import (
+    UNSHARDABLE,
+    layer_index,
+    mix_vectors,
+    query_positions,
+    trace,
+)
 from lightning_xai.attribution.core import resolve_target
 from lightning_xai.attribution.registry import register_method
 
@@ -23,8 +29,9 @@ __all__ = ["attention_norm"]
 
 
 @register_method("attention_norm", resolves_target=True, unshardable=UNSHARDABLE)
-def attention_norm(model: Any, batch: Batch, target: Any = None, *, create_graph: bool = False,
-                   layer: int = -1) -> Tensor:
+def attention_norm(
+    model: Any, batch: Batch, target: Any = None, *, create_graph: bool = False, layer: int = -1
+) -> Tensor:
     """``[B, T]`` Kobayashi et al.'s ‖Σ_h α^h_{qj} f^h(x_j)‖ at the summary row ``q`` of one layer.
 
     ``f^h(x) = (x W_V^h + b_V^h) W_O^h`` is head ``h``'s value vector mapped by its slice of the output projection

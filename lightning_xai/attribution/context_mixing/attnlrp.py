@@ -35,6 +35,7 @@ rule is not conservative by itself. :func:`attnlrp_absorbed` returns the three p
 Checked against LXT 2.1's efficient AttnLRP (Llama and BERT patches, transformers 4.51) on the same tiny weights:
 the token maps agree to ``5e-9`` (float64; the Llama softmax runs in float32 in both).
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
@@ -57,7 +58,9 @@ __all__ = ["ATTNLRP_FAMILIES", "attnlrp", "attnlrp_absorbed"]
 #: Gemma's ``(1 + w)`` RMS norm included).
 ATTNLRP_FAMILIES: Dict[str, str] = {
     name: {"bert": "BERT family", "distilbert": "DistilBERT", "llama": "Llama family"}[family.layout.name]
-    for name, family in FAMILIES.items() if family.attnlrp and family.layout is not None}
+    for name, family in FAMILIES.items()
+    if family.attnlrp and family.layout is not None
+}
 
 
 def _check_family(net: nn.Module) -> str:
@@ -70,7 +73,8 @@ def _check_family(net: nn.Module) -> str:
             f"{type(net).__name__} (model_type={model_type!r}) is not one of them: its attention or MLP needs rules "
             "this implementation does not have (fused qkv / gate-up projections in GPT-2 and Phi-3, DeBERTa's "
             "disentangled attention, ALBERT's shared layers, ModernBERT's fused Wqkv). Use 'grad_x_input' or "
-            "'integrated_gradients' for it.")
+            "'integrated_gradients' for it."
+        )
     return ATTNLRP_FAMILIES[model_type]
 
 
@@ -98,8 +102,9 @@ def _bias_relevance(terms: List[BiasTerm], grads: Tuple[Any, ...], like: Tensor)
     return total
 
 
-def _relevance_pass(model: Any, batch: Batch, target: Any, create_graph: bool, account: bool
-                    ) -> Tuple[Tensor, Tensor, Tensor]:
+def _relevance_pass(
+    model: Any, batch: Batch, target: Any, create_graph: bool, account: bool
+) -> Tuple[Tensor, Tensor, Tensor]:
     """``(relevance [B, T], target logit [B], absorbed [B])``; ``absorbed`` is 0 unless ``account``."""
     net = adapter_model(model)
     _check_family(net)
@@ -120,9 +125,9 @@ def _relevance_pass(model: Any, batch: Batch, target: Any, create_graph: bool, a
         relevance = relevance.detach()
     absorbed = torch.zeros_like(score)
     if account:
-        absorbed = _bias_relevance(terms, grads[1:1 + len(terms)], score)
+        absorbed = _bias_relevance(terms, grads[1 : 1 + len(terms)], score)
         if attentions:
-            absorbed = absorbed + _softmax_bias(attentions, grads[1 + len(terms):])
+            absorbed = absorbed + _softmax_bias(attentions, grads[1 + len(terms) :])
     return relevance, score, absorbed
 
 
@@ -150,8 +155,9 @@ def attnlrp_absorbed(model: Any, batch: Batch, target: Any = None) -> Tuple[Tens
 
 
 @register_method("attnlrp", resolves_target=True, returns=SCORES_AND_DELTA)
-def attnlrp(model: Any, batch: Batch, target: Any = None, *, create_graph: bool = False,
-            return_convergence_delta: bool = False) -> Any:
+def attnlrp(
+    model: Any, batch: Batch, target: Any = None, *, create_graph: bool = False, return_convergence_delta: bool = False
+) -> Any:
     """``[B, T]`` AttnLRP relevance of the target logit at the input word embeddings (summed over the embedding).
 
     Supports the BERT family (BERT, RoBERTa, XLM-R, CamemBERT, ELECTRA, MiniLM), DistilBERT and the Llama family

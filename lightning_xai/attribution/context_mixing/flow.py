@@ -15,6 +15,7 @@ One maximum flow per non-pad token, on the non-pad positions, by one of two solv
 * ``"edmonds_karp"`` (the fallback without SciPy): :func:`max_flow_value`, shortest augmenting paths in NumPy on float
   capacities, exact to rounding; its cost grows like ``T · (L·T)²`` per augmenting path: for sentences, not documents.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -32,7 +33,7 @@ __all__ = ["FLOW_SCALE", "SOLVERS", "attention_flow", "flow_capacities", "max_fl
 
 #: Capacities are floored to integer multiples of ``1 / FLOW_SCALE`` for the Dinic solver (int32 capacities: a
 #: capacity is at most 1, and the flow into the summary node is at most 1).
-FLOW_SCALE = 2 ** 30
+FLOW_SCALE = 2**30
 SOLVERS = ("auto", "dinic", "edmonds_karp")
 
 
@@ -104,8 +105,10 @@ def _resolve_solver(solver: str) -> str:
         import scipy.sparse.csgraph  # noqa: F401
     except ImportError:
         if solver == "dinic":
-            raise ImportError("attention_flow(solver='dinic') needs SciPy: pip install scipy, or pass "
-                              "solver='edmonds_karp' (exact, in NumPy, much slower on long inputs).") from None
+            raise ImportError(
+                "attention_flow(solver='dinic') needs SciPy: pip install scipy, or pass "
+                "solver='edmonds_karp' (exact, in NumPy, much slower on long inputs)."
+            ) from None
         return "edmonds_karp"
     return "dinic" if solver == "auto" else solver
 
@@ -115,7 +118,7 @@ def _row_flows(caps: np.ndarray, query: int, solver: str) -> np.ndarray:
     L, n, _ = caps.shape
     graph = np.zeros(((L + 1) * n, (L + 1) * n))
     for layer in range(L):  # edge (layer, j) -> (layer + 1, i) with capacity caps[layer][i, j]
-        graph[layer * n:(layer + 1) * n, (layer + 1) * n:(layer + 2) * n] = caps[layer].T
+        graph[layer * n : (layer + 1) * n, (layer + 1) * n : (layer + 2) * n] = caps[layer].T
     sink = L * n + query
     if solver == "edmonds_karp":
         return np.array([max_flow_value(graph, j, sink) for j in range(n)])
@@ -127,8 +130,15 @@ def _row_flows(caps: np.ndarray, query: int, solver: str) -> np.ndarray:
 
 
 @register_method("attention_flow", resolves_target=True)
-def attention_flow(model: Any, batch: Batch, target: Any = None, *, create_graph: bool = False,
-                   normalize_flows: bool = True, solver: str = "auto") -> Tensor:
+def attention_flow(
+    model: Any,
+    batch: Batch,
+    target: Any = None,
+    *,
+    create_graph: bool = False,
+    normalize_flows: bool = True,
+    solver: str = "auto",
+) -> Tensor:
     """``[B, T]`` attention flow from each position to the classifier's summary node (Abnar & Zuidema 2020).
 
     Needs only the raw attention maps: every family the adapter runs with eager attention. Not differentiable

@@ -5,6 +5,7 @@ the self-attention rule: ``R = I``; for each layer, first to last, ``Ā = E_h[(�
 ``R ← R + Ā R``, where ``A`` are the layer's attention probabilities and ``s`` the explained score (the target
 logit by default, as in the authors' code). The map is the summary row of ``R``.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -21,8 +22,9 @@ __all__ = ["grad_attention"]
 
 
 @register_method("grad_attention", resolves_target=True)
-def grad_attention(model: Any, batch: Batch, target: Any = None, *, create_graph: bool = False,
-                   output: str = "logit") -> Tensor:
+def grad_attention(
+    model: Any, batch: Batch, target: Any = None, *, create_graph: bool = False, output: str = "logit"
+) -> Tensor:
     """``[B, T]`` Chefer et al.'s relevance ``R[q, :]`` with ``R = Π_l (I + E_h[(∇A ⊙ A)^+])`` (last layer left).
 
     Needs only the raw attention maps, so it supports every family the adapter runs with eager attention (BERT
@@ -57,8 +59,9 @@ def grad_attention(model: Any, batch: Batch, target: Any = None, *, create_graph
     target = resolve_target(out.logits, target)
     raw = out.raw_attentions
     if not raw:
-        raise ValueError(f"{type(model).__name__} returned no raw attention maps; grad_attention needs eager "
-                         "attention.")
+        raise ValueError(
+            f"{type(model).__name__} returned no raw attention maps; grad_attention needs eager attention."
+        )
     score = target_score(out.logits, target, output).sum()
     grads = torch.autograd.grad(score, raw, create_graph=create_graph)
     B, _, T, _ = raw[0].shape

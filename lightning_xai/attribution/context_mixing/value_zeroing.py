@@ -7,6 +7,7 @@ original output ``x^l_i`` and the recomputed ``x̃^l_i``; each row is divided by
 The residual connection is inside the measure, so the layers are rolled out *without* an added identity:
 ``R = C^L ⋯ C^1`` (as in the authors' code).
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -17,9 +18,17 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch
-from lightning_xai.attribution.context_mixing._hf_internals import (UNSHARDABLE, Trace, block_tail, head_outputs,
-                                                                     normalise_rows, rerun_layer, rollout_rows,
-                                                                     tail_reproduces, traced_layers)
+from lightning_xai.attribution.context_mixing._hf_internals import (
+    UNSHARDABLE,
+    Trace,
+    block_tail,
+    head_outputs,
+    normalise_rows,
+    rerun_layer,
+    rollout_rows,
+    tail_reproduces,
+    traced_layers,
+)
 from lightning_xai.attribution.registry import register_method
 
 __all__ = ["TAIL_ROWS", "value_zeroing", "value_zeroing_matrix"]
@@ -29,8 +38,14 @@ __all__ = ["TAIL_ROWS", "value_zeroing", "value_zeroing_matrix"]
 TAIL_ROWS = 2048
 
 
-def value_zeroing_matrix(tr: Trace, layer: int, internal_batch_size: Optional[int] = None, *,
-                         present: Optional[Tensor] = None, queries: Optional[Tensor] = None) -> Tensor:
+def value_zeroing_matrix(
+    tr: Trace,
+    layer: int,
+    internal_batch_size: Optional[int] = None,
+    *,
+    present: Optional[Tensor] = None,
+    queries: Optional[Tensor] = None,
+) -> Tensor:
     """``[B, T, T]`` unnormalised ``C^l_{ij}`` (query ``i``, zeroed token ``j``) for layer ``layer`` of a trace.
 
     Distances below 0 (float rounding of a cosine of 1) are clamped to 0.
@@ -62,9 +77,10 @@ def value_zeroing_matrix(tr: Trace, layer: int, internal_batch_size: Optional[in
     def flush() -> None:
         if x_rows:
             out = tail(torch.cat(x_rows).unsqueeze(0), torch.cat(o_rows).unsqueeze(0))[0]
-            ref = torch.cat([reference[b, i] for b, i, _ in index[len(distances):]])
-            distances.extend((1.0 - torch.cosine_similarity(out, ref, dim=-1)).clamp_min(0).split(
-                [r.shape[0] for r in x_rows]))
+            ref = torch.cat([reference[b, i] for b, i, _ in index[len(distances) :]])
+            distances.extend(
+                (1.0 - torch.cosine_similarity(out, ref, dim=-1)).clamp_min(0).split([r.shape[0] for r in x_rows])
+            )
             x_rows.clear()
             o_rows.clear()
 
@@ -108,8 +124,15 @@ def _rerun_matrix(tr: Trace, layer: int, internal_batch_size: Optional[int]) -> 
 
 
 @register_method("value_zeroing", resolves_target=True, unshardable=UNSHARDABLE)
-def value_zeroing(model: Any, batch: Batch, target: Any = None, *, create_graph: bool = False,
-                  layer: Optional[int] = None, internal_batch_size: Optional[int] = None) -> Tensor:
+def value_zeroing(
+    model: Any,
+    batch: Batch,
+    target: Any = None,
+    *,
+    create_graph: bool = False,
+    layer: Optional[int] = None,
+    internal_batch_size: Optional[int] = None,
+) -> Tensor:
     """``[B, T]`` Mohebbi et al.'s value-zeroing scores of the classifier's summary row.
 
     ``C^l_{ij} = 1 − cos(x^l_i, x̃^l_{i, j zeroed})``, rows normalised to sum 1 over non-pad positions. Supports the
@@ -145,9 +168,15 @@ def value_zeroing(model: Any, batch: Batch, target: Any = None, *, create_graph:
         tr, present, rows, layers = traced_layers(model, batch, target, layer)
         # the top matrix of the rollout (or the one layer asked for) is only read at the pooled rows
         top = len(layers) - 1
-        matrices = [normalise_rows(value_zeroing_matrix(tr, index, internal_batch_size, present=present,
-                                                        queries=rows if k == top else None), present)
-                    for k, index in enumerate(layers)]
+        matrices = [
+            normalise_rows(
+                value_zeroing_matrix(
+                    tr, index, internal_batch_size, present=present, queries=rows if k == top else None
+                ),
+                present,
+            )
+            for k, index in enumerate(layers)
+        ]
         return rollout_rows(matrices, rows)
 
 

@@ -5,6 +5,7 @@ Each per-example value ``name`` (with its ``name/p_value`` when there is one) is
 shard and torchmetrics syncs the sum states; :func:`~lightning_xai.metrics.summarize_values` is the same code
 in one call.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -53,8 +54,8 @@ class ValueAggregator:
             if not name.endswith(_P):
                 p_value = values.get(name + _P)
                 self._metric(name, p_value is not None).update(
-                    value.detach().to(self.device),
-                    None if p_value is None else p_value.detach().to(self.device))
+                    value.detach().to(self.device), None if p_value is None else p_value.detach().to(self.device)
+                )
 
     def compute(self, names: Optional[Mapping[str, bool]] = None) -> Dict[str, float]:
         """``name/mean``, ``name/std`` (and ``name/significant_fraction``) for every name, sorted.
@@ -70,8 +71,10 @@ class ValueAggregator:
         for name in sorted(names):
             metric = self._metric(name, names[name])
             if not metric.update_called:  # nothing of it on this process's shard
-                metric.update(torch.empty(0, dtype=torch.float64), None if metric.significance is None else
-                              torch.empty(0, dtype=torch.float64))
+                metric.update(
+                    torch.empty(0, dtype=torch.float64),
+                    None if metric.significance is None else torch.empty(0, dtype=torch.float64),
+                )
             result = metric.compute()
             out.update({f"{name}/{k}": float(result[k]) for k in _FIELDS if k in result})
         return out
@@ -120,12 +123,20 @@ class AuditCollector:
         self.extras: List[Dict[str, Any]] = []
         self.aggregator = ValueAggregator(device)
 
-    def add(self, mask: Tensor, batch: Mapping[str, Any], positions: Sequence[int], indices: Sequence[int],
-            found: BatchResult, extra: Dict[str, Any]) -> None:
+    def add(
+        self,
+        mask: Tensor,
+        batch: Mapping[str, Any],
+        positions: Sequence[int],
+        indices: Sequence[int],
+        found: BatchResult,
+        extra: Dict[str, Any],
+    ) -> None:
         """One audited batch (see :func:`~lightning_xai.callbacks._audit.results.collect_examples`)."""
         self.aggregator.update(found.values)
-        self.examples.extend(collect_examples(mask, batch, positions, indices, self.split, found,
-                                              self.num_report_examples))
+        self.examples.extend(
+            collect_examples(mask, batch, positions, indices, self.split, found, self.num_report_examples)
+        )
         self.extras.append(extra)
 
 

@@ -7,6 +7,7 @@ since the previous audit) and returns a :class:`Plan`. :class:`AuditBudget` is t
 (its clock, its plan, the cadence and subset size that follow): the callbacks
 (:class:`~lightning_xai.callbacks.AuditCallback`, ``budget=``) own one and plan once, after their first audit.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,8 +22,20 @@ from lightning_xai.callbacks._audit.distributed import agreed, shared_failure
 from lightning_xai.callbacks._audit.failures import AuditFailures
 from lightning_xai.callbacks._audit.subset import AuditSubsets
 
-__all__ = ["AuditBudget", "AuditCost", "DEFAULT_EVERY_N_EPOCHS", "DEFAULT_NUM_SAMPLES", "Default", "MAX_CADENCE",
-           "MIN_AUDIT_SECONDS", "MIN_SAMPLES", "Plan", "describe", "limited_size", "plan"]
+__all__ = [
+    "AuditBudget",
+    "AuditCost",
+    "DEFAULT_EVERY_N_EPOCHS",
+    "DEFAULT_NUM_SAMPLES",
+    "Default",
+    "MAX_CADENCE",
+    "MIN_AUDIT_SECONDS",
+    "MIN_SAMPLES",
+    "Plan",
+    "describe",
+    "limited_size",
+    "plan",
+]
 
 #: the budget never shrinks the audit subset below this many examples (an explicit ``num_samples`` may)
 MIN_SAMPLES = 128
@@ -61,8 +74,9 @@ DEFAULT_NUM_SAMPLES = Default(256)
 DEFAULT_EVERY_N_EPOCHS = Default(1)
 
 
-def limited_size(size: Optional[int], limit: Union[int, float, None], batch_size: int,
-                 total: Optional[int]) -> Optional[int]:
+def limited_size(
+    size: Optional[int], limit: Union[int, float, None], batch_size: int, total: Optional[int]
+) -> Optional[int]:
     """The audit subset size under Lightning's ``limit_<split>_batches`` (which ``fast_dev_run`` sets to 1).
 
     An int ``N`` audits at most the ``N * batch_size`` examples Lightning itself would read; a fraction ``f``
@@ -100,9 +114,17 @@ class Plan:
     fits: bool
 
 
-def plan(seconds_per_example: float, train_seconds: float, budget: float, requested_samples: int,
-         min_samples: int = MIN_SAMPLES, max_cadence: int = MAX_CADENCE, *, fixed_samples: bool = False,
-         fixed_cadence: bool = False) -> Plan:
+def plan(
+    seconds_per_example: float,
+    train_seconds: float,
+    budget: float,
+    requested_samples: int,
+    min_samples: int = MIN_SAMPLES,
+    max_cadence: int = MAX_CADENCE,
+    *,
+    fixed_samples: bool = False,
+    fixed_cadence: bool = False,
+) -> Plan:
     """Size an audit to ``budget`` = audit time / training time between audits.
 
     The audit of ``n`` examples at cadence ``k`` costs ``n * seconds_per_example`` every ``k * train_seconds``
@@ -155,8 +177,9 @@ def plan(seconds_per_example: float, train_seconds: float, budget: float, reques
     return done(min(requested_samples, max(floor, fitting)), largest)
 
 
-def describe(owner: str, chosen: Plan, budget: float, measured: float, cadence_unit: str,
-             configured: Optional[int]) -> str:
+def describe(
+    owner: str, chosen: Plan, budget: float, measured: float, cadence_unit: str, configured: Optional[int]
+) -> str:
     """The one line a callback prints about its plan.
 
     Example:
@@ -164,12 +187,16 @@ def describe(owner: str, chosen: Plan, budget: float, measured: float, cadence_u
         AttentionAudit: budget 5% of training time; the first audit took 12.8% -> auditing 256 examples every 3 epochs (predicted 4.3%).
     """
     every = (configured or 1) * chosen.cadence
-    text = (f"{owner}: budget {100 * budget:.0f}% of training time; the first audit took {100 * measured:.1f}% -> "
-            f"auditing {chosen.num_samples} examples every {every} {cadence_unit} "
-            f"(predicted {100 * chosen.share:.1f}%)")
+    text = (
+        f"{owner}: budget {100 * budget:.0f}% of training time; the first audit took {100 * measured:.1f}% -> "
+        f"auditing {chosen.num_samples} examples every {every} {cadence_unit} "
+        f"(predicted {100 * chosen.share:.1f}%)"
+    )
     if not chosen.fits:
-        text += ("; this still exceeds the budget: pass a smaller num_samples=, fewer methods, or budget=None to "
-                 "accept the cost")
+        text += (
+            "; this still exceeds the budget: pass a smaller num_samples=, fewer methods, or budget=None to "
+            "accept the cost"
+        )
     return text + "."
 
 
@@ -210,8 +237,9 @@ class AuditCost:
         self.epoch_audits.append(seconds)
         self.total += seconds
 
-    def epoch_ended(self, others: Iterable["AuditCost"] = (), now: Optional[float] = None
-                    ) -> Optional[Tuple[float, float]]:
+    def epoch_ended(
+        self, others: Iterable["AuditCost"] = (), now: Optional[float] = None
+    ) -> Optional[Tuple[float, float]]:
         """``(audit seconds, training seconds)`` of the epoch that ends, or ``None`` if this callback did not
         audit in it (or the epoch's start was not seen)."""
         if self._epoch_start is None or not self.epoch_audits:
@@ -221,8 +249,9 @@ class AuditCost:
         training = elapsed - audits - sum(sum(o.epoch_audits) for o in others if o is not self)
         return audits, max(training, 0.0)
 
-    def first_announcement(self, owner: str, audits: Optional[float] = None, training: Optional[float] = None
-                           ) -> Optional[str]:
+    def first_announcement(
+        self, owner: str, audits: Optional[float] = None, training: Optional[float] = None
+    ) -> Optional[str]:
         """:meth:`announcement` the first time it is asked for, then ``None`` (the callback prints it once)."""
         if self.announced:
             return None
@@ -235,8 +264,11 @@ class AuditCost:
         text = f"{owner}: the first audit took {first:.1f} s"
         if training is None or audits is None:
             return text + " (no training epoch to compare it with)."
-        text += (f", {100 * first / training:.1f}% of the training epoch it ran in ({training:.1f} s without "
-                 "audits)" if training > 0 else ", longer than the training epoch it ran in")
+        text += (
+            f", {100 * first / training:.1f}% of the training epoch it ran in ({training:.1f} s without audits)"
+            if training > 0
+            else ", longer than the training epoch it ran in"
+        )
         count = len(self.epoch_audits)
         if count > 1:
             text += f"; that epoch's {count} audits took {audits:.1f} s"
@@ -286,8 +318,14 @@ class AuditBudget:
         {'plan': {'num_samples': 256, 'cadence': 3, 'share': 0.04266666666666667, 'fits': True}, 'cadence_offset': 1}
     """
 
-    def __init__(self, share: Optional[float], *, num_samples: Optional[int] = None,
-                 every_n_epochs: Optional[int] = None, every_n_train_steps: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        share: Optional[float],
+        *,
+        num_samples: Optional[int] = None,
+        every_n_epochs: Optional[int] = None,
+        every_n_train_steps: Optional[int] = None,
+    ) -> None:
         self.share = None if share is None else float(share)
         # a default the user did not pass (a Default) may be changed by the budget; the user's own is kept
         self.fixed_samples = not isinstance(num_samples, Default)
@@ -302,16 +340,29 @@ class AuditBudget:
         """Whether to plan now: a budget, no plan yet, and an audit of ``audited`` examples after ``training`` s."""
         return self.share is not None and self.plan is None and audited > 0 and training > 0
 
-    def choose(self, seconds: float, training: float, audited: int, *, limited: bool = False,
-               min_seconds: float = MIN_AUDIT_SECONDS) -> Plan:
+    def choose(
+        self,
+        seconds: float,
+        training: float,
+        audited: int,
+        *,
+        limited: bool = False,
+        min_seconds: float = MIN_AUDIT_SECONDS,
+    ) -> Plan:
         """The plan for an audit of ``audited`` examples that took ``seconds`` after ``training`` seconds of
         training. ``limited`` (the trainer capped the subset) keeps its size; an audit under ``min_seconds`` keeps
         its size and cadence."""
         if self.share is None:
             raise ValueError("no budget to plan for (budget=None)")
         cheap = seconds < min_seconds
-        return plan(seconds / audited, training, self.share, audited,
-                    fixed_samples=self.fixed_samples or limited or cheap, fixed_cadence=self.fixed_cadence or cheap)
+        return plan(
+            seconds / audited,
+            training,
+            self.share,
+            audited,
+            fixed_samples=self.fixed_samples or limited or cheap,
+            fixed_cadence=self.fixed_cadence or cheap,
+        )
 
     def adopt(self, chosen: Plan, audited: int, epoch: int) -> bool:
         """Take the plan every process received after the audit of ``epoch`` on ``audited`` examples; ``True``
@@ -324,9 +375,21 @@ class AuditBudget:
             return True
         return False
 
-    def after_first_audit(self, trainer: "pl.Trainer", owner: str, subsets: AuditSubsets, split: str, seconds: float,
-                          training: float, limited: Callable[[], bool], log: Callable[[Dict[str, float]], None], *,
-                          min_seconds: float, every_n_epochs: int, every_n_train_steps: Optional[int]) -> None:
+    def after_first_audit(
+        self,
+        trainer: "pl.Trainer",
+        owner: str,
+        subsets: AuditSubsets,
+        split: str,
+        seconds: float,
+        training: float,
+        limited: Callable[[], bool],
+        log: Callable[[Dict[str, float]], None],
+        *,
+        min_seconds: float,
+        every_n_epochs: int,
+        every_n_train_steps: Optional[int],
+    ) -> None:
         """After the first audit of ``fit`` (``seconds`` long, ``training`` s after the previous mark): size the
         subset and cadence to the budget on process 0, take its plan on every process, log and print it.
         ``limited()``: whether the trainer caps the subset (its size is then kept)."""
@@ -344,8 +407,15 @@ class AuditBudget:
             log(self.scalars(measured, every_n_epochs))
             rank_zero_info(self.announcement(owner, measured, every_n_epochs, every_n_train_steps))
 
-    def epoch_ended(self, trainer: "pl.Trainer", owner: str, others: Iterable[AuditCost],
-                    log: Callable[[Dict[str, float]], None], failures: AuditFailures, split: str) -> None:
+    def epoch_ended(
+        self,
+        trainer: "pl.Trainer",
+        owner: str,
+        others: Iterable[AuditCost],
+        log: Callable[[Dict[str, float]], None],
+        failures: AuditFailures,
+        split: str,
+    ) -> None:
         """At a training epoch's end: log the share of it this callback's audits took (``cost/share``; ``others``:
         every audit callback's clock) and print the first audit's cost once. A logger failing on one process is
         reported as a failed audit (``failures``) on every process alike."""
@@ -369,15 +439,18 @@ class AuditBudget:
     def scalars(self, measured: float, every_n_epochs: int) -> Dict[str, float]:
         """The adopted plan's logged scalars (``measured``: the first audit's share of the training time)."""
         chosen = self._adopted()
-        return {"budget/num_samples": float(chosen.num_samples), "budget/share": measured,
-                "budget/every_n_epochs": float(every_n_epochs * chosen.cadence)}
+        return {
+            "budget/num_samples": float(chosen.num_samples),
+            "budget/share": measured,
+            "budget/every_n_epochs": float(every_n_epochs * chosen.cadence),
+        }
 
-    def announcement(self, owner: str, measured: float, every_n_epochs: int, every_n_train_steps: Optional[int]
-                     ) -> str:
+    def announcement(self, owner: str, measured: float, every_n_epochs: int, every_n_train_steps: Optional[int]) -> str:
         """The line the callback prints about the adopted plan (:func:`describe`)."""
         unit = "epochs" if every_n_epochs else "scheduled steps"
-        return describe(owner, self._adopted(), self.share or 0.0, measured, unit,
-                        every_n_epochs or every_n_train_steps)
+        return describe(
+            owner, self._adopted(), self.share or 0.0, measured, unit, every_n_epochs or every_n_train_steps
+        )
 
     def _adopted(self) -> Plan:
         if self.plan is None:

@@ -18,6 +18,7 @@ comes the next collective (a gather, a broadcast, a metric sync). So a failure o
 its GPU, a logger that raises on process 0 only — is raised on every process at the same point, and the audit is
 skipped (or, ``strict``, raised) on all of them instead of leaving the others waiting in a collective.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -32,8 +33,16 @@ from lightning_xai.adapters.sharding import is_sharded
 from lightning_xai.attribution.registry import ATTRIBUTION_METHODS
 from lightning_xai.callbacks._audit.results import AuditExample
 
-__all__ = ["AuditFailedOnAnotherProcess", "MisconfiguredOnAnotherProcess", "agreed", "gather_examples",
-           "merge_extras", "refuse_unshardable", "replicated", "shared_failure"]
+__all__ = [
+    "AuditFailedOnAnotherProcess",
+    "MisconfiguredOnAnotherProcess",
+    "agreed",
+    "gather_examples",
+    "merge_extras",
+    "refuse_unshardable",
+    "replicated",
+    "shared_failure",
+]
 
 T = TypeVar("T")
 
@@ -76,8 +85,11 @@ def refuse_unshardable(owner: str, methods: Sequence[Any], trainer: Any, module:
     """
     if not isinstance(module, torch.nn.Module) or not is_sharded(module):
         return
-    refused = [(m, ATTRIBUTION_METHODS[m].unshardable) for m in methods
-               if isinstance(m, str) and m in ATTRIBUTION_METHODS and ATTRIBUTION_METHODS[m].unshardable]
+    refused = [
+        (m, ATTRIBUTION_METHODS[m].unshardable)
+        for m in methods
+        if isinstance(m, str) and m in ATTRIBUTION_METHODS and ATTRIBUTION_METHODS[m].unshardable
+    ]
     if not refused:
         return
     strategy = type(getattr(trainer, "strategy", None)).__name__ if trainer is not None else "this strategy"
@@ -87,7 +99,8 @@ def refuse_unshardable(owner: str, methods: Sequence[Any], trainer: Any, module:
         f"{owner}: the model is sharded with FSDP2 (fully_shard, under {strategy}), which "
         f"{', '.join(repr(m) for m, _ in refused)} cannot explain ({reasons}). Leave it out; the methods that explain "
         f"a sharded model are {', '.join(able)}. Or audit an unsharded copy (trainer.validate with the "
-        "DDP strategy on the saved checkpoint).")
+        "DDP strategy on the saved checkpoint)."
+    )
 
 
 def _all_gather(trainer: "pl.Trainer", items: List[Any]) -> List[Any]:
@@ -140,10 +153,13 @@ def _failures(trainer: "pl.Trainer", error: Optional[BaseException]) -> List[Tup
 
 def _raised_elsewhere(rank: int, kind: str, message: str, misconfigured: bool) -> AuditFailedOnAnotherProcess:
     if misconfigured:  # the same clear message on every process (the probe's configuration errors always raise)
-        return MisconfiguredOnAnotherProcess(f"{message} (found on process {rank}; raised on every process so that "
-                                             "none waits for the others)")
-    return AuditFailedOnAnotherProcess(f"the audit failed on process {rank} ({kind}: {message}); skipped on every "
-                                       "process so that none waits for the others")
+        return MisconfiguredOnAnotherProcess(
+            f"{message} (found on process {rank}; raised on every process so that none waits for the others)"
+        )
+    return AuditFailedOnAnotherProcess(
+        f"the audit failed on process {rank} ({kind}: {message}); skipped on every "
+        "process so that none waits for the others"
+    )
 
 
 @contextmanager

@@ -13,6 +13,7 @@ their values become NaN, the example records why (:attr:`~lightning_xai.callback
 every aggregate leaves it out instead of counting it as "not flipped" or as a wrong prediction. A metric that no
 example defines is logged as NaN — never dropped — with a warning saying so.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,8 +31,19 @@ from lightning_xai.adapters.sharding import agree
 from lightning_xai.attribution.batching import gather_rows
 from lightning_xai.callbacks._audit.results import AuditExample, BatchResult
 
-__all__ = ["AuditFailures", "NONFINITE_LOGITS", "audit_finite_rows", "defined_examples", "failure_fix",
-           "mark_undefined", "with_prediction", "spread_rows", "keep_rows", "warn_undefined"]
+__all__ = [
+    "AuditFailures",
+    "NONFINITE_LOGITS",
+    "audit_finite_rows",
+    "defined_examples",
+    "failure_fix",
+    "mark_undefined",
+    "with_prediction",
+    "spread_rows",
+    "keep_rows",
+    "warn_undefined",
+]
+
 
 def failure_fix(err: BaseException) -> str:
     """What to try for an exception raised inside an audit.
@@ -42,8 +54,10 @@ def failure_fix(err: BaseException) -> str:
     """
     text = str(err).lower()
     if "out of memory" in text or type(err).__name__ == "OutOfMemoryError":
-        return ("the audit ran out of memory: lower the callback's batch_size= (by default consecutive batches are "
-                "joined up to 8,192 tokens) or num_samples=")
+        return (
+            "the audit ran out of memory: lower the callback's batch_size= (by default consecutive batches are "
+            "joined up to 8,192 tokens) or num_samples="
+        )
     if isinstance(err, ProtocolError):
         return "the model (or its adapter) does not give what the audit reads: fix the adapter's arguments"
     if isinstance(err, MisconfigurationException):
@@ -91,9 +105,11 @@ class AuditFailures:
         self._reported.add(type(err))
         frames = traceback.extract_tb(err.__traceback__)
         origin = f" (raised at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-        rank_zero_warn(f"{self.owner}: {where} failed with {type(err).__name__}: {err}{origin}. The audit was "
-                       f"skipped and training continues; later {type(err).__name__}s of this callback are not "
-                       f"reported again. Fix: {failure_fix(err)}. Pass strict=True to raise instead.")
+        rank_zero_warn(
+            f"{self.owner}: {where} failed with {type(err).__name__}: {err}{origin}. The audit was "
+            f"skipped and training continues; later {type(err).__name__}s of this callback are not "
+            f"reported again. Fix: {failure_fix(err)}. Pass strict=True to raise instead."
+        )
 
 
 #: the cause recorded for rows whose logits are NaN or infinite
@@ -127,6 +143,7 @@ def spread_rows(found: BatchResult, rows: Tensor, size: int) -> BatchResult:
         >>> spread_rows(BatchResult(values={"v": torch.tensor([0.5])}), torch.tensor([1]), 2).values["v"].tolist()
         [nan, 0.5]
     """
+
     def spread(value: Any) -> Any:
         aligned = isinstance(value, Tensor) and value.dim() and value.shape[0] == rows.numel()
         return _spread(value, rows, size) if aligned else value
@@ -135,22 +152,33 @@ def spread_rows(found: BatchResult, rows: Tensor, size: int) -> BatchResult:
     if steps is not None:  # a generator's shown steps: none at the other rows
         steps = steps.new_zeros((size, *steps.shape[1:])).index_put_((rows.to(steps.device),), steps.bool())
     return dataclasses.replace(
-        found, values={k: _spread(v, rows, size) for k, v in found.values.items()},
-        maps={k: _spread(v, rows, size) for k, v in found.maps.items()}, prediction=spread(found.prediction),
-        probability=spread(found.probability), interactions=spread(found.interactions),
-        step_maps={k: _spread(v, rows, size) for k, v in found.step_maps.items()}, step_mask=steps)
+        found,
+        values={k: _spread(v, rows, size) for k, v in found.values.items()},
+        maps={k: _spread(v, rows, size) for k, v in found.maps.items()},
+        prediction=spread(found.prediction),
+        probability=spread(found.probability),
+        interactions=spread(found.interactions),
+        step_maps={k: _spread(v, rows, size) for k, v in found.step_maps.items()},
+        step_mask=steps,
+    )
 
 
 def _batch_result(result: Tuple[Any, Dict[str, Any]]) -> Tuple[BatchResult, Dict[str, Any]]:
     found, extra = result
     if not isinstance(found, BatchResult):
-        raise TypeError(f"audit_batch returned a {type(found).__name__} where it returns (BatchResult, extra): build "
-                        "lightning_xai.callbacks.BatchResult(maps={name: [B, T]}, values={name: [B]}).")
+        raise TypeError(
+            f"audit_batch returned a {type(found).__name__} where it returns (BatchResult, extra): build "
+            "lightning_xai.callbacks.BatchResult(maps={name: [B, T]}, values={name: [B]})."
+        )
     return found, extra
 
 
-def audit_finite_rows(audit: Callable[[Dict[str, Any], List[int], Optional[Any]], Tuple[BatchResult, Any]],
-                      batch: Dict[str, Any], indices: List[int], prediction: Any) -> Tuple[BatchResult, Any]:
+def audit_finite_rows(
+    audit: Callable[[Dict[str, Any], List[int], Optional[Any]], Tuple[BatchResult, Any]],
+    batch: Dict[str, Any],
+    indices: List[int],
+    prediction: Any,
+) -> Tuple[BatchResult, Any]:
     """``audit(batch, indices, prediction)`` on the rows whose logits are finite (normally all of them: one cheap
     check), as a result on the whole batch; the other rows' results are NaN (and the audit never sees them). On a
     part of the batch ``audit`` gets ``prediction=None`` and predicts that part itself. A result that is not a
@@ -210,8 +238,10 @@ def with_prediction(found: BatchResult, prediction: Any, names: Sequence[str] = 
         ([1], {})
     """
     found = dataclasses.replace(
-        found, prediction=prediction.prediction if found.prediction is None else found.prediction,
-        probability=prediction.probability if found.probability is None else found.probability)
+        found,
+        prediction=prediction.prediction if found.prediction is None else found.prediction,
+        probability=prediction.probability if found.probability is None else found.probability,
+    )
     return mark_undefined(found, prediction.finite, names)
 
 
@@ -227,8 +257,9 @@ def defined_examples(examples: List[AuditExample]) -> List[AuditExample]:
     return [e for e in examples if e.undefined is None]
 
 
-def warn_undefined(owner: str, split: str, examples: List[AuditExample], metrics: Mapping[str, Any],
-                   warned: Set[str]) -> None:
+def warn_undefined(
+    owner: str, split: str, examples: List[AuditExample], metrics: Mapping[str, Any], warned: Set[str]
+) -> None:
     """Warn (rank zero) about undefined examples of this audit and about metrics NaN for the whole audit.
 
     ``warned`` holds the metric keys already warned about (each is named once per callback, not at every audit).
@@ -245,14 +276,18 @@ def warn_undefined(owner: str, split: str, examples: List[AuditExample], metrics
     if bad:
         causes = sorted({e.undefined for e in bad if e.undefined is not None})  # all of bad (mypy: narrowed)
         shown = ", ".join(str(e.index) for e in bad[:8]) + (", ..." if len(bad) > 8 else "")
-        rank_zero_warn(f"{owner}: {len(bad)} of {len(examples)} audited {split!r} examples have undefined results "
-                       f"({', '.join(causes)}; dataset indices {shown}): their values are NaN and left out of "
-                       "every aggregate, not counted as unflipped or wrong. Check the model's weights for NaN (a "
-                       "diverged step? try gradient clipping or a lower learning rate) and its inputs.")
+        rank_zero_warn(
+            f"{owner}: {len(bad)} of {len(examples)} audited {split!r} examples have undefined results "
+            f"({', '.join(causes)}; dataset indices {shown}): their values are NaN and left out of "
+            "every aggregate, not counted as unflipped or wrong. Check the model's weights for NaN (a "
+            "diverged step? try gradient clipping or a lower learning rate) and its inputs."
+        )
     nan = sorted(k for k, v in metrics.items() if isinstance(v, float) and math.isnan(v) and k not in warned)
     if nan:
         warned.update(nan)
         shown = ", ".join(nan[:8]) + (f" and {len(nan) - 8} more" if len(nan) > 8 else "")
-        rank_zero_warn(f"{owner}: {shown} undefined for the whole {split!r} audit (no audited example gives a "
-                       "defined value: e.g. no decision flipped, constant maps, one-token texts, non-finite "
-                       "logits); logged as NaN.")
+        rank_zero_warn(
+            f"{owner}: {shown} undefined for the whole {split!r} audit (no audited example gives a "
+            "defined value: e.g. no decision flipped, constant maps, one-token texts, non-finite "
+            "logits); logged as NaN."
+        )

@@ -15,6 +15,7 @@ capability: a causal LM or an encoder–decoder seen through
 * **Report.** The examples a report shows keep their step maps, source tokens × target steps (:func:`row_steps`,
   :func:`place_rows`), and their target tokens.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,16 +30,34 @@ from lightning_xai.adapters.huggingface.steps import IGNORE_INDEX
 from lightning_xai.attribution import attribute, shared_input_gradients
 from lightning_xai.attribution.batching import gather_rows
 
-__all__ = ["CLASS_LOGIT_METHODS", "DECODINGS", "check_decoding", "check_generation_methods", "decoded_batch",
-           "is_generator_model", "method_step_maps", "per_step_agreement", "place_rows", "refuse_generator",
-           "row_steps"]
+__all__ = [
+    "CLASS_LOGIT_METHODS",
+    "DECODINGS",
+    "check_decoding",
+    "check_generation_methods",
+    "decoded_batch",
+    "is_generator_model",
+    "method_step_maps",
+    "per_step_agreement",
+    "place_rows",
+    "refuse_generator",
+    "row_steps",
+]
 
 #: how an audit of a generator gets its target: the batch's ``labels`` or the model's greedy output
 DECODINGS = ("force", "free")
 #: built-in methods that read a classifier's ``[B, C]`` logits (LRP's linear head, Integrated Hessians' second
 #: derivatives of a class score, the context-mixing methods' class rollouts): they cannot explain a target sequence
-CLASS_LOGIT_METHODS = ("lrp", "attnlrp", "integrated_hessians", "grad_attention", "attention_flow", "attention_norm",
-                       "alti", "value_zeroing")
+CLASS_LOGIT_METHODS = (
+    "lrp",
+    "attnlrp",
+    "integrated_hessians",
+    "grad_attention",
+    "attention_flow",
+    "attention_norm",
+    "alti",
+    "value_zeroing",
+)
 
 
 def is_generator_model(model: Any) -> bool:
@@ -61,15 +80,20 @@ def check_decoding(owner: str, decoding: str, max_new_tokens: int) -> None:
         lightning_fabric.utilities.exceptions.MisconfigurationException: AttentionAudit(decoding='greedy'): choose 'force' (explain the batch's labels) or 'free' (explain the model's greedy output).
     """
     if decoding not in DECODINGS:
-        raise MisconfigurationException(f"{owner}(decoding={decoding!r}): choose 'force' (explain the batch's labels) "
-                                        "or 'free' (explain the model's greedy output).")
+        raise MisconfigurationException(
+            f"{owner}(decoding={decoding!r}): choose 'force' (explain the batch's labels) "
+            "or 'free' (explain the model's greedy output)."
+        )
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise MisconfigurationException(f"{owner}(max_new_tokens={max_new_tokens!r}) must be a positive int (the "
-                                        "longest greedy output free decoding explains).")
+        raise MisconfigurationException(
+            f"{owner}(max_new_tokens={max_new_tokens!r}) must be a positive int (the "
+            "longest greedy output free decoding explains)."
+        )
 
 
-def check_generation_methods(owner: str, model: Any, methods: Sequence[str], *, decoding: str = "force",
-                             per_step: bool = False) -> None:
+def check_generation_methods(
+    owner: str, model: Any, methods: Sequence[str], *, decoding: str = "force", per_step: bool = False
+) -> None:
     """At setup: refuse, by name, the methods that cannot explain ``model``'s target sequence, and the generation
     options (free decoding, per-step maps) for a model that is not a generator.
 
@@ -86,11 +110,13 @@ def check_generation_methods(owner: str, model: Any, methods: Sequence[str], *, 
             raise MisconfigurationException(
                 f"{owner}(decoding={decoding!r}) explains a generated target, but {name} is not a generator (its "
                 "adapter has no TargetSequence capability: a transformers *ForCausalLM or encoder–decoder is one). "
-                "Leave decoding='force' for a classifier.")
+                "Leave decoding='force' for a classifier."
+            )
         if per_step:
             raise MisconfigurationException(
                 f"{owner}(per_step=True) compares one map per target step, but {name} explains classes, not a "
-                "target sequence; leave per_step=False.")
+                "target sequence; leave per_step=False."
+            )
         return
     refused = [m for m in methods if m in CLASS_LOGIT_METHODS]
     if refused:
@@ -98,7 +124,8 @@ def check_generation_methods(owner: str, model: Any, methods: Sequence[str], *, 
             f"{owner} cannot explain {name}'s generated target with {refused}: these methods read a classifier's "
             "[B, C] logits (LRP's linear head, Integrated Hessians' class score, the context-mixing methods' class "
             "rollout). Use attention, gradient, grad_x_input, integrated_gradients, smooth_grad, leave_one_out or "
-            "smooth_attention.")
+            "smooth_attention."
+        )
 
 
 def decoded_batch(model: Any, batch: Dict[str, Any], decoding: str, max_new_tokens: int) -> Dict[str, Any]:
@@ -117,9 +144,14 @@ def decoded_batch(model: Any, batch: Dict[str, Any], decoding: str, max_new_toke
 AgreementFn = Callable[..., Any]
 
 
-def per_step_agreement(step_maps: Mapping[str, Tensor], steps: Tensor, mask: Tensor,
-                       pairs: Sequence[Tuple[str, str]], metrics: Mapping[str, AgreementFn],
-                       metric_options: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Dict[str, Tensor]:
+def per_step_agreement(
+    step_maps: Mapping[str, Tensor],
+    steps: Tensor,
+    mask: Tensor,
+    pairs: Sequence[Tuple[str, str]],
+    metrics: Mapping[str, AgreementFn],
+    metric_options: Optional[Mapping[str, Mapping[str, Any]]] = None,
+) -> Dict[str, Tensor]:
     """``{"<metric>/<first>_vs_<second>": [B]}``: each metric of each pair of ``[B, K, T]`` step maps, computed over
     the ``(b, k)`` pairs where ``steps`` (``[B, K]``) is true (each step's map against the other map of the same
     step, over the row's ``mask`` tokens), then averaged over a row's steps (NaN steps, e.g. a constant map, left
@@ -148,10 +180,12 @@ def per_step_agreement(step_maps: Mapping[str, Tensor], steps: Tensor, mask: Ten
             values = (result[0] if isinstance(result, tuple) else result).detach().double().cpu()
             finite = torch.isfinite(values)
             total = torch.zeros(B, dtype=torch.float64).index_add_(0, rows.cpu()[finite], values[finite])
-            count = torch.zeros(B, dtype=torch.float64).index_add_(0, rows.cpu()[finite],
-                                                                     torch.ones(int(finite.sum()), dtype=torch.float64))
-            out[f"{metric}/{first}_vs_{second}"] = torch.where(count > 0, total / count.clamp_min(1),
-                                                                torch.full_like(total, math.nan))
+            count = torch.zeros(B, dtype=torch.float64).index_add_(
+                0, rows.cpu()[finite], torch.ones(int(finite.sum()), dtype=torch.float64)
+            )
+            out[f"{metric}/{first}_vs_{second}"] = torch.where(
+                count > 0, total / count.clamp_min(1), torch.full_like(total, math.nan)
+            )
     return out
 
 
@@ -164,7 +198,8 @@ def refuse_generator(owner: str, model: Any, why: str) -> None:
     if why and is_generator_model(model):
         raise MisconfigurationException(
             f"{owner} does not audit text generators ({type(getattr(model, 'model', model)).__name__}): {why}. "
-            "AttentionAudit (decoding='force'|'free', per_step=True) and AlignmentAudit do.")
+            "AttentionAudit (decoding='force'|'free', per_step=True) and AlignmentAudit do."
+        )
 
 
 def place_rows(values: Tensor, rows: Tensor, shape: Sequence[int]) -> Tensor:
@@ -180,8 +215,9 @@ def place_rows(values: Tensor, rows: Tensor, shape: Sequence[int]) -> Tensor:
     return full
 
 
-def row_steps(step_maps: Mapping[str, Tensor], step_mask: Tensor, labels: Tensor, row: int, real: Tensor
-              ) -> Optional[Tuple[List[int], Dict[str, List[List[float]]]]]:
+def row_steps(
+    step_maps: Mapping[str, Tensor], step_mask: Tensor, labels: Tensor, row: int, real: Tensor
+) -> Optional[Tuple[List[int], Dict[str, List[List[float]]]]]:
     """One row's target token ids (``labels`` ``!= -100``: one per target step, in order) and its step maps
     ``{name: [K_row][n]}`` over its ``real`` source tokens (``[T]`` bool); ``None`` when ``step_mask`` (``[B, K]``)
     gives the row no step, or its steps and labels disagree.
@@ -199,9 +235,14 @@ def row_steps(step_maps: Mapping[str, Tensor], step_mask: Tensor, labels: Tensor
     return target.tolist(), {name: m[row][where][:, real].tolist() for name, m in step_maps.items()}
 
 
-def method_step_maps(model: Any, batch: Mapping[str, Any], steps: Tensor, methods: Sequence[str],
-                     options: Callable[[str], Mapping[str, Any]],
-                     precision: Callable[[str], ContextManager[Any]]) -> Dict[str, Tensor]:
+def method_step_maps(
+    model: Any,
+    batch: Mapping[str, Any],
+    steps: Tensor,
+    methods: Sequence[str],
+    options: Callable[[str], Mapping[str, Any]],
+    precision: Callable[[str], ContextManager[Any]],
+) -> Dict[str, Tensor]:
     """``{method: [B, K, T]}``: each method's map of each target step's log-probability (what
     ``attribute(model, batch, method, target="steps", **options(method))`` returns, 0 at steps a row does not have),
     computed step by step with every method on the rows that have the step, under ``precision(method)``, so that

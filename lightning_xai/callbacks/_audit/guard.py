@@ -1,4 +1,5 @@
 """The audit's guard: run a measurement without leaving a trace on training, under the right precision."""
+
 from __future__ import annotations
 
 import contextlib
@@ -11,8 +12,14 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 
 from lightning_xai.attribution.context import explanation_context, preserved_rng_state
 
-__all__ = ["AuditPrecision", "PRECISION_OPTIONS", "audit_guard", "float32_weights", "precision_context",
-           "reduced_precision"]
+__all__ = [
+    "AuditPrecision",
+    "PRECISION_OPTIONS",
+    "audit_guard",
+    "float32_weights",
+    "precision_context",
+    "reduced_precision",
+]
 
 #: values of the audit callbacks' ``precision`` argument
 PRECISION_OPTIONS = ("auto", "trainer", "32")
@@ -173,13 +180,18 @@ class AuditPrecision:
         if self._warned:
             return
         self._warned = True
-        how = ("every map is computed on float32 copies of the weights (put back bit for bit after the audit)"
-               if cast else f"the precision-sensitive maps (here {name}; see precision_sensitive= of "
-               "lightning_xai.attribution.register_method) are computed in float32 (autocast off for them)")
-        rank_zero_warn(f"{self.owner}: the model runs in reduced precision ({reduced}); {how}, because "
-                       "leave-one-out, erasure and integrated-gradient maps change beyond the noise in bfloat16/"
-                       f"float16. Pass {self.owner}(precision='trainer') to audit in the trainer's precision "
-                       "instead (or precision='32' for every map in float32).")
+        how = (
+            "every map is computed on float32 copies of the weights (put back bit for bit after the audit)"
+            if cast
+            else f"the precision-sensitive maps (here {name}; see precision_sensitive= of "
+            "lightning_xai.attribution.register_method) are computed in float32 (autocast off for them)"
+        )
+        rank_zero_warn(
+            f"{self.owner}: the model runs in reduced precision ({reduced}); {how}, because "
+            "leave-one-out, erasure and integrated-gradient maps change beyond the noise in bfloat16/"
+            f"float16. Pass {self.owner}(precision='trainer') to audit in the trainer's precision "
+            "instead (or precision='32' for every map in float32)."
+        )
 
 
 def _device(module: torch.nn.Module) -> torch.device:

@@ -9,6 +9,7 @@ callback, never registered in the module, so the module's state_dict and checkpo
 reports come from the callback's ``tokenizer=``, else a ``tokenizer`` attribute of the LightningModule or the
 DataModule (:func:`~lightning_xai.adapters.resolve.find_tokenizer`).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, Optional
@@ -25,8 +26,16 @@ from lightning_xai.attribution.batching import gather_rows
 from lightning_xai.attribution.targets import check_softmax_head
 from lightning_xai.callbacks._audit.guard import audit_guard
 
-__all__ = ["check_attention_override", "check_probe_output", "explainable_model", "model_resolver", "probe_model",
-           "refuse_non_softmax", "refuse_regression_flips", "report_tokenizer"]
+__all__ = [
+    "check_attention_override",
+    "check_probe_output",
+    "explainable_model",
+    "model_resolver",
+    "probe_model",
+    "refuse_non_softmax",
+    "refuse_regression_flips",
+    "report_tokenizer",
+]
 
 
 def model_resolver(model: ModelSpec, tokenizer: Any, owner: str) -> ModelResolver:
@@ -67,7 +76,8 @@ def check_attention_override(owner: str, model: ExplainableModel) -> None:
             f"{owner} replaces the model's attention (attention_override), which "
             f"{type(getattr(model, 'model', model)).__name__} does not support (it declares overridable=False: "
             "its attention is computed inside its own modeling file). Attention maps and every saliency method "
-            "still work: use AttentionAudit, or ErasureAudit(decision_flip=False).")
+            "still work: use AttentionAudit, or ErasureAudit(decision_flip=False)."
+        )
 
 
 def refuse_non_softmax(owner: str, model: Any, measure: str) -> None:
@@ -105,11 +115,18 @@ def refuse_regression_flips(owner: str, model: Any) -> None:
             f"{owner}(decision_flip=True) watches the model's decision, but "
             f"{type(getattr(model, 'model', model)).__name__} has a regression head (head_kind='regression'): its "
             "outputs are values, so no decision can flip. Pass decision_flip=False: comprehensiveness and "
-            "sufficiency then measure the change of the output value.")
+            "sufficiency then measure the change of the output value."
+        )
 
 
-def probe_model(owner: str, model: ExplainableModel, pl_module: torch.nn.Module, batch: Dict[str, Any],
-                predict: Callable[[ExplainableModel, Dict[str, Any]], Any], split: str) -> None:
+def probe_model(
+    owner: str,
+    model: ExplainableModel,
+    pl_module: torch.nn.Module,
+    batch: Dict[str, Any],
+    predict: Callable[[ExplainableModel, Dict[str, Any]], Any],
+    split: str,
+) -> None:
     """Run the audit's prediction step on two rows of ``batch``, the model's own ``probe(batch)`` when it has one
     and :func:`~lightning_xai.adapters.checks.check_logits` (the adapter's logits against the user's model)
     (inside :func:`~lightning_xai.callbacks._audit.guard.audit_guard`), then :func:`check_probe_output`; any
@@ -127,8 +144,8 @@ def probe_model(owner: str, model: ExplainableModel, pl_module: torch.nn.Module,
         raise
     except Exception as err:
         raise MisconfigurationException(
-            f"{owner} cannot audit this model: its probe on the {split!r} split failed "
-            f"with {type(err).__name__}: {err}") from err
+            f"{owner} cannot audit this model: its probe on the {split!r} split failed with {type(err).__name__}: {err}"
+        ) from err
     check_probe_output(owner, out, model.token_mask(batch))
 
 
@@ -150,21 +167,29 @@ def check_probe_output(owner: str, out: Any, mask: Tensor) -> None:
         raise MisconfigurationException(
             f"{owner} needs the model's attention: forward_from_embeddings must return an "
             f"ExplainOutput whose `attention` is a [B, T] tensor matching token_mask {tuple(mask.shape)}; got "
-            f"{shape}. Models without an attention layer cannot be audited for attention faithfulness.")
+            f"{shape}. Models without an attention layer cannot be audited for attention faithfulness."
+        )
     log_probs = getattr(out, "target_log_probs", None)
     if log_probs is not None:  # a generator (TargetSequence): the explained scores are its target log-probabilities
         steps = getattr(out, "target_steps", None)
-        if (not isinstance(log_probs, Tensor) or log_probs.dim() != 2 or log_probs.shape[0] != mask.shape[0]
-                or not isinstance(steps, Tensor) or steps.shape != log_probs.shape):
+        if (
+            not isinstance(log_probs, Tensor)
+            or log_probs.dim() != 2
+            or log_probs.shape[0] != mask.shape[0]
+            or not isinstance(steps, Tensor)
+            or steps.shape != log_probs.shape
+        ):
             raise MisconfigurationException(
                 f"{owner} needs a generator's target_log_probs and target_steps as [B, K] tensors from "
-                f"forward_from_embeddings; got {getattr(log_probs, 'shape', None)} and {getattr(steps, 'shape', None)}.")
+                f"forward_from_embeddings; got {getattr(log_probs, 'shape', None)} and {getattr(steps, 'shape', None)}."
+            )
         return
     logits = getattr(out, "logits", None)
     if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[0] != mask.shape[0]:
         raise MisconfigurationException(
             f"{owner} needs [B, C] logits from forward_from_embeddings (or, for a generator, target_log_probs: "
-            "a transformers *ForCausalLM or encoder–decoder seen through HuggingFaceAdapter).")
+            "a transformers *ForCausalLM or encoder–decoder seen through HuggingFaceAdapter)."
+        )
 
 
 def report_tokenizer(resolver: Optional[ModelResolver], tokenizer: Any, trainer: Any, pl_module: Any) -> Any:

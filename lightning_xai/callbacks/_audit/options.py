@@ -2,6 +2,7 @@
 the method and ranking names it is given) and at ``setup`` (its place among the trainer's callbacks), each a
 :class:`MisconfigurationException` naming the option and the fix — an unknown name fails now, not hours later.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -16,8 +17,18 @@ from lightning_xai.callbacks._audit.guard import PRECISION_OPTIONS
 from lightning_xai.callbacks._audit.output import warn_spawned_history
 from lightning_xai.callbacks._audit.subset import SPLITS
 
-__all__ = ["check_audit_batch", "check_audit_options", "check_budget", "check_cadence", "check_monitors",
-           "check_names", "check_options_of_methods", "check_placement", "check_unique_prefix"]
+__all__ = [
+    "check_audit_batch",
+    "check_audit_options",
+    "check_budget",
+    "check_cadence",
+    "check_monitors",
+    "check_names",
+    "check_options_of_methods",
+    "check_placement",
+    "check_unique_prefix",
+]
+
 
 def check_audit_batch(cls: type) -> None:
     """Refuse (a ``TypeError`` when the class is made) an audit callback whose ``audit_batch`` does not take the
@@ -31,9 +42,11 @@ def check_audit_batch(cls: type) -> None:
         ...
         TypeError: Old.audit_batch must take `prediction: Optional[AuditPrediction] = None` ...
     """
-    if "prediction" not in inspect.signature(getattr(cls, "audit_batch")).parameters:
-        raise TypeError(f"{cls.__name__}.audit_batch must take `prediction: Optional[AuditPrediction] = None` "
-                        "(the shared prediction step's result; use `prediction or self.predict(model, batch)`).")
+    if "prediction" not in inspect.signature(cls.audit_batch).parameters:
+        raise TypeError(
+            f"{cls.__name__}.audit_batch must take `prediction: Optional[AuditPrediction] = None` "
+            "(the shared prediction step's result; use `prediction or self.predict(model, batch)`)."
+        )
 
 
 def check_names(owner: str, kind: str, names: Sequence[str], known: Iterable[str], hint: str = "") -> None:
@@ -76,8 +89,10 @@ def check_options_of_methods(owner: str, method_options: Mapping[str, Mapping[st
         if method not in ATTRIBUTION_METHODS:
             continue
         if not isinstance(options, Mapping):
-            raise MisconfigurationException(f"{owner}(method_options)[{method!r}] must be a dict of keyword options "
-                                            f"for attribute(), got {type(options).__name__}.")
+            raise MisconfigurationException(
+                f"{owner}(method_options)[{method!r}] must be a dict of keyword options "
+                f"for attribute(), got {type(options).__name__}."
+            )
         try:
             check_method_options(method, options)
         except (TypeError, ValueError) as err:
@@ -98,7 +113,8 @@ def check_cadence(name: str, value: Optional[int], allow_zero: bool) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
         raise MisconfigurationException(
-            f"{name} must be {'a non-negative' if allow_zero else 'a positive'} int or None, got {value!r}.")
+            f"{name} must be {'a non-negative' if allow_zero else 'a positive'} int or None, got {value!r}."
+        )
 
 
 def check_budget(owner: str, budget: Any) -> Optional[float]:
@@ -112,17 +128,31 @@ def check_budget(owner: str, budget: Any) -> Optional[float]:
         ...
         lightning_fabric.utilities.exceptions.MisconfigurationException: AttentionAudit(budget) must be a share of the training time > 0 (e.g. 0.05) or None (no budget), got 0.
     """
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or
-                               not 0 < budget < float("inf")):
-        raise MisconfigurationException(f"{owner}(budget) must be a share of the training time "
-                                        f"> 0 (e.g. 0.05) or None (no budget), got {budget!r}.")
+    if budget is not None and (
+        isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget < float("inf")
+    ):
+        raise MisconfigurationException(
+            f"{owner}(budget) must be a share of the training time > 0 (e.g. 0.05) or None (no budget), got {budget!r}."
+        )
     return None if budget is None else float(budget)
 
 
-def check_audit_options(cls: str, *, every_n_epochs: Optional[int] = None, every_n_train_steps: Optional[int] = None,
-                        on_validate: bool = True, on_test: bool = True, num_samples: Optional[int], dataloader: str,
-                        batch_size: Optional[int], seed: Any, precision: str, num_report_examples: Any, strict: Any,
-                        budget: Any = None) -> None:
+def check_audit_options(
+    cls: str,
+    *,
+    every_n_epochs: Optional[int] = None,
+    every_n_train_steps: Optional[int] = None,
+    on_validate: bool = True,
+    on_test: bool = True,
+    num_samples: Optional[int],
+    dataloader: str,
+    batch_size: Optional[int],
+    seed: Any,
+    precision: str,
+    num_report_examples: Any,
+    strict: Any,
+    budget: Any = None,
+) -> None:
     """Raise a :class:`MisconfigurationException` naming the first bad option of an audit callback ``cls``.
 
     Example:
@@ -142,11 +172,14 @@ def check_audit_options(cls: str, *, every_n_epochs: Optional[int] = None, every
     check_cadence(f"{cls}(every_n_train_steps)", every_n_train_steps, allow_zero=False)
     if not every_n_epochs and not every_n_train_steps and not on_validate and not on_test:
         raise MisconfigurationException(
-            f"{cls} would never run: set every_n_epochs >= 1, every_n_train_steps >= 1, on_validate or on_test.")
-    if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int)
-                                    or num_samples < 1):
-        raise MisconfigurationException(f"{cls}(num_samples) must be a positive int or None (whole split), "
-                                        f"got {num_samples!r}.")
+            f"{cls} would never run: set every_n_epochs >= 1, every_n_train_steps >= 1, on_validate or on_test."
+        )
+    if num_samples is not None and (
+        isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1
+    ):
+        raise MisconfigurationException(
+            f"{cls}(num_samples) must be a positive int or None (whole split), got {num_samples!r}."
+        )
     if dataloader not in SPLITS:
         raise MisconfigurationException(f"{cls}(dataloader) must be one of {SPLITS}, got {dataloader!r}.")
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
@@ -156,8 +189,7 @@ def check_audit_options(cls: str, *, every_n_epochs: Optional[int] = None, every
     if precision not in PRECISION_OPTIONS:
         raise MisconfigurationException(f"{cls}(precision) must be one of {PRECISION_OPTIONS}, got {precision!r}.")
     if not isinstance(num_report_examples, int) or num_report_examples < 0:
-        raise MisconfigurationException(f"{cls}(num_report_examples) must be an int >= 0, "
-                                        f"got {num_report_examples!r}.")
+        raise MisconfigurationException(f"{cls}(num_report_examples) must be an int >= 0, got {num_report_examples!r}.")
     if not isinstance(strict, bool):
         raise MisconfigurationException(f"{cls}(strict) must be True or False, got {strict!r}.")
     check_budget(cls, budget)
@@ -182,7 +214,8 @@ def check_unique_prefix(callback: Any, callbacks: Iterable[Any]) -> None:
             raise MisconfigurationException(
                 f"{type(callback).__name__} and {type(other).__name__} both log under {prefix + '/'!r}: their numbers "
                 f"would overwrite each other at the same step. Give each its own log_prefix=, e.g. "
-                f"{type(other).__name__}(..., log_prefix={prefix + '_2'!r}).")
+                f"{type(other).__name__}(..., log_prefix={prefix + '_2'!r})."
+            )
 
 
 def _first_monitored_epoch(monitor: Any, check_val_every_n_epoch: Optional[int]) -> Optional[int]:
@@ -224,13 +257,16 @@ def check_monitors(callback: Any, callbacks: Iterable[Any], check_val_every_n_ep
         if first_read is None or first_read >= first_audit:
             continue
         owner, kind = type(callback).__name__, type(monitor).__name__
-        fixes = (f"{owner}(every_n_epochs=1) to audit at every epoch, "
-                 + ("EarlyStopping(strict=False) to skip the epochs without the key" if hasattr(monitor, "patience")
-                    else f"ModelCheckpoint(every_n_epochs={every}) to save at the audit's cadence"))
+        fixes = f"{owner}(every_n_epochs=1) to audit at every epoch, " + (
+            "EarlyStopping(strict=False) to skip the epochs without the key"
+            if hasattr(monitor, "patience")
+            else f"ModelCheckpoint(every_n_epochs={every}) to save at the audit's cadence"
+        )
         raise MisconfigurationException(
             f"{owner}(every_n_epochs={every}) first audits at the end of epoch {first_audit}, but "
             f"{kind}(monitor={key!r}) reads that key from the end of epoch {first_read}, before it exists (Lightning "
-            f"would stop the run there: 'could not find the monitored key'). Use {fixes}.")
+            f"would stop the run there: 'could not find the monitored key'). Use {fixes}."
+        )
 
 
 def check_placement(callback: Any, audits: Iterable[Any], trainer: Any, stage: str) -> None:

@@ -1,4 +1,5 @@
 """Where audit results go: the checkpointed history, the trainer's loggers, a progress bar while it runs."""
+
 from __future__ import annotations
 
 import sys
@@ -10,8 +11,17 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-__all__ = ["RunCounter", "ScalarLog", "add_record", "audit_progress", "log_scalars", "progress_bar", "publish_scalars",
-           "restored_history", "warn_spawned_history"]
+__all__ = [
+    "RunCounter",
+    "ScalarLog",
+    "add_record",
+    "audit_progress",
+    "log_scalars",
+    "progress_bar",
+    "publish_scalars",
+    "restored_history",
+    "warn_spawned_history",
+]
 
 
 def add_record(history: List[Dict[str, Any]], record: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -53,8 +63,10 @@ class RunCounter:
         new = self._trainer is not None and last is not trainer
         if new:
             self.run += 1
-            rank_zero_info(f"{owner} is set up by another Trainer: its history keeps the earlier runs' records and "
-                           f"adds this one's with run={self.run} (callback.history[i]['run']).")
+            rank_zero_info(
+                f"{owner} is set up by another Trainer: its history keeps the earlier runs' records and "
+                f"adds this one's with run={self.run} (callback.history[i]['run'])."
+            )
         self._trainer = weakref.ref(trainer)
         return new
 
@@ -73,11 +85,13 @@ def warn_spawned_history(trainer: "pl.Trainer", owner: str) -> None:
     launcher = getattr(trainer.strategy, "launcher", None)
     method = getattr(launcher, "_start_method", None)
     if method is not None:
-        rank_zero_warn(f"{owner}: under the {method!r} multiprocessing launcher ({type(trainer.strategy).__name__}) "
-                       "the audits run in worker processes, and Lightning brings back only the weights and "
-                       "callback_metrics: callback.history and callback.latest stay empty in the process that called "
-                       "fit. The numbers are in the loggers (CSVLogger, W&B) and in checkpoints (the callback's "
-                       "state); use strategy='ddp' to keep them on the callback.")
+        rank_zero_warn(
+            f"{owner}: under the {method!r} multiprocessing launcher ({type(trainer.strategy).__name__}) "
+            "the audits run in worker processes, and Lightning brings back only the weights and "
+            "callback_metrics: callback.history and callback.latest stay empty in the process that called "
+            "fit. The numbers are in the loggers (CSVLogger, W&B) and in checkpoints (the callback's "
+            "state); use strategy='ddp' to keep them on the callback."
+        )
 
 
 def restored_history(current: List[Dict[str, Any]], saved: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -93,8 +107,8 @@ def restored_history(current: List[Dict[str, Any]], saved: List[Dict[str, Any]])
         ([0, 1], [0])
     """
     saved = [dict(r, metrics=dict(r["metrics"])) for r in saved]
-    if len(current) > len(saved) and [_key(r) for r in current[:len(saved)]] == [_key(r) for r in saved]:
-        return saved + [dict(r, metrics=dict(r["metrics"])) for r in current[len(saved):]]
+    if len(current) > len(saved) and [_key(r) for r in current[: len(saved)]] == [_key(r) for r in saved]:
+        return saved + [dict(r, metrics=dict(r["metrics"])) for r in current[len(saved) :]]
     return saved
 
 
@@ -122,8 +136,9 @@ def log_scalars(trainer: "pl.Trainer", prefix: str, metrics: Mapping[str, Any]) 
 
 
 def _scalars(prefix: str, metrics: Mapping[str, Any]) -> Dict[str, float]:
-    return {f"{prefix}/{k}": float(v) for k, v in metrics.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {
+        f"{prefix}/{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 def publish_scalars(trainer: "pl.Trainer", prefix: str, metrics: Mapping[str, Any]) -> None:
@@ -165,8 +180,9 @@ def progress_bar(trainer: "pl.Trainer", total: int, description: str) -> Optiona
         from pytorch_lightning.callbacks.progress.tqdm_progress import Tqdm
     except ImportError:  # pragma: no cover - Lightning without tqdm
         return None
-    return Tqdm(total=total, desc=description, leave=False, delay=2.0, dynamic_ncols=True, file=sys.stderr,
-                unit="batch")
+    return Tqdm(
+        total=total, desc=description, leave=False, delay=2.0, dynamic_ncols=True, file=sys.stderr, unit="batch"
+    )
 
 
 @contextmanager
@@ -207,6 +223,8 @@ class ScalarLog:
     def __call__(self, trainer: "pl.Trainer", prefix: str, metrics: Mapping[str, Any]) -> None:
         publish_scalars(trainer, prefix, metrics)
         if not log_scalars(trainer, prefix, metrics) and not self.warned:
-            rank_zero_warn(f"{self.owner}: the trainer has no logger; audit results are kept in callback.history (and "
-                           "written by lightning_xai.reporting.AuditReport if present).")
+            rank_zero_warn(
+                f"{self.owner}: the trainer has no logger; audit results are kept in callback.history (and "
+                "written by lightning_xai.reporting.AuditReport if present)."
+            )
             self.warned = True

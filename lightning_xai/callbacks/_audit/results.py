@@ -5,6 +5,7 @@ Integrated Hessians' interaction matrix Γ ``[T, T]`` of an example is quadratic
 the ``k`` pairs of tokens i ≠ j with the largest ``|Γ_ij|`` and Γ over the few tokens they involve
 (:class:`TokenPairs`), so an example keeps at most ``(2k)²`` numbers.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,8 +20,17 @@ from lightning_xai.attribution.targets import score_values
 from lightning_xai.callbacks._audit.generation import row_steps
 from lightning_xai.data.vocabulary import token_list
 
-__all__ = ["AuditExample", "AuditPrediction", "AuditResult", "BatchResult", "DEFAULT_TOP_PAIRS", "TokenPairs",
-           "collect_examples", "example_tokens", "strongest_pairs"]
+__all__ = [
+    "AuditExample",
+    "AuditPrediction",
+    "AuditResult",
+    "BatchResult",
+    "DEFAULT_TOP_PAIRS",
+    "TokenPairs",
+    "collect_examples",
+    "example_tokens",
+    "strongest_pairs",
+]
 
 #: pairs kept per shown example when an audit computes Integrated Hessians
 DEFAULT_TOP_PAIRS = 10
@@ -48,8 +58,9 @@ class TokenPairs:
     method: str = field(default="integrated_hessians")
 
 
-def strongest_pairs(gamma: Tensor, k: int = DEFAULT_TOP_PAIRS,
-                    method: str = "integrated_hessians") -> Optional[TokenPairs]:
+def strongest_pairs(
+    gamma: Tensor, k: int = DEFAULT_TOP_PAIRS, method: str = "integrated_hessians"
+) -> Optional[TokenPairs]:
     """The ``k`` token pairs ``i < j`` of ``gamma`` (``[n, n]`` over an example's real tokens) with the largest
     ``|Γ_ij|``, skipping zero and non-finite entries; ``None`` when no pair is left (one token, an all-zero Γ).
 
@@ -237,9 +248,12 @@ class AuditPrediction:
         if log_probs is not None:
             steps = output.target_steps.to(log_probs.device)
             per_step = log_probs.detach().float().masked_fill(~steps, 0.0)
-            return cls(output=output, probabilities=per_step.exp().masked_fill(~steps, 0.0),
-                       prediction=torch.full(steps.shape[:1], -1, dtype=torch.long, device=steps.device),
-                       probability=per_step.sum(-1).exp())
+            return cls(
+                output=output,
+                probabilities=per_step.exp().masked_fill(~steps, 0.0),
+                prediction=torch.full(steps.shape[:1], -1, dtype=torch.long, device=steps.device),
+                probability=per_step.sum(-1).exp(),
+            )
         probabilities = score_values(output.logits.detach().float(), score, head)
         top = probabilities.max(-1)  # the argmax class (decisions), a multi-label model's top label, the value
         prediction = torch.full_like(top.indices, -1) if head == "regression" else top.indices
@@ -287,15 +301,29 @@ class AuditResult:
 
     def record(self) -> Dict[str, Any]:
         """The checkpointable summary kept in :attr:`AuditCallback.history`."""
-        record = {"run": self.run, "stage": self.stage, "epoch": self.epoch, "global_step": self.global_step,
-                  "split": self.split, "num_examples": len(self.examples), "metrics": dict(self.metrics)}
+        record = {
+            "run": self.run,
+            "stage": self.stage,
+            "epoch": self.epoch,
+            "global_step": self.global_step,
+            "split": self.split,
+            "num_examples": len(self.examples),
+            "metrics": dict(self.metrics),
+        }
         if self.explained_quantity is not None:  # only when known: the records of other audits keep their keys
             record["explained_quantity"] = self.explained_quantity
         return record
 
 
-def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence[int], indices: Sequence[int],
-                     split: str, found: BatchResult, num_report_examples: int) -> List[AuditExample]:
+def collect_examples(
+    mask: Tensor,
+    batch: Mapping[str, Any],
+    positions: Sequence[int],
+    indices: Sequence[int],
+    split: str,
+    found: BatchResult,
+    num_report_examples: int,
+) -> List[AuditExample]:
     """One :class:`AuditExample` per row of an audited batch.
 
     Args:
@@ -319,8 +347,9 @@ def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence
     mask = mask.detach().cpu()
     ids = batch["input_ids"].detach().cpu() if "input_ids" in batch else None
     labels = batch.get("labels")  # a class per row; a generator's [B, S] target sequence is not a label
-    labels = labels.detach().cpu().tolist() if isinstance(labels, Tensor) and labels.dim() == 1 \
-        else [None] * len(indices)
+    labels = (
+        labels.detach().cpu().tolist() if isinstance(labels, Tensor) and labels.dim() == 1 else [None] * len(indices)
+    )
     pred = found.prediction.detach().cpu().tolist()
     prob = found.probability.detach().float().cpu().tolist()
     maps = {k: v.detach().float().cpu() for k, v in found.maps.items()}
@@ -336,18 +365,33 @@ def collect_examples(mask: Tensor, batch: Mapping[str, Any], positions: Sequence
         real = mask[row]
         keep_maps = pos < num_report_examples
         undefined = found.undefined.get(row)
-        pairs = (strongest_pairs(gamma[row][real][:, real], top, method)
-                 if keep_maps and gamma is not None and undefined is None else None)
-        shown = (row_steps(step_maps, steps, target.detach().cpu(), row, real)
-                 if keep_maps and steps is not None and isinstance(target, Tensor) and undefined is None else None)
-        out.append(AuditExample(
-            position=pos, index=index, split=split,
-            token_ids=ids[row][real].tolist() if ids is not None else list(range(int(real.sum()))),
-            label=labels[row], prediction=int(pred[row]), probability=float(prob[row]),
-            maps={k: v[row][real].tolist() for k, v in maps.items()} if keep_maps else {},
-            values={k: float(v[row]) for k, v in values.items()},
-            undefined=undefined, interactions=pairs, target_token_ids=shown[0] if shown else None,
-            step_maps=shown[1] if shown else {}))
+        pairs = (
+            strongest_pairs(gamma[row][real][:, real], top, method)
+            if keep_maps and gamma is not None and undefined is None
+            else None
+        )
+        shown = (
+            row_steps(step_maps, steps, target.detach().cpu(), row, real)
+            if keep_maps and steps is not None and isinstance(target, Tensor) and undefined is None
+            else None
+        )
+        out.append(
+            AuditExample(
+                position=pos,
+                index=index,
+                split=split,
+                token_ids=ids[row][real].tolist() if ids is not None else list(range(int(real.sum()))),
+                label=labels[row],
+                prediction=int(pred[row]),
+                probability=float(prob[row]),
+                maps={k: v[row][real].tolist() for k, v in maps.items()} if keep_maps else {},
+                values={k: float(v[row]) for k, v in values.items()},
+                undefined=undefined,
+                interactions=pairs,
+                target_token_ids=shown[0] if shown else None,
+                step_maps=shown[1] if shown else {},
+            )
+        )
     return out
 
 
@@ -359,8 +403,9 @@ def _vocabulary(owner: Any) -> Optional[Sequence[str]]:
         return None
 
 
-def example_tokens(trainer: Optional["pl.Trainer"], pl_module: Any, example: AuditExample,
-                   tokenizer: Any = None, target: bool = False) -> List[str]:
+def example_tokens(
+    trainer: Optional["pl.Trainer"], pl_module: Any, example: AuditExample, tokenizer: Any = None, target: bool = False
+) -> List[str]:
     """The words of an audited example (``target=True``: of a generator example's target tokens,
     :attr:`AuditExample.target_token_ids`, from sources 2–4), from the first source that knows them:
 

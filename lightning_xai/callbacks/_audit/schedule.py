@@ -1,6 +1,7 @@
 """When an audit runs and on how many examples: the sums behind the trigger methods of
 :class:`~lightning_xai.callbacks.AuditCallback`, as functions of what they read, and :class:`AuditSchedule`, the
 callback's record of what it audited and how a scheduled audit runs (isolated, clocked, budgeted)."""
+
 from __future__ import annotations
 
 import time
@@ -15,7 +16,15 @@ from lightning_xai.callbacks._audit.distributed import agreed
 from lightning_xai.callbacks._audit.failures import AuditFailures
 from lightning_xai.callbacks._audit.subset import AuditSubsets
 
-__all__ = ["AuditSchedule", "trainer_callbacks", "audit_clocks", "audit_costs", "clock_mark", "subset_size", "training_since"]
+__all__ = [
+    "AuditSchedule",
+    "trainer_callbacks",
+    "audit_clocks",
+    "audit_costs",
+    "clock_mark",
+    "subset_size",
+    "training_since",
+]
 
 T = TypeVar("T")
 #: a callback's logging step: ``log(stage, scalars)``
@@ -68,24 +77,46 @@ class AuditSchedule:
             self.last_epoch = epoch
         return due
 
-    def run(self, trainer: "pl.Trainer", stage: str, split: str, audit: Callable[[], T], log: Log,
-            limited: Callable[[], bool], *, min_seconds: float, cadence: Tuple[int, Optional[int]]) -> Optional[T]:
+    def run(
+        self,
+        trainer: "pl.Trainer",
+        stage: str,
+        split: str,
+        audit: Callable[[], T],
+        log: Log,
+        limited: Callable[[], bool],
+        *,
+        min_seconds: float,
+        cadence: Tuple[int, Optional[int]],
+    ) -> Optional[T]:
         """``audit()``, isolated and clocked: its result, or ``None`` when it failed (reported; ``strict``
         re-raises). Logs ``cost/seconds`` (``log(stage, scalars)``); the first audit of ``fit`` sets the budget's
         plan (:meth:`~lightning_xai.callbacks._audit.budget.AuditBudget.after_first_audit`; ``limited``,
         ``min_seconds``, ``cadence`` = ``(every_n_epochs, every_n_train_steps)``). Every step agrees across
         processes (:func:`~lightning_xai.callbacks._audit.distributed.shared_failure`): all report, or all raise."""
         start = time.perf_counter()
-        training = training_since(self.budget.mark, start, audit_clocks(trainer_callbacks(trainer))) if stage == "fit" else 0.0
+        training = (
+            training_since(self.budget.mark, start, audit_clocks(trainer_callbacks(trainer))) if stage == "fit" else 0.0
+        )
         try:
             result = audit()
             seconds = time.perf_counter() - start
             self.budget.cost.audited(seconds)
             agreed(trainer, log, stage, {"cost/seconds": seconds})
             if stage == "fit":
-                self.budget.after_first_audit(trainer, self.owner, self.subsets, split, seconds, training, limited,
-                                              partial(log, "fit"), min_seconds=min_seconds, every_n_epochs=cadence[0],
-                                              every_n_train_steps=cadence[1])
+                self.budget.after_first_audit(
+                    trainer,
+                    self.owner,
+                    self.subsets,
+                    split,
+                    seconds,
+                    training,
+                    limited,
+                    partial(log, "fit"),
+                    min_seconds=min_seconds,
+                    every_n_epochs=cadence[0],
+                    every_n_train_steps=cadence[1],
+                )
         except Exception as err:  # noqa: BLE001 - any failure of an audit is reported, training goes on
             self.failures.report(err, stage, split, trainer.current_epoch, trainer.global_step)
             return None
@@ -98,8 +129,9 @@ class AuditSchedule:
     def epoch_ended(self, trainer: "pl.Trainer", log: Log, split: str) -> None:
         """A training epoch ended: the budget logs its audits' share of it
         (:meth:`~lightning_xai.callbacks._audit.budget.AuditBudget.epoch_ended`)."""
-        self.budget.epoch_ended(trainer, self.owner, audit_costs(trainer_callbacks(trainer)), partial(log, "fit"),
-                                self.failures, split)
+        self.budget.epoch_ended(
+            trainer, self.owner, audit_costs(trainer_callbacks(trainer)), partial(log, "fit"), self.failures, split
+        )
 
 
 def subset_size(size: Optional[int], trainer: Any, split: str, loader: Any) -> Optional[int]:

@@ -1,4 +1,5 @@
 """Which examples an audit reads: the split's dataloader, a fixed subset drawn once, batched within a token budget."""
+
 from __future__ import annotations
 
 import copy
@@ -7,7 +8,6 @@ from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Sized, Tuple
 
 import numpy as np
-
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
@@ -18,8 +18,19 @@ from torch.utils.data import IterableDataset
 from lightning_xai.attribution.context import preserved_rng_state
 from lightning_xai.lightning_compat import MISCONFIGURATION_ERRORS, is_overridden
 
-__all__ = ["AUDIT_TOKEN_BUDGET", "AuditBatch", "AuditSubsets", "SPLITS", "build_batches", "detached_dataset", "draw_subset",
-           "find_loader", "merge_small_batches", "preserved_dataset_generators", "row_reader"]
+__all__ = [
+    "AUDIT_TOKEN_BUDGET",
+    "AuditBatch",
+    "AuditSubsets",
+    "SPLITS",
+    "build_batches",
+    "detached_dataset",
+    "draw_subset",
+    "find_loader",
+    "merge_small_batches",
+    "preserved_dataset_generators",
+    "row_reader",
+]
 
 SPLITS = ("train", "val", "test")
 #: padded tokens (rows × width) up to which the audit joins loader-sized batches when ``batch_size=None``
@@ -32,9 +43,11 @@ def _first(loader: Any, owner: str, split: str) -> Any:
     """The first of several loaders (a list, or a dict of named loaders), saying which one is audited."""
     if isinstance(loader, (list, tuple, dict)) and len(loader) > 1:
         first = "dataloader_idx 0" if not isinstance(loader, dict) else f"{next(iter(loader))!r}"
-        rank_zero_warn(f"{owner}: the {split!r} split has {len(loader)} dataloaders; the audit reads only the first "
-                       f"({first}) and logs it as {split!r}. To audit another, put it first, or give the audit its "
-                       "own split (dataloader='test' with that loader as test_dataloader()).")
+        rank_zero_warn(
+            f"{owner}: the {split!r} split has {len(loader)} dataloaders; the audit reads only the first "
+            f"({first}) and logs it as {split!r}. To audit another, put it first, or give the audit its "
+            "own split (dataloader='test' with that loader as test_dataloader())."
+        )
     if isinstance(loader, (list, tuple)):
         loader = loader[0] if loader else None
     if isinstance(loader, dict):
@@ -43,8 +56,11 @@ def _first(loader: Any, owner: str, split: str) -> Any:
 
 
 def _trainer_loader(trainer: "pl.Trainer", split: str, owner: str) -> Any:
-    return _first({"train": trainer.train_dataloader, "val": trainer.val_dataloaders,
-                   "test": trainer.test_dataloaders}[split], owner, split)
+    return _first(
+        {"train": trainer.train_dataloader, "val": trainer.val_dataloaders, "test": trainer.test_dataloaders}[split],
+        owner,
+        split,
+    )
 
 
 def find_loader(trainer: "pl.Trainer", split: str, owner: str = "audit") -> Any:
@@ -90,16 +106,21 @@ def find_loader(trainer: "pl.Trainer", split: str, owner: str = "audit") -> Any:
             loop.setup_data()
         loader = _trainer_loader(trainer, split, owner)
     if loader is None:
-        unloaded = (" (with limit_val_batches=0 Lightning never loads the val_dataloaders given to fit)"
-                    if split == "val" and trainer.limit_val_batches == 0 else "")
+        unloaded = (
+            " (with limit_val_batches=0 Lightning never loads the val_dataloaders given to fit)"
+            if split == "val" and trainer.limit_val_batches == 0
+            else ""
+        )
         raise MisconfigurationException(
             f"{owner} found no {split!r} dataloader to audit{unloaded}; pass a datamodule with "
-            f"{split}_dataloader() or set dataloader= to a split the trainer has.")
+            f"{split}_dataloader() or set dataloader= to a split the trainer has."
+        )
     return loader
 
 
-def draw_subset(dataset: Any, num_samples: Optional[int], seed: int, owner: str = "audit",
-                split: str = "val") -> List[int]:
+def draw_subset(
+    dataset: Any, num_samples: Optional[int], seed: int, owner: str = "audit", split: str = "val"
+) -> List[int]:
     """``num_samples`` dataset indices (all when ``None``) drawn with a generator seeded by ``seed``, sorted.
 
     An ``IterableDataset`` is read by position in its iteration order (it must yield the same order every time):
@@ -120,13 +141,15 @@ def draw_subset(dataset: Any, num_samples: Optional[int], seed: int, owner: str 
                 raise MisconfigurationException(
                     f"{owner}: the {split!r} dataloader's {type(dataset).__name__} is an IterableDataset without "
                     "__len__, so the whole split cannot be drawn from; set num_samples=N to audit its first N "
-                    "examples, or define __len__.")
+                    "examples, or define __len__."
+                )
             return list(range(num_samples))
         size = length
     elif not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
         raise MisconfigurationException(
             f"{owner} needs a map-style dataset (with __len__ and __getitem__) for its fixed "
-            f"audit subset; the {split!r} dataloader has {type(dataset).__name__}.")
+            f"audit subset; the {split!r} dataloader has {type(dataset).__name__}."
+        )
     else:
         size = len(dataset)
     count = size if num_samples is None else min(num_samples, size)
@@ -134,9 +157,15 @@ def draw_subset(dataset: Any, num_samples: Optional[int], seed: int, owner: str 
     return sorted(torch.randperm(size, generator=generator)[:count].tolist())
 
 
-def build_batches(loader: Any, indices: Sequence[int], positions: Sequence[int], batch_size: Optional[int],
-                  token_budget: int = AUDIT_TOKEN_BUDGET, owner: str = "audit",
-                  split: str = "val") -> List[AuditBatch]:
+def build_batches(
+    loader: Any,
+    indices: Sequence[int],
+    positions: Sequence[int],
+    batch_size: Optional[int],
+    token_budget: int = AUDIT_TOKEN_BUDGET,
+    owner: str = "audit",
+    split: str = "val",
+) -> List[AuditBatch]:
     """The audit subset positions ``positions`` (this process's shard) as collated CPU batches.
 
     With ``batch_size=None`` the loader's batch size is used and consecutive batches are joined while the padded
@@ -159,13 +188,11 @@ def build_batches(loader: Any, indices: Sequence[int], positions: Sequence[int],
     # masks, augmentation) must serve training the draws it would have served without the audit: the rows are
     # read from a copy of the dataset, whatever generators it holds and wherever it holds them
     with torch.inference_mode(False), preserved_rng_state():
-        rows = row_reader(detached_dataset(loader.dataset, owner, split), [indices[p] for p in positions], owner,
-                          split)
-        groups = [positions[start:start + size] for start in range(0, len(positions), size)]
+        rows = row_reader(detached_dataset(loader.dataset, owner, split), [indices[p] for p in positions], owner, split)
+        groups = [positions[start : start + size] for start in range(0, len(positions), size)]
         if batch_size is None:
             groups = merge_small_batches(groups, indices, loader, token_budget, rows=rows)
         return [(pos, [indices[p] for p in pos], collate([rows(indices[p]) for p in pos])) for pos in groups]
-
 
 
 class AuditSubsets:
@@ -194,17 +221,27 @@ class AuditSubsets:
         chosen = draw_subset(dataset, size, seed, self.owner, split)
         restored = self.restored.get(split)
         if restored is not None and restored != chosen:
-            rank_zero_warn(f"{self.owner}: the {split!r} audit subset differs from the checkpoint's "
-                           "(the dataset changed?); the resumed history mixes two subsets.")
+            rank_zero_warn(
+                f"{self.owner}: the {split!r} audit subset differs from the checkpoint's "
+                "(the dataset changed?); the resumed history mixes two subsets."
+            )
         self.indices[split] = chosen
         return chosen
 
-    def shard(self, trainer: "pl.Trainer", split: str, loader: Any, indices: List[int], batch_size: Optional[int],
-              token_budget: int = AUDIT_TOKEN_BUDGET, replicated: bool = False) -> List[AuditBatch]:
+    def shard(
+        self,
+        trainer: "pl.Trainer",
+        split: str,
+        loader: Any,
+        indices: List[int],
+        batch_size: Optional[int],
+        token_budget: int = AUDIT_TOKEN_BUDGET,
+        replicated: bool = False,
+    ) -> List[AuditBatch]:
         """This process's positions of ``indices`` as collated CPU batches of ``loader`` (:func:`build_batches`);
         ``replicated``: every position, on every process (a sharded model, whose passes are collectives)."""
         every = list(range(len(indices)))
-        positions = every if replicated else every[trainer.global_rank::max(1, trainer.world_size)]
+        positions = every if replicated else every[trainer.global_rank :: max(1, trainer.world_size)]
         self.batches[split] = build_batches(loader, indices, positions, batch_size, token_budget, self.owner, split)
         return self.batches[split]
 
@@ -226,8 +263,11 @@ class AuditSubsets:
         self.restored = {k: list(v) for k, v in saved.items()}
 
 
-_STATE = {torch.Generator: ("get_state", "set_state"), random.Random: ("getstate", "setstate"),
-          np.random.RandomState: ("get_state", "set_state")}
+_STATE = {
+    torch.Generator: ("get_state", "set_state"),
+    random.Random: ("getstate", "setstate"),
+    np.random.RandomState: ("get_state", "set_state"),
+}
 
 
 def _generators(dataset: Any, depth: int = 4) -> Iterator[Any]:
@@ -310,10 +350,12 @@ def detached_dataset(dataset: Any, owner: str = "audit", split: str = "val") -> 
     try:
         return copy.deepcopy(dataset)
     except Exception as err:  # unpicklable members (open files, locks): fall back to the generators found
-        rank_zero_warn(f"{owner}: the {split!r} dataset {type(dataset).__name__} cannot be deep-copied "
-                       f"({type(err).__name__}: {err}); the audit reads it in place and restores the random "
-                       "generators it holds as attributes. Generators held deeper may move: define __deepcopy__ "
-                       "so the audit can read a copy.")
+        rank_zero_warn(
+            f"{owner}: the {split!r} dataset {type(dataset).__name__} cannot be deep-copied "
+            f"({type(err).__name__}: {err}); the audit reads it in place and restores the random "
+            "generators it holds as attributes. Generators held deeper may move: define __deepcopy__ "
+            "so the audit can read a copy."
+        )
         return dataset if isinstance(dataset, IterableDataset) else _InPlace(dataset)
 
 
@@ -355,13 +397,19 @@ def row_reader(dataset: Any, wanted: Sequence[int], owner: str = "audit", split:
         raise MisconfigurationException(
             f"{owner}: the {split!r} IterableDataset {type(dataset).__name__} ended after {len(rows)} of the "
             f"{len(needed)} audited examples (its __len__ promises more, or num_samples exceeds the stream); set "
-            "num_samples to at most the number of examples it yields.")
+            "num_samples to at most the number of examples it yields."
+        )
     return rows.__getitem__
 
 
-def merge_small_batches(groups: List[List[int]], indices: Sequence[int], loader: Any,
-                        token_budget: int = AUDIT_TOKEN_BUDGET, *,
-                        rows: Optional[Callable[[int], Any]] = None) -> List[List[int]]:
+def merge_small_batches(
+    groups: List[List[int]],
+    indices: Sequence[int],
+    loader: Any,
+    token_budget: int = AUDIT_TOKEN_BUDGET,
+    *,
+    rows: Optional[Callable[[int], Any]] = None,
+) -> List[List[int]]:
     """Join consecutive loader-sized groups while the padded batch stays within ``token_budget`` tokens.
 
     Fewer, larger passes make the audit faster (per-pass overhead dominates small batches of short texts)

@@ -12,23 +12,84 @@
   :func:`alignment_error_rate`, :func:`alignment_scores`, :func:`alignment_counts`; score maps to links
   (:mod:`~lightning_xai.metrics.functional.alignment_extraction`): :func:`extract_links`, :func:`pool_to_words`.
 """
-from lightning_xai.metrics.functional.alignment import (AlignmentCounts, alignment_counts, alignment_error_rate,
-                                                        alignment_scores, alignment_scores_from_counts, link_set,
-                                                        links_to_matrix)
-from lightning_xai.metrics.functional.alignment_extraction import (LINK_RULES, WORD_POOLINGS, extract_links,
-                                                                   pool_to_words)
-from lightning_xai.metrics.functional.agreement import (jensen_shannon, jw_top_k, kendall_tau, pearson, spearman,
-                                                        topk_kendall_tau, topk_overlap)
+
+from lightning_xai.metrics.functional.agreement import (
+    jensen_shannon,
+    jw_top_k,
+    kendall_tau,
+    pearson,
+    spearman,
+    topk_kendall_tau,
+    topk_overlap,
+)
+from lightning_xai.metrics.functional.alignment import (
+    AlignmentCounts,
+    alignment_counts,
+    alignment_error_rate,
+    alignment_scores,
+    alignment_scores_from_counts,
+    link_set,
+    links_to_matrix,
+)
+from lightning_xai.metrics.functional.alignment_extraction import (
+    LINK_RULES,
+    WORD_POOLINGS,
+    extract_links,
+    pool_to_words,
+)
 from lightning_xai.metrics.functional.divergence import jensen_shannon_divergence, kl_divergence, total_variation
 from lightning_xai.metrics.functional.erasure import decision_flip, erasure_probabilities
-from lightning_xai.metrics.functional.faithfulness import (AOPC_BINS, aopc, comprehensiveness, erasure_scores,
-                                                           rationale_mask, sufficiency)
-from lightning_xai.metrics.functional.plausibility import (auprc, binarize, impermissible_mass, iou_f1,
-                                                           span_match_counts, token_f1)
+from lightning_xai.metrics.functional.faithfulness import (
+    AOPC_BINS,
+    aopc,
+    comprehensiveness,
+    erasure_scores,
+    rationale_mask,
+    sufficiency,
+)
+from lightning_xai.metrics.functional.plausibility import (
+    auprc,
+    binarize,
+    impermissible_mass,
+    iou_f1,
+    span_match_counts,
+    token_f1,
+)
 
-__all__ = ["AOPC_BINS", "AlignmentCounts", "LINK_RULES", "WORD_POOLINGS", "alignment_counts", "alignment_error_rate",
-           "alignment_scores", "alignment_scores_from_counts", "aopc", "auprc", "binarize", "comprehensiveness",
-           "decision_flip", "erasure_probabilities", "erasure_scores", "extract_links", "impermissible_mass", "iou_f1",
-           "jensen_shannon", "jensen_shannon_divergence", "jw_top_k", "kendall_tau", "kl_divergence", "link_set",
-           "links_to_matrix", "pearson", "pool_to_words", "rationale_mask", "span_match_counts", "spearman",
-           "sufficiency", "token_f1", "topk_kendall_tau", "topk_overlap", "total_variation"]
+__all__ = [
+    "AOPC_BINS",
+    "AlignmentCounts",
+    "LINK_RULES",
+    "WORD_POOLINGS",
+    "alignment_counts",
+    "alignment_error_rate",
+    "alignment_scores",
+    "alignment_scores_from_counts",
+    "aopc",
+    "auprc",
+    "binarize",
+    "comprehensiveness",
+    "decision_flip",
+    "erasure_probabilities",
+    "erasure_scores",
+    "extract_links",
+    "impermissible_mass",
+    "iou_f1",
+    "jensen_shannon",
+    "jensen_shannon_divergence",
+    "jw_top_k",
+    "kendall_tau",
+    "kl_divergence",
+    "link_set",
+    "links_to_matrix",
+    "pearson",
+    "pool_to_words",
+    "rationale_mask",
+    "span_match_counts",
+    "spearman",
+    "sufficiency",
+    "token_f1",
+    "topk_kendall_tau",
+    "topk_overlap",
+    "total_variation",
+]

@@ -6,11 +6,12 @@ block of rows — are several times faster than Knight's merge passes (benchmark
 Knight's count in :func:`~lightning_xai.metrics.functional.agreement._rank_stats`, so τ and its p-value do not depend
 on the path.
 """
+
 from __future__ import annotations
 
-import torch
 from typing import Tuple
 
+import torch
 from torch import Tensor
 
 __all__ = ["concordance", "pair_elements"]
@@ -53,23 +54,27 @@ def concordance(x: Tensor, y: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor]:
     K = (W - 1) // 2
     both = torch.stack((x, y), 1).double().masked_fill(~mask.unsqueeze(1), 0.0)
     # float32 keeps signs and sums exact if it holds every value (and the pair count stays below 2^24)
-    exact32 = W * K < (1 << 24) and (x.dtype in _FLOAT32_EXACT and y.dtype in _FLOAT32_EXACT
-                                     or torch.equal(both.float().double(), both))
+    exact32 = W * K < (1 << 24) and (
+        x.dtype in _FLOAT32_EXACT and y.dtype in _FLOAT32_EXACT or torch.equal(both.float().double(), both)
+    )
     dtype = torch.float32 if exact32 else torch.float64
     doubled = both.new_zeros((B, 2, 2 * W), dtype=dtype)
     doubled[:, :, :T] = both
-    doubled[:, :, W:W + T] = both
+    doubled[:, :, W : W + T] = both
     values = doubled[:, :, :W]
     # shifted[.., k-1, i] = value i+k: a strided view of the doubled row
-    shifted = doubled.as_strided((B, 2, K, W), (doubled.stride(0), doubled.stride(1), 1, 1),
-                               doubled.storage_offset() + 1)
+    shifted = doubled.as_strided(
+        (B, 2, K, W), (doubled.stride(0), doubled.stride(1), 1, 1), doubled.storage_offset() + 1
+    )
     signs = torch.empty((B, 2, K * W), dtype=dtype, device=x.device)  # sign(value_i − value_{i+k})
     torch.sub(values.unsqueeze(2), shifted, out=signs.view(B, 2, K, W)).sign_()
     own = values.sign()  # [B, 2, W], 0 at pads
     n = mask.sum(1).double()
     pads = W - n
     # pairs (real i, pad j): their Σ sx·sy and Σ sx² are the Gram of the tokens' own signs, once per pad
-    gram = (torch.bmm(signs, signs.transpose(1, 2)).double()
-            - pads.view(B, 1, 1) * torch.bmm(own, own.transpose(1, 2)).double())
+    gram = (
+        torch.bmm(signs, signs.transpose(1, 2)).double()
+        - pads.view(B, 1, 1) * torch.bmm(own, own.transpose(1, 2)).double()
+    )
     ties = (n * (n - 1) / 2).unsqueeze(1) - torch.diagonal(gram, dim1=1, dim2=2)
     return gram[:, 0, 1], ties

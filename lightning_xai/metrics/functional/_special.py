@@ -1,5 +1,6 @@
 """Special functions the p-values need, vectorised in torch (float64): the exact Kendall null distribution and
 the regularised incomplete beta function. scipy is not a runtime dependency of lightning_xai."""
+
 from __future__ import annotations
 
 import math
@@ -100,8 +101,7 @@ def betainc(a: Tensor, b: Tensor, x: Tensor) -> Tensor:
     if not bool(inner.any()):
         return out
     ai, bi, xi = a[inner], b[inner], x[inner]
-    log_front = (torch.lgamma(ai + bi) - torch.lgamma(ai) - torch.lgamma(bi)
-                 + ai * torch.log(xi) + bi * torch.log1p(-xi))
+    log_front = torch.lgamma(ai + bi) - torch.lgamma(ai) - torch.lgamma(bi) + ai * torch.log(xi) + bi * torch.log1p(-xi)
     flip = xi > (ai + 1.0) / (ai + bi + 2.0)
     aa, bb, xx = torch.where(flip, bi, ai), torch.where(flip, ai, bi), torch.where(flip, 1.0 - xi, xi)
     cf = _betacf(aa, bb, xx)

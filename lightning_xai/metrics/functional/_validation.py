@@ -1,4 +1,5 @@
 """Input checks shared by every functional metric: shapes, masks, finiteness, ``k``."""
+
 from __future__ import annotations
 
 import math
@@ -17,14 +18,17 @@ def check_mask(mask: Tensor, shape: Tuple[int, ...], name: str = "mask") -> Tens
     if mask.dtype != torch.bool:
         raise TypeError(f"{name} must be a bool tensor, got {mask.dtype}; pass mask.bool().")
     if tuple(mask.shape) != tuple(shape):
-        raise ValueError(f"{name} has shape {tuple(mask.shape)} but the score maps are {tuple(shape)}; "
-                         "they must match [B, T].")
+        raise ValueError(
+            f"{name} has shape {tuple(mask.shape)} but the score maps are {tuple(shape)}; they must match [B, T]."
+        )
     if mask.numel() and int(mask.sum(1).min()) > 0:  # the common case in one reduction
         return mask
     empty = (~mask.any(dim=1)).nonzero().flatten()
     if empty.numel():
-        raise ValueError(f"{name} rows {empty.tolist()[:10]} have no real token; a metric over real tokens is "
-                         "undefined there. Drop empty examples before computing metrics.")
+        raise ValueError(
+            f"{name} rows {empty.tolist()[:10]} have no real token; a metric over real tokens is "
+            "undefined there. Drop empty examples before computing metrics."
+        )
     return mask
 
 
@@ -34,15 +38,18 @@ def check_maps(*maps: Tensor, mask: Optional[Tensor] = None, names: Tuple[str, .
         if not isinstance(tensor, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor [B, T], got {type(tensor).__name__}.")
         if tensor.ndim != 2:
-            raise ValueError(f"{name} must be a [B, T] score map (one row per instance), got shape "
-                             f"{tuple(tensor.shape)}.")
+            raise ValueError(
+                f"{name} must be a [B, T] score map (one row per instance), got shape {tuple(tensor.shape)}."
+            )
         if not tensor.is_floating_point():
             raise TypeError(f"{name} must be a floating tensor, got {tensor.dtype}; pass {name}.float().")
     first = maps[0]
     for tensor, name in zip(maps[1:], names[1:]):
         if tensor.shape != first.shape:
-            raise ValueError(f"{names[0]} has shape {tuple(first.shape)} but {name} has {tuple(tensor.shape)}; "
-                             "score maps must have the same [B, T] shape.")
+            raise ValueError(
+                f"{names[0]} has shape {tuple(first.shape)} but {name} has {tuple(tensor.shape)}; "
+                "score maps must have the same [B, T] shape."
+            )
     if mask is not None:
         check_mask(mask, tuple(first.shape))
     for tensor, name in zip(maps, names):
@@ -54,8 +61,10 @@ def check_maps(*maps: Tensor, mask: Optional[Tensor] = None, names: Tuple[str, .
             bad = bad & mask
         rows = bad.any(dim=1).nonzero().flatten()
         if rows.numel():
-            raise ValueError(f"{name} has NaN or inf at real tokens of rows {rows.tolist()[:10]}; metrics need finite "
-                             "scores (check the attribution for overflow, or replace with torch.nan_to_num).")
+            raise ValueError(
+                f"{name} has NaN or inf at real tokens of rows {rows.tolist()[:10]}; metrics need finite "
+                "scores (check the attribution for overflow, or replace with torch.nan_to_num)."
+            )
 
 
 def resolve_k(k: Union[int, float], lengths: Tensor, name: str = "k") -> Tensor:
@@ -107,14 +116,18 @@ def check_distributions(*dists: Tensor, names: Tuple[str, ...] = ("p", "q")) -> 
             raise ValueError(f"{name} is a scalar; give distributions over the last dimension ([..., K]).")
     shapes = [tuple(t.shape) for t in dists]
     if len({shape[-1] for shape in shapes}) > 1:
-        raise ValueError(f"{' and '.join(names[:len(dists)])} have shapes {' and '.join(map(str, shapes))}: "
-                         "distributions over the last dimension need the same number of outcomes there.")
+        raise ValueError(
+            f"{' and '.join(names[: len(dists)])} have shapes {' and '.join(map(str, shapes))}: "
+            "distributions over the last dimension need the same number of outcomes there."
+        )
     try:
         torch.broadcast_shapes(*shapes)
     except RuntimeError:
-        raise ValueError(f"{' and '.join(names[:len(dists)])} have shapes {' and '.join(map(str, shapes))}, whose "
-                         "leading dimensions do not broadcast; give equal shapes or size-1 dimensions "
-                         "(e.g. [B, K, T] against [B, 1, T]).") from None
+        raise ValueError(
+            f"{' and '.join(names[: len(dists)])} have shapes {' and '.join(map(str, shapes))}, whose "
+            "leading dimensions do not broadcast; give equal shapes or size-1 dimensions "
+            "(e.g. [B, K, T] against [B, 1, T])."
+        ) from None
     with torch.no_grad():
         flags = []
         for tensor in dists:
@@ -127,14 +140,18 @@ def check_distributions(*dists: Tensor, names: Tuple[str, ...] = ("p", "q")) -> 
         if not bool(torch.stack([(~f | n | o).any() for f, n, o in flags]).any()):
             return
     for (finite, negative, off), tensor, name in zip(flags, dists, names):
-        fix = (f"{name} must hold probabilities over its last dimension (e.g. logits.softmax(-1)); "
-               f"normalise masses with {name} / {name}.sum(-1, keepdim=True)")
+        fix = (
+            f"{name} must hold probabilities over its last dimension (e.g. logits.softmax(-1)); "
+            f"normalise masses with {name} / {name}.sum(-1, keepdim=True)"
+        )
         if not bool(finite.all()):
             raise ValueError(f"{name} has NaN or inf in rows {_rows(~finite)}; {fix}.")
         if bool(negative.any()):
-            raise ValueError(f"{name} has negative entries in rows {_rows(negative)} (logits or signed scores?); "
-                             f"{fix}.")
+            raise ValueError(
+                f"{name} has negative entries in rows {_rows(negative)} (logits or signed scores?); {fix}."
+            )
         if bool(off.any()):
             sums = tensor.detach().double().sum(-1)[off][:3].tolist()
-            raise ValueError(f"{name} does not sum to 1 in rows {_rows(off)} (sums {[round(v, 4) for v in sums]}); "
-                             f"{fix}.")
+            raise ValueError(
+                f"{name} does not sum to 1 in rows {_rows(off)} (sums {[round(v, 4) for v in sums]}); {fix}."
+            )

@@ -16,6 +16,7 @@ Unlike ``torchmetrics.functional.kendall_rank_corrcoef`` / ``spearman_corrcoef``
 correlate *across samples* (one value per output column), these correlate *within* each instance over its
 tokens, as Jain & Wallace (2019) do.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,7 @@ import torch
 from torch import Tensor
 
 from lightning_xai.metrics.functional._kendall_pairs import concordance, pair_elements
-from lightning_xai.metrics.functional._special import (KENDALL_EXACT_MAX_N, kendall_exact_table,
-                                                         two_sided_t_pvalue)
+from lightning_xai.metrics.functional._special import KENDALL_EXACT_MAX_N, kendall_exact_table, two_sided_t_pvalue
 from lightning_xai.metrics.functional._validation import check_maps, resolve_k, topk_mask
 from lightning_xai.metrics.functional.divergence import jensen_shannon_divergence
 
@@ -56,8 +56,15 @@ def _group_stats(starts: Tensor, real: Tensor) -> Tensor:
     pairs), Σ t(t−1)(t−2), Σ t(t−1)(2t+5) and the number of groups. ``real`` is sorted like ``starts``."""
     group = torch.cumsum(starts, 1) - 1
     sizes = torch.zeros_like(group).scatter_add_(1, group, real.long()).double()
-    return torch.stack((sizes * (sizes - 1) / 2, sizes * (sizes - 1) * (sizes - 2),
-                        sizes * (sizes - 1) * (2 * sizes + 5), (sizes > 0).double()), 2).sum(1)
+    return torch.stack(
+        (
+            sizes * (sizes - 1) / 2,
+            sizes * (sizes - 1) * (sizes - 2),
+            sizes * (sizes - 1) * (2 * sizes + 5),
+            (sizes > 0).double(),
+        ),
+        2,
+    ).sum(1)
 
 
 def _inversions(sequence: Tensor) -> Tensor:
@@ -81,8 +88,12 @@ def _inversions(sequence: Tensor) -> Tensor:
         total += (w - at_most).sum((1, 2))
         steps = torch.arange(w, device=runs.device)
         places = torch.stack((steps + torch.searchsorted(right, left), steps + at_most), 2)
-        runs = torch.empty_like(runs).view(B, -1, 2 * w).scatter_(2, places.view(B, -1, 2 * w),
-                                                                   pairs.reshape(B, -1, 2 * w)).view(B, width)
+        runs = (
+            torch.empty_like(runs)
+            .view(B, -1, 2 * w)
+            .scatter_(2, places.view(B, -1, 2 * w), pairs.reshape(B, -1, 2 * w))
+            .view(B, width)
+        )
         w *= 2
     return total
 
@@ -194,7 +205,7 @@ def kendall_tau(preds: Tensor, target: Tensor, mask: Tensor, variant: str = "b")
     else:
         distinct = stats[:, :, 3]
         classes = distinct.min(1).values
-        scale = nd ** 2 * (classes - 1) / classes
+        scale = nd**2 * (classes - 1) / classes
         tau = 2 * cmd / scale.masked_fill(undefined, 1.0)
     tau = tau.clamp(-1.0, 1.0)
 
@@ -236,8 +247,9 @@ def jw_top_k(mask: Tensor) -> int:
     return max(10, int(0.1 * float(mask.sum(1).double().mean())))
 
 
-def topk_kendall_tau(preds: Tensor, target: Tensor, mask: Tensor, k: Optional[Union[int, float]] = None,
-                     variant: str = "b") -> Tuple[Tensor, Tensor]:
+def topk_kendall_tau(
+    preds: Tensor, target: Tensor, mask: Tensor, k: Optional[Union[int, float]] = None, variant: str = "b"
+) -> Tuple[Tensor, Tensor]:
     r"""Kendall's τ restricted to the tokens either map ranks in its top k.
 
     Our reading of Jain & Wallace's τ_top-k: for each instance take the union U of the ``k`` highest-scoring real
@@ -275,7 +287,8 @@ def _average_ranks(values: Tensor, mask: Tensor) -> Tensor:
     sizes = torch.zeros(B, T, dtype=torch.long, device=values.device).scatter_add_(1, group, torch.ones_like(group))
     positions = torch.arange(T, device=values.device).expand(B, T)
     first = torch.full((B, T), T, dtype=torch.long, device=values.device).scatter_reduce_(
-        1, group, positions.contiguous(), reduce="amin")
+        1, group, positions.contiguous(), reduce="amin"
+    )
     rank_sorted = first.gather(1, group).double() + (sizes.gather(1, group).double() + 1) / 2
     ranks = torch.empty_like(rank_sorted).scatter_(1, order, rank_sorted)
     return ranks.masked_fill(~mask, 0.0)

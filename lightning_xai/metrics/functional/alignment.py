@@ -26,6 +26,7 @@ gives those). Edge cases: nothing predicted (|A| = 0) gives precision 0 and, wit
 no sure link (|S| = 0) gives recall 0; with |A| + |S| = 0 there is nothing to score and every value is NaN (with
 a warning at corpus level).
 """
+
 from __future__ import annotations
 
 import math
@@ -36,8 +37,15 @@ from typing import Any, Dict, FrozenSet, Iterable, List, NamedTuple, Optional, S
 import torch
 from torch import Tensor
 
-__all__ = ["AlignmentCounts", "alignment_counts", "alignment_error_rate", "alignment_scores",
-           "alignment_scores_from_counts", "link_set", "links_to_matrix"]
+__all__ = [
+    "AlignmentCounts",
+    "alignment_counts",
+    "alignment_error_rate",
+    "alignment_scores",
+    "alignment_scores_from_counts",
+    "link_set",
+    "links_to_matrix",
+]
 
 #: one sentence's links: a bool ``[S, T]`` matrix, an integer ``[L, 2]`` tensor or an iterable of (s, t) pairs
 Links = Union[Tensor, Iterable[Tuple[int, int]]]
@@ -70,17 +78,22 @@ def _sentence(links: Links, where: str) -> Tuple[FrozenSet[Tuple[int, int]], _Sh
     if isinstance(links, Tensor):
         if links.dtype == torch.bool:
             if links.ndim != 2:
-                raise ValueError(f"{where}: a bool link matrix must be [S, T] (source × target), got shape "
-                                 f"{tuple(links.shape)}.")
+                raise ValueError(
+                    f"{where}: a bool link matrix must be [S, T] (source × target), got shape {tuple(links.shape)}."
+                )
             return frozenset(map(tuple, links.nonzero().tolist())), (links.shape[0], links.shape[1])
         if links.is_floating_point() or links.is_complex():
-            raise TypeError(f"{where}: links are a bool [S, T] matrix or integer (source, target) pairs, got a "
-                            f"{links.dtype} tensor; turn a score map into links with extract_links first.")
+            raise TypeError(
+                f"{where}: links are a bool [S, T] matrix or integer (source, target) pairs, got a "
+                f"{links.dtype} tensor; turn a score map into links with extract_links first."
+            )
         if links.numel() == 0:
             return frozenset(), None
         if links.ndim != 2 or links.shape[1] != 2:
-            raise ValueError(f"{where}: an integer link tensor must be [L, 2] (one (source, target) pair a row), "
-                             f"got shape {tuple(links.shape)}.")
+            raise ValueError(
+                f"{where}: an integer link tensor must be [L, 2] (one (source, target) pair a row), "
+                f"got shape {tuple(links.shape)}."
+            )
         links = links.tolist()
     if isinstance(links, (str, bytes)):
         raise TypeError(f"{where}: links must be (source, target) pairs or a bool matrix, got a string.")
@@ -126,16 +139,19 @@ def _corpus(links: CorpusLinks, name: str) -> List[Tuple[FrozenSet[Tuple[int, in
     if isinstance(links, Tensor):
         if links.dtype == torch.bool and links.ndim == 3:
             return [_sentence(matrix, f"{name}[{i}]") for i, matrix in enumerate(links)]
-        raise ValueError(f"{name} must be a corpus: a sequence with one entry of links per sentence, or a bool "
-                         f"[B, S, T] tensor; got a {links.dtype} tensor of shape {tuple(links.shape)}. For one "
-                         f"sentence pass [links].")
+        raise ValueError(
+            f"{name} must be a corpus: a sequence with one entry of links per sentence, or a bool "
+            f"[B, S, T] tensor; got a {links.dtype} tensor of shape {tuple(links.shape)}. For one "
+            f"sentence pass [links]."
+        )
     if isinstance(links, (str, bytes)) or not isinstance(links, Iterable):
-        raise TypeError(f"{name} must be a sequence with one entry of links per sentence, got "
-                        f"{type(links).__name__}.")
+        raise TypeError(f"{name} must be a sequence with one entry of links per sentence, got {type(links).__name__}.")
     sentences = list(links)
     if sentences and not isinstance(sentences[0], Tensor) and _is_pair(sentences[0]):
-        raise ValueError(f"{name} looks like the (source, target) pairs of one sentence; a corpus has one entry "
-                         f"per sentence: pass [links].")
+        raise ValueError(
+            f"{name} looks like the (source, target) pairs of one sentence; a corpus has one entry "
+            f"per sentence: pass [links]."
+        )
     return [_sentence(sentence, f"{name}[{i}]") for i, sentence in enumerate(sentences)]
 
 
@@ -163,14 +179,17 @@ def alignment_counts(pred: CorpusLinks, sure: CorpusLinks, possible: Optional[Co
         corpora["possible"] = _corpus(possible, "possible")
     sizes = {name: len(c) for name, c in corpora.items()}
     if len(set(sizes.values())) > 1:
-        raise ValueError(f"The corpora have different numbers of sentences: {sizes}; pass one entry per sentence "
-                         "to each.")
+        raise ValueError(
+            f"The corpora have different numbers of sentences: {sizes}; pass one entry per sentence to each."
+        )
     rows = []
     for i in range(sizes["pred"]):
         shapes = {name: c[i][1] for name, c in corpora.items() if c[i][1] is not None}
         if len(set(shapes.values())) > 1:
-            raise ValueError(f"Sentence {i}: the link matrices differ in shape {shapes}; they must be [S, T] over "
-                             "the same words (pool piece-level maps to words with pool_to_words first).")
+            raise ValueError(
+                f"Sentence {i}: the link matrices differ in shape {shapes}; they must be [S, T] over "
+                "the same words (pool piece-level maps to words with pool_to_words first)."
+            )
         a, s = corpora["pred"][i][0], corpora["sure"][i][0]
         p = s | corpora["possible"][i][0] if possible is not None else s
         rows.append((len(a), len(s), len(a & s), len(a & p)))
@@ -178,8 +197,9 @@ def alignment_counts(pred: CorpusLinks, sure: CorpusLinks, possible: Optional[Co
     return AlignmentCounts(*table.unbind(1))
 
 
-def alignment_scores_from_counts(predicted: Tensor, sure: Tensor, predicted_sure: Tensor,
-                                 predicted_possible: Tensor) -> Dict[str, Tensor]:
+def alignment_scores_from_counts(
+    predicted: Tensor, sure: Tensor, predicted_sure: Tensor, predicted_possible: Tensor
+) -> Dict[str, Tensor]:
     """AER, precision, recall and F1 (float64) from counts of any shape; NaN where |A| + |S| = 0."""
     predicted, sure = predicted.double(), sure.double()
     predicted_sure, predicted_possible = predicted_sure.double(), predicted_possible.double()
@@ -194,8 +214,9 @@ def alignment_scores_from_counts(predicted: Tensor, sure: Tensor, predicted_sure
     return {key: torch.where(total > 0, value, torch.full_like(value, math.nan)) for key, value in out.items()}
 
 
-def alignment_scores(pred: CorpusLinks, sure: CorpusLinks, possible: Optional[CorpusLinks] = None, *,
-                     per_sentence: bool = False) -> Dict[str, Tensor]:
+def alignment_scores(
+    pred: CorpusLinks, sure: CorpusLinks, possible: Optional[CorpusLinks] = None, *, per_sentence: bool = False
+) -> Dict[str, Tensor]:
     """``{"aer", "precision", "recall", "f1"}`` of predicted links against sure (and possible) links.
 
     Corpus level (counts summed over sentences, 0-d float64 tensors) unless ``per_sentence`` (``[N]`` tensors).
@@ -211,13 +232,17 @@ def alignment_scores(pred: CorpusLinks, sure: CorpusLinks, possible: Optional[Co
     if not per_sentence:
         counts = AlignmentCounts(*(c.sum() for c in counts))
         if int(counts.predicted) + int(counts.sure) == 0:
-            warnings.warn("No predicted and no sure link in the whole corpus: alignment scores are undefined "
-                          "(NaN).", UserWarning, stacklevel=2)
+            warnings.warn(
+                "No predicted and no sure link in the whole corpus: alignment scores are undefined (NaN).",
+                UserWarning,
+                stacklevel=2,
+            )
     return alignment_scores_from_counts(*counts)
 
 
-def alignment_error_rate(pred: CorpusLinks, sure: CorpusLinks, possible: Optional[CorpusLinks] = None, *,
-                         per_sentence: bool = False) -> Tensor:
+def alignment_error_rate(
+    pred: CorpusLinks, sure: CorpusLinks, possible: Optional[CorpusLinks] = None, *, per_sentence: bool = False
+) -> Tensor:
     """Och & Ney's alignment error rate, AER = 1 − (|A ∩ S| + |A ∩ P|) / (|A| + |S|), lower is better.
 
     ``possible=None`` means P = S (then AER = 1 − F1); a ``possible`` corpus is taken as P ∪ S. Corpus level

@@ -8,6 +8,7 @@ Score maps are oriented **source × target** throughout (rows: source words, col
 orientation of the link pairs ``(source_index, target_index)`` in :mod:`~lightning_xai.metrics.functional.alignment`.
 A decoder's cross-attention ``[T, S]`` (one row per target position) is passed transposed.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,9 +42,15 @@ def _flags(value: Optional[_Flags], shape: tuple, name: str, device: torch.devic
     return flags.bool()
 
 
-def extract_links(scores: Tensor, rule: str = "target_argmax", *, threshold: Optional[float] = None,
-                  target_exclude: Optional[_Flags] = None, source_mask: Optional[_Flags] = None,
-                  target_mask: Optional[_Flags] = None) -> Tensor:
+def extract_links(
+    scores: Tensor,
+    rule: str = "target_argmax",
+    *,
+    threshold: Optional[float] = None,
+    target_exclude: Optional[_Flags] = None,
+    source_mask: Optional[_Flags] = None,
+    target_mask: Optional[_Flags] = None,
+) -> Tensor:
     """Bool links ``[S, T]`` (or ``[B, S, T]``) from a source × target score map.
 
     Rules (:data:`LINK_RULES`):
@@ -80,11 +87,13 @@ def extract_links(scores: Tensor, rule: str = "target_argmax", *, threshold: Opt
     if rule == "threshold" and threshold is None:
         raise ValueError("rule='threshold' needs threshold= (the links are the pairs scoring >= threshold).")
     if rule != "threshold" and threshold is not None:
-        raise ValueError(f"threshold= is used only by rule='threshold', not by rule={rule!r}; drop it or pass "
-                         "rule='threshold'.")
+        raise ValueError(
+            f"threshold= is used only by rule='threshold', not by rule={rule!r}; drop it or pass rule='threshold'."
+        )
     if not isinstance(scores, Tensor) or not scores.is_floating_point() or scores.ndim not in (2, 3):
-        raise ValueError(f"scores must be a floating tensor [S, T] or [B, S, T] (source × target), got "
-                         f"{_describe(scores)}.")
+        raise ValueError(
+            f"scores must be a floating tensor [S, T] or [B, S, T] (source × target), got {_describe(scores)}."
+        )
     single = scores.ndim == 2
     batch = scores.unsqueeze(0) if single else scores
     B, S, T = batch.shape
@@ -100,8 +109,10 @@ def extract_links(scores: Tensor, rule: str = "target_argmax", *, threshold: Opt
     target_aligned = side(target_mask, T, "target_mask", True) & ~side(target_exclude, T, "target_exclude", False)
     candidate = source_real.unsqueeze(2) & target_aligned.unsqueeze(1)
     if not math.isfinite(float(batch.detach().masked_fill(~candidate, 0.0).sum())):
-        raise ValueError("scores has NaN or inf at a real (source, target) pair; links need finite scores (check the "
-                         "attribution for overflow, or replace with torch.nan_to_num).")
+        raise ValueError(
+            "scores has NaN or inf at a real (source, target) pair; links need finite scores (check the "
+            "attribution for overflow, or replace with torch.nan_to_num)."
+        )
     if rule == "threshold":
         assert threshold is not None  # checked at the top: rule='threshold' without threshold= raised
         links = (batch >= threshold) & candidate
@@ -109,13 +120,15 @@ def extract_links(scores: Tensor, rule: str = "target_argmax", *, threshold: Opt
         filled = batch.detach().masked_fill(~candidate, float("-inf"))
         per_target = torch.zeros_like(candidate).scatter_(1, filled.argmax(1, keepdim=True), True) & candidate
         per_source = torch.zeros_like(candidate).scatter_(2, filled.argmax(2, keepdim=True), True) & candidate
-        links = {"target_argmax": per_target, "source_argmax": per_source,
-                 "intersection": per_target & per_source}[rule]
+        links = {"target_argmax": per_target, "source_argmax": per_source, "intersection": per_target & per_source}[
+            rule
+        ]
     return links[0] if single else links
 
 
-def _word_index(word_ids: Union[Tensor, Sequence[Optional[int]]], pieces: int, name: str,
-                device: torch.device) -> Tensor:
+def _word_index(
+    word_ids: Union[Tensor, Sequence[Optional[int]]], pieces: int, name: str, device: torch.device
+) -> Tensor:
     if isinstance(word_ids, Tensor):
         ids = word_ids.to(device=device, dtype=torch.long)
     else:
@@ -128,8 +141,10 @@ def _word_index(word_ids: Union[Tensor, Sequence[Optional[int]]], pieces: int, n
     if words.numel():
         missing = (torch.bincount(words, minlength=int(words.max()) + 1) == 0).nonzero().flatten()
         if missing.numel():
-            raise ValueError(f"{name}: words {missing.tolist()[:10]} have no piece; word indices must run 0..n-1 "
-                             "without gaps (the word_ids() of a Hugging Face tokenizer do).")
+            raise ValueError(
+                f"{name}: words {missing.tolist()[:10]} have no piece; word indices must run 0..n-1 "
+                "without gaps (the word_ids() of a Hugging Face tokenizer do)."
+            )
     return ids
 
 
@@ -144,9 +159,14 @@ def _pool(scores: Tensor, ids: Tensor, reduce: str, dim: int) -> Tensor:
     return out.movedim(0, dim)
 
 
-def pool_to_words(scores: Tensor, source_words: Union[Tensor, Sequence[Optional[int]]],
-                  target_words: Union[Tensor, Sequence[Optional[int]]], *, source_reduce: str = "sum",
-                  target_reduce: str = "mean") -> Tensor:
+def pool_to_words(
+    scores: Tensor,
+    source_words: Union[Tensor, Sequence[Optional[int]]],
+    target_words: Union[Tensor, Sequence[Optional[int]]],
+    *,
+    source_reduce: str = "sum",
+    target_reduce: str = "mean",
+) -> Tensor:
     """Pool a piece-level source × target map ``[S_pieces, T_pieces]`` to words ``[S_words, T_words]``.
 
     ``source_words`` / ``target_words`` give each piece's word index (a Hugging Face tokenizer's ``word_ids()``);
@@ -175,8 +195,10 @@ def pool_to_words(scores: Tensor, source_words: Union[Tensor, Sequence[Optional[
         if reduce not in WORD_POOLINGS:
             raise ValueError(f"Unknown {name} {reduce!r}; choose one of {', '.join(WORD_POOLINGS)}.")
     if not isinstance(scores, Tensor) or not scores.is_floating_point() or scores.ndim != 2:
-        raise ValueError(f"scores must be one sentence's floating [S_pieces, T_pieces] map (source × target), got "
-                         f"{_describe(scores)}.")
+        raise ValueError(
+            f"scores must be one sentence's floating [S_pieces, T_pieces] map (source × target), got "
+            f"{_describe(scores)}."
+        )
     source_ids = _word_index(source_words, scores.shape[0], "source_words", scores.device)
     target_ids = _word_index(target_words, scores.shape[1], "target_words", scores.device)
     return _pool(_pool(scores, source_ids, source_reduce, 0), target_ids, target_reduce, 1)

@@ -18,6 +18,7 @@ rows and the fix, instead of a number outside the divergence's range (the JSD of
 on the model's own attention and turn a non-finite batch into a zero loss with a warning themselves
 (:class:`~lightning_xai.losses._common.FiniteGuard`), and for callers that normalised the inputs themselves.
 """
+
 from __future__ import annotations
 
 import torch

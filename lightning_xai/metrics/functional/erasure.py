@@ -9,6 +9,7 @@
 * :func:`attention_gradient` and :func:`ranking_scores` give the rankings Serrano & Smith compare: attention,
   random, the gradient of the decision w.r.t. attention, and gradient × attention.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,24 +21,48 @@ from torch import Tensor
 from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
 from lightning_xai.adapters.sharding import agree
-from lightning_xai.attribution import explanation_context, gather_rows, resolve_target
-from lightning_xai.attribution.targets import (decisions, default_output, score_values, target_score,
-                                               warn_nonfinite_logits)
-from lightning_xai.attribution import batching
-from lightning_xai.attribution.batching import (_check_remove, _trim_padding, batch_shape, erase_tokens,
-                                                length_chunks, padding_trimmer, row_extents)
+from lightning_xai.attribution import batching, explanation_context, gather_rows, resolve_target
+from lightning_xai.attribution.batching import (
+    _check_remove,
+    _trim_padding,
+    batch_shape,
+    erase_tokens,
+    length_chunks,
+    padding_trimmer,
+    row_extents,
+)
 from lightning_xai.attribution.override_replay import override_scorer
+from lightning_xai.attribution.targets import (
+    decisions,
+    default_output,
+    score_values,
+    target_score,
+    warn_nonfinite_logits,
+)
 
-__all__ = ["RANKINGS", "DecisionFlipResult", "attention_gradient", "decision_flip", "erasure_probabilities",
-           "ranking_scores"]
+__all__ = [
+    "RANKINGS",
+    "DecisionFlipResult",
+    "attention_gradient",
+    "decision_flip",
+    "erasure_probabilities",
+    "ranking_scores",
+]
 
 #: Rankings :func:`ranking_scores` computes by name (Serrano & Smith's four).
 RANKINGS = ("attention", "random", "gradient", "grad_x_attention")
 
 
-def erasure_probabilities(model: ExplainableModel, batch: Batch, removals: Sequence[Tensor], target: Tensor, *,
-                          max_rows: int = 1024, max_tokens: Optional[int] = None,
-                          output: Optional[str] = None) -> Tensor:
+def erasure_probabilities(
+    model: ExplainableModel,
+    batch: Batch,
+    removals: Sequence[Tensor],
+    target: Tensor,
+    *,
+    max_rows: int = 1024,
+    max_tokens: Optional[int] = None,
+    output: Optional[str] = None,
+) -> Tensor:
     """``[K, B]``: probability of ``target`` after each of the ``K`` erasures in ``removals`` (``[B, T]`` bools).
 
     The probability under the model's head (:func:`~lightning_xai.attribution.targets.score_values`: a sigmoid's
@@ -125,8 +150,14 @@ def attention_gradient(model: ExplainableModel, batch: Batch, target: Any = None
         return _attention_gradient(model, safe, emb, out, scorer, resolve_target(out.logits, target))
 
 
-def ranking_scores(model: ExplainableModel, batch: Batch, ranking: Union[str, Tensor] = "attention", *,
-                   generator: Optional[torch.Generator] = None, target: Any = None) -> Tensor:
+def ranking_scores(
+    model: ExplainableModel,
+    batch: Batch,
+    ranking: Union[str, Tensor] = "attention",
+    *,
+    generator: Optional[torch.Generator] = None,
+    target: Any = None,
+) -> Tensor:
     """``[B, T]`` scores whose descending order ranks the attention items to erase.
 
     Args:
@@ -150,8 +181,9 @@ def ranking_scores(model: ExplainableModel, batch: Batch, ranking: Union[str, Te
     mask = model.token_mask(batch)
     if isinstance(ranking, Tensor):
         if ranking.shape != mask.shape:
-            raise ValueError(f"ranking scores have shape {tuple(ranking.shape)}; expected the token mask's "
-                             f"{tuple(mask.shape)}.")
+            raise ValueError(
+                f"ranking scores have shape {tuple(ranking.shape)}; expected the token mask's {tuple(mask.shape)}."
+            )
         bad = (~torch.isfinite(ranking.detach()) & mask.to(ranking.device)).any(1).nonzero().flatten()
         if bad.numel():
             raise ValueError(f"ranking scores have NaN or inf at real tokens of rows {bad.tolist()[:10]}.")
@@ -197,9 +229,14 @@ class DecisionFlipResult:
     logits: Optional[Tensor] = None
 
 
-def decision_flip(model: ExplainableModel, batch: Batch,
-                  ranking: Union[str, Tensor, Sequence[Union[str, Tensor]]] = "attention", *,
-                  generator: Optional[torch.Generator] = None, max_rows: int = 2048) -> DecisionFlipResult:
+def decision_flip(
+    model: ExplainableModel,
+    batch: Batch,
+    ranking: Union[str, Tensor, Sequence[Union[str, Tensor]]] = "attention",
+    *,
+    generator: Optional[torch.Generator] = None,
+    max_rows: int = 2048,
+) -> DecisionFlipResult:
     """Serrano & Smith's erasure test: zero attention items in ranked order until the decision flips.
 
     With the encoder outputs fixed (the model is re-run from the same embeddings with ``attention_override``),
@@ -251,14 +288,21 @@ def decision_flip(model: ExplainableModel, batch: Batch,
     listed = isinstance(ranking, (list, tuple))
     stacked = listed or (isinstance(ranking, Tensor) and ranking.dim() == 3)
     entries: List[Union[str, Tensor]] = (
-        list(ranking) if isinstance(ranking, (list, tuple)) else
-        list(ranking.unbind(0)) if isinstance(ranking, Tensor) and stacked else
-        [cast(Union[str, Tensor], ranking)])  # not a list or tuple: one name or map (else ranking_scores rejects it)
+        list(ranking)
+        if isinstance(ranking, (list, tuple))
+        else list(ranking.unbind(0))
+        if isinstance(ranking, Tensor) and stacked
+        else [cast(Union[str, Tensor], ranking)]
+    )  # not a list or tuple: one name or map (else ranking_scores rejects it)
     if not entries:
         raise ValueError("ranking is an empty stack of rankings; give at least one name or [B, T] map.")
     # score maps and random draws are checked before the pass; the model's own rankings come from its pass below
-    given: List[Union[str, Tensor]] = [one if isinstance(one, str) and one in _FROM_THE_PASS else
-                                       ranking_scores(model, batch, one, generator=generator) for one in entries]
+    given: List[Union[str, Tensor]] = [
+        one
+        if isinstance(one, str) and one in _FROM_THE_PASS
+        else ranking_scores(model, batch, one, generator=generator)
+        for one in entries
+    ]
     with explanation_context(model, batch) as safe, torch.no_grad():
         mask = model.token_mask(safe)
         if bool((~mask.any(1)).any()):
@@ -319,16 +363,16 @@ def decision_flip(model: ExplainableModel, batch: Batch,
             weights = alpha[inst].masked_fill(~left, 0.0)
             total = weights.sum(1, keepdim=True)
             uniform = left.to(weights.dtype) / left.sum(1, keepdim=True).to(weights.dtype)
-            override = torch.where(total > 0, weights / torch.where(total > 0, total, torch.ones_like(total)),
-                                   uniform)
+            override = torch.where(total > 0, weights / torch.where(total > 0, total, torch.ones_like(total)), uniform)
             rows = source[inst]
             if scorer is not None:
                 logits = scorer(rows, override)
             else:  # full passes, as wide as the chunk's longest row
                 part = trim(gather_rows(safe, rows, B), (rows.numel(), T))
                 width = model.token_mask(part).shape[1]
-                logits = model.forward_from_embeddings(emb.index_select(0, rows)[:, :width], part,
-                                                       attention_override=override[:, :width]).logits
+                logits = model.forward_from_embeddings(
+                    emb.index_select(0, rows)[:, :width], part, attention_override=override[:, :width]
+                ).logits
             flips = decisions(logits, head) != decision[inst]
             flips = flips.any(-1) if flips.dim() == 2 else flips  # a multi-label decision: any label changed
             if bool(flips.any()):
@@ -339,25 +383,32 @@ def decision_flip(model: ExplainableModel, batch: Batch,
         items = torch.where(flipped, first_flip, torch.full_like(first_flip, -1))
         index = (first_flip - 1).clamp(min=0, max=max(T - 1, 0)).view(-1, 1)
         mass = torch.where(flipped, mass_in_order.gather(1, index).squeeze(1), torch.full_like(alpha[:, 0], -1.0))
-        fraction = torch.where(flipped, first_flip.double() / lengths.double(),
-                               torch.full_like(first_flip, -1, dtype=torch.float64))
+        fraction = torch.where(
+            flipped, first_flip.double() / lengths.double(), torch.full_like(first_flip, -1, dtype=torch.float64)
+        )
         if defined is not None:
             undefined = ~defined.repeat(R)
             flipped, items = flipped & ~undefined, items.masked_fill(undefined, -1)
             mass, fraction = mass.masked_fill(undefined, float("nan")), fraction.masked_fill(undefined, float("nan"))
     shape = (R, B) if stacked else (B,)
-    return DecisionFlipResult(items_removed=items.view(shape), attention_removed=mass.view(shape),
-                              fraction_removed=fraction.view(shape), flipped=flipped.view(shape),
-                              lengths=lengths.view(shape), scores=scores if stacked else scores[0],
-                              logits=out.logits.detach())
+    return DecisionFlipResult(
+        items_removed=items.view(shape),
+        attention_removed=mass.view(shape),
+        fraction_removed=fraction.view(shape),
+        flipped=flipped.view(shape),
+        lengths=lengths.view(shape),
+        scores=scores if stacked else scores[0],
+        logits=out.logits.detach(),
+    )
 
 
 #: rankings decision_flip takes from its own pass over the batch (the others are drawn or given)
 _FROM_THE_PASS = ("attention", "gradient", "grad_x_attention")
 
 
-def _attention_gradient(model: ExplainableModel, batch: Batch, embeddings: Tensor, out: Any, scorer: Any,
-                        target: Tensor) -> Tensor:
+def _attention_gradient(
+    model: ExplainableModel, batch: Batch, embeddings: Tensor, out: Any, scorer: Any, target: Tensor
+) -> Tensor:
     """The gradient of :func:`attention_gradient` from a pass over ``batch`` already made (``out``), through the
     override scorer when there is one (α acts only where it starts), else through a full pass. Grad mode on."""
     mask = model.token_mask(batch)
@@ -367,5 +418,5 @@ def _attention_gradient(model: ExplainableModel, batch: Batch, embeddings: Tenso
             logits = scorer(torch.arange(mask.shape[0], device=mask.device), alpha)
         else:
             logits = model.forward_from_embeddings(embeddings, batch, attention_override=alpha).logits
-        grad, = torch.autograd.grad(logits.gather(1, target.view(-1, 1)).sum(), alpha)
+        (grad,) = torch.autograd.grad(logits.gather(1, target.view(-1, 1)).sum(), alpha)
     return grad.detach().masked_fill(~mask, 0.0)

@@ -19,6 +19,7 @@ Tokens are *deleted* (the sequence gets shorter, masks stay aligned; see
 * x ∖ r keeps at least one real token: at most n − 1 tokens are deleted, the lowest-scored one is kept. An
   instance with a single real token therefore has comprehensiveness 0, and sufficiency 0 (r = x).
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence, Tuple, Union
@@ -61,9 +62,17 @@ def _removals(scores: Tensor, mask: Tensor, k: Union[int, float]) -> Tuple[Tenso
     return comp, suff
 
 
-def erasure_scores(model: ExplainableModel, batch: Batch, scores: Tensor, ks: Sequence[Union[int, float]],
-                   target: Any = None, *, max_rows: int = 1024, logits: Optional[Tensor] = None,
-                   output: Optional[str] = None) -> Tuple[Tensor, Tensor]:
+def erasure_scores(
+    model: ExplainableModel,
+    batch: Batch,
+    scores: Tensor,
+    ks: Sequence[Union[int, float]],
+    target: Any = None,
+    *,
+    max_rows: int = 1024,
+    logits: Optional[Tensor] = None,
+    output: Optional[str] = None,
+) -> Tuple[Tensor, Tensor]:
     """Comprehensiveness and sufficiency for each k of ``ks``: two ``[len(ks), B]`` tensors.
 
     ``scores`` is one ``[B, T]`` map or a stack of ``R`` maps ``[R, B, T]`` (then both results are
@@ -120,8 +129,15 @@ def erasure_scores(model: ExplainableModel, batch: Batch, scores: Tensor, ks: Se
     return (comp_scores, suff_scores) if stacked else (comp_scores[0], suff_scores[0])
 
 
-def comprehensiveness(model: ExplainableModel, batch: Batch, scores: Tensor, k: Union[int, float] = 0.2,
-                      target: Any = None, *, output: Optional[str] = None) -> Tensor:
+def comprehensiveness(
+    model: ExplainableModel,
+    batch: Batch,
+    scores: Tensor,
+    k: Union[int, float] = 0.2,
+    target: Any = None,
+    *,
+    output: Optional[str] = None,
+) -> Tensor:
     r"""``[B]`` ERASER comprehensiveness p(ŷ | x) − p(ŷ | x ∖ r), r = the top-k tokens of ``scores``.
 
     Args:
@@ -144,8 +160,15 @@ def comprehensiveness(model: ExplainableModel, batch: Batch, scores: Tensor, k: 
     return erasure_scores(model, batch, scores, [k], target, output=output)[0][0]
 
 
-def sufficiency(model: ExplainableModel, batch: Batch, scores: Tensor, k: Union[int, float] = 0.2,
-                target: Any = None, *, output: Optional[str] = None) -> Tensor:
+def sufficiency(
+    model: ExplainableModel,
+    batch: Batch,
+    scores: Tensor,
+    k: Union[int, float] = 0.2,
+    target: Any = None,
+    *,
+    output: Optional[str] = None,
+) -> Tensor:
     r"""``[B]`` ERASER sufficiency p(ŷ | x) − p(ŷ | r), r = the top-k tokens of ``scores`` (see
     :func:`comprehensiveness` for the arguments).
 
@@ -160,8 +183,15 @@ def sufficiency(model: ExplainableModel, batch: Batch, scores: Tensor, k: Union[
     return erasure_scores(model, batch, scores, [k], target, output=output)[1][0]
 
 
-def aopc(model: ExplainableModel, batch: Batch, scores: Tensor, bins: Sequence[Union[int, float]] = AOPC_BINS,
-         target: Any = None, *, output: Optional[str] = None) -> Tuple[Tensor, Tensor]:
+def aopc(
+    model: ExplainableModel,
+    batch: Batch,
+    scores: Tensor,
+    bins: Sequence[Union[int, float]] = AOPC_BINS,
+    target: Any = None,
+    *,
+    output: Optional[str] = None,
+) -> Tuple[Tensor, Tensor]:
     r"""``([B], [B])``: AOPC comprehensiveness and AOPC sufficiency — each the mean over ``bins`` of the
     per-bin value (ERASER's definition; bins default to {1, 5, 10, 20, 50}% of the real tokens).
 

@@ -12,6 +12,7 @@ Turning a soft map into a hard rationale (:func:`binarize`): exactly one of
 
 Ties in top-k are broken by position (earlier first).
 """
+
 from __future__ import annotations
 
 from typing import Optional, Tuple, Union
@@ -20,22 +21,35 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.checks import check_attention_distribution
-from lightning_xai.metrics.functional._validation import (check_distributions, check_mask, check_maps, resolve_k,
-                                                          topk_mask)
+from lightning_xai.metrics.functional._validation import (
+    check_distributions,
+    check_maps,
+    check_mask,
+    resolve_k,
+    topk_mask,
+)
 
 __all__ = ["auprc", "binarize", "impermissible_mass", "iou_f1", "span_match_counts", "token_f1"]
 
 
 def _check_rationale(rationale: Tensor, mask: Tensor) -> None:
     if not isinstance(rationale, Tensor) or rationale.dtype != torch.bool:
-        raise TypeError("rationale must be a bool tensor [B, T] (True at human-marked tokens); got "
-                        f"{rationale.dtype if isinstance(rationale, Tensor) else type(rationale).__name__}.")
+        raise TypeError(
+            "rationale must be a bool tensor [B, T] (True at human-marked tokens); got "
+            f"{rationale.dtype if isinstance(rationale, Tensor) else type(rationale).__name__}."
+        )
     if rationale.shape != mask.shape:
         raise ValueError(f"rationale has shape {tuple(rationale.shape)} but mask is {tuple(mask.shape)}.")
 
 
-def binarize(scores: Tensor, mask: Tensor, rationale: Optional[Tensor] = None, *,
-             k: Optional[Union[int, float]] = None, threshold: Optional[float] = None) -> Tensor:
+def binarize(
+    scores: Tensor,
+    mask: Tensor,
+    rationale: Optional[Tensor] = None,
+    *,
+    k: Optional[Union[int, float]] = None,
+    threshold: Optional[float] = None,
+) -> Tensor:
     """``[B, T]`` bool hard rationale from a soft map (see the module docstring for the rule).
 
     Example:
@@ -51,14 +65,22 @@ def binarize(scores: Tensor, mask: Tensor, rationale: Optional[Tensor] = None, *
     if k is not None:
         return topk_mask(scores, mask, resolve_k(k, mask.sum(1)))
     if rationale is None:
-        raise ValueError("Without k or threshold the predicted rationale takes as many tokens as the human one; "
-                         "pass rationale, k or threshold.")
+        raise ValueError(
+            "Without k or threshold the predicted rationale takes as many tokens as the human one; "
+            "pass rationale, k or threshold."
+        )
     _check_rationale(rationale, mask)
     return topk_mask(scores, mask, (rationale & mask).sum(1))
 
 
-def token_f1(scores: Tensor, rationale: Tensor, mask: Tensor, *, k: Optional[Union[int, float]] = None,
-             threshold: Optional[float] = None) -> Tuple[Tensor, Tensor, Tensor]:
+def token_f1(
+    scores: Tensor,
+    rationale: Tensor,
+    mask: Tensor,
+    *,
+    k: Optional[Union[int, float]] = None,
+    threshold: Optional[float] = None,
+) -> Tuple[Tensor, Tensor, Tensor]:
     """Token-level precision, recall and F1 of the binarised map against the rationale, per instance (``[B]`` each).
 
     As ERASER (and ``sklearn.metrics.precision_recall_fscore_support`` on one instance): precision is 0 when
@@ -80,8 +102,11 @@ def token_f1(scores: Tensor, rationale: Tensor, mask: Tensor, *, k: Optional[Uni
     precision = torch.where(n_pred > 0, tp / n_pred.clamp(min=1), torch.zeros_like(tp))
     recall = torch.where(n_gold > 0, tp / n_gold.clamp(min=1), torch.zeros_like(tp))
     denom = precision + recall
-    f1 = torch.where(denom > 0, 2 * precision * recall / torch.where(denom > 0, denom, torch.ones_like(denom)),
-                     torch.zeros_like(denom))
+    f1 = torch.where(
+        denom > 0,
+        2 * precision * recall / torch.where(denom > 0, denom, torch.ones_like(denom)),
+        torch.zeros_like(denom),
+    )
     return precision, recall, f1
 
 
@@ -116,8 +141,15 @@ def span_match_counts(pred: Tensor, gold: Tensor, iou_threshold: float = 0.5) ->
     return matched, n_pred, n_gold
 
 
-def iou_f1(scores: Tensor, rationale: Tensor, mask: Tensor, *, k: Optional[Union[int, float]] = None,
-           threshold: Optional[float] = None, iou_threshold: float = 0.5) -> Tensor:
+def iou_f1(
+    scores: Tensor,
+    rationale: Tensor,
+    mask: Tensor,
+    *,
+    k: Optional[Union[int, float]] = None,
+    threshold: Optional[float] = None,
+    iou_threshold: float = 0.5,
+) -> Tensor:
     """Per-instance IOU F1 (ERASER): a predicted span counts as a match when its IOU with some gold span is ≥ 0.5.
 
     Predicted spans are the contiguous runs of the binarised map (:func:`binarize`), gold spans the runs of the
@@ -141,8 +173,11 @@ def iou_f1(scores: Tensor, rationale: Tensor, mask: Tensor, *, k: Optional[Union
     precision = torch.where(n_pred > 0, matched / n_pred.clamp(min=1), torch.zeros_like(matched))
     recall = torch.where(n_gold > 0, matched / n_gold.clamp(min=1), torch.zeros_like(matched))
     denom = precision + recall
-    return torch.where(denom > 0, 2 * precision * recall / torch.where(denom > 0, denom, torch.ones_like(denom)),
-                       torch.zeros_like(denom))
+    return torch.where(
+        denom > 0,
+        2 * precision * recall / torch.where(denom > 0, denom, torch.ones_like(denom)),
+        torch.zeros_like(denom),
+    )
 
 
 def auprc(scores: Tensor, rationale: Tensor, mask: Tensor) -> Tensor:
@@ -186,8 +221,9 @@ def auprc(scores: Tensor, rationale: Tensor, mask: Tensor) -> Tensor:
     return torch.where(positives.squeeze(1) > 0, ap, torch.full_like(ap, float("nan")))
 
 
-def impermissible_mass(attention: Tensor, impermissible: Tensor, token_mask: Optional[Tensor] = None, *,
-                       check: bool = True) -> Tensor:
+def impermissible_mass(
+    attention: Tensor, impermissible: Tensor, token_mask: Optional[Tensor] = None, *, check: bool = True
+) -> Tensor:
     """Σ_{i∈I} α_i over the last dimension: the attention mass on a marked token set ``I`` (Pruthi et al.'s
     impermissible tokens, or a rationale). ``attention`` ``[..., T]``, ``impermissible`` bool ``[B, T]``.
 
@@ -210,16 +246,24 @@ def impermissible_mass(attention: Tensor, impermissible: Tensor, token_mask: Opt
         ...
         ValueError: ExplainOutput.attention is not a distribution over the real tokens: row 0 sums to 5 over its real tokens (expected 1 within 0.001). The protocol's attention is softmax(scores) over the real tokens (token_mask), 0 elsewhere: return the normalised weights the model pools with (unnormalised scores go in attention_scores), renormalised over the real tokens if the model also attends to special tokens.
     """
-    if not isinstance(impermissible, Tensor) or impermissible.dim() != 2 or attention.dim() < 2 or \
-            (impermissible.shape[0], impermissible.shape[-1]) != (attention.shape[0], attention.shape[-1]):
-        raise ValueError(f"impermissible must be a [B, T] mask over the attention's [B, ..., T] = "
-                         f"{tuple(getattr(attention, 'shape', ()))}, got "
-                         f"{tuple(impermissible.shape) if isinstance(impermissible, Tensor) else type(impermissible)}.")
+    if (
+        not isinstance(impermissible, Tensor)
+        or impermissible.dim() != 2
+        or attention.dim() < 2
+        or (impermissible.shape[0], impermissible.shape[-1]) != (attention.shape[0], attention.shape[-1])
+    ):
+        raise ValueError(
+            f"impermissible must be a [B, T] mask over the attention's [B, ..., T] = "
+            f"{tuple(getattr(attention, 'shape', ()))}, got "
+            f"{tuple(impermissible.shape) if isinstance(impermissible, Tensor) else type(impermissible)}."
+        )
     if check and impermissible.dtype != torch.bool:
         rows = ((impermissible != 0) & (impermissible != 1)).any(-1).nonzero().flatten()
         if rows.numel():
-            raise ValueError(f"impermissible holds values other than 0 and 1 in rows {rows.tolist()[:10]}; it is a "
-                             "mask of tokens (a value of 2 would count a token twice): pass impermissible.bool().")
+            raise ValueError(
+                f"impermissible holds values other than 0 and 1 in rows {rows.tolist()[:10]}; it is a "
+                "mask of tokens (a value of 2 would count a token twice): pass impermissible.bool()."
+            )
     if check and token_mask is not None and attention.dim() == 2:
         check_attention_distribution(attention, token_mask)
     elif check:
