@@ -37,7 +37,9 @@ METHODS = ("gradient", "grad_x_input", "integrated_gradients", "leave_one_out")
 def tokenizer(root: str) -> tf.BertTokenizerFast:
     """A WordPiece tokenizer whose vocabulary is the 300 most frequent words of the bundled SST-2 train split."""
     counts = collections.Counter(t.lower() for e in read_split("sst2", "train")[:1000] for t in e.tokens)
-    path = os.path.join(root, "vocab.txt")
+    # one file per process: both processes build it, and one truncating the shared file while the other read it gave
+    # "WordPiece error: Missing [UNK] token from the vocabulary" (a flaky failure of the 2-process tests)
+    path = os.path.join(root, f"vocab-{os.getpid()}.txt")
     with open(path, "w") as handle:
         handle.write("\n".join(SPECIALS + [w for w, _ in counts.most_common(300)]) + "\n")
     return tf.BertTokenizerFast(vocab=path, do_lower_case=True)
