@@ -62,12 +62,15 @@ class ImpermissibleAttentionMonitor(AuditCallback):
                 f"{sorted(batches[0][2])}). It needs a [B, T] bool mask of impermissible tokens, e.g. the bundled "
                 "'sst_wiki', 'pronoun' or 'occupation' datasets of TextClassificationDataModule; or set key=."
             )
-        mask = batches[0][2][self.key] if batches else None
-        if mask is not None and (
-            not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != batches[0][2]["mask"].shape
-        ):
+        if not batches:
+            return
+        mask = batches[0][2][self.key]
+        positions = tuple(self.explainable(pl_module).token_mask(batches[0][2]).shape)  # a batch may have no "mask"
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != positions:
             raise MisconfigurationException(
-                f"ImpermissibleAttentionMonitor: batch[{self.key!r}] must be a bool tensor shaped like batch['mask']."
+                f"ImpermissibleAttentionMonitor: batch[{self.key!r}] must be a bool tensor [B, T] over the model's "
+                f"token positions {positions}, got {getattr(mask, 'dtype', type(mask).__name__)} "
+                f"{tuple(getattr(mask, 'shape', ()))}."
             )
 
     def audit_batch(

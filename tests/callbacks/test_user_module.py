@@ -326,3 +326,41 @@ def test_report_html_shows_the_word_pieces_in_a_lightning_pytorch_trainer(tmp_pa
     first = audit.latest.examples[0]
     assert first.tokens == tokenizer.convert_ids_to_tokens(first.token_ids)
     assert " ".join(first.tokens) in shown and not any(t.isdigit() for t in first.tokens)  # pieces, not ids
+
+
+def test_impermissible_monitor_reads_plain_hugging_face_batches(tmp_path):
+    """Batches with ``impermissible`` but no ``mask`` key (a plain ``DataCollatorWithPadding`` batch): the monitor's
+    check compared with ``batch['mask']`` and raised ``KeyError: 'mask'`` before its first audit."""
+    from lightning_xai.callbacks import ImpermissibleAttentionMonitor
+
+    pkg, tokenizer = pytorch_lightning, sst2_tokenizer(tmp_path)
+    SST2, Classifier = user_classes(pkg)
+
+    class Marked(SST2):
+        def _loader(self, split, n, shuffle):
+            loader = super()._loader(split, n, shuffle)
+            pad = loader.collate_fn
+
+            def collate(rows):
+                batch = pad(rows)
+                batch["impermissible"] = batch["input_ids"] == tokenizer.convert_tokens_to_ids("the")
+                return batch
+
+            return torch.utils.data.DataLoader(loader.dataset, batch_size=16, collate_fn=collate)
+
+    monitor = ImpermissibleAttentionMonitor(num_samples=16, budget=None, strict=True)
+    module = Classifier(len(tokenizer))
+    trainer = pkg.Trainer(
+        max_epochs=1,
+        default_root_dir=str(tmp_path),
+        logger=False,
+        enable_checkpointing=False,
+        callbacks=[monitor],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_train_batches=2,
+    )
+    trainer.fit(module, datamodule=Marked(tokenizer))
+    mass = monitor.history[-1]["metrics"]["mass/mean"]
+    assert 0.0 < mass < 1.0  # attention on the "the" pieces of real SST-2 sentences
