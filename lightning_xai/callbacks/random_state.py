@@ -32,6 +32,7 @@ class RandomStateCheckpoint(Callback):
     the process that saved the checkpoint).
 
     Example:
+        >>> import torch
         >>> callback = RandomStateCheckpoint()
         >>> saved = callback.state_dict()          # what a checkpoint holds
         >>> stopped_run_draws = torch.rand(3)
