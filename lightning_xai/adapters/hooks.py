@@ -5,10 +5,8 @@
 * the **embedding** module: its output ``[B, T, E]`` is what ``embed`` returns and what
   ``forward_from_embeddings`` substitutes (a forward hook replaces the module's output with the given embeddings,
   so everything after it — positional encodings, encoders — runs unchanged and stays differentiable);
-* the **attention** module: the module whose *output* is the attention distribution the rest of the network
-  consumes (typically a softmax module). A forward hook captures that output and, for an override, replaces it.
-
-Hooks live only for the duration of one call and are always removed. The attention module's output may be
+* the **attention** module, whose *output* is the attention distribution the network consumes (typically a softmax
+  module); a hook captures it and, for an override, replaces it. Hooks live for one call. Its output may be
 
 * ``[B, T]`` token weights (additive/dot attention over a sequence), or
 * ``[B, heads, T, T]`` self-attention probabilities: the reported attention is the pooled query row (see *Which
@@ -24,10 +22,8 @@ If the module returns a tuple, ``attention_index`` says which element holds the 
 rows' outputs from the module's value and output projections; afterwards the fast path and the module are
 exactly as before (:mod:`lightning_xai.adapters.torch_attention`).
 
-Other modules that compute attention weights *inside* their forward and return only the mixed values cannot be
-overridden by a hook (the values are already mixed when the hook runs): name the submodule that produces the
-weights (refactor the softmax into its own module if needed), or use :class:`HuggingFaceAdapter` for
-``transformers`` models.
+Other modules that return only the mixed values cannot be overridden by a hook: name the submodule that produces
+the weights (a softmax module), or use :class:`HuggingFaceAdapter` for ``transformers`` models.
 
 **Which query row** (self-attention only): the reported attention is what the classifier reads, so say where it
 pools — ``pooling="first"`` (row 0, a ``[CLS]`` token), ``pooling="mean"`` (the classifier averages the hidden

@@ -4,10 +4,9 @@ embeddings.
 A batch is a mapping of named values. Every tensor whose first dimension is the batch size ``B`` is a
 per-example value and follows its rows; every tensor whose first two dimensions are ``[B, T]`` (ids, masks,
 ``impermissible``, ``rationale``, ...) is a per-token value and follows its tokens. Anything else (scalars,
-strings, tensors of another leading size) is passed through unchanged. Lists/tuples of length ``B`` are
-treated as per-example values too. The keys a generation model names as its target
-(:func:`~lightning_xai.adapters.capabilities.target_keys`: an encoder–decoder's ``labels``, which may be as wide as
-the source by chance) are per-example values only: ``keep=`` leaves them out of token surgery.
+strings, tensors of another leading size) is passed through unchanged; lists/tuples of length ``B`` are
+per-example. A generator's target keys (:func:`~lightning_xai.adapters.capabilities.target_keys`, which may be as
+wide as the source by chance) are per-example only: ``keep=`` leaves them out of token surgery.
 """
 
 from __future__ import annotations
@@ -38,9 +37,8 @@ __all__ = [
 
 #: the fill of freed positions of per-token ``labels`` (transformers' ``ignore_index``: not a target)
 IGNORE_LABEL = -100
-#: Padded tokens (rows × width) per forward pass of length-sorted variants on CPU. MiniLM (1 thread) costs about
-#: 270 µs a token in passes of 1-4k tokens, 305 at 8k and 345 at 15k (activations leave the cache), so larger
-#: passes are slower, not faster; on a GPU the memory budget alone sets the pass size.
+#: Padded tokens per forward pass of length-sorted variants on CPU: MiniLM costs ~270 µs a token at 1-4k tokens a
+#: pass, 345 at 15k (activations leave the cache); on a GPU the memory budget alone sets the pass size.
 CPU_PASS_TOKENS = 4096
 
 

@@ -33,7 +33,7 @@ from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.attribution.batching import gather_rows
 from lightning_xai.attribution.core import attribute, resolve_target, target_score
 from lightning_xai.attribution.gradients import _rows_per_pass
-from lightning_xai.attribution.integrated_gradients import _baseline
+from lightning_xai.attribution.ig_path import _baseline
 from lightning_xai.attribution.quadrature import ig_nodes
 from lightning_xai.attribution.registry import PAIRWISE_INTERACTIONS, register_method
 

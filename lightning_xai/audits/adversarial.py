@@ -16,8 +16,8 @@ from torch import Tensor
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
 from lightning_xai.attribution import explanation_context
 from lightning_xai.attribution.batching import repeat_rows
+from lightning_xai.attribution.heads import check_softmax_head
 from lightning_xai.attribution.override_replay import override_scorer
-from lightning_xai.attribution.targets import check_softmax_head
 from lightning_xai.metrics.functional.divergence import jensen_shannon_divergence, kl_divergence, total_variation
 
 __all__ = [

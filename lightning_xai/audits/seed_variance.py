@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
-from lightning_xai.attribution.targets import check_softmax_head
+from lightning_xai.attribution.heads import check_softmax_head
 from lightning_xai.metrics.functional.divergence import jensen_shannon_divergence, total_variation
 
 __all__ = ["SeedVarianceResult", "attention_divergence", "seed_variance"]

@@ -17,7 +17,7 @@ from lightning_xai.adapters.capabilities import DeletionLogits
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, method_record, shared_input_gradients
 from lightning_xai.attribution.batching import gather_rows
-from lightning_xai.attribution.targets import explained_quantity
+from lightning_xai.attribution.heads import explained_quantity
 from lightning_xai.callbacks._audit.generation import (
     check_decoding,
     check_generation_methods,

@@ -20,8 +20,8 @@ from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.adapters.resolve import ModelResolver, ModelSpec
 from lightning_xai.adapters.sharding import lockstep
+from lightning_xai.attribution.heads import default_output
 from lightning_xai.attribution.registry import method_record
-from lightning_xai.attribution.targets import default_output
 from lightning_xai.callbacks._audit import model as lookup
 from lightning_xai.callbacks._audit.aggregation import AuditCollector, aggregate_values, histogram_values, value_names
 from lightning_xai.callbacks._audit.budget import (

@@ -12,7 +12,7 @@ from typing_extensions import override
 
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute
-from lightning_xai.attribution.targets import explained_quantity
+from lightning_xai.attribution.heads import explained_quantity
 from lightning_xai.audits.erasure import decision_flip, ranking_scores
 from lightning_xai.audits.generation_erasure import attention_row_gradient, generation_erasure
 from lightning_xai.callbacks._audit.generation import (

@@ -15,7 +15,8 @@ import torch
 from lightning_xai.adapters import HuggingFaceAdapter
 from lightning_xai.adapters.capabilities import HeadKind, head_kind_of
 from lightning_xai.attribution import attribute, gather_rows
-from lightning_xai.attribution.targets import decisions, default_output, explained_quantity, label_targets, score_values
+from lightning_xai.attribution.heads import decisions, default_output, explained_quantity, label_targets
+from lightning_xai.attribution.targets import score_values
 
 pytest.importorskip("transformers")
 from tests.adapters.conftest import tiny_batch, tiny_bert  # noqa: E402

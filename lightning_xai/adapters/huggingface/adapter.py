@@ -11,13 +11,8 @@ default position of the summary token):
   (``raw_attentions``: one ``[B, heads, T, T]`` tensor per layer) and reduces them to one ``[B, T]`` token
   distribution (``attention``), chosen by the ``attention=`` argument:
 
-  - ``"cls_last_mean"`` (default): the last layer's pooled query row (``[CLS]`` for BERT), averaged over heads;
-  - ``"cls_last_max"``: the same row, maximum over heads;
-  - ``"L:H"`` (e.g. ``"-1:3"``, ``"5:0"``): the pooled row of head ``H`` of layer ``L``; ``H`` may also be
-    ``mean`` or ``max``;
-  - ``"rollout"``: attention rollout (Abnar & Zuidema, 2020): per layer ``Â_l = (mean_h A_l + I) / 2`` with rows
-    renormalised to 1, ``R = Â_L ⋯ Â_1``, the pooled row of ``R``;
-  - a callable ``f(raw_attentions, batch) -> [B, T]`` non-negative scores.
+  the reductions of :mod:`lightning_xai.adapters.huggingface.reductions` (``"cls_last_mean"``, the default:
+  the last layer's pooled query row averaged over heads; ``"cls_last_max"``, ``"L:H"``, ``"rollout"``, a callable).
 
   **Which row.** Every reduction reads the row of the position the classifier pools, found per model and per
   row by :mod:`lightning_xai.adapters.huggingface.pooling` (``[CLS]`` for the BERT family, the last non-pad token for
@@ -51,15 +46,10 @@ default position of the summary token):
   pass, and where the head reads one position the overrides of a row share one sequence
   (:mod:`lightning_xai.adapters.huggingface.packing`).
 
-  The override goes through a custom attention function registered in transformers' attention-interface registry
-  (``AttentionInterface.register`` and ``AttentionMaskInterface.register`` under the name
-  :data:`ATTENTION_IMPLEMENTATION`). It calls the model's own eager attention and, only inside an override call and
-  only for the last attention module, swaps the row and recomputes ``weights @ values`` (the override row gets no
-  attention dropout in train mode). Outside an override it *is* eager attention. The adapter switches the model
-  to it **only for its own forward passes** (:func:`~lightning_xai.adapters.huggingface.attention.recording_attention`)
-  and restores the model's implementation afterwards: a model loaded with ``sdpa``/flash attention keeps
-  training on it, with its own numbers and speed. DeBERTa-v2/v3, whose modeling file computes attention itself, gets
-  the same rows through a forward hook on its last attention module's dropout, attached for the override pass only
+  The override goes through the attention function of :mod:`lightning_xai.adapters.huggingface.attention` (eager
+  attention with a replaceable row), switched on **only for the adapter's own passes**
+  (:func:`~lightning_xai.adapters.huggingface.attention.recording_attention`): a model loaded with ``sdpa``/flash
+  attention keeps training on it. DeBERTa-v2/v3 gets the same rows through a hook
   (:mod:`lightning_xai.adapters.huggingface.native`).
 """
 
@@ -91,6 +81,7 @@ from lightning_xai.adapters.huggingface.families import module_calls
 from lightning_xai.adapters.huggingface.heads import head_kind as config_head_kind
 from lightning_xai.adapters.huggingface.inputs import position_offset, warn_missing_token_types
 from lightning_xai.adapters.huggingface.native import native_attention_modules, native_override
+from lightning_xai.adapters.huggingface.parts import input_embedding, recorded_attention_modules
 from lightning_xai.adapters.huggingface.pooling import detect_pooling, is_causal, pooled_logits, query_mask
 from lightning_xai.adapters.huggingface.reductions import (
     Reduction,
@@ -242,23 +233,8 @@ class HuggingFaceAdapter(nn.Module):
             object.__setattr__(self, "_attention_modules", native_attention_modules(model))
 
     # --- construction checks ------------------------------------------------------------------------------
-    @staticmethod
-    def _find_embedding(model: nn.Module) -> nn.Embedding:
-        getter = getattr(model, "get_input_embeddings", None)
-        embedding = None
-        if callable(getter):
-            try:
-                embedding = getter()
-            except (NotImplementedError, AttributeError):
-                embedding = None
-        if not isinstance(embedding, nn.Embedding):
-            raise ProtocolError(
-                f"{type(model).__name__} has no reachable input embedding layer (get_input_embeddings() returned "
-                f"{type(embedding).__name__}). HuggingFaceAdapter needs an nn.Embedding it can call on input_ids and "
-                "a forward accepting inputs_embeds; for other models use HookAdapter(module, embedding='<name>', "
-                "attention='<name>')."
-            )
-        return embedding
+    _find_embedding = staticmethod(input_embedding)
+    _find_attention_modules = staticmethod(recorded_attention_modules)
 
     def _check_tokenizer(self, tokenizer: Any) -> None:
         if tokenizer is None:
@@ -279,17 +255,6 @@ class HuggingFaceAdapter(nn.Module):
                     f"Tokenizer/model mismatch: tokenizer.{name}={mine} but model.config.{name}="
                     f"{theirs}; load the tokenizer that belongs to this checkpoint."
                 )
-
-    @staticmethod
-    def _find_attention_modules(model: nn.Module) -> List[nn.Module]:
-        recorders = getattr(model, "_can_record_outputs", None) or {}
-        target = recorders.get("attentions") if isinstance(recorders, dict) else None
-        target = getattr(target, "target_class", target)
-        if isinstance(target, type):
-            modules = [m for m in model.modules() if isinstance(m, target)]
-            if modules:
-                return modules
-        return []
 
     # --- the ExplainableModel protocol -----------------------------------------------------------------------
     @property

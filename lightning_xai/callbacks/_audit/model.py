@@ -23,7 +23,7 @@ from lightning_xai.adapters.checks import check_logits
 from lightning_xai.adapters.protocol import ExplainableModel, ProtocolError
 from lightning_xai.adapters.resolve import ModelResolver, ModelSpec, find_tokenizer
 from lightning_xai.attribution.batching import gather_rows
-from lightning_xai.attribution.targets import check_softmax_head
+from lightning_xai.attribution.heads import check_softmax_head
 from lightning_xai.callbacks._audit.guard import audit_guard
 
 __all__ = [
@@ -83,7 +83,7 @@ def check_attention_override(owner: str, model: ExplainableModel) -> None:
 def refuse_non_softmax(owner: str, model: Any, measure: str) -> None:
     """At setup: refuse, naming ``owner``, a model whose head is not a softmax over classes, for an audit whose
     ``measure`` compares softmax output distributions
-    (:func:`~lightning_xai.attribution.targets.check_softmax_head`).
+    (:func:`~lightning_xai.attribution.heads.check_softmax_head`).
 
     Example:
         >>> class Scorer(torch.nn.Module):

@@ -201,11 +201,11 @@ class AuditPrediction:
 
     The logits are read through the model's head (:func:`~lightning_xai.adapters.capabilities.head_kind_of`) by
     :func:`~lightning_xai.attribution.targets.score_values` with the head's default output
-    (:func:`~lightning_xai.attribution.targets.default_output`), the score an explanation with ``target=None``
+    (:func:`~lightning_xai.attribution.heads.default_output`), the score an explanation with ``target=None``
     explains:
 
     * **softmax** (a classifier): ``probabilities`` the softmax, ``prediction`` the argmax class (the model's
-      decision, :func:`~lightning_xai.attribution.targets.decisions`), ``probability`` its probability;
+      decision, :func:`~lightning_xai.attribution.heads.decisions`), ``probability`` its probability;
     * **sigmoid** (multi-label): ``probabilities`` each label's sigmoid, ``prediction`` the highest-scoring label
       (the one explained; the decision itself is the set of labels above 0.5), ``probability`` its sigmoid;
     * **regression**: there is no class and no probability: ``probabilities`` are the output values, ``prediction``
@@ -280,7 +280,7 @@ class AuditResult:
     """The outcome of one audit run: aggregated scalars plus per-example detail.
 
     ``explained_quantity`` says in words what the audit's maps and scores explain (e.g. ``"regression output
-    value"``, :func:`~lightning_xai.attribution.targets.explained_quantity`), for audits that explain a score;
+    value"``, :func:`~lightning_xai.attribution.heads.explained_quantity`), for audits that explain a score;
     its record (the :attr:`AuditCallback.history` entry) then holds it too.
 
     Example:

@@ -31,14 +31,9 @@ from lightning_xai.attribution.batching import (
     padding_trimmer,
     row_extents,
 )
+from lightning_xai.attribution.heads import decisions, default_output
 from lightning_xai.attribution.override_replay import override_scorer
-from lightning_xai.attribution.targets import (
-    decisions,
-    default_output,
-    score_values,
-    target_score,
-    warn_nonfinite_logits,
-)
+from lightning_xai.attribution.targets import score_values, target_score, warn_nonfinite_logits
 
 __all__ = [
     "RANKINGS",
@@ -67,7 +62,7 @@ def erasure_probabilities(
 
     The probability under the model's head (:func:`~lightning_xai.attribution.targets.score_values`: a sigmoid's
     for a multi-label model); ``output="logit"`` scores the logit instead. ``output=None`` is the head's default
-    (:func:`~lightning_xai.attribution.targets.default_output`): the output value of a regression model, whose
+    (:func:`~lightning_xai.attribution.heads.default_output`): the output value of a regression model, whose
     probability is refused by name.
 
     The ``K·B`` erased rows are built in one batch (rows repeated, then tokens deleted; an erasure that repeats
@@ -246,7 +241,7 @@ def decision_flip(
     position (earlier first). The decision is the argmax class; for a multi-label (sigmoid) model the set of labels
     with probability above 0.5 (a flip: any label crosses 0.5), the gradient rankings then using the top label's
     logit; a regression model makes no decision and is refused by name
-    (:func:`~lightning_xai.attribution.targets.decisions`).
+    (:func:`~lightning_xai.attribution.heads.decisions`).
 
     All steps of all instances are built as one stack of ``Σ (n_b − 1)`` overridden attention rows and run in
     forward passes of at most ``max_rows`` rows, lowest steps first, each pass reaching twice as many steps as the
