@@ -7,8 +7,9 @@ without it installed.
 from lightning_xai.reporting.curves import TrainingLog
 from lightning_xai.reporting.headline import headline_html, headline_sentences
 from lightning_xai.reporting.html import legend_html, render_report, score_colour, token_heatmap_html
+from lightning_xai.reporting.page import write_report
 from lightning_xai.reporting.plots import plot_heatmap, plot_histograms, plot_history, plot_panels
-from lightning_xai.reporting.report import AuditReport, write_report
+from lightning_xai.reporting.report import AuditReport
 from lightning_xai.reporting.run_directory import log_report_to_wandb, run_report_directory
 from lightning_xai.reporting.summary import final_results, format_summary, print_summary
 from lightning_xai.reporting.wandb_logging import is_wandb_logger, log_audit_to_wandb, wandb_payload
