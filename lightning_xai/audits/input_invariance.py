@@ -26,7 +26,7 @@ from lightning_xai.audits.sanity_table import (
 )
 from lightning_xai.metrics.functional.agreement import kendall_tau
 
-__all__ = ["DEFAULT_INVARIANCE_METHODS", "input_invariance", "shifted_model"]
+__all__ = ["DEFAULT_INVARIANCE_METHODS", "input_invariance", "input_shift_refusal", "shifted_model"]
 
 DEFAULT_INVARIANCE_METHODS: Tuple[MethodSpec, ...] = (
     "attention",
@@ -40,15 +40,36 @@ DEFAULT_INVARIANCE_METHODS: Tuple[MethodSpec, ...] = (
 
 
 def _embedding_table(model: Any) -> Tensor:
+    refusal = input_shift_refusal(model)
+    if refusal is not None:
+        raise ValueError(refusal)
+    return model.embedding_table()
+
+
+def input_shift_refusal(model: Any) -> Optional[str]:
+    """Why the input-invariance check cannot run on ``model`` (``None``: it can), known before any copy is made:
+    it lacks the :class:`~lightning_xai.adapters.capabilities.EmbeddingShift` capability, or its optional
+    ``embedding_shift_refusal()`` names why its embeddings cannot be shifted with compensation.
+
+    Example:
+        >>> from lightning_xai.models import AttentionClassifier
+        >>> input_shift_refusal(AttentionClassifier(vocab_size=20, embedding_dim=8, hidden_dim=4)) is None
+        True
+        >>> cnn = AttentionClassifier(vocab_size=20, embedding_dim=8, hidden_dim=4, encoder="cnn")
+        >>> print(input_shift_refusal(cnn))  # doctest: +ELLIPSIS
+        Cannot compensate an embedding shift in CNNEncoder: ... input is not a bias change there.
+    """
     if not isinstance(model, EmbeddingShift):
-        raise ValueError(
+        return (
             f"{type(model).__name__} does not implement the EmbeddingShift capability "
             "(lightning_xai.adapters.capabilities: embedding_table() and shift_embeddings(shift)); the "
             "input-invariance check shifts the model's embeddings and needs the model to compensate "
             "the shift. Supported: AttentionClassifier (encoder 'lstm', 'bilstm', 'ortho_lstm', "
-            "'ortho_bilstm' or 'mlp')."
+            "'ortho_bilstm' or 'mlp') and HuggingFaceAdapter over models that add position or token-type "
+            "embeddings to their word embeddings (BERT, RoBERTa, DistilBERT, ALBERT, ELECTRA, GPT-2, ...)."
         )
-    return model.embedding_table()
+    refusal = getattr(model, "embedding_shift_refusal", None)
+    return refusal() if callable(refusal) else None
 
 
 def shifted_model(model: Any, shift: Union[float, Tensor]) -> Any:

@@ -30,6 +30,9 @@ DEFAULT_RANDOMIZATION_METHODS: Tuple[MethodSpec, ...] = (
 
 
 def _default_layers(model: Any) -> List[str]:
+    own = getattr(model, "randomization_layers", None)  # a model that knows its cascade (HuggingFaceAdapter)
+    if callable(own):
+        return list(own())
     names = [
         name
         for name in ("classifier", "attention", "encoder", "embedding")
@@ -73,8 +76,11 @@ def model_randomization(
         methods: as in :func:`input_invariance`.
         mode: ``"cascading"`` (re-initialise layers cumulatively from the output down) or ``"independent"``
             (one layer at a time, the others trained).
-        layers: module names ordered from the output to the input; default for the reference models:
-            ``classifier, attention, encoder, embedding`` (those that exist).
+        layers: module names ordered from the output to the input; default: the model's own
+            ``randomization_layers()`` where it has one (a ``transformers`` model through
+            :class:`~lightning_xai.adapters.HuggingFaceAdapter`: its head, pooler or final norm, each layer from the
+            top, its embeddings), else for the reference models ``classifier, attention, encoder, embedding``
+            (those that exist).
         seed: seed of the re-initialisation (each layer ``seed + its position``).
 
     Returns:

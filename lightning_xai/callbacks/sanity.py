@@ -15,9 +15,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
+from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from lightning_xai.adapters.protocol import ExplainableModel
+from lightning_xai.audits.input_invariance import input_shift_refusal
 from lightning_xai.audits.sanity import (
     DEFAULT_INVARIANCE_METHODS,
     DEFAULT_RANDOMIZATION_METHODS,
@@ -25,6 +27,7 @@ from lightning_xai.audits.sanity import (
     SanityTable,
     run_sanity_checks,
 )
+from lightning_xai.callbacks._audit.distributed import agreed
 from lightning_xai.callbacks.base import AuditCallback, AuditPrediction, BatchResult
 
 __all__ = ["SanityCheck", "SANITY_CHECKS"]
@@ -81,7 +84,7 @@ class SanityCheck(AuditCallback):
         on_test: bool = False,
         **kwargs: Any,
     ) -> None:
-        checks = tuple(checks)
+        checks_given, checks = checks, tuple(checks)
         unknown = [c for c in checks if c not in SANITY_CHECKS]
         if not checks or unknown:
             raise MisconfigurationException(
@@ -107,6 +110,8 @@ class SanityCheck(AuditCallback):
         )
         self.on_validate = on_validate
         self.checks: Tuple[str, ...] = checks
+        self._explicit_checks = checks_given is not SANITY_CHECKS  # the default skips what a model cannot take
+        self._skipped: Tuple[str, ...] = ()  # checks the model cannot take, found before the first audit
         self.invariance_methods = list(invariance_methods)
         self.randomization_methods = list(randomization_methods)
         self.randomization_mode = randomization_mode
@@ -117,6 +122,34 @@ class SanityCheck(AuditCallback):
 
     def _state_config(self) -> Dict[str, Any]:
         return {**super()._state_config(), "checks": self.checks}
+
+    @override
+    def check_model(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", split: str) -> None:
+        """The base probe, then whether the model can take the input-invariance check (its embeddings shifted with
+        compensation): if not, an explicit ``checks=[..., "input_invariance"]`` is refused by name; the default
+        checks skip it with one warning and run the others."""
+        super().check_model(trainer, pl_module, split)
+        self._skipped = ()
+        refusal = input_shift_refusal(self.explainable(pl_module)) if "input_invariance" in self.checks else None
+        if refusal is None:
+            return
+        others = tuple(c for c in self.checks if c != "input_invariance")
+        if self._explicit_checks:
+            raise MisconfigurationException(
+                f"SanityCheck(checks={list(self.checks)}): {refusal.rstrip('.')}. Leave 'input_invariance' out of "
+                f"checks= (e.g. checks={list(others) or ['model_randomization', 'completeness']})."
+            )
+        rank_zero_warn(
+            f"SanityCheck: the input-invariance check is skipped: {refusal.rstrip('.')}. The other checks run; "
+            f"pass checks={list(others)} to say so and silence this warning."
+        )
+        self._skipped = ("input_invariance",)
+
+    @override
+    def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        super().on_fit_start(trainer, pl_module)
+        if self.at_fit_end and not (self.every_n_epochs or self.every_n_train_steps):  # refused before training
+            agreed(trainer, self._ensure_checked, trainer, pl_module, self.dataloader)
 
     @override
     def on_fit_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
@@ -144,19 +177,20 @@ class SanityCheck(AuditCallback):
         return BatchResult(values=values), {}
 
     def _run(self, model: ExplainableModel, batch: Dict[str, Any]) -> Dict[str, SanityTable]:
+        checks = tuple(c for c in self.checks if c not in self._skipped)
         options: Dict[str, Any] = {}
-        if "input_invariance" in self.checks:
+        if "input_invariance" in checks:
             options.update(
                 input_invariance_methods=self.invariance_methods,
                 input_invariance_tolerance=self.tolerance,
                 input_invariance_seed=self.seed,
             )
-        if "model_randomization" in self.checks:
+        if "model_randomization" in checks:
             options.update(
                 model_randomization_methods=self.randomization_methods,
                 model_randomization_mode=self.randomization_mode,
                 model_randomization_seed=self.seed,
             )
-        if "completeness" in self.checks:
+        if "completeness" in checks:
             options.update(completeness_n_steps=self.ig_steps)
-        return run_sanity_checks(model, batch, checks=self.checks, **options)
+        return run_sanity_checks(model, batch, checks=checks, **options)

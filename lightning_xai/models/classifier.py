@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple, cast
 
 import pytorch_lightning as pl
 import torch
@@ -298,6 +298,17 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
         """:class:`~lightning_xai.adapters.capabilities.EmbeddingShift`: the ``[V, E]`` embedding table."""
         return self.embedding.weight
 
+    def embedding_shift_refusal(self) -> Optional[str]:
+        """Why :meth:`shift_embeddings` cannot compensate a shift in this encoder (``None``: it can)."""
+        if callable(getattr(self.encoder, "compensate_input_shift", None)):
+            return None
+        return (
+            f"Cannot compensate an embedding shift in {type(self.encoder).__name__}: supported "
+            "encoders are LSTMEncoder ('lstm', 'bilstm'), OrthogonalLSTMEncoder ('ortho_lstm', "
+            "'ortho_bilstm') and MLPEncoder ('mlp'). The CNN zero-pads its borders, so a shifted "
+            "input is not a bias change there."
+        )
+
     def shift_embeddings(self, shift: Tensor) -> None:
         """:class:`~lightning_xai.adapters.capabilities.EmbeddingShift`: add ``shift`` ``[E]`` to every embedding
         (the pad row too) and subtract ``W·shift`` from the bias of the encoder's first layer, in place.
@@ -310,14 +321,10 @@ class AttentionClassifier(ClassifierSteps, pl.LightningModule):
             >>> torch.allclose(model(batch).logits, before, atol=1e-5)
             True
         """
-        compensate = getattr(self.encoder, "compensate_input_shift", None)
-        if not callable(compensate):
-            raise ValueError(
-                f"Cannot compensate an embedding shift in {type(self.encoder).__name__}: supported "
-                "encoders are LSTMEncoder ('lstm', 'bilstm'), OrthogonalLSTMEncoder ('ortho_lstm', "
-                "'ortho_bilstm') and MLPEncoder ('mlp'). The CNN zero-pads its borders, so a shifted "
-                "input is not a bias change there."
-            )
+        refusal = self.embedding_shift_refusal()
+        if refusal is not None:
+            raise ValueError(refusal)
+        compensate = cast(Callable[[Tensor], None], self.encoder.compensate_input_shift)
         with torch.no_grad():
             shift = shift.to(self.embedding.weight)
             compensate(shift)  # first: a refusal leaves the model unchanged

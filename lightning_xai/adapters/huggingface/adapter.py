@@ -81,7 +81,11 @@ from lightning_xai.adapters.huggingface.families import module_calls
 from lightning_xai.adapters.huggingface.heads import head_kind as config_head_kind
 from lightning_xai.adapters.huggingface.inputs import position_offset, warn_missing_token_types
 from lightning_xai.adapters.huggingface.native import native_attention_modules, native_override
-from lightning_xai.adapters.huggingface.parts import input_embedding, recorded_attention_modules
+from lightning_xai.adapters.huggingface.parts import (
+    input_embedding,
+    randomization_stages,
+    recorded_attention_modules,
+)
 from lightning_xai.adapters.huggingface.pooling import detect_pooling, is_causal, pooled_logits, query_mask
 from lightning_xai.adapters.huggingface.reductions import (
     Reduction,
@@ -91,6 +95,7 @@ from lightning_xai.adapters.huggingface.reductions import (
     renormalise,
 )
 from lightning_xai.adapters.huggingface.replay import override_replay
+from lightning_xai.adapters.huggingface.shift import embedding_shift_refusal, shift_input_embeddings
 from lightning_xai.adapters.huggingface.tokens import real_token_mask
 from lightning_xai.adapters.huggingface.unwrap import unchecked_layers, unwrap
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError, check_embeddings
@@ -293,6 +298,26 @@ class HuggingFaceAdapter(nn.Module):
         )
         with gathered(self.model, [self._embedding]):  # FSDP2: called outside the root's forward (adapters.sharding)
             return self._embedding(ids)
+
+    def embedding_table(self) -> Tensor:
+        """:class:`~lightning_xai.adapters.capabilities.EmbeddingShift`: the ``[V, E]`` word embedding table."""
+        return self._embedding.weight
+
+    def embedding_shift_refusal(self) -> Optional[str]:
+        """Why the word embeddings cannot be shifted with compensation (``None``: they can), see
+        :mod:`~lightning_xai.adapters.huggingface.shift`."""
+        return embedding_shift_refusal(self.model, self._embedding)
+
+    def shift_embeddings(self, shift: Tensor) -> None:
+        """:class:`~lightning_xai.adapters.capabilities.EmbeddingShift`: in place, ``+ shift`` on every word
+        embedding and ``− shift`` on a table added at every position (positions, token types), checked on a probe."""
+        shift_input_embeddings(self.model, self._embedding, shift)
+
+    def randomization_layers(self) -> List[str]:
+        """The modules Adebayo et al.'s cascading randomisation re-initialises, from the output to the input
+        (dotted names from this adapter; :func:`~lightning_xai.adapters.huggingface.parts.randomization_stages`)."""
+        names = {module: name for name, module in self.named_modules()}
+        return [names[m] for m in randomization_stages(self.model, self._embedding, self._attention_modules)]
 
     def token_mask(self, batch: Batch) -> Tensor:
         """``[B, T]`` bool: real word-pieces (``batch["mask"]``, else attention_mask minus special tokens)."""

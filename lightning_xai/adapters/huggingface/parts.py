@@ -3,13 +3,13 @@ whose outputs it records."""
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 from torch import nn
 
 from lightning_xai.adapters.protocol import ProtocolError
 
-__all__ = ["input_embedding", "recorded_attention_modules"]
+__all__ = ["input_embedding", "randomization_stages", "recorded_attention_modules"]
 
 
 def input_embedding(model: nn.Module) -> nn.Embedding:
@@ -41,3 +41,54 @@ def recorded_attention_modules(model: nn.Module) -> List[nn.Module]:
         if modules:
             return modules
     return []
+
+
+def _layer_list(base: nn.Module, attention_modules: List[nn.Module]) -> Optional[nn.ModuleList]:
+    """The ``nn.ModuleList`` of ``base`` whose every element holds attention modules and which holds them all."""
+    wanted = {id(m) for m in attention_modules}
+    for candidate in base.modules():
+        if not isinstance(candidate, nn.ModuleList) or not len(candidate):
+            continue
+        held = [{id(m) for m in layer.modules()} & wanted for layer in candidate]
+        if all(held) and set().union(*held) == wanted:
+            return candidate
+    return None
+
+
+def randomization_stages(
+    model: nn.Module, embedding: nn.Embedding, attention_modules: List[nn.Module]
+) -> List[nn.Module]:
+    """Adebayo et al.'s cascade for a ``transformers`` classifier, from the output to the input: the head (the
+    model's children with parameters other than its base model), what else the base model holds beside its layers
+    and embeddings (a pooler, a final norm), each layer of its stack from the top, and its embedding module.
+
+    Example:
+        >>> from transformers import BertConfig, BertForSequenceClassification
+        >>> model = BertForSequenceClassification(BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=2,
+        ...                                                  num_attention_heads=2, intermediate_size=8))
+        >>> attention = recorded_attention_modules(model)
+        >>> stages = randomization_stages(model, model.get_input_embeddings(), attention)
+        >>> names = {m: n for n, m in model.named_modules()}
+        >>> [names[m] for m in stages]
+        ['classifier', 'bert.pooler', 'bert.encoder.layer.1', 'bert.encoder.layer.0', 'bert.embeddings']
+    """
+    base = getattr(model, "base_model", None)
+    base = base if isinstance(base, nn.Module) and base is not model else None
+
+    def parameterised(module: nn.Module) -> bool:
+        return any(True for _ in module.parameters())
+
+    head = [m for m in model.children() if m is not base and parameterised(m)]
+    root = base if base is not None else model
+    layers = _layer_list(root, attention_modules)
+    owner = next((m for m in root.modules() if any(c is embedding for c in m.children())), None)
+    embeddings: nn.Module = owner if owner is not None and owner is not root else embedding
+    inner = set(layers.modules()) if layers is not None else set()
+    inner |= set(embeddings.modules())
+    beside = [
+        m
+        for m in (root.children() if base is not None else ())
+        if m not in inner and parameterised(m) and not (set(m.modules()) & inner)
+    ]
+    stack = list(reversed(list(layers))) if layers is not None else []
+    return head + beside + stack + [embeddings]
