@@ -11,10 +11,11 @@ from torch import nn
 from lightning_xai.adapters import ExplainableModel, HuggingFaceAdapter, explainable_model
 from lightning_xai.adapters.capabilities import TargetSequence
 from lightning_xai.adapters.huggingface import HuggingFaceGenerationAdapter
+from lightning_xai.adapters.protocol import ProtocolError
 from lightning_xai.attribution import attribute, resolve_target, target_score
 
 CAUSAL = ("llama", "qwen2", "gpt2")
-SEQ2SEQ = ("bart", "marian")
+SEQ2SEQ = ("bart", "marian", "t5", "encoder_decoder")
 
 
 def causal_lm(family: str, seed: int = 0, attn_implementation: str = "eager"):
@@ -58,10 +59,52 @@ def causal_lm(family: str, seed: int = 0, attn_implementation: str = "eager"):
 
 
 def seq2seq(family: str, seed: int = 0, attn_implementation: str = "eager"):
-    """A random encoder–decoder (vocab 40), float64, eval; Marian scales its embeddings (scale_embedding=True)."""
+    """A random encoder–decoder (vocab 40), float64, eval; Marian scales its embeddings (scale_embedding=True); T5
+    (relative position bias, unscaled dot products, pad 0 = decoder start, no bos); a BERT encoder + BERT decoder
+    ``EncoderDecoderModel`` (``[CLS]`` 1 starts decoding, ``[SEP]`` 2 ends, pad 0)."""
     import transformers as tf
 
     torch.manual_seed(seed)
+    if family == "t5":
+        config = tf.T5Config(
+            vocab_size=40,
+            d_model=16,
+            d_kv=4,
+            d_ff=32,
+            num_layers=2,
+            num_decoder_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            relative_attention_max_distance=16,
+            dropout_rate=0.0,
+            initializer_factor=1.0,
+            pad_token_id=0,
+            eos_token_id=1,
+            decoder_start_token_id=0,
+            attn_implementation=attn_implementation,
+        )
+        return tf.T5ForConditionalGeneration(config).double().eval()
+    if family == "encoder_decoder":
+        bert = dict(
+            vocab_size=40,
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=32,
+            max_position_embeddings=32,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            initializer_range=0.2,
+            pad_token_id=0,
+            attn_implementation=attn_implementation,
+        )
+        config = tf.EncoderDecoderConfig.from_encoder_decoder_configs(
+            tf.BertConfig(**bert), tf.BertConfig(is_decoder=True, add_cross_attention=True, **bert)
+        )
+        config.decoder_start_token_id, config.pad_token_id, config.eos_token_id = 1, 0, 2
+        model = tf.EncoderDecoderModel(config=config)  # (it builds its halves on its own default implementation)
+        model.set_attn_implementation(attn_implementation)
+        return model.double().eval()
     common = dict(
         vocab_size=40,
         d_model=16,
@@ -98,11 +141,16 @@ def causal_batch():
 
 def seq2seq_batch(family: str):
     """Source and target as wide (5), so a target that followed the source's tokens would be cut: row 1 is padded."""
+    eos = 1 if family == "t5" else 2
     if family == "bart":  # <s>=0 ... </s>=2, pad 1
         input_ids, pad = torch.tensor([[0, 5, 6, 7, 2], [0, 8, 9, 2, 1]]), 1
-    else:  # </s>=2, pad 3
+    elif family == "marian":  # </s>=2, pad 3
         input_ids, pad = torch.tensor([[5, 6, 7, 8, 2], [9, 10, 2, 3, 3]]), 3
-    labels = torch.tensor([[11, 12, 13, 14, 2], [15, 16, 2, -100, -100]])
+    elif family == "t5":  # no bos, </s>=1, pad 0
+        input_ids, pad = torch.tensor([[5, 6, 7, 8, 1], [9, 10, 1, 0, 0]]), 0
+    else:  # bert2bert: [CLS]=1 ... [SEP]=2, pad 0
+        input_ids, pad = torch.tensor([[1, 5, 6, 7, 2], [1, 8, 9, 2, 0]]), 0
+    labels = torch.tensor([[11, 12, 13, 14, eos], [15, 16, eos, -100, -100]])
     return {"input_ids": input_ids, "attention_mask": (input_ids != pad).long(), "labels": labels}
 
 
@@ -119,10 +167,8 @@ def source_mask(model, batch) -> torch.Tensor:
         [
             i
             for i in (
-                config.pad_token_id,
-                config.bos_token_id,
-                config.eos_token_id,
-                getattr(config, "decoder_start_token_id", None),
+                getattr(config, name, None)
+                for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
             )
             if i is not None
         ]
@@ -149,7 +195,7 @@ def own_log_probs(model, batch, inputs_embeds=None) -> torch.Tensor:
 
 def hand_gradient(model, batch) -> torch.Tensor:
     """``[B, T, E]``: ∂ Σ log p(target) / ∂ (the encoder's input word embeddings), through the model's own forward."""
-    module = model.get_encoder().embed_tokens if model.config.is_encoder_decoder else model.get_input_embeddings()
+    module = model.get_encoder().get_input_embeddings() if model.config.is_encoder_decoder else model.get_input_embeddings()
     taken = []
 
     def hook(_, __, output):
@@ -207,7 +253,7 @@ def test_summed_target_gradient_maps_equal_hand_autograd(family):
 
 
 @pytest.mark.filterwarnings("ignore:Integrated gradients. convergence delta")  # 16 fixed nodes: linear, not exact
-@pytest.mark.parametrize("family", ("llama", "bart"))
+@pytest.mark.parametrize("family", ("llama", "bart", "t5", "encoder_decoder"))
 def test_per_step_maps_sum_to_the_summed_target_map(family):
     model, batch = make(family)
     adapter = HuggingFaceAdapter(model)
@@ -257,7 +303,7 @@ def test_captum_objects_explain_the_target_log_probability():
 
 
 # --- leave-one-out: re-run the model on each shortened source ------------------------------------------------
-@pytest.mark.parametrize("family", ("llama", "gpt2", "bart", "marian"))
+@pytest.mark.parametrize("family", ("llama", "gpt2") + SEQ2SEQ)
 def test_leave_one_out_equals_rerunning_each_shortened_source(family):
     model, batch = make(family)
     adapter = HuggingFaceAdapter(model)
@@ -338,6 +384,24 @@ def test_override_with_the_models_own_rows_reproduces_its_logits_exactly(family)
         assert torch.equal(changed.logits[~queries], out.logits[~queries])
 
 
+@pytest.mark.parametrize("family", SEQ2SEQ)
+def test_rollout_is_refused_for_an_encoder_decoder_even_where_source_and_target_are_as_long(family):
+    model, batch = make(family)
+    assert batch["input_ids"].shape == batch["labels"].shape  # cross-attention maps are square here: no shape error
+    with pytest.raises(ValueError, match=rf"'rollout' is not defined for {type(model).__name__} .*cross-attention"):
+        HuggingFaceAdapter(model, attention="rollout")
+    rolled = HuggingFaceAdapter(causal_lm("llama"), attention="rollout")(causal_batch()).attention  # causal: fine
+    assert torch.allclose(rolled.sum(1), torch.ones(2, dtype=rolled.dtype))
+
+
+@pytest.mark.parametrize("family", ("llama", "t5", "encoder_decoder"))
+@pytest.mark.parametrize("method", ("alti", "attention_norm", "value_zeroing", "attnlrp", "grad_attention"))
+def test_context_mixing_methods_refuse_generators_by_name(family, method):
+    model, batch = make(family)
+    with pytest.raises(ProtocolError, match=rf"do not explain generators: {type(model).__name__} .*query row"):
+        attribute(HuggingFaceAdapter(model), batch, method)
+
+
 def test_a_generation_model_loaded_with_sdpa_is_explained_on_eager_and_keeps_sdpa():
     model = causal_lm("llama", attn_implementation="sdpa")
     batch = causal_batch()
@@ -384,7 +448,7 @@ def test_greedy_targets_of_a_causal_lm_are_transformers_greedy_generation():
     assert freed["labels"][0, :4].tolist() == [-100] * 4 and torch.equal(freed["labels"][0, 4:], generated[0, 4:n])
 
 
-@pytest.mark.parametrize("family", ("qwen2", "bart"))
+@pytest.mark.parametrize("family", ("qwen2", "bart", "t5", "encoder_decoder"))
 def test_greedy_targets_are_the_argmax_of_the_explained_log_probabilities(family):
     model, batch = make(family)
     adapter = HuggingFaceAdapter(model)
