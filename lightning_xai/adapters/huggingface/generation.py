@@ -2,8 +2,8 @@
 
 :class:`HuggingFaceAdapter` builds a :class:`HuggingFaceGenerationAdapter` when the model it is given generates
 text (``model.can_generate()``: Llama/Qwen2/GPT-2 ``*ForCausalLM``/``*LMHeadModel``, BART/Marian/T5
-``*ForConditionalGeneration``/``*MTModel``), so ``explainable_model(module)`` finds one in an unmodified module as
-it finds a classifier. The explained output is a **target sequence**, not a class.
+``*ForConditionalGeneration``/``*MTModel``, ``EncoderDecoderModel``), so ``explainable_model(module)`` finds one
+in an unmodified module as it finds a classifier. The explained output is a **target sequence**, not a class.
 
 **Design.** One protocol and one ``attribute`` verb: a generator is an
 :class:`~lightning_xai.adapters.ExplainableModel` whose output carries the log-probabilities of its target tokens
