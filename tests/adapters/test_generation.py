@@ -11,160 +11,18 @@ from torch import nn
 from lightning_xai.adapters import ExplainableModel, HuggingFaceAdapter, explainable_model
 from lightning_xai.adapters.capabilities import TargetSequence
 from lightning_xai.adapters.huggingface import HuggingFaceGenerationAdapter
+from lightning_xai.adapters.protocol import ProtocolError
 from lightning_xai.attribution import attribute, resolve_target, target_score
-
-CAUSAL = ("llama", "qwen2", "gpt2")
-SEQ2SEQ = ("bart", "marian")
-
-
-def causal_lm(family: str, seed: int = 0, attn_implementation: str = "eager"):
-    """A random causal LM (vocab 40: pad 0, bos 1, eos 2), float64, eval."""
-    import transformers as tf
-
-    torch.manual_seed(seed)
-    common = dict(
-        vocab_size=40, pad_token_id=0, bos_token_id=1, eos_token_id=2, attn_implementation=attn_implementation
-    )
-    if family == "gpt2":
-        config = tf.GPT2Config(
-            n_embd=16,
-            n_layer=2,
-            n_head=4,
-            n_positions=32,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-            initializer_range=0.2,
-            **common,
-        )
-        model = tf.GPT2LMHeadModel(config)
-    else:
-        config_cls, model_cls = {
-            "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
-            "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
-        }[family]
-        config = config_cls(
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=32,
-            initializer_range=0.2,
-            **common,
-        )
-        model = model_cls(config)
-    return model.double().eval()
-
-
-def seq2seq(family: str, seed: int = 0, attn_implementation: str = "eager"):
-    """A random encoder–decoder (vocab 40), float64, eval; Marian scales its embeddings (scale_embedding=True)."""
-    import transformers as tf
-
-    torch.manual_seed(seed)
-    common = dict(
-        vocab_size=40,
-        d_model=16,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        max_position_embeddings=32,
-        dropout=0.0,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        init_std=0.2,
-        attn_implementation=attn_implementation,
-    )
-    if family == "bart":
-        model = tf.BartForConditionalGeneration(
-            tf.BartConfig(pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, **common)
-        )
-    else:
-        model = tf.MarianMTModel(
-            tf.MarianConfig(pad_token_id=3, eos_token_id=2, decoder_start_token_id=3, scale_embedding=True, **common)
-        )
-    return model.double().eval()
-
-
-def causal_batch():
-    """Right-padded: row 0 prompt <bos> 5 6 7 8, target 9 10; row 1 prompt <bos> 11 12, target 13 14, two pads."""
-    input_ids = torch.tensor([[1, 5, 6, 7, 8, 9, 10], [1, 11, 12, 13, 14, 0, 0]])
-    labels = torch.tensor([[-100] * 5 + [9, 10], [-100, -100, -100, 13, 14, -100, -100]])
-    return {"input_ids": input_ids, "attention_mask": (input_ids != 0).long(), "labels": labels}
-
-
-def seq2seq_batch(family: str):
-    """Source and target as wide (5), so a target that followed the source's tokens would be cut: row 1 is padded."""
-    if family == "bart":  # <s>=0 ... </s>=2, pad 1
-        input_ids, pad = torch.tensor([[0, 5, 6, 7, 2], [0, 8, 9, 2, 1]]), 1
-    else:  # </s>=2, pad 3
-        input_ids, pad = torch.tensor([[5, 6, 7, 8, 2], [9, 10, 2, 3, 3]]), 3
-    labels = torch.tensor([[11, 12, 13, 14, 2], [15, 16, 2, -100, -100]])
-    return {"input_ids": input_ids, "attention_mask": (input_ids != pad).long(), "labels": labels}
-
-
-def make(family: str, **kwargs):
-    if family in CAUSAL:
-        return causal_lm(family, **kwargs), causal_batch()
-    return seq2seq(family, **kwargs), seq2seq_batch(family)
-
-
-def source_mask(model, batch) -> torch.Tensor:
-    """The positions explained, by hand: non-pad, non-special, and (causal) before the row's first target."""
-    config = model.config
-    special = torch.tensor(
-        [
-            i
-            for i in (
-                config.pad_token_id,
-                config.bos_token_id,
-                config.eos_token_id,
-                getattr(config, "decoder_start_token_id", None),
-            )
-            if i is not None
-        ]
-    )
-    mask = batch["attention_mask"].bool() & ~torch.isin(batch["input_ids"], special)
-    if not config.is_encoder_decoder:
-        mask &= (batch["labels"] != -100).long().cumsum(1) == 0
-    return mask
-
-
-def own_log_probs(model, batch, inputs_embeds=None) -> torch.Tensor:
-    """``[B]`` Σ log p(target) from the model's own forward (transformers' shift for causal LMs), by hand."""
-    labels = batch["labels"]
-    kwargs = {"attention_mask": batch["attention_mask"]}
-    kwargs.update({"inputs_embeds": inputs_embeds} if inputs_embeds is not None else {"input_ids": batch["input_ids"]})
-    if model.config.is_encoder_decoder:
-        kwargs["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(labels=labels)
-        logits, targets = model(**kwargs).logits, labels
-    else:
-        logits, targets = model(**kwargs).logits[:, :-1], labels[:, 1:]
-    picked = logits.log_softmax(-1).gather(-1, targets.clamp_min(0)[..., None]).squeeze(-1)
-    return (picked * (targets != -100)).sum(-1)
-
-
-def hand_gradient(model, batch) -> torch.Tensor:
-    """``[B, T, E]``: ∂ Σ log p(target) / ∂ (the encoder's input word embeddings), through the model's own forward."""
-    module = model.get_encoder().embed_tokens if model.config.is_encoder_decoder else model.get_input_embeddings()
-    taken = []
-
-    def hook(_, __, output):
-        if taken:  # Marian shares the table with its decoder: the encoder's lookup runs first
-            return output
-        taken.append(output.detach().requires_grad_(True))
-        return taken[0]
-
-    handle = module.register_forward_hook(hook)
-    try:
-        score = own_log_probs(model, batch).sum()
-    finally:
-        handle.remove()
-    (grad,) = torch.autograd.grad(score, taken[0])
-    return grad, taken[0].detach()
+from tests.adapters.generators import (
+    CAUSAL,
+    SEQ2SEQ,
+    causal_batch,
+    causal_lm,
+    hand_gradient,
+    make,
+    own_log_probs,
+    source_mask,
+)
 
 
 # --- the adapter is found and speaks the protocol ------------------------------------------------------------
@@ -207,7 +65,7 @@ def test_summed_target_gradient_maps_equal_hand_autograd(family):
 
 
 @pytest.mark.filterwarnings("ignore:Integrated gradients. convergence delta")  # 16 fixed nodes: linear, not exact
-@pytest.mark.parametrize("family", ("llama", "bart"))
+@pytest.mark.parametrize("family", ("llama", "bart", "t5", "encoder_decoder"))
 def test_per_step_maps_sum_to_the_summed_target_map(family):
     model, batch = make(family)
     adapter = HuggingFaceAdapter(model)
@@ -257,7 +115,7 @@ def test_captum_objects_explain_the_target_log_probability():
 
 
 # --- leave-one-out: re-run the model on each shortened source ------------------------------------------------
-@pytest.mark.parametrize("family", ("llama", "gpt2", "bart", "marian"))
+@pytest.mark.parametrize("family", ("llama", "gpt2") + SEQ2SEQ)
 def test_leave_one_out_equals_rerunning_each_shortened_source(family):
     model, batch = make(family)
     adapter = HuggingFaceAdapter(model)
@@ -338,6 +196,24 @@ def test_override_with_the_models_own_rows_reproduces_its_logits_exactly(family)
         assert torch.equal(changed.logits[~queries], out.logits[~queries])
 
 
+@pytest.mark.parametrize("family", SEQ2SEQ)
+def test_rollout_is_refused_for_an_encoder_decoder_even_where_source_and_target_are_as_long(family):
+    model, batch = make(family)
+    assert batch["input_ids"].shape == batch["labels"].shape  # cross-attention maps are square here: no shape error
+    with pytest.raises(ValueError, match=rf"'rollout' is not defined for {type(model).__name__} .*cross-attention"):
+        HuggingFaceAdapter(model, attention="rollout")
+    rolled = HuggingFaceAdapter(causal_lm("llama"), attention="rollout")(causal_batch()).attention  # causal: fine
+    assert torch.allclose(rolled.sum(1), torch.ones(2, dtype=rolled.dtype))
+
+
+@pytest.mark.parametrize("family", ("llama", "t5", "encoder_decoder"))
+@pytest.mark.parametrize("method", ("alti", "attention_norm", "value_zeroing", "attnlrp", "grad_attention"))
+def test_context_mixing_methods_refuse_generators_by_name(family, method):
+    model, batch = make(family)
+    with pytest.raises(ProtocolError, match=rf"do not explain generators: {type(model).__name__} .*query row"):
+        attribute(HuggingFaceAdapter(model), batch, method)
+
+
 def test_a_generation_model_loaded_with_sdpa_is_explained_on_eager_and_keeps_sdpa():
     model = causal_lm("llama", attn_implementation="sdpa")
     batch = causal_batch()
@@ -384,7 +260,7 @@ def test_greedy_targets_of_a_causal_lm_are_transformers_greedy_generation():
     assert freed["labels"][0, :4].tolist() == [-100] * 4 and torch.equal(freed["labels"][0, 4:], generated[0, 4:n])
 
 
-@pytest.mark.parametrize("family", ("qwen2", "bart"))
+@pytest.mark.parametrize("family", ("qwen2", "bart", "t5", "encoder_decoder"))
 def test_greedy_targets_are_the_argmax_of_the_explained_log_probabilities(family):
     model, batch = make(family)
     adapter = HuggingFaceAdapter(model)

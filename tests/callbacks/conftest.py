@@ -151,7 +151,8 @@ def generation_collate(rows):
 
 
 def generator(kind: str, vocab_size: int, seed: int = 0):
-    """A tiny random ``transformers`` generator (eager attention, no dropout): ``"llama"``, ``"gpt2"``, ``"bart"``."""
+    """A tiny random ``transformers`` generator (eager attention, no dropout): ``"llama"``, ``"gpt2"``, ``"bart"``,
+    ``"t5"`` (no bos; decoding starts from pad, T5's convention)."""
     import torch
     import transformers as tf
 
@@ -182,6 +183,21 @@ def generator(kind: str, vocab_size: int, seed: int = 0):
             **ids,
         )
         return tf.GPT2LMHeadModel._from_config(config, attn_implementation="eager")
+    if kind == "t5":
+        config = tf.T5Config(
+            vocab_size=vocab_size,
+            d_model=16,
+            d_kv=4,
+            d_ff=32,
+            num_layers=2,
+            num_decoder_layers=2,
+            num_heads=4,
+            dropout_rate=0.0,
+            pad_token_id=PAD,
+            eos_token_id=EOS,
+            decoder_start_token_id=PAD,
+        )
+        return tf.T5ForConditionalGeneration._from_config(config, attn_implementation="eager")
     config = tf.BartConfig(
         vocab_size=vocab_size,
         d_model=16,

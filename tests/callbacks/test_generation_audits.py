@@ -1,5 +1,5 @@
 """Issue #31: the audit callbacks on text generators. A user's own LightningModule that trains a tiny causal LM
-(Llama, GPT-2) or encoder–decoder (BART) on short verses of the bundled Greek→English alignment corpus, audited with
+(Llama, GPT-2) or encoder–decoder (BART, T5) on short verses of the bundled Greek→English alignment corpus, audited with
 the one line ``AttentionAudit()``: its logged numbers equal a direct ``attribute`` + metric computation on the same
 subset (the oracle), free decoding explains the model's greedy output, per-step maps are compared over the steps
 that exist, training is bit-identical with and without the audit, and the methods that cannot explain a target
@@ -15,11 +15,12 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
+from lightning_xai.adapters.capabilities import TargetSequence
 from lightning_xai.attribution import attribute
 from lightning_xai.callbacks import AdversarialSearchAudit, AttentionAudit, SanityCheck
 from lightning_xai.metrics.registry import AGREEMENT_METRICS
 
-KINDS = {"llama": True, "gpt2": True, "bart": False}  # kind -> causal
+KINDS = {"llama": True, "gpt2": True, "bart": False, "t5": False}  # kind -> causal
 
 
 def fit(gen_kit, tmp_path, kind: str, callbacks, epochs: int = 2, seed: int = 0):
@@ -45,7 +46,7 @@ def mean_of(values: torch.Tensor) -> float:
     return float(values[torch.isfinite(values)].mean())
 
 
-@pytest.mark.parametrize("kind", ["llama", "bart"])
+@pytest.mark.parametrize("kind", ["llama", "bart", "t5"])
 def test_one_line_audit_of_a_generator_matches_a_direct_computation(gen_kit, tmp_path, kind):
     audit = AttentionAudit()
     module, dm, trainer = fit(gen_kit, tmp_path, kind, [audit])
@@ -56,6 +57,7 @@ def test_one_line_audit_of_a_generator_matches_a_direct_computation(gen_kit, tmp
             assert f"{metric}/{pair}/mean" in metrics
     # the oracle: the adapter the audit explains, the audited rows, attribute() and the registry's metrics
     model = audit.explainable(module)
+    assert isinstance(model, TargetSequence) and model.model is module.model  # found on the unmodified module
     batch = audited_batch(audit, trainer, dm)
     mask = model.token_mask(batch)
     maps = {

@@ -12,7 +12,7 @@ import torch
 
 from lightning_xai.adapters import HuggingFaceAdapter
 from lightning_xai.losses import DeceptionPenalty
-from tests.adapters.test_generation import CAUSAL, SEQ2SEQ, make, source_mask
+from tests.adapters.generators import CAUSAL, SEQ2SEQ, make, source_mask
 
 
 def _impermissible(model, batch) -> torch.Tensor:

@@ -8,7 +8,7 @@ import torch
 
 from lightning_xai.adapters import HuggingFaceAdapter
 from lightning_xai.losses import RationaleSupervisionLoss
-from tests.adapters.test_generation import make, source_mask
+from tests.adapters.generators import make, source_mask
 
 
 def _links(model, batch, steps: int) -> torch.Tensor:

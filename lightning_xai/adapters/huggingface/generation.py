@@ -2,8 +2,8 @@
 
 :class:`HuggingFaceAdapter` builds a :class:`HuggingFaceGenerationAdapter` when the model it is given generates
 text (``model.can_generate()``: Llama/Qwen2/GPT-2 ``*ForCausalLM``/``*LMHeadModel``, BART/Marian/T5
-``*ForConditionalGeneration``/``*MTModel``), so ``explainable_model(module)`` finds one in an unmodified module as
-it finds a classifier. The explained output is a **target sequence**, not a class.
+``*ForConditionalGeneration``/``*MTModel``, ``EncoderDecoderModel``), so ``explainable_model(module)`` finds one
+in an unmodified module as it finds a classifier. The explained output is a **target sequence**, not a class.
 
 **Design.** One protocol and one ``attribute`` verb: a generator is an
 :class:`~lightning_xai.adapters.ExplainableModel` whose output carries the log-probabilities of its target tokens
@@ -34,7 +34,8 @@ maps answer "which source tokens explain the target", the question word alignmen
 **Attention.** Target step ``k`` is read by one query row: position ``s − 1`` of a causal LM's decoder
 self-attention (its row over the prompt and the earlier target tokens), position ``s`` of an encoder–decoder's
 *cross-attention* over the source. The adapter's reduction (``attention=``, the same names as for classifiers:
-``"cls_last_mean"`` is the last layer's row averaged over heads, ``"L:H"``, ``"rollout"`` for causal LMs) is applied
+``"cls_last_mean"`` is the last layer's row averaged over heads, ``"L:H"``, ``"rollout"`` for causal LMs only: an
+encoder–decoder refuses it when built, its step rows being cross-attention) is applied
 to each step's row and renormalised over the source tokens (the row's mass on special tokens and earlier target
 tokens is left out): ``extras["step_attention"]`` ``[B, K, T]``. ``ExplainOutput.attention`` ``[B, T]`` is the mean
 of a row's step distributions (the target's attention over the source); ``raw_attentions`` are the decoder
@@ -163,6 +164,14 @@ class HuggingFaceGenerationAdapter(HuggingFaceAdapter):
         #: an encoder–decoder (the source is the encoder input) rather than a causal LM (the prompt)
         self.encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
         self.causal = not self.encoder_decoder
+        if self.encoder_decoder and self.attention_name == "rollout":
+            raise ValueError(
+                f"attention='rollout' is not defined for {type(self.model).__name__} (model_type="
+                f"{getattr(config, 'model_type', None)!r}), an encoder–decoder: rollout composes square "
+                "self-attention maps of one sequence, and a target step reads the source through cross-attention "
+                "[target, source] (even when the two are as long, composing those maps mixes positions of different "
+                "sequences). Use 'cls_last_mean' or 'L:H'."
+            )
         self.pooling = "steps"
         self._embedding_scale = self._find_embedding_scale()
         self._checked = not check
@@ -354,15 +363,7 @@ class HuggingFaceGenerationAdapter(HuggingFaceAdapter):
         parts: List[Tensor] = []
         for k in range(K):
             qmask = torch.nn.functional.one_hot(queries[:, k], width).bool()
-            try:
-                reduced = self._reduce(raw, batch, qmask)
-            except ValueError as error:
-                if self.attention_name == "rollout" and self.encoder_decoder:
-                    raise ValueError(
-                        "attention='rollout' composes square self-attention maps; an encoder–decoder's "
-                        "step rows are cross-attention over the source. Use 'cls_last_mean' or 'L:H'."
-                    ) from error
-                raise
+            reduced = self._reduce(raw, batch, qmask)
             if reduced.shape != mask.shape:
                 raise ValueError(
                     f"the attention reduction returned shape {tuple(reduced.shape)}; expected {tuple(mask.shape)}."

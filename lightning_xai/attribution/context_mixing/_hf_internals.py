@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, cast
 import torch
 from torch import Tensor, nn
 
+from lightning_xai.adapters.capabilities import TargetSequence
 from lightning_xai.adapters.huggingface.families import LAYOUTS, Layout, layout_of
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError
 from lightning_xai.attribution.targets import resolve_target
@@ -373,5 +374,13 @@ def adapter_model(model: Any) -> nn.Module:
             f"{type(model).__name__} is not a HuggingFaceAdapter: the context-mixing methods read a "
             "transformers model's attention blocks; wrap the classifier with "
             "lightning_xai.adapters.HuggingFaceAdapter(model)."
+        )
+    if isinstance(model, TargetSequence):  # a causal LM, or an encoder–decoder (whose blocks no layout describes)
+        raise ProtocolError(
+            f"the context-mixing methods do not explain generators: {type(inner).__name__} (model_type="
+            f"{getattr(inner.config, 'model_type', None)!r}) explains target log-probabilities, which each step "
+            "reads through its own query row (a decoder's self-attention or cross-attention), while these methods "
+            "decompose the one pooled row of a classifier through self-attention blocks. Use 'attention', a "
+            "gradient method, 'integrated_gradients', 'smooth_grad', 'leave_one_out' or 'smooth_attention'."
         )
     return inner
