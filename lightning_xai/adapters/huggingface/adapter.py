@@ -28,29 +28,10 @@ default position of the summary token):
   tokens' mass) stay available in ``raw_attentions`` and ``extras["cls_rows"]`` (the pooled rows ``[B, heads, T]``,
   the mean of the rows for a mean-pooled head; the name is historical).
 * ``attention_override`` replaces the **last layer's pooled query row(s)** of the attention probabilities, for every
-  head, before they multiply the values. The classifier reads only the last layer's pooled state(s), so this
-  row is the whole of the last layer's token mixing that reaches the logits; every earlier layer is unchanged.
-
-  - ``[B, T]``: one distribution over real tokens, used as given (not renormalised; values outside the token mask
-    are ignored). With ``override_specials="keep"`` (default) each head keeps its own mass ``s_h`` on the special
-    tokens and gives ``(1 - s_h) · override`` to the real tokens, so uniform/permuted/erased attention changes *which*
-    real tokens are read, not how much the head reads ``[SEP]``. With ``"zero"`` the row becomes exactly the
-    override (0 on special tokens).
-  - ``[B, heads, T]``: full raw rows per head over all positions (special tokens included; pads forced to 0), used
-    as given. Passing ``extras["cls_rows"]`` of a previous pass reproduces its logits **exactly** (bit for bit in
-    eval mode). A ``[B, T]`` override reproduces the logits only when all heads share one distribution over real
-    tokens (e.g. a one-head model), up to float rounding.
-
-  Many overrides of a batch's rows are scored by :meth:`HuggingFaceAdapter.override_replay`
-  (:mod:`lightning_xai.adapters.huggingface.replay`): every layer before the last is replayed from one recorded
-  pass, and where the head reads one position the overrides of a row share one sequence
-  (:mod:`lightning_xai.adapters.huggingface.packing`).
-
-  The override goes through the attention function of :mod:`lightning_xai.adapters.huggingface.attention` (eager
-  attention with a replaceable row), switched on **only for the adapter's own passes**
-  (:func:`~lightning_xai.adapters.huggingface.attention.recording_attention`): a model loaded with ``sdpa``/flash
-  attention keeps training on it. DeBERTa-v2/v3 gets the same rows through a hook
-  (:mod:`lightning_xai.adapters.huggingface.native`).
+  head, before they multiply the values (``[B, T]`` over real tokens, or ``[B, heads, T]`` raw rows; passing
+  ``extras["cls_rows"]`` back reproduces the logits bit for bit): the semantics are in
+  :mod:`lightning_xai.adapters.huggingface.attention`, which also switches a model to its recording attention
+  **only for the adapter's own passes**, so a model loaded with ``sdpa``/flash attention keeps training on it.
 """
 
 from __future__ import annotations
@@ -79,7 +60,12 @@ from lightning_xai.adapters.huggingface.attention import (
 )
 from lightning_xai.adapters.huggingface.families import module_calls
 from lightning_xai.adapters.huggingface.heads import head_kind as config_head_kind
-from lightning_xai.adapters.huggingface.inputs import position_offset, warn_missing_token_types
+from lightning_xai.adapters.huggingface.inputs import (
+    check_sight,
+    check_tokenizer,
+    position_offset,
+    warn_missing_token_types,
+)
 from lightning_xai.adapters.huggingface.native import native_attention_modules, native_override
 from lightning_xai.adapters.huggingface.parts import (
     input_embedding,
@@ -227,7 +213,7 @@ class HuggingFaceAdapter(nn.Module):
             self.query_index = 0
         self.causal = is_causal(model, detected)
         self._checked = not check
-        self._check_tokenizer(tokenizer)
+        check_tokenizer(tokenizer, self._embedding, getattr(model, "config", None))
         with recording_attention(model) as overridable:  # checks the model can switch; restores its own
             self.overridable = overridable
         object.__setattr__(self, "_attention_modules", self._find_attention_modules(model))
@@ -240,26 +226,6 @@ class HuggingFaceAdapter(nn.Module):
     # --- construction checks ------------------------------------------------------------------------------
     _find_embedding = staticmethod(input_embedding)
     _find_attention_modules = staticmethod(recorded_attention_modules)
-
-    def _check_tokenizer(self, tokenizer: Any) -> None:
-        if tokenizer is None:
-            return
-        rows = self._embedding.num_embeddings
-        size = len(tokenizer)
-        if size > rows:
-            raise ValueError(
-                f"Tokenizer/model mismatch: the tokenizer has {size} tokens but the model's embedding "
-                f"table has {rows} rows; load the tokenizer that belongs to this checkpoint (or call "
-                "model.resize_token_embeddings(len(tokenizer)) after adding tokens)."
-            )
-        config = getattr(self.model, "config", None)
-        for name in ("pad_token_id", "cls_token_id", "sep_token_id"):
-            mine, theirs = getattr(tokenizer, name, None), getattr(config, name, None)
-            if mine is not None and theirs is not None and mine != theirs:
-                raise ValueError(
-                    f"Tokenizer/model mismatch: tokenizer.{name}={mine} but model.config.{name}="
-                    f"{theirs}; load the tokenizer that belongs to this checkpoint."
-                )
 
     # --- the ExplainableModel protocol -----------------------------------------------------------------------
     @property
@@ -363,22 +329,6 @@ class HuggingFaceAdapter(nn.Module):
             self.query_index,
         )
 
-    def _check_sight(self, qmask: Tensor, mask: Tensor) -> None:
-        """Raise when a causal query row sees fewer than two of its example's (two or more) real tokens."""
-        if not self.causal:
-            return
-        T = mask.shape[1]
-        last = (qmask.long() * torch.arange(T, device=qmask.device)).amax(-1, keepdim=True)
-        seen = (mask & (torch.arange(T, device=mask.device) <= last)).sum(-1)
-        blind = (seen < 2) & (mask.sum(-1) >= 2)
-        if bool(blind.any()):
-            raise ValueError(
-                f"the attention row read (query_index={self.query_index}) of this causal model sees "
-                f"only {int(seen[blind].min())} real token(s) of rows {blind.nonzero().flatten().tolist()}"
-                " that have two or more, so its attention says nothing about them. Leave query_index="
-                "None (the adapter then reads each row's last non-pad token, the one the head pools)."
-            )
-
     def _run(
         self, embeddings: Tensor, batch: Batch, attention_override: Optional[Tensor], *, maps: bool = True
     ) -> Tuple[Tensor, Any, Tensor, Tensor]:
@@ -389,7 +339,8 @@ class HuggingFaceAdapter(nn.Module):
         check_embeddings(embeddings, mask)
         attention_mask = self._attention_mask(batch)
         qmask = self.query_mask(batch)
-        self._check_sight(qmask, mask)
+        if self.causal:
+            check_sight(qmask, mask, self.query_index)
         kwargs = {
             "inputs_embeds": embeddings,
             "attention_mask": attention_mask,

@@ -10,6 +10,31 @@ pooling) and recomputes ``weights @ values``. Outside an override it *is* eager 
 :func:`use_registered_attention` is the one place where a model's attention implementation is switched;
 :func:`recording_attention` switches it for the duration of a ``with`` block only, so a model keeps training
 on the implementation it was loaded with (``sdpa``, flash) and only explanation passes run on this one.
+
+**What an override means** (:class:`~lightning_xai.adapters.HuggingFaceAdapter`'s ``attention_override``, applied
+by :func:`override_rows`):
+
+* ``attention_override`` replaces the **last layer's pooled query row(s)** of the attention probabilities, for every
+  head, before they multiply the values. The classifier reads only the last layer's pooled state(s), so this
+  row is the whole of the last layer's token mixing that reaches the logits; every earlier layer is unchanged.
+
+  - ``[B, T]``: one distribution over real tokens, used as given (not renormalised; values outside the token mask
+    are ignored). With ``override_specials="keep"`` (default) each head keeps its own mass ``s_h`` on the special
+    tokens and gives ``(1 - s_h) · override`` to the real tokens, so uniform/permuted/erased attention changes *which*
+    real tokens are read, not how much the head reads ``[SEP]``. With ``"zero"`` the row becomes exactly the
+    override (0 on special tokens).
+  - ``[B, heads, T]``: full raw rows per head over all positions (special tokens included; pads forced to 0), used
+    as given. Passing ``extras["cls_rows"]`` of a previous pass reproduces its logits **exactly** (bit for bit in
+    eval mode). A ``[B, T]`` override reproduces the logits only when all heads share one distribution over real
+    tokens (e.g. a one-head model), up to float rounding.
+
+  Many overrides of a batch's rows are scored by
+  :meth:`~lightning_xai.adapters.HuggingFaceAdapter.override_replay`
+  (:mod:`lightning_xai.adapters.huggingface.replay`): every layer before the last is replayed from one recorded
+  pass, and where the head reads one position the overrides of a row share one sequence
+  (:mod:`lightning_xai.adapters.huggingface.packing`).
+
+  DeBERTa-v2/v3 gets the same rows through a hook (:mod:`lightning_xai.adapters.huggingface.native`).
 """
 
 from __future__ import annotations

@@ -62,6 +62,7 @@ from lightning_xai.adapters.huggingface.adapter import HuggingFaceAdapter
 from lightning_xai.adapters.huggingface.attention import OverrideState, active_override, recording_attention
 from lightning_xai.adapters.huggingface.decoding import DECODER_KEYS, greedy_targets
 from lightning_xai.adapters.huggingface.families import family_of, module_calls
+from lightning_xai.adapters.huggingface.inputs import check_tokenizer
 from lightning_xai.adapters.huggingface.reductions import Reduction, renormalise
 from lightning_xai.adapters.huggingface.steps import IGNORE_INDEX, Steps, step_override_rows, step_rows, target_steps
 from lightning_xai.adapters.huggingface.unwrap import unchecked_layers, unwrap
@@ -175,7 +176,7 @@ class HuggingFaceGenerationAdapter(HuggingFaceAdapter):
         self.pooling = "steps"
         self._embedding_scale = self._find_embedding_scale()
         self._checked = not check
-        self._check_tokenizer(tokenizer)
+        check_tokenizer(tokenizer, self._embedding, getattr(self.model, "config", None))
         with recording_attention(self.model) as overridable:
             self.overridable = overridable
         if self.encoder_decoder:

@@ -1,4 +1,8 @@
-"""Checks of a Hugging Face batch against the model it is fed to: position limits and token types.
+"""Checks of a Hugging Face batch (and tokenizer) against the model it is fed to: vocabulary, position limits, token
+types, and what a causal query row can see.
+
+* :func:`check_tokenizer` — the tokenizer belongs to the checkpoint: no more tokens than embedding rows, the same
+  pad/CLS/SEP ids as the config.
 
 * :func:`position_offset` — RoBERTa-style embeddings number positions from ``padding_idx + 1``, so a model with
   ``max_position_embeddings=514`` holds 512 tokens; without the offset a 513-token batch fails deep inside the
@@ -6,6 +10,7 @@
 * :func:`warn_missing_token_types` — a model with several token types (``type_vocab_size > 1``, BERT's pair
   segments) fed a pair without ``token_type_ids`` reads both segments as the first: a different function from the
   one it was trained on, with no error. Warned once, naming the rows.
+* :func:`check_sight` — a causal model's explained query row must see the tokens it is said to attend to.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-__all__ = ["pair_rows", "position_offset", "warn_missing_token_types"]
+__all__ = ["check_sight", "check_tokenizer", "pair_rows", "position_offset", "warn_missing_token_types"]
 
 
 def position_offset(model: nn.Module) -> int:
@@ -95,3 +100,59 @@ def warn_missing_token_types(batch: Any, config: Any, tokenizer: Any = None, own
     )
     if owner is not None:
         object.__setattr__(owner, "_warned_token_types", True)
+
+
+def check_tokenizer(tokenizer: Any, embedding: nn.Embedding, config: Any) -> None:
+    """Raise when ``tokenizer`` is not the model's: more tokens than ``embedding`` has rows, or a pad/CLS/SEP id
+    that differs from ``config``'s (``None`` tokenizer: nothing to check).
+
+    Example:
+        >>> class Tokenizer:
+        ...     pad_token_id = 0
+        ...     def __len__(self): return 6
+        >>> check_tokenizer(Tokenizer(), nn.Embedding(5, 2), None)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: Tokenizer/model mismatch: the tokenizer has 6 tokens but the model's embedding table has 5 rows; ...
+    """
+    if tokenizer is None:
+        return
+    rows, size = embedding.num_embeddings, len(tokenizer)
+    if size > rows:
+        raise ValueError(
+            f"Tokenizer/model mismatch: the tokenizer has {size} tokens but the model's embedding "
+            f"table has {rows} rows; load the tokenizer that belongs to this checkpoint (or call "
+            "model.resize_token_embeddings(len(tokenizer)) after adding tokens)."
+        )
+    for name in ("pad_token_id", "cls_token_id", "sep_token_id"):
+        mine, theirs = getattr(tokenizer, name, None), getattr(config, name, None)
+        if mine is not None and theirs is not None and mine != theirs:
+            raise ValueError(
+                f"Tokenizer/model mismatch: tokenizer.{name}={mine} but model.config.{name}="
+                f"{theirs}; load the tokenizer that belongs to this checkpoint."
+            )
+
+
+def check_sight(qmask: Tensor, mask: Tensor, query_index: Optional[int]) -> None:
+    """Raise when a causal model's query row (``qmask``) sees fewer than two of its row's real tokens (``mask``)
+    while the row has two or more: its attention would say nothing about them.
+
+    Example:
+        >>> mask = torch.tensor([[True, True, True]])
+        >>> check_sight(torch.tensor([[False, False, True]]), mask, None)  # the last token sees all three
+        >>> check_sight(torch.tensor([[True, False, False]]), mask, 0)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: the attention row read (query_index=0) of this causal model sees only 1 real token(s) of rows [0] ...
+    """
+    T = mask.shape[1]
+    last = (qmask.long() * torch.arange(T, device=qmask.device)).amax(-1, keepdim=True)
+    seen = (mask & (torch.arange(T, device=mask.device) <= last)).sum(-1)
+    blind = (seen < 2) & (mask.sum(-1) >= 2)
+    if bool(blind.any()):
+        raise ValueError(
+            f"the attention row read (query_index={query_index}) of this causal model sees "
+            f"only {int(seen[blind].min())} real token(s) of rows {blind.nonzero().flatten().tolist()}"
+            " that have two or more, so its attention says nothing about them. Leave query_index="
+            "None (the adapter then reads each row's last non-pad token, the one the head pools)."
+        )
