@@ -28,7 +28,7 @@ from lightning_xai.callbacks._audit.generation import (
     place_rows,
 )
 from lightning_xai.callbacks._audit.options import check_names, check_options_of_methods
-from lightning_xai.callbacks._audit.results import DEFAULT_TOP_PAIRS
+from lightning_xai.callbacks._audit.pairs import DEFAULT_TOP_PAIRS
 from lightning_xai.callbacks.base import AuditCallback, AuditPrediction, AuditResult, BatchResult
 from lightning_xai.metrics.registry import AGREEMENT_ALIASES, AGREEMENT_METRICS, metric_label, resolve_agreement_metric
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from lightning_xai.callbacks import AttentionAudit
-from lightning_xai.callbacks._audit.subset import preserved_dataset_generators
+from lightning_xai.callbacks._audit.rows import preserved_dataset_generators
 from lightning_xai.data import MaskedDataModule
 from tests.callbacks.conftest import make_dm, make_model, make_trainer
 

@@ -21,7 +21,8 @@ from lightning_xai.callbacks import (
     ErasureAudit,
     ImpermissibleAttentionMonitor,
 )
-from lightning_xai.callbacks._audit.subset import draw_subset, row_reader
+from lightning_xai.callbacks._audit.rows import row_reader
+from lightning_xai.callbacks._audit.subset import draw_subset
 from lightning_xai.data import collate
 
 _SPEC = importlib.util.spec_from_file_location("callbacks_kit", Path(__file__).parents[1] / "callbacks" / "conftest.py")

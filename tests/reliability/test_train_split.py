@@ -14,7 +14,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from torch.utils.data import Dataset
 
 from lightning_xai.callbacks import AttentionAudit
-from lightning_xai.callbacks._audit.subset import detached_dataset, preserved_dataset_generators
+from lightning_xai.callbacks._audit.rows import detached_dataset, preserved_dataset_generators
 from lightning_xai.data import TextClassificationDataModule
 from lightning_xai.models import AttentionClassifier
 

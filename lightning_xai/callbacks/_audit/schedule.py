@@ -11,7 +11,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 import pytorch_lightning as pl
 from pytorch_lightning.utilities.rank_zero import rank_zero_info
 
-from lightning_xai.callbacks._audit.budget import AuditBudget, AuditCost, limited_size
+from lightning_xai.callbacks._audit.budget import AuditBudget, limited_size
+from lightning_xai.callbacks._audit.cost import AuditCost
 from lightning_xai.callbacks._audit.distributed import agreed
 from lightning_xai.callbacks._audit.failures import AuditFailures
 from lightning_xai.callbacks._audit.subset import AuditSubsets
