@@ -8,12 +8,11 @@ from lightning_xai.models.embeddings import (
     EmbeddingInitReport,
     initialize_embedding,
     minilm_word_vectors,
-    read_word_vectors,
-    save_word_vectors,
 )
 from lightning_xai.models.encoders import ENCODERS
 from lightning_xai.models.hf_classifier import HFClassifier, load_hf_classifier
 from lightning_xai.models.steps import ClassifierSteps
+from lightning_xai.models.word_vectors import read_word_vectors, save_word_vectors
 
 __all__ = [
     "ATTENTIONS",

@@ -16,9 +16,8 @@ from lightning_xai.models.embeddings import (
     embedding_matrix,
     initialize_embedding,
     minilm_word_vectors,
-    read_word_vectors,
-    save_word_vectors,
 )
+from lightning_xai.models.word_vectors import read_word_vectors, save_word_vectors
 
 VOCAB = ["<pad>", "<unk>", "<sos>", "<eos>", "good", "bad", "film"]
 
