@@ -10,6 +10,13 @@ real ``pl.Trainer.validate`` on an unmodified LightningModule:
   attention = mean pooling over the real tokens;
 * **SST-2, Llama-architecture classifier** (``examples/llama_sst2.py`` through ``benchmarks/models.py``, hidden 64, 2
   layers, 3 epochs; cached): the last layer's query row read by the head is replaced, every head;
+* **Greek–English verse pairs** (``examples/bible_pairs.py``): "is this English verse the translation of this Greek
+  verse?", one positive and one negative per verse, the negative's English drawn (seed 0) among the other verses of
+  the same split with the closest English length (the same length wherever one exists); Vashishth et al.'s pair
+  model, attention over the English verse's BiLSTM states conditioned on the Greek verse's mean BiLSTM state, then an
+  MLP over ``[c; q; c ⊙ q; |c − q|]``; trained from scratch on the train split (fresh negatives every epoch, cached
+  under ``examples/.cache``), audited on the test split (Mark, 673 verses → 1,346 pairs): uniform attention = the
+  mean of the English states;
 * **Greek→English translation** (``examples/translation_model.py``: Marian, 3+3 layers, d_model 128, trained from
   scratch on the bundled corpus, weights cached under ``examples/.cache``): the last decoder layer's cross-attention
   rows of the target steps are replaced, every head (each head's weight on the source ``</s>`` kept); force decoding
@@ -17,9 +24,10 @@ real ``pl.Trainer.validate`` on an unmodified LightningModule:
 
 A classifier's output is its class distribution (``Δŷ``: total variation; a decision flips when the argmax class
 changes); a translation's is the log-probability of the target (Δ log p per target token; a greedy token changes
-when a step's argmax changes). No pair task: the package bundles no pair-classification data.
+when a step's argmax changes).
 
-    python examples/vashishth_attention_dependence.py [--examples 0] [--verses 100] [--permutations 50]
+    python examples/vashishth_attention_dependence.py [--examples 0] [--verses 100] [--pair-verses 0]
+                                                      [--permutations 50]
                                                       [--json examples/results/vashishth_attention_dependence.json]
 """
 
@@ -40,6 +48,7 @@ from torch.utils.data import DataLoader
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
+import bible_pairs  # noqa: E402
 from translation_model import ModelSettings, TranslationModule, collate, encode, train_or_load  # noqa: E402
 
 from benchmarks.models import datamodule, reference_model, trained_llama  # noqa: E402
@@ -65,12 +74,13 @@ def validate_with(module: pl.LightningModule, callbacks: List[AttentionBaselines
 
 
 def classifier_row(
-    task: str, model_name: str, module: pl.LightningModule, dm: Any, args: argparse.Namespace
+    task: str, model_name: str, module: pl.LightningModule, args: argparse.Namespace, samples: int = 0, **data: Any
 ) -> Dict[str, Any]:
+    """One AttentionBaselines audit of a classifier on ``data`` (``datamodule=`` or ``dataloaders=``), as a row."""
     audit = AttentionBaselines(
-        num_permutations=args.permutations, num_samples=args.examples or None, budget=None, seed=args.seed
+        num_permutations=args.permutations, num_samples=samples or None, budget=None, seed=args.seed
     )
-    validate_with(module, [audit], datamodule=dm)
+    validate_with(module, [audit], **data)
     record = audit.history[-1]
     m = record["metrics"]
     return {
@@ -84,6 +94,29 @@ def classifier_row(
         "permutation_tv_median": m["permutation/median_delta"],
         "metrics": m,
     }
+
+
+def pair_audit(
+    model: bible_pairs.PairAttentionClassifier, vocab: bible_pairs.PairVocab, args: argparse.Namespace, name: str
+) -> Dict[str, Any]:
+    """The audit row of a pair model on the first ``args.pair_verses`` test verses' pairs (negatives: seed 0)."""
+    verses = read_alignments("test")[: args.pair_verses or None]
+    loader = bible_pairs.pair_loader(verses, vocab, seed=0)
+    row = classifier_row(
+        "Greek–English verse pairs: is the English the translation? (pair)", name, model, args, dataloaders=loader
+    )
+    row["examples"] = f"{row['examples']} pairs"
+    return row
+
+
+def pair_row(args: argparse.Namespace) -> Dict[str, Any]:
+    settings = bible_pairs.PairSettings()
+    train, val = read_alignments("train"), read_alignments("val")
+    model, vocab, cached = bible_pairs.train_or_load(settings, train, val)
+    name = "BiLSTM pair model, attention over the English conditioned on the Greek" + (", cached" if cached else "")
+    row = pair_audit(model, vocab, args, name)
+    row["length_only_accuracy"] = bible_pairs.length_baseline_accuracy(train, read_alignments("test"), seed=0)
+    return row
 
 
 def translation_rows(args: argparse.Namespace) -> List[Dict[str, Any]]:
@@ -180,6 +213,7 @@ def main() -> None:
         "--examples", type=int, default=0, help="SST-2 dev sentences audited per classifier (0: all 872)"
     )
     parser.add_argument("--verses", type=int, default=100, help="the first N test verses (Mark) translated")
+    parser.add_argument("--pair-verses", type=int, default=0, help="the first N test verses' pairs (0: all 673)")
     parser.add_argument("--permutations", type=int, default=50)
     parser.add_argument("--max-new-tokens", type=int, default=80, help="the longest greedy translation")
     parser.add_argument("--seed", type=int, default=0)
@@ -192,7 +226,12 @@ def main() -> None:
     bilstm = reference_model(train=True)
     rows.append(
         classifier_row(
-            "SST-2 sentiment (single sequence)", "reference BiLSTM + tanh attention", bilstm, datamodule("sst2"), args
+            "SST-2 sentiment (single sequence)",
+            "reference BiLSTM + tanh attention",
+            bilstm,
+            args,
+            args.examples,
+            datamodule=datamodule("sst2"),
         )
     )
     seconds["bilstm"] = round(time.perf_counter() - started, 1)
@@ -203,11 +242,14 @@ def main() -> None:
             "SST-2 sentiment (single sequence)",
             "Llama-architecture classifier (2 layers)",
             HFClassifier(model=hf),
-            dm,
             args,
+            args.examples,
+            datamodule=dm,
         )
     )
     seconds["llama"] = round(time.perf_counter() - started - sum(seconds.values()), 1)
+    rows.append(pair_row(args))
+    seconds["pairs"] = round(time.perf_counter() - started - sum(seconds.values()), 1)
     rows.extend(translation_rows(args))
     seconds["translation"] = round(time.perf_counter() - started - sum(seconds.values()), 1)
     print(table(rows))
