@@ -25,6 +25,9 @@ input-invariance check and LRP report that the model is not supported.
   (``batch["labels"]``, -100 where nothing is explained), its maps cover the source/prompt tokens, and its output's
   ``target_log_probs`` are the explained scores (:mod:`lightning_xai.attribution.targets`);
   :class:`~lightning_xai.adapters.HuggingFaceAdapter` over a ``*ForCausalLM`` or an encoder–decoder has it.
+* :class:`StepPasses` — a generator builds the passes of its per-step maps itself: one copy of a row per explained
+  step, cut to what the step reads (:class:`~lightning_xai.adapters.HuggingFaceAdapter`'s generators: the decoder
+  positions up to the step, the LM head at the step's query row only).
 * :class:`TokenEncoder` — the hidden states are ``encoder(embeddings, input_mask)``, one module whose type has an
   LRP rule registered with :func:`~lightning_xai.attribution.lrp.register_lrp_encoder` (the models package
   registers the rules of its encoders when it is imported).
@@ -37,7 +40,7 @@ refuse it at setup.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol, Tuple, runtime_checkable
+from typing import Any, Callable, Dict, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 from torch import Tensor, nn
 
@@ -53,6 +56,7 @@ __all__ = [
     "OverrideScorer",
     "PackingScorer",
     "ReferenceLogits",
+    "StepPasses",
     "TargetSequence",
     "TokenEncoder",
     "head_kind_of",
@@ -283,6 +287,33 @@ class TargetSequence(Protocol):
     def greedy_targets(self, batch: Batch, max_new_tokens: int = 20) -> Batch:
         """ "Free decoding": ``batch`` with its target replaced by the model's own greedy output (each row's source or
         prompt kept, up to ``max_new_tokens`` tokens generated, the end-of-sequence token included)."""
+        ...
+
+
+@runtime_checkable
+class StepPasses(Protocol):
+    """A generator (:class:`TargetSequence`) that builds the passes of its per-step maps itself.
+
+    :func:`~lightning_xai.callbacks._audit.generation.method_step_maps` explains every ``(row, step)`` pair; without
+    this capability each pair is a whole copy of its row with a per-row step target. With it the model gives the
+    passes: ``(rows, ranks, batch, target)`` tuples, copy ``i`` of ``batch`` explaining step ``ranks[i]`` of row
+    ``rows[i]`` as its own step ``target[i]``, with the same map (up to float summation order) over its first
+    columns (the columns a copy drops are 0 in the row's map).
+
+    Example:
+        >>> from torch import nn
+        >>> class Generator(nn.Module):
+        ...     def step_passes(self, batch, wanted, tokens_per_pass):
+        ...         return []
+        >>> isinstance(Generator(), StepPasses), isinstance(nn.Linear(2, 2), StepPasses)
+        (True, False)
+    """
+
+    def step_passes(
+        self, batch: Batch, wanted: Tensor, tokens_per_pass: int
+    ) -> Sequence[Tuple[Tensor, Tensor, Dict[str, Any], Tensor]]:
+        """The passes explaining every pair where ``wanted`` (``[B, K]`` bool) is true, each pair once, in passes of
+        at most ``tokens_per_pass`` padded tokens."""
         ...
 
 

@@ -12,7 +12,7 @@ Integrated Gradients lives in :mod:`~lightning_xai.attribution.integrated_gradie
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -73,8 +73,8 @@ _shared: Optional[List[Any]] = None
 def shared_input_gradients() -> Iterator[None]:
     """Let ``gradient`` and ``grad_x_input`` calls on the same inputs share one forward+backward pass.
 
-    Inside the context the last input gradient is kept; a later call whose model, embeddings, token mask,
-    target, ``output`` and ``detach_attention`` are equal reuses it instead of recomputing it — the two maps of
+    Inside the context the last input gradient is kept; a later call whose model, batch values, embeddings, token
+    mask, target, ``output`` and ``detach_attention`` are equal reuses it instead of recomputing it — the two maps of
     an audit then cost one backward pass, not two. The model's weights must not change inside the context
     (audits guarantee this). Graph-building calls (``create_graph=True``) are never shared.
 
@@ -111,6 +111,12 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _same_batch(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two batches hold the same values (tensors compared by value): inputs besides the embeddings (a
+    decoder's, a target's) change the gradient too."""
+    return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+
+
 def _input_gradients(
     model: ExplainableModel,
     batch: Batch,
@@ -135,6 +141,7 @@ def _input_gradients(
             and _same(key[3], target)
             and _same(key[4], embeddings)
             and _same(key[5], model.token_mask(batch))
+            and _same_batch(key[6], batch)
         ):
             return cached
     result = _compute_input_gradients(
@@ -142,7 +149,8 @@ def _input_gradients(
     )
     if sharing:
         assert _shared is not None  # sharing says so
-        _shared[:] = [(model, output, detach_attention, target, embeddings.detach(), model.token_mask(batch)), result]
+        key = (model, output, detach_attention, target, embeddings.detach(), model.token_mask(batch), dict(batch))
+        _shared[:] = [key, result]
     return result
 
 

@@ -46,3 +46,24 @@ def test_nothing_is_kept_outside_the_context(trained_model, sst2_batch, monkeypa
     attribute(trained_model, sst2_batch, "gradient")
     attribute(trained_model, sst2_batch, "grad_x_input")
     assert len(calls) == 2 and gradients_module._shared is None
+
+
+def test_a_batch_that_differs_beside_the_source_is_recomputed(monkeypatch):
+    """Two copies of an encoder–decoder row with the same source but another decoder input and explained step: equal
+    embeddings, token mask and target (step 0), yet another gradient (the per-step copies of method_step_maps)."""
+    from lightning_xai.adapters import HuggingFaceAdapter
+    from tests.adapters.test_generation import make
+
+    model, batch = make("bart")
+    adapter = HuggingFaceAdapter(model)
+    decoder = model.prepare_decoder_input_ids_from_labels(labels=batch["labels"])
+    first = {"input_ids": batch["input_ids"][:1], "attention_mask": batch["attention_mask"][:1]}
+    first.update(labels=batch["labels"][:1, :2].clone(), decoder_input_ids=decoder[:1, :2])
+    first["labels"][0, 0] = -100  # one step: the second target token
+    second = dict(first, labels=batch["labels"][:1, :1], decoder_input_ids=decoder[:1, :1])  # the first
+    calls = _count_passes(monkeypatch)
+    with shared_input_gradients():
+        a = attribute(adapter, first, "gradient", target=0)
+        b = attribute(adapter, second, "gradient", target=0)
+    assert len(calls) == 2
+    assert torch.equal(b, attribute(adapter, second, "gradient", target=0)) and not torch.allclose(a, b)

@@ -5,7 +5,8 @@ One module per concern; :mod:`.families` is the one place that knows facts about
 
 * :mod:`.adapter` — :class:`HuggingFaceAdapter`, the protocol on a sequence classifier;
 * :mod:`.generation` — :class:`HuggingFaceGenerationAdapter`, what :class:`HuggingFaceAdapter` builds for a causal LM
-  or an encoder–decoder (the explained output is a target sequence; :mod:`.steps` finds its steps);
+  or an encoder–decoder (the explained output is a target sequence; :mod:`.steps` finds its steps, :mod:`.step_copies`
+  cuts one copy of a row per step for the per-step maps);
 * :mod:`.families` — the family table: pooling, attention dispatch, shared layers, layer layouts;
 * :mod:`.pooling` — where the head reads (the table, else a probe of the model's behaviour);
 * :mod:`.attention` — the registered eager attention with a replaceable query row;

@@ -22,6 +22,10 @@ log-probability, never a softmax over classes (``output="probability"`` is its e
   ``decoder_input_ids`` from the batch, else ``model.prepare_decoder_input_ids_from_labels(labels)`` (what the
   model's own ``forward(labels=...)`` does); ``decoder_attention_mask`` is passed when present.
 
+**Per-step maps.** :meth:`HuggingFaceGenerationAdapter.step_passes` (the
+:class:`~lightning_xai.adapters.capabilities.StepPasses` capability) gives one copy of a row per explained step, cut
+after the step and flagged so that the LM head runs at the step's query row only (:mod:`.step_copies`).
+
 "Force decoding" explains the batch's own ``labels``; "free decoding" explains the model's greedy output:
 :meth:`HuggingFaceGenerationAdapter.greedy_targets` returns the batch with its target replaced by it.
 
@@ -52,6 +56,7 @@ step_override_rows`).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, List, Optional, Tuple
 
 import torch
@@ -63,7 +68,9 @@ from lightning_xai.adapters.huggingface.attention import OverrideState, active_o
 from lightning_xai.adapters.huggingface.decoding import DECODER_KEYS, greedy_targets
 from lightning_xai.adapters.huggingface.families import family_of, module_calls
 from lightning_xai.adapters.huggingface.inputs import check_tokenizer
+from lightning_xai.adapters.huggingface.parts import last_cross_attention
 from lightning_xai.adapters.huggingface.reductions import Reduction, renormalise
+from lightning_xai.adapters.huggingface.step_copies import STEP_LOGITS_ONLY, StepPass, logits_at_queries, step_passes
 from lightning_xai.adapters.huggingface.steps import IGNORE_INDEX, Steps, step_override_rows, step_rows, target_steps
 from lightning_xai.adapters.huggingface.unwrap import unchecked_layers, unwrap
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError, check_embeddings
@@ -91,26 +98,6 @@ def is_generator(module: Any) -> bool:
         return bool(callable(can) and can())
     except Exception:  # noqa: BLE001 - a model that cannot say is not one we explain as a generator
         return False
-
-
-def _last_cross_attention(model: nn.Module) -> Optional[nn.Module]:
-    """The module whose call computes the last decoder layer's cross-attention weights (``None``: not found)."""
-    get_decoder = getattr(model, "get_decoder", None)
-    decoder: Optional[nn.Module] = get_decoder() if callable(get_decoder) else None
-    recorders = getattr(decoder, "_can_record_outputs", None) or {}
-    recorder = recorders.get("cross_attentions") if isinstance(recorders, dict) else None
-    target = getattr(recorder, "target_class", recorder)
-    name = getattr(recorder, "layer_name", None)
-    if decoder is None or not (isinstance(target, type) and issubclass(target, nn.Module)):
-        return None  # (only an nn.Module class has instances among the decoder's modules)
-    found = [m for path, m in decoder.named_modules() if isinstance(m, target) and (not name or path.endswith(name))]
-    module = found[-1] if found else None
-    while module is not None:  # a wrapper layer (T5's T5LayerCrossAttention) holds the attention module itself
-        inner = [c for c in module.children() if type(c).__name__.endswith("Attention")]
-        if len(inner) != 1:
-            break
-        module = inner[0]
-    return module
 
 
 class HuggingFaceGenerationAdapter(HuggingFaceAdapter):
@@ -180,7 +167,7 @@ class HuggingFaceGenerationAdapter(HuggingFaceAdapter):
         with recording_attention(self.model) as overridable:
             self.overridable = overridable
         if self.encoder_decoder:
-            module = _last_cross_attention(self.model)
+            module = last_cross_attention(self.model)
         else:
             modules = self._find_attention_modules(self.model)
             module = modules[-1] if modules else None
@@ -317,10 +304,12 @@ class HuggingFaceGenerationAdapter(HuggingFaceAdapter):
         check_embeddings(embeddings, mask)
         steps = self._steps(batch)
         state = None if attention_override is None else self._override_state(attention_override, batch, steps, mask)
-        output = self._model_output(embeddings, batch, state)
+        only = bool(batch.get(STEP_LOGITS_ONLY, False))  # a copy of step_passes: the LM head at the queries only
+        with logits_at_queries(self.model, steps) if only else nullcontext(False) as gathered:
+            output = self._model_output(embeddings, batch, state)
         labels = self._labels(batch)
         logits = output.logits
-        step_logits = logits[steps.rows, steps.queries]
+        step_logits = logits[:, 0] if gathered else logits[steps.rows, steps.queries]
         log_probs = step_logits.log_softmax(-1).gather(-1, labels[steps.rows, steps.positions][:, None]).squeeze(-1)
         target_log_probs = steps.compact(log_probs)
         raw = tuple(output.cross_attentions if self.encoder_decoder else output.attentions or ())
@@ -347,7 +336,7 @@ class HuggingFaceGenerationAdapter(HuggingFaceAdapter):
             step_queries=steps.compact(steps.queries),
         )
         return ExplainOutput(
-            logits=logits,
+            logits=steps.compact(step_logits) if gathered else logits,
             attention=attention,
             hidden_states=hidden,
             raw_attentions=raw,
@@ -371,6 +360,10 @@ class HuggingFaceGenerationAdapter(HuggingFaceAdapter):
                 )
             parts.append(renormalise(reduced, mask) * steps.mask[:, k, None].to(reduced.dtype))
         return torch.stack(parts, 1) if parts else mask.new_zeros((B, 0, mask.shape[1]), dtype=torch.float)
+
+    def step_passes(self, batch: Batch, wanted: Tensor, tokens_per_pass: int) -> List[StepPass]:
+        """One copy of a row per wanted step, cut to what the step reads, in dense passes (:mod:`.step_copies`)."""
+        return step_passes(self, batch, self._steps(batch), wanted, self._decoder_kwargs(batch), tokens_per_pass)
 
     def override_replay(self, embeddings: Tensor, batch: Batch) -> Tuple[ExplainOutput, None]:
         """Declines (``None`` scorer): a generator's overrides are scored by full passes."""

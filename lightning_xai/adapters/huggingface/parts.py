@@ -1,5 +1,5 @@
 """Where a ``transformers`` model keeps the parts an adapter reads: its input word embedding and the attention modules
-whose outputs it records."""
+whose outputs it records, and an encoder–decoder's last cross-attention (what a generator's override replaces)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from torch import nn
 
 from lightning_xai.adapters.protocol import ProtocolError
 
-__all__ = ["input_embedding", "randomization_stages", "recorded_attention_modules"]
+__all__ = ["input_embedding", "last_cross_attention", "randomization_stages", "recorded_attention_modules"]
 
 
 def input_embedding(model: nn.Module) -> nn.Embedding:
@@ -92,3 +92,23 @@ def randomization_stages(
     ]
     stack = list(reversed(list(layers))) if layers is not None else []
     return head + beside + stack + [embeddings]
+
+
+def last_cross_attention(model: nn.Module) -> Optional[nn.Module]:
+    """The module whose call computes the last decoder layer's cross-attention weights (``None``: not found)."""
+    get_decoder = getattr(model, "get_decoder", None)
+    decoder: Optional[nn.Module] = get_decoder() if callable(get_decoder) else None
+    recorders = getattr(decoder, "_can_record_outputs", None) or {}
+    recorder = recorders.get("cross_attentions") if isinstance(recorders, dict) else None
+    target = getattr(recorder, "target_class", recorder)
+    name = getattr(recorder, "layer_name", None)
+    if decoder is None or not (isinstance(target, type) and issubclass(target, nn.Module)):
+        return None  # (only an nn.Module class has instances among the decoder's modules)
+    found = [m for path, m in decoder.named_modules() if isinstance(m, target) and (not name or path.endswith(name))]
+    module = found[-1] if found else None
+    while module is not None:  # a wrapper layer (T5's T5LayerCrossAttention) holds the attention module itself
+        inner = [c for c in module.children() if type(c).__name__.endswith("Attention")]
+        if len(inner) != 1:
+            break
+        module = inner[0]
+    return module

@@ -19,13 +19,13 @@ capability: a causal LM or an encoder–decoder seen through
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 
-from lightning_xai.adapters.capabilities import TargetSequence
+from lightning_xai.adapters.capabilities import StepPasses, TargetSequence
 from lightning_xai.adapters.huggingface.steps import IGNORE_INDEX
 from lightning_xai.attribution import attribute, shared_input_gradients
 from lightning_xai.attribution.batching import gather_rows
@@ -252,19 +252,35 @@ def method_step_maps(
     Few, wide passes: every (row, step) pair is a row of its own, explaining its step (a per-row step target), and
     the pairs go through the model in passes of at most ``tokens_per_pass`` padded tokens, every method on the same
     pass, so gradient and grad×input share its backward pass — rather than one pass per step (a target of 50 steps
-    was 50 passes of the rows that have the step)."""
+    was 50 passes of the rows that have the step). A model with the :class:`~lightning_xai.adapters.capabilities.
+    StepPasses` capability builds the passes itself, each copy cut to what its step reads (a transformers generator:
+    the decoder positions up to the step, the LM head at its query row only); the maps are the same up to float
+    summation order."""
     maps: Dict[str, Tensor] = {}
     B, K = steps.shape
+    T = int(model.token_mask(batch).shape[1]) if methods else 0
+    with shared_input_gradients():
+        for rows, step, part, target in _step_passes(model, batch, steps, tokens_per_pass):
+            for method in methods:
+                with precision(method):
+                    scores = attribute(model, part, method, target=target, **options(method))
+                scores = (scores[0] if isinstance(scores, tuple) else scores).detach().float()
+                full = maps.setdefault(method, scores.new_zeros((B, K, T)))
+                full[rows.to(full.device), step.to(full.device), : scores.shape[-1]] = scores
+    return maps
+
+
+def _step_passes(
+    model: Any, batch: Mapping[str, Any], steps: Tensor, tokens_per_pass: int
+) -> Iterator[Tuple[Tensor, Tensor, Mapping[str, Any], Tensor]]:
+    """``(rows, steps, batch, target)`` passes of every pair where ``steps`` is true (the model's, or whole copies)."""
+    if isinstance(model, StepPasses):
+        yield from model.step_passes(dict(batch), steps.bool(), int(tokens_per_pass))
+        return
+    B = steps.shape[0]
     pairs = steps.nonzero()  # [P, 2]: (row, step), row-major
     width = max(int(v.shape[1]) for v in batch.values() if isinstance(v, Tensor) and v.dim() >= 2)
     per_pass = max(1, int(tokens_per_pass) // max(width, 1))
-    with shared_input_gradients():
-        for start in range(0, pairs.shape[0], per_pass):
-            rows, step = pairs[start : start + per_pass].unbind(1)
-            part = gather_rows(dict(batch), rows, B)
-            for method in methods:
-                with precision(method):
-                    scores = attribute(model, part, method, target=step, **options(method))
-                scores = (scores[0] if isinstance(scores, tuple) else scores).detach().float()
-                maps.setdefault(method, scores.new_zeros((B, K, scores.shape[-1])))[rows, step] = scores
-    return maps
+    for start in range(0, pairs.shape[0], per_pass):
+        rows, step = pairs[start : start + per_pass].unbind(1)
+        yield rows, step, gather_rows(dict(batch), rows, B), step
