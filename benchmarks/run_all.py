@@ -155,11 +155,23 @@ def summary(results_dir: Path = H.RESULTS) -> str:
                 )
     r = _load("generation_share", results_dir)
     for name, c in (r or {}).get("configs", {}).items():
+        if c.get("target") is None:
+            continue
         add(
-            f"{name} audit share of a training epoch (translation, {r['num_samples']} verses)",
+            f"{name} audit share of a training epoch (translation, {r['num_samples']} verses, budget=None)",
             c["share"],
             f"≤ {c['target']:.0%}",
             c["share"] <= c["target"],
+            r,
+        )
+    d = (r or {}).get("at_defaults")
+    if d:
+        add(
+            f"AlignmentAudit() at the defaults (budget 0.05: {d['plan']['num_samples']} verses every "
+            f"{d['plan']['cadence']} epochs), share of {d['epochs']} training epochs (translation)",
+            d["share"],
+            f"≤ {d['target']:.0%}",
+            d["share"] <= d["target"],
             r,
         )
     r = _load("ig_auto_minilm_sst2", results_dir)

@@ -129,10 +129,26 @@ def test_audit_share_benchmark_on_the_trained_llama():
 def test_generation_share_benchmark_audits_the_translation_model():
     from benchmarks import bench_generation_share
 
-    r = bench_generation_share.main(["--quick"])
-    assert set(r["configs"]) == {"attention_default", "alignment_default"}
+    r = bench_generation_share.main(["--quick", "--clock", "cpu"])
+    assert set(r["configs"]) == {"attention_default", "alignment_default", "alignment_split"}
     assert all(c["audit_s"] > 0 and c["share"] > 0 and c["keys"] > 0 for c in r["configs"].values())
     assert r["info"]["train_verses"] == 7102 and r["full_batches"] > 100
+    assert r["configs"]["alignment_split"]["sentences"] == r["info"]["val_verses"] == 157  # the default subset
+    d = r["at_defaults"]
+    assert d["audit_epochs"][0] == 0 and d["share"] == d["audit_s_total"] / d["train_s_total"]
+
+
+def test_generation_share_at_the_defaults_follows_the_budgets_own_plan():
+    from benchmarks.bench_generation_share import amortised
+
+    # 10 s per 42 s epoch = 23.8 %: every 5th epoch fits 5 % (4.76 %); in 10 epochs the audits of epochs 0 and 5
+    d = amortised(10.0, 157, 42.0, 10)
+    assert (d["plan"]["cadence"], d["plan"]["num_samples"], d["audit_epochs"]) == (5, 157, [0, 5])
+    assert d["share"] == pytest.approx(20.0 / 420.0)
+    # 100 s: nothing fits at every 10th epoch; 128 verses (the floor) after the first, full audit
+    d = amortised(100.0, 157, 42.0, 21)
+    assert (d["plan"]["cadence"], d["plan"]["num_samples"], d["audit_epochs"]) == (10, 128, [0, 10, 20])
+    assert d["share"] == pytest.approx((100.0 + 2 * 100.0 * 128 / 157) / (21 * 42.0))
 
 
 @pytest.mark.ddp
