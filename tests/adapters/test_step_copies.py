@@ -9,7 +9,7 @@ import torch
 
 from lightning_xai.adapters import HuggingFaceAdapter
 from lightning_xai.adapters.huggingface.step_copies import STEP_LOGITS_ONLY
-from tests.adapters.test_generation import CAUSAL, SEQ2SEQ, make
+from tests.adapters.generators import CAUSAL, SEQ2SEQ, make
 
 
 @pytest.mark.parametrize("tokens_per_pass", (1, 12, 10_000))

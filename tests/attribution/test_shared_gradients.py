@@ -52,7 +52,7 @@ def test_a_batch_that_differs_beside_the_source_is_recomputed(monkeypatch):
     """Two copies of an encoder–decoder row with the same source but another decoder input and explained step: equal
     embeddings, token mask and target (step 0), yet another gradient (the per-step copies of method_step_maps)."""
     from lightning_xai.adapters import HuggingFaceAdapter
-    from tests.adapters.test_generation import make
+    from tests.adapters.generators import make
 
     model, batch = make("bart")
     adapter = HuggingFaceAdapter(model)

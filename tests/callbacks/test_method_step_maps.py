@@ -16,12 +16,13 @@ import lightning_xai.callbacks._audit.generation as generation
 from lightning_xai.adapters import HuggingFaceAdapter
 from lightning_xai.adapters.capabilities import StepPasses
 from lightning_xai.callbacks._audit.generation import method_step_maps
-from tests.adapters.test_generation import CAUSAL, SEQ2SEQ, make, source_mask
+from tests.adapters.generators import CAUSAL, SEQ2SEQ, make, source_mask
 
 
 def _hand_step_gradients(model, batch):
     """``{(b, k): (∂ log p(y_k) / ∂ e [T, E] of row b, e [T, E])}`` through the model's own forward of the batch."""
-    module = model.get_encoder().embed_tokens if model.config.is_encoder_decoder else model.get_input_embeddings()
+    encoder = model.get_encoder() if model.config.is_encoder_decoder else model
+    module = encoder.get_input_embeddings()
     labels = batch["labels"]
     out = {}
     for b in range(labels.shape[0]):
