@@ -154,11 +154,12 @@ def summary(results_dir: Path = H.RESULTS) -> str:
                     r,
                 )
     r = _load("generation_share", results_dir)
+    cpu = ", CPU time" if (r or {}).get("clock") == "cpu" else ""
     for name, c in (r or {}).get("configs", {}).items():
         if c.get("target") is None:
             continue
         add(
-            f"{name} audit share of a training epoch (translation, {r['num_samples']} verses, budget=None)",
+            f"{name} audit share of a training epoch (translation, {r['num_samples']} verses, budget=None{cpu})",
             c["share"],
             f"≤ {c['target']:.0%}",
             c["share"] <= c["target"],
@@ -168,7 +169,7 @@ def summary(results_dir: Path = H.RESULTS) -> str:
     if d:
         add(
             f"AlignmentAudit() at the defaults (budget 0.05: {d['plan']['num_samples']} verses every "
-            f"{d['plan']['cadence']} epochs), share of {d['epochs']} training epochs (translation)",
+            f"{d['plan']['cadence']} epochs), share of {d['epochs']} training epochs (translation{cpu})",
             d["share"],
             f"≤ {d['target']:.0%}",
             d["share"] <= d["target"],
