@@ -114,7 +114,16 @@ def _same(a: Any, b: Any) -> bool:
 def _same_batch(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Whether two batches hold the same values (tensors compared by value): inputs besides the embeddings (a
     decoder's, a target's) change the gradient too."""
-    return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if a is b or isinstance(a, Tensor) or isinstance(b, Tensor):
+        return a is b or _same(a, b)
+    try:  # a value whose == is not a bool (a numpy array, a list of tensors) counts as different: recomputed
+        return bool(a == b)
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _input_gradients(

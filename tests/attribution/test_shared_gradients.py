@@ -67,3 +67,17 @@ def test_a_batch_that_differs_beside_the_source_is_recomputed(monkeypatch):
         b = attribute(adapter, second, "gradient", target=0)
     assert len(calls) == 2
     assert torch.equal(b, attribute(adapter, second, "gradient", target=0)) and not torch.allclose(a, b)
+
+
+def test_batches_with_values_that_do_not_compare_to_a_bool_still_share(trained_model, sst2_batch, monkeypatch):
+    """A numpy array or a list of tensors in the batch (== is elementwise) neither breaks the comparison nor blocks
+    sharing when it is the very same object."""
+    import numpy as np
+
+    batch = dict(sst2_batch, ids=np.arange(sst2_batch["input_ids"].shape[0]), rows=list(sst2_batch["input_ids"]))
+    calls = _count_passes(monkeypatch)
+    with shared_input_gradients():
+        attribute(trained_model, batch, "gradient")
+        attribute(trained_model, batch, "grad_x_input")
+        attribute(trained_model, dict(batch, ids=batch["ids"].copy()), "grad_x_input")  # an equal copy: recomputed
+    assert len(calls) == 2
