@@ -119,6 +119,34 @@ def _load(name: str, results_dir: Path):
     return json.loads(path.read_text()) if path.exists() else None
 
 
+#: the translation example's figures (examples/translation_bible.py --json): AER of every map against human links
+ALIGNMENT_RESULTS = H.ROOT / "examples" / "results" / "translation_bible.json"
+
+
+def _alignment_rows(path: Path = ALIGNMENT_RESULTS) -> list:
+    """The AER of each map of the translation model (force decoding, every test verse), beside the statistical
+    aligners: quality figures of issue 31's summary table, not ratios with a target."""
+    if not path.exists():
+        return []
+    r = json.loads(path.read_text())
+    rows = []
+    for key, verses in (("force", r["test_verses"]), ("force_subset", r["heavy_verses"])):
+        where = f"`examples/translation_bible.py`, {verses} test verses"
+        for method, v in r[key].items():
+            if key == "force_subset" and method in r["force"]:
+                continue  # the costly methods run on the first verses only; the others are in the full rows
+            rows.append(
+                (
+                    f"AER of {method} vs human word alignments (translation, force decoding)",
+                    H.fmt(v["aer"]),
+                    "(lower: better)",
+                    "n/a",
+                    where,
+                )
+            )
+    return rows
+
+
 def summary(results_dir: Path = H.RESULTS) -> str:
     """One table of every acceptance ratio found in ``results_dir`` (value, target, met?, when)."""
     rows = []
@@ -156,7 +184,15 @@ def summary(results_dir: Path = H.RESULTS) -> str:
     r = _load("generation_share", results_dir)
     cpu = ", CPU time" if (r or {}).get("clock") == "cpu" else ""
     for name, c in (r or {}).get("configs", {}).items():
-        if c.get("target") is None:
+        if c.get("target") is None:  # one audit of the whole default subset: no target of its own (the budget)
+            add(
+                f"{name}: one audit of the whole default subset, share of a training epoch (translation, "
+                f"budget=None{cpu})",
+                c["share"],
+                "(none: the budget sets the cadence)",
+                None,
+                r,
+            )
             continue
         add(
             f"{name} audit share of a training epoch (translation, {r['num_samples']} verses, budget=None{cpu})",
@@ -175,6 +211,7 @@ def summary(results_dir: Path = H.RESULTS) -> str:
             d["share"] <= d["target"],
             r,
         )
+    rows.extend(_alignment_rows())
     r = _load("ig_auto_minilm_sst2", results_dir)
     if r:
         for name, ratio in r["ratios"].items():
