@@ -207,11 +207,49 @@ def test_rollout_is_refused_for_an_encoder_decoder_even_where_source_and_target_
 
 
 @pytest.mark.parametrize("family", ("llama", "t5", "encoder_decoder"))
-@pytest.mark.parametrize("method", ("alti", "attention_norm", "value_zeroing", "attnlrp", "grad_attention"))
+@pytest.mark.parametrize("method", ("alti", "attention_norm", "value_zeroing", "attnlrp"))
 def test_context_mixing_methods_refuse_generators_by_name(family, method):
     model, batch = make(family)
     with pytest.raises(ProtocolError, match=rf"do not explain generators: {type(model).__name__} .*query row"):
         attribute(HuggingFaceAdapter(model), batch, method)
+
+
+def _hand_grad_attention(model, batch, step=None):
+    """Chefer et al.'s self-attention rule through the model's own forward and ``output_attentions``: R over every
+    position from ∂ Σ log p(target) (or one step's) / ∂ each layer's attention; the explained steps' query rows."""
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_attentions=True)
+    labels = batch["labels"][:, 1:]
+    picked = out.logits[:, :-1].log_softmax(-1).gather(-1, labels.clamp_min(0)[..., None]).squeeze(-1)
+    explained = labels != -100
+    if step is not None:  # the step-th target token of each row
+        explained = explained & (explained.long().cumsum(1) == step + 1)
+    score = (picked * explained).sum()
+    grads = torch.autograd.grad(score, out.attentions)
+    T = batch["input_ids"].shape[1]
+    relevance = torch.eye(T, dtype=torch.float64).expand(2, T, T)
+    for attention, grad in zip(out.attentions, grads):
+        relevance = relevance + (grad * attention).clamp_min(0).mean(1) @ relevance
+    rows = (relevance[:, :-1] * explained[..., None]).sum(1)  # query s − 1 reads the token at s
+    return rows * source_mask(model, batch)
+
+
+@pytest.mark.parametrize("family", CAUSAL)
+def test_grad_attention_on_a_causal_lm_is_chefers_rule_over_the_target_steps_query_rows(family):
+    model, batch = make(family)
+    adapter = HuggingFaceAdapter(model)
+    torch.testing.assert_close(attribute(adapter, batch, "grad_attention"), _hand_grad_attention(model, batch))
+    torch.testing.assert_close(
+        attribute(adapter, batch, "grad_attention", target=1), _hand_grad_attention(model, batch, step=1)
+    )
+    steps = attribute(adapter, batch, "grad_attention", target="steps")
+    torch.testing.assert_close(steps[:, 0], _hand_grad_attention(model, batch, step=0))
+
+
+@pytest.mark.parametrize("family", ("t5", "bart"))
+def test_grad_attention_refuses_an_encoder_decoder_by_name(family):
+    model, batch = make(family)
+    with pytest.raises(ProtocolError, match=rf"does not explain encoder–decoders: {type(model).__name__} .*cross"):
+        attribute(HuggingFaceAdapter(model), batch, "grad_attention")
 
 
 def test_a_generation_model_loaded_with_sdpa_is_explained_on_eager_and_keeps_sdpa():

@@ -145,6 +145,19 @@ def test_methods_that_read_class_logits_are_refused_by_name(gen_kit, tmp_path, m
         fit(gen_kit, tmp_path, "llama", [audit], epochs=1)
 
 
+def test_grad_attention_audits_a_causal_lm_and_is_refused_for_an_encoder_decoder(gen_kit, tmp_path):
+    audit = AttentionAudit(methods=("gradient", "grad_attention"))
+    module, dm, trainer = fit(gen_kit, tmp_path / "llama", "llama", [audit], epochs=1)
+    model, batch = audit.explainable(module), audited_batch(audit, trainer, dm)
+    tau, _ = AGREEMENT_METRICS["kendall_tau"][0](
+        attribute(model, batch, "attention"), attribute(model, batch, "grad_attention"), model.token_mask(batch)
+    )
+    key = "kendall_tau/attention_vs_grad_attention/mean"
+    assert audit.history[-1]["metrics"][key] == pytest.approx(mean_of(tau), abs=1e-6)
+    with pytest.raises(MisconfigurationException, match=r"with \['grad_attention'\].*causal LMs only"):
+        fit(gen_kit, tmp_path / "bart", "bart", [AttentionAudit(methods=("gradient", "grad_attention"))], epochs=1)
+
+
 def test_generation_options_are_refused_for_a_classifier(kit, tmp_path):
     dm = kit.make_dm(train=32, val=8)
     with pytest.raises(MisconfigurationException, match="decoding='free'.*not a generator"):

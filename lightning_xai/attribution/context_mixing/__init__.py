@@ -10,7 +10,7 @@ method                        source                                      famili
 ``"value_zeroing"``           Mohebbi et al. 2023 (EACL)                  BERT family, DistilBERT, Llama
 ``"alti"``                    Ferrando et al. 2022 (EMNLP)                BERT family, DistilBERT, Llama
 ``"attention_flow"``          Abnar & Zuidema 2020 (ACL)                  any eager-attention family
-``"grad_attention"``          Chefer et al. 2021 (ICCV)                   any eager-attention family
+``"grad_attention"``          Chefer et al. 2021 (ICCV)                   any eager-attention family; causal LMs
 ``"attnlrp"``                 Achtibat et al. 2024 (ICML)                 BERT family, DistilBERT, Llama
 ============================  ==========================================  ==============================
 

@@ -53,12 +53,15 @@ CLASS_LOGIT_METHODS = (
     "lrp",
     "attnlrp",
     "integrated_hessians",
-    "grad_attention",
+    "grad_attention",  # but on a causal LM (SELF_ATTENTION_METHODS)
     "attention_flow",
     "attention_norm",
     "alti",
     "value_zeroing",
 )
+
+#: of those, the ones a causal LM's self-attention supports (its target steps' query rows)
+SELF_ATTENTION_METHODS = ("grad_attention",)
 
 
 def is_generator_model(model: Any) -> bool:
@@ -119,13 +122,18 @@ def check_generation_methods(
                 "target sequence; leave per_step=False."
             )
         return
-    refused = [m for m in methods if m in CLASS_LOGIT_METHODS]
+    causal = bool(getattr(model, "causal", False))
+    refused = [m for m in methods if m in CLASS_LOGIT_METHODS and not (causal and m in SELF_ATTENTION_METHODS)]
     if refused:
         raise MisconfigurationException(
             f"{owner} cannot explain {name}'s generated target with {refused}: these methods read a classifier's "
             "[B, C] logits (LRP's linear head, Integrated Hessians' class score, the context-mixing methods' class "
-            "rollout). Use attention, gradient, grad_x_input, integrated_gradients, smooth_grad, leave_one_out or "
-            "smooth_attention."
+            "rollout). Use attention, gradient, grad_x_input, integrated_gradients, smooth_grad, leave_one_out, "
+            + (
+                "smooth_attention or grad_attention."
+                if causal
+                else "smooth_attention (grad_attention: causal LMs only)."
+            )
         )
 
 
