@@ -13,13 +13,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Union, cast
+from typing import Any, List, Optional, Sequence, Tuple, Union, cast
 
 import torch
 from torch import Tensor
 
-from lightning_xai.adapters.capabilities import head_kind_of, packs_overrides
-from lightning_xai.adapters.protocol import Batch, ExplainableModel, as_explainable
+from lightning_xai.adapters.capabilities import OverrideScorer, head_kind_of, packs_overrides
+from lightning_xai.adapters.protocol import Batch, ExplainableModel, ExplainOutput, as_explainable
 from lightning_xai.adapters.sharding import agree
 from lightning_xai.attribution import batching, explanation_context, gather_rows, resolve_target
 from lightning_xai.attribution.batching import (
@@ -231,6 +231,7 @@ def decision_flip(
     *,
     generator: Optional[torch.Generator] = None,
     max_rows: int = 2048,
+    replay: Optional[Tuple[ExplainOutput, Optional[OverrideScorer]]] = None,
 ) -> DecisionFlipResult:
     """Serrano & Smith's erasure test: zero attention items in ranked order until the decision flips.
 
@@ -269,6 +270,8 @@ def decision_flip(
             are back-propagated through the replay only (the last layer and the head of a transformer).
         generator: random source for ``ranking="random"``.
         max_rows: rows per forward pass.
+        replay: ``override_scorer(model, model.embed(batch), batch)`` if already made for this batch (in eval mode,
+            under the same precision): its pass and checked scorer are used instead of making them again.
 
     Example:
         >>> import torch
@@ -310,7 +313,7 @@ def decision_flip(
         B, T = mask.shape
         device = mask.device
         emb = model.embed(safe)
-        out, scorer = override_scorer(model, emb, safe)
+        out, scorer = replay if replay is not None else override_scorer(model, emb, safe)
         decision = decisions(out.logits, head)  # the argmax class; a multi-label model's set of labels
         # rows with NaN/inf logits have no decision to flip: warned here, their results are NaN (below)
         defined = None if warn_nonfinite_logits(out.logits) else torch.isfinite(out.logits.detach()).all(-1)
