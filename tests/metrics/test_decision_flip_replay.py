@@ -305,8 +305,15 @@ def test_a_packing_scorer_gets_every_step_of_an_instance_in_one_call(name, monke
     assert [c.numel() for c in calls] == [steps]  # one call: every step of every instance (all alive before it)
     assert bool(packed.flipped.any()) and bool((~packed.flipped).any())
     calls.clear()
+    # max_rows bounds a packing scorer's calls from below only: it sizes its own passes; the calls are cut where
+    # their [rows, T] overrides would pass PACKED_CALL_ELEMENTS
     _same(decision_flip(adapter, batch, maps, max_rows=10), packed)
-    assert max(c.numel() for c in calls) <= 10
+    assert [c.numel() for c in calls] == [steps]
+    calls.clear()
+    monkeypatch.setattr(erasure, "PACKED_CALL_ELEMENTS", 7 * batch["input_ids"].shape[1])
+    _same(decision_flip(adapter, batch, maps, max_rows=5), packed)
+    assert max(c.numel() for c in calls) == 7 and len(calls) > 1
+    monkeypatch.setattr(erasure, "PACKED_CALL_ELEMENTS", 1 << 22)
     _same(packed, decision_flip(Plain(adapter), batch, maps))  # the full passes' flips
     monkeypatch.setattr(erasure, "packs_overrides", lambda scorer: False)  # the doubling passes of before
     calls.clear()
