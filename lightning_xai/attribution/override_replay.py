@@ -11,7 +11,9 @@ score overrides of its rows, a scorer ``(rows, override) -> logits`` that reuses
 Every scorer is checked before it is returned, against the pass it came with (the model's own attention, every
 row) and against full passes with a changed attention (uniform over the real tokens, the first two rows); one that
 differs (``torch.allclose`` with ``rtol=1e-4, atol=1e-5``) is dropped (``None``), so the caller re-runs the model
-instead: a replay is never a silent wrong number.
+instead: a replay is never a silent wrong number. A scorer whose ``checked_logits`` is the pass's own logits tensor
+was already compared with them on every row at these tolerances by the model (the packed scorer of
+:mod:`~lightning_xai.adapters.huggingface.packing`): that comparison is not repeated, the full-pass one is.
 """
 
 from __future__ import annotations
@@ -88,7 +90,9 @@ def override_scorer(
         if scorer is None:
             return out, None
         B = mask.shape[0]
-        if not _close(scorer(torch.arange(B, device=mask.device), None), out.logits):
+        # a scorer already checked on every row of this very pass (at these tolerances or tighter) is not run again
+        checked = getattr(scorer, "checked_logits", None) is out.logits
+        if not checked and not _close(scorer(torch.arange(B, device=mask.device), None), out.logits):
             return out, None
         rows = torch.arange(min(B, 2), device=mask.device)
         real = mask.index_select(0, rows)

@@ -30,6 +30,7 @@ from lightning_xai.callbacks._audit.generation import (
     is_generator_model,
 )
 from lightning_xai.callbacks._audit.model import refuse_non_softmax
+from lightning_xai.callbacks._audit.replay import SharedReplay
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, BatchResult
 from lightning_xai.metrics import summarize_values
 
@@ -44,7 +45,7 @@ _GENERATION_ROWS = (
 )
 
 
-class AttentionBaselines(AuditCallback):
+class AttentionBaselines(SharedReplay, AuditCallback):
     """Permutation test (J&W 2019) and uniform-attention evaluation (W&P 2019) on a fixed audit subset.
 
     *Permutation*: for each audited example, ``num_permutations`` random permutations of the trained attention
@@ -158,6 +159,13 @@ class AttentionBaselines(AuditCallback):
             **generation,
         )
 
+    def predict(self, model: ExplainableModel, batch: Dict[str, Any]) -> AuditPrediction:
+        """The prediction step, read from the pass of the batch's override scorer, which the baselines then use
+        (:class:`SharedReplay`; a text generator's baselines make no such scorer)."""
+        if is_generator_model(model):
+            return super().predict(model, batch)
+        return self.replayed_prediction(model, batch)[0]
+
     def audit_batch(
         self,
         model: ExplainableModel,
@@ -167,6 +175,7 @@ class AttentionBaselines(AuditCallback):
         prediction: Optional[AuditPrediction] = None,
     ) -> Tuple[BatchResult, Dict[str, Any]]:
         prediction = prediction or self.predict(model, batch)
+        replay = self.replay_for(batch)
         values: Dict[str, torch.Tensor] = {}
         if is_generator_model(model):
             values.update(
@@ -180,8 +189,9 @@ class AttentionBaselines(AuditCallback):
                 )
             )
             return BatchResult(maps={"attention": prediction.attention}, values=values), {}
-        with torch.no_grad():  # one pass and one checked scorer of overrides serve both baselines
-            replay = override_scorer(model, model.embed(batch), batch)
+        if replay is None:  # one pass and one checked scorer of overrides serve the prediction and both baselines
+            with torch.no_grad():
+                replay = override_scorer(model, model.embed(batch), batch)
         if self.permutation:
             result = permutation_test(
                 model, batch, self.num_permutations, row_generators=self.example_generators(indices), replay=replay

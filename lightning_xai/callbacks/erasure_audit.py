@@ -23,6 +23,7 @@ from lightning_xai.callbacks._audit.generation import (
 )
 from lightning_xai.callbacks._audit.model import refuse_regression_flips
 from lightning_xai.callbacks._audit.options import check_names, check_options_of_methods
+from lightning_xai.callbacks._audit.replay import SharedReplay
 from lightning_xai.callbacks.base import AuditCallback, AuditExample, AuditPrediction, BatchResult
 from lightning_xai.metrics.functional.faithfulness import erasure_scores
 
@@ -47,7 +48,7 @@ def _is_size(value: Any) -> bool:
     )
 
 
-class ErasureAudit(AuditCallback):
+class ErasureAudit(SharedReplay, AuditCallback):
     """Is the ranking an explanation gives faithful? Erase what it ranks first and watch the prediction.
 
     For every ranking of ``rankings`` and every example of the fixed audit subset:
@@ -231,6 +232,13 @@ class ErasureAudit(AuditCallback):
             return ranking_scores(model, batch, ERASURE_RANKINGS[ranking])
         return attribute(model, batch, ranking, **self.method_options.get(ranking, {})).detach()
 
+    def predict(self, model: ExplainableModel, batch: Dict[str, Any]) -> AuditPrediction:
+        """The prediction step; with decision flips (and the precision of the flips that of this step), read from
+        the pass of the batch's override scorer, which the flips then use (:class:`SharedReplay`)."""
+        if not self.decision_flip or is_generator_model(model) or self._precision.switches(self.precision_sensitive):
+            return super().predict(model, batch)
+        return self.replayed_prediction(model, batch)[0]
+
     def audit_batch(
         self,
         model: ExplainableModel,
@@ -240,6 +248,7 @@ class ErasureAudit(AuditCallback):
         prediction: Optional[AuditPrediction] = None,
     ) -> Tuple[BatchResult, Dict[str, Any]]:
         prediction = prediction or self.predict(model, batch)
+        replay = self.replay_for(batch)
         if is_generator_model(model):
             return self._audit_generation(model, batch, indices, prediction), {}
         maps: Dict[str, Tensor] = {"attention": prediction.attention}
@@ -255,7 +264,7 @@ class ErasureAudit(AuditCallback):
         ]
         logits = None
         if self.decision_flip:
-            result = decision_flip(model, batch, entries)
+            result = decision_flip(model, batch, entries, replay=replay)
             assert result.scores is not None  # decision_flip always returns the maps it ranked by
             stack, logits = result.scores.float(), result.logits
             for i, ranking in enumerate(self.rankings):

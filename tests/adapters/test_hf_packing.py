@@ -85,7 +85,8 @@ def test_a_rows_overrides_run_as_copies_of_its_pooled_query_in_one_sequence():
     # the five copies of both
     assert sorted(shapes) == [(2, 7), (2, 15), (5, 1)]
     _check_against_full_passes(adapter, batch, rows, scorer)
-    many = torch.tensor([1] * 9 + [0, 2, 2])  # more copies than the row has positions: two sequences
+    # more copies than COPIES_PER_POSITION times the row's 6 positions: two sequences
+    many = torch.tensor([1] * (6 * packing.COPIES_PER_POSITION + 3) + [0, 2, 2])
     _check_against_full_passes(adapter, batch, many, scorer)
 
 
@@ -168,3 +169,40 @@ def test_the_copies_of_several_passes_join_for_one_head_pass_only_where_each_hol
     assert packing._joined_copies([(a, torch.randn(5, 2, 2)), (b, torch.randn(5, 2, 2))], [2, 3]) is None
     assert packing._joined_copies([(a,), b], [2, 3]) is None
     assert packing._joined_copies([a, b.double()], [2, 3]) is None
+
+
+def test_a_windowed_override_computes_the_rows_it_reads_as_the_whole_call_does():
+    """A packed pass's window (the rows from the first copy on, the keys any row sees) gives those rows' outputs of
+    the whole call, with the override's rows replaced as in it; the rows before the window are zeros, and the
+    scores computed are the window's only."""
+    from lightning_xai.adapters.huggingface.attention import OverrideState, _lightning_xai_attention, active_override
+
+    adapter = _bert()
+    module = adapter._attention_modules[-1]
+    g = torch.Generator().manual_seed(0)
+    B, H, T, d, first, keys = 3, 2, 9, 4, 5, 6
+    q, k, v = (torch.randn(B, H, T, d, generator=g, dtype=torch.float64) for _ in range(3))
+    mask = torch.zeros(B, 1, T, T, dtype=torch.float64)
+    mask[..., keys:] = torch.finfo(torch.float64).min  # no query sees a key past column keys
+    replaced = torch.zeros(B, T, dtype=torch.bool)
+    replaced[:, first + 1], replaced[0, T - 1] = True, True
+    rows = torch.rand(B, 1, 1, T, generator=g, dtype=torch.float64)
+    rows[..., keys:] = 0.0
+
+    def call(window):
+        def make_rows(weights):  # half the own row, half a given one: depends on the weights computed
+            return 0.5 * weights + 0.5 * rows[..., : weights.shape[-1]].expand_as(weights)
+
+        cut = replaced if window is None else replaced[:, window[0] :]
+        token = active_override().set(OverrideState(module, cut, make_rows, window=window))
+        try:
+            return _lightning_xai_attention(module, q, k, v, mask, scaling=0.5)
+        finally:
+            active_override().reset(token)
+
+    whole, whole_weights = call(None)
+    part, part_weights = call((first, keys))
+    assert part.shape == whole.shape and part_weights.shape == (B, H, T - first, keys)
+    assert torch.allclose(part[:, first:], whole[:, first:], rtol=0, atol=1e-12)
+    assert torch.equal(part[:, :first], torch.zeros_like(part[:, :first]))
+    assert torch.allclose(part_weights, whole_weights[:, :, first:, :keys], rtol=0, atol=1e-12)

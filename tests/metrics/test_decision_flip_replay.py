@@ -305,10 +305,55 @@ def test_a_packing_scorer_gets_every_step_of_an_instance_in_one_call(name, monke
     assert [c.numel() for c in calls] == [steps]  # one call: every step of every instance (all alive before it)
     assert bool(packed.flipped.any()) and bool((~packed.flipped).any())
     calls.clear()
+    # max_rows bounds a packing scorer's calls from below only: it sizes its own passes; the calls are cut where
+    # their [rows, T] overrides would pass PACKED_CALL_ELEMENTS
     _same(decision_flip(adapter, batch, maps, max_rows=10), packed)
-    assert max(c.numel() for c in calls) <= 10
+    assert [c.numel() for c in calls] == [steps]
+    calls.clear()
+    monkeypatch.setattr(erasure, "PACKED_CALL_ELEMENTS", 7 * batch["input_ids"].shape[1])
+    _same(decision_flip(adapter, batch, maps, max_rows=5), packed)
+    assert max(c.numel() for c in calls) == 7 and len(calls) > 1
+    monkeypatch.setattr(erasure, "PACKED_CALL_ELEMENTS", 1 << 22)
     _same(packed, decision_flip(Plain(adapter), batch, maps))  # the full passes' flips
     monkeypatch.setattr(erasure, "packs_overrides", lambda scorer: False)  # the doubling passes of before
     calls.clear()
     _same(decision_flip(adapter, batch, maps), packed)
     assert len(calls) > 1
+
+
+class Prechecked(HuggingFaceAdapter):
+    """A replay wrong only without an override (row 0 shifted), saying it was checked on ``claim(out.logits)``."""
+
+    claim = staticmethod(lambda logits: logits)
+
+    def override_replay(self, embeddings, batch):
+        out, scorer = super().override_replay(embeddings, batch)
+        self.unoverridden = 0
+
+        def wrong(rows, override):
+            logits = scorer(rows, override).clone()
+            if override is None:
+                self.unoverridden += 1
+                logits[rows == 0] += 1e-3
+            return logits
+
+        wrong.checked_logits = self.claim(out.logits)
+        return out, wrong
+
+
+@pytest.mark.parametrize("same_pass", [True, False])
+def test_a_scorer_checked_on_this_very_pass_is_not_checked_on_it_again(same_pass):
+    """The model's own check of its scorer on the pass (the packed scorer's, every row) is not repeated; a claim
+    about any other tensor, even one of equal values, is not trusted: the comparison runs and drops the scorer."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = Prechecked(family_model("llama"))
+    if not same_pass:
+        model.claim = staticmethod(lambda logits: logits.clone())
+    batch = family_batch("llama", False)
+    with torch.no_grad():
+        out, scorer = override_scorer(model, model.embed(batch), batch)
+        _, packed = HuggingFaceAdapter.override_replay(model, model.embed(batch), batch)
+    assert model.unoverridden == (0 if same_pass else 1)
+    assert (scorer is not None) == same_pass  # the full-pass check under uniform attention runs in both cases
+    assert packed.checked_logits is not None  # the real packed scorer records the pass it was checked on

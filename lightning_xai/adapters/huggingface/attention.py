@@ -78,6 +78,11 @@ class OverrideState:
     make_rows: Callable[[Tensor], Tensor]  # own weights [B, H, T, T] -> proposed weights, same shape
     calls: int = 1  # how many times the module runs in one forward (layers sharing it); the last call is replaced
     seen: int = 0
+    #: ``(first, keys)``: the pass reads only query rows ``first …`` of the replaced call's output, and no query
+    #: attends to a key column ``keys …`` (masked for every row); the call then computes that block only, and
+    #: ``query_mask`` and ``make_rows`` see ``[B, T − first]`` and ``[B, H, T − first, keys]`` (a packed pass,
+    #: :mod:`~lightning_xai.adapters.huggingface.packing`: the copies are its last rows, the row's own keys its first)
+    window: Optional[Tuple[int, int]] = None
 
 
 _ACTIVE_OVERRIDE: contextvars.ContextVar[Optional[OverrideState]] = contextvars.ContextVar(
@@ -119,6 +124,15 @@ def _lightning_xai_attention(
     ModernBERT) sum to ``-inf``, and a float64 mask's minimum becomes ``-inf`` where the modeling file takes the
     softmax in float32 (Llama family). Rows with any visible key are unchanged.
     """
+    state = _ACTIVE_OVERRIDE.get()
+    window = state.window if state is not None and state.module is module and state.seen + 1 == state.calls else None
+    T = query.shape[2]
+    if window is not None:  # only the rows read, against the keys any row sees: the rest is never used
+        first, keys = window
+        query, key, value = query[:, :, first:], key[:, :, :keys], value[:, :, :keys]
+        if attention_mask is not None:
+            rows = slice(first, None) if attention_mask.shape[-2] == T else slice(None)
+            attention_mask = attention_mask[:, :, rows, :keys] if attention_mask.shape[-1] == T else attention_mask
     if attention_mask is not None and attention_mask.is_floating_point():
         floor = max(torch.finfo(attention_mask.dtype).min, torch.finfo(torch.float32).min)
         attention_mask = attention_mask.clamp_min(floor)
@@ -126,12 +140,13 @@ def _lightning_xai_attention(
         module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
     )
     replaced = replace_pooled_rows(module, weights)
-    if replaced is None:
-        return output, weights
-    weights = replaced
-    if value.shape[1] != weights.shape[1]:  # grouped-query attention: kv head k serves heads k*g .. k*g+g-1
-        value = value.repeat_interleave(weights.shape[1] // value.shape[1], dim=1)
-    output = torch.matmul(weights, value).transpose(1, 2).contiguous()
+    if replaced is not None:
+        weights = replaced
+        if value.shape[1] != weights.shape[1]:  # grouped-query attention: kv head k serves heads k*g .. k*g+g-1
+            value = value.repeat_interleave(weights.shape[1] // value.shape[1], dim=1)
+        output = torch.matmul(weights, value).transpose(1, 2).contiguous()
+    if window is not None:  # the rows before the window are not read: zeros keep the layer's shapes
+        output = torch.cat([output.new_zeros(output.shape[0], window[0], *output.shape[2:]), output], 1)
     return output, weights
 
 

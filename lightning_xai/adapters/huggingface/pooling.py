@@ -255,13 +255,16 @@ def query_mask(
     return torch.nn.functional.one_hot(positions, T).bool()
 
 
-def pooled_logits(model: nn.Module, kwargs: dict, positions: Tensor) -> Tuple[Tensor, Any]:
+def pooled_logits(
+    model: nn.Module, kwargs: dict, positions: Tensor, sharded: Optional[bool] = None
+) -> Tuple[Tensor, Any]:
     """Run a last-token classifier's body from ``inputs_embeds`` and apply ``model.score`` at ``positions``.
 
     Returns ``(logits [B, C], body output)``; identical to the model's own logits from ``input_ids``. A model
     sharded with FSDP2 (:func:`~lightning_xai.adapters.sharding.is_sharded`) runs its own forward instead, whose
     layers gather their parameters only inside it, the head's every-position logits read by a forward hook; its
-    output carries the same attention maps and hidden states.
+    output carries the same attention maps and hidden states. ``sharded``: whether the model is, if the caller
+    already knows (a scorer that runs many passes of one batch asks once); ``None``: asked here.
     """
     base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
     if not isinstance(base, nn.Module):
@@ -275,7 +278,7 @@ def pooled_logits(model: nn.Module, kwargs: dict, positions: Tensor) -> Tuple[Te
         if k != "token_type_ids" or "token_type_ids" in inspect.signature(base.forward).parameters
     }
     head = cast(Callable[[Tensor], Tensor], model.score)  # detect_pooling checked that a "last" head has one
-    if is_sharded(model):
+    if is_sharded(model) if sharded is None else sharded:
         seen: List[Tensor] = []
         handle = cast(nn.Module, head).register_forward_hook(lambda module, args, out: seen.append(out))
         try:

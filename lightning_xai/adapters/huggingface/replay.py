@@ -199,6 +199,7 @@ def override_replay(
 
     packed = packed_scorer(adapter, embeddings, batch, layers, outputs, scorer, max_elements) if pack else None
     if packed is not None and _agrees(packed, scorer, out.logits, adapter.token_mask(batch)):
+        packed.checked_logits = out.logits
         return out, packed
     return out, scorer
 

@@ -168,6 +168,11 @@ class AuditPrecision:
             finally:
                 self._float32_maps = None
 
+    def switches(self, sensitive: bool) -> bool:
+        """Whether :meth:`maps` changes the precision for a ``sensitive`` map now (float32 under ``"auto"``
+        autocast): what runs inside it then differs from the prediction step's precision."""
+        return self._float32_maps is not None and sensitive
+
     def maps(self, name: str, sensitive: bool) -> ContextManager[Any]:
         """The context of computing map ``name``: float32 under ``"auto"`` autocast when ``sensitive`` (the map's
         method record says ``precision_sensitive``, or the whole audit is)."""
