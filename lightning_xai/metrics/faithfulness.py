@@ -18,7 +18,8 @@ from torchmetrics import Metric
 from lightning_xai.adapters.protocol import Batch, ExplainableModel
 from lightning_xai.metrics._base import InstanceMeanMetric
 from lightning_xai.metrics.functional._validation import resolve_k
-from lightning_xai.metrics.functional.erasure import RANKINGS, decision_flip
+from lightning_xai.metrics.functional.decision_flips import decision_flip
+from lightning_xai.metrics.functional.erasure import RANKINGS
 from lightning_xai.metrics.functional.faithfulness import AOPC_BINS, erasure_scores
 
 __all__ = ["AOPC", "Comprehensiveness", "DecisionFlip", "Sufficiency"]
@@ -141,7 +142,7 @@ class AOPC(Metric):
 
 
 class DecisionFlip(Metric):
-    """Serrano & Smith's decision flip (:func:`~lightning_xai.metrics.functional.erasure.decision_flip`) over many batches.
+    """Serrano & Smith's decision flip (:func:`~lightning_xai.metrics.functional.decision_flips.decision_flip`) over many batches.
 
     Args:
         ranking: default ranking for ``update`` (``"attention"``, ``"random"``, ``"gradient"``,

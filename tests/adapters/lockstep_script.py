@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "callbacks"))
 from conftest import make_dm, make_model  # noqa: E402  (the callbacks tests' kit)
 
-import lightning_xai.metrics.functional.erasure as erasure  # noqa: E402
+import lightning_xai.metrics.functional.decision_flips as flips  # noqa: E402
 from lightning_xai.adapters.sharding import lockstep  # noqa: E402
 
 
@@ -30,7 +30,7 @@ def run(rank: int, root: str, mode: str) -> None:
     model = make_model(dm).eval()
     batch = next(iter(dm.val_dataloader()))
     calls = [0]
-    honest = erasure.decisions
+    honest = flips.decisions
 
     def falsified(logits, head):
         """Read once per scored pass: counts the passes, makes each a collective (as a sharded model's all-gathers
@@ -42,9 +42,9 @@ def run(rank: int, root: str, mode: str) -> None:
         found = honest(logits, head)
         return found if rank == 0 or calls[0] <= 2 else 1 - found
 
-    erasure.decisions = falsified
+    flips.decisions = falsified
     with lockstep(mode == "lockstep"):
-        result = erasure.decision_flip(model, batch, "attention")
+        result = flips.decision_flip(model, batch, "attention")
     with open(os.path.join(root, f"{mode}{rank}.json"), "w") as handle:
         json.dump({"passes": calls[0], "items": result.items_removed.tolist()}, handle)
     dist.barrier()

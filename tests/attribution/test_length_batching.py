@@ -176,7 +176,11 @@ def _record_passes(model, monkeypatch) -> list:
 
     monkeypatch.setattr(model, "forward_from_embeddings", recording)
     # the padding check's two small passes (tested in test_a_model_that_reads_its_padding_is_never_trimmed) aside
-    for module in ("lightning_xai.attribution.occlusion", "lightning_xai.metrics.functional.erasure"):
+    for module in (
+        "lightning_xai.attribution.occlusion",
+        "lightning_xai.metrics.functional.erasure",
+        "lightning_xai.metrics.functional.decision_flips",
+    ):
         monkeypatch.setattr(importlib.import_module(module), "padding_trimmer", lambda *a: batching._trim_padding)
     return passes
 

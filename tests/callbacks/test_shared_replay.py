@@ -48,6 +48,7 @@ def test_one_pass_serves_the_prediction_and_the_override_scorer(kind, monkeypatc
         shared,
         __import__(kind.__module__, fromlist=["_"]),
         __import__("lightning_xai.metrics.functional.erasure", fromlist=["_"]),
+        __import__("lightning_xai.metrics.functional.decision_flips", fromlist=["_"]),
     ):
         if hasattr(module, "override_scorer"):
             monkeypatch.setattr(module, "override_scorer", counted)

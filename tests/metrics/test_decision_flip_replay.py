@@ -10,7 +10,8 @@ from torch import nn
 
 from lightning_xai.adapters import HuggingFaceAdapter
 from lightning_xai.attribution.override_replay import override_scorer
-from lightning_xai.metrics.functional.erasure import attention_gradient, decision_flip, ranking_scores
+from lightning_xai.metrics.functional.decision_flips import decision_flip
+from lightning_xai.metrics.functional.erasure import attention_gradient, ranking_scores
 
 pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoModelForSequenceClassification  # noqa: E402
@@ -262,9 +263,9 @@ def test_attention_gradient_through_the_replay_is_the_full_passes_gradient(name,
 
 def _recording(calls):
     """A stand-in for ``override_scorer`` whose scorer records the rows of every call (and packs as the real one)."""
-    import lightning_xai.metrics.functional.erasure as erasure
+    import lightning_xai.metrics.functional.decision_flips as flips
 
-    real = erasure.override_scorer
+    real = flips.override_scorer
 
     class Recorded:
         def __init__(self, scorer):
@@ -285,7 +286,7 @@ def _recording(calls):
 def test_a_packing_scorer_gets_every_step_of_an_instance_in_one_call(name, monkeypatch):
     """A packing scorer lays a row out once per call, so decision flip gives it every step of an instance in the same
     call, instance after instance (the doubling passes recomputed each row about log₂ n times): the same flips."""
-    import lightning_xai.metrics.functional.erasure as erasure
+    import lightning_xai.metrics.functional.decision_flips as flips
     from lightning_xai.adapters.capabilities import packs_overrides
 
     adapter = _hf(name)
@@ -299,7 +300,7 @@ def test_a_packing_scorer_gets_every_step_of_an_instance_in_one_call(name, monke
         ]
     )
     calls = []
-    monkeypatch.setattr(erasure, "override_scorer", _recording(calls))
+    monkeypatch.setattr(flips, "override_scorer", _recording(calls))
     packed = decision_flip(adapter, batch, maps)
     steps = int((packed.lengths - 1).sum())
     assert [c.numel() for c in calls] == [steps]  # one call: every step of every instance (all alive before it)
@@ -310,12 +311,12 @@ def test_a_packing_scorer_gets_every_step_of_an_instance_in_one_call(name, monke
     _same(decision_flip(adapter, batch, maps, max_rows=10), packed)
     assert [c.numel() for c in calls] == [steps]
     calls.clear()
-    monkeypatch.setattr(erasure, "PACKED_CALL_ELEMENTS", 7 * batch["input_ids"].shape[1])
+    monkeypatch.setattr(flips, "PACKED_CALL_ELEMENTS", 7 * batch["input_ids"].shape[1])
     _same(decision_flip(adapter, batch, maps, max_rows=5), packed)
     assert max(c.numel() for c in calls) == 7 and len(calls) > 1
-    monkeypatch.setattr(erasure, "PACKED_CALL_ELEMENTS", 1 << 22)
+    monkeypatch.setattr(flips, "PACKED_CALL_ELEMENTS", 1 << 22)
     _same(packed, decision_flip(Plain(adapter), batch, maps))  # the full passes' flips
-    monkeypatch.setattr(erasure, "packs_overrides", lambda scorer: False)  # the doubling passes of before
+    monkeypatch.setattr(flips, "packs_overrides", lambda scorer: False)  # the doubling passes of before
     calls.clear()
     _same(decision_flip(adapter, batch, maps), packed)
     assert len(calls) > 1

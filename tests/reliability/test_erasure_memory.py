@@ -22,7 +22,7 @@ from lightning_xai.adapters.huggingface.packing import ATTENTION_COPIES
 from lightning_xai.adapters.huggingface.replay import layer_stack, override_replay
 from lightning_xai.data.readers import read_split
 from lightning_xai.data.vocabulary import Vocabulary
-from lightning_xai.metrics.functional.erasure import decision_flip
+from lightning_xai.metrics.functional.decision_flips import decision_flip
 
 transformers = pytest.importorskip("transformers")
 

@@ -37,8 +37,9 @@ from lightning_xai.metrics.functional.alignment_extraction import (
     extract_links,
     pool_to_words,
 )
+from lightning_xai.metrics.functional.decision_flips import decision_flip
 from lightning_xai.metrics.functional.divergence import jensen_shannon_divergence, kl_divergence, total_variation
-from lightning_xai.metrics.functional.erasure import decision_flip, erasure_probabilities
+from lightning_xai.metrics.functional.erasure import erasure_probabilities
 from lightning_xai.metrics.functional.faithfulness import (
     AOPC_BINS,
     aopc,
