@@ -83,9 +83,11 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def _interleaved(fns: Dict[str, Callable[[], Any]], device: torch.device, repeats: int) -> Dict[str, float]:
-    """Median seconds of each function (``benchmarks.harness.interleaved``: one warm-up, then ``repeats`` rounds in a
-    rotated order), each call followed by a device synchronisation so that its queued work is timed with it."""
+def _interleaved(
+    fns: Dict[str, Callable[[], Any]], device: torch.device, repeats: int, warmup: int = 1
+) -> Dict[str, float]:
+    """Median seconds of each function (``benchmarks.harness.interleaved``: ``warmup`` calls, then ``repeats`` rounds
+    in a rotated order), each call followed by a device synchronisation so that its queued work is timed with it."""
     from benchmarks import harness as H
 
     def synced(fn: Callable[[], Any]) -> Callable[[], None]:
@@ -96,7 +98,7 @@ def _interleaved(fns: Dict[str, Callable[[], Any]], device: torch.device, repeat
         return call
 
     _sync(device)
-    times = H.interleaved({name: synced(fn) for name, fn in fns.items()}, repeats=repeats, warmup=1)
+    times = H.interleaved({name: synced(fn) for name, fn in fns.items()}, repeats=repeats, warmup=warmup)
     return {name: H.median(t) for name, t in times.items()}
 
 
@@ -229,7 +231,9 @@ def _repeat(batch: Dict[str, Any], r: int) -> Dict[str, Any]:
     return {k: v.repeat(r, *([1] * (v.dim() - 1))) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-def rates(model, batch: Dict[str, Any], device: torch.device, repeats: int, sweep: List[int]) -> Dict[str, Any]:
+def rates(
+    model, batch: Dict[str, Any], device: torch.device, repeats: int, sweep: List[int], warmup: int = 1
+) -> Dict[str, Any]:
     """Padded tokens per second of forward+backward-to-embeddings and of forward alone, in float32 and under bf16
     autocast, each the best of a sweep over the batch repeated ``sweep`` times."""
     import contextlib
@@ -259,7 +263,7 @@ def rates(model, batch: Dict[str, Any], device: torch.device, repeats: int, swee
                         model.forward_from_embeddings(emb, big)
 
                 fns["fwd_bwd" + tag], fns["fwd" + tag] = fwd_bwd, fwd
-            for name, seconds in _interleaved(fns, device, repeats).items():
+            for name, seconds in _interleaved(fns, device, repeats, warmup).items():
                 out.setdefault(name, {})[r] = r * B * T / seconds
             del big, emb
     for name in list(out):
@@ -276,7 +280,12 @@ def flops_per_token(config, width: int) -> float:
 
 
 def ig_accuracy(
-    model, batch: Dict[str, Any], device: torch.device, repeats: int, reference_steps: int = 300
+    model,
+    batch: Dict[str, Any],
+    device: torch.device,
+    repeats: int,
+    reference_steps: int = 300,
+    warmup: int = 1,
 ) -> Dict[str, Any]:
     """IG with 50 Gauss–Legendre nodes and ``n_steps="auto"`` (float32) against ``reference_steps`` nodes on a
     float64 copy of the model."""
@@ -298,7 +307,9 @@ def ig_accuracy(
 
             return fn
 
-        seconds = _interleaved({"gl50": run("gl50", n_steps=50), "auto": run("auto", n_steps="auto")}, device, repeats)
+        seconds = _interleaved(
+            {"gl50": run("gl50", n_steps=50), "auto": run("auto", n_steps="auto")}, device, repeats, warmup
+        )
     del model64
     for name, (scores, steps) in maps.items():
         rel = (scores.double() - reference).abs().sum(1) / reference.abs().sum(1).clamp_min(1e-300)
@@ -320,7 +331,13 @@ def _kendall(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> torch.Tens
 
 
 def maps_and_bf16(
-    model, batch: Dict[str, Any], device: torch.device, repeats: int, rate: Dict[str, Any], ig_steps: int = IG_STEPS
+    model,
+    batch: Dict[str, Any],
+    device: torch.device,
+    repeats: int,
+    rate: Dict[str, Any],
+    ig_steps: int = IG_STEPS,
+    warmup: int = 1,
 ) -> Dict[str, Any]:
     """Time IG-50, leave-one-out and gradient in float32 and under bf16 autocast; compare the bf16 maps."""
     from lightning_xai.attribution import attribute
@@ -354,7 +371,7 @@ def maps_and_bf16(
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        seconds = _interleaved(fns, device, repeats)
+        seconds = _interleaved(fns, device, repeats, warmup)
     ig_tokens = ig_steps * B * T
     loo_passes = int(lengths.sum())
     # a deleted-token variant of row i is one token narrower than the row (special tokens included)
@@ -513,13 +530,14 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     batch = _dev_batch(tokenizer, QUICK_SENTENCES if args.quick else AUDIT_SENTENCES, device)
     sweep = [1] if args.quick else [4, 16, 50]
     repeats = 1 if args.quick else args.repeats
-    result["rates"] = rates(model, batch, device, repeats, sweep)
+    warmup = 0 if args.quick else 1  # the CPU smoke run checks the code, not the timings
+    result["rates"] = rates(model, batch, device, repeats, sweep, warmup)
     result["flops_per_token"] = flops_per_token(hf.config, int(model.token_mask(batch).shape[1]))
     result["throughput"] = maps_and_bf16(
-        model, batch, device, repeats, result["rates"], QUICK_IG_STEPS if args.quick else IG_STEPS
+        model, batch, device, repeats, result["rates"], QUICK_IG_STEPS if args.quick else IG_STEPS, warmup
     )
     try:
-        result["ig_accuracy"] = ig_accuracy(model, batch, device, repeats, 60 if args.quick else 300)
+        result["ig_accuracy"] = ig_accuracy(model, batch, device, repeats, 60 if args.quick else 300, warmup=warmup)
     except Exception as err:  # the throughput figures above stand on their own
         result["ig_accuracy"] = {"error": repr(err)}
     result["wall_s"] = time.perf_counter() - started
