@@ -15,9 +15,10 @@ from typing_extensions import override
 
 from lightning_xai.adapters.capabilities import DeletionLogits
 from lightning_xai.adapters.protocol import ExplainableModel
-from lightning_xai.attribution import ATTRIBUTION_METHODS, attribute, method_record, shared_input_gradients
+from lightning_xai.attribution import attribute, method_record, shared_input_gradients
 from lightning_xai.attribution.batching import gather_rows
 from lightning_xai.attribution.heads import explained_quantity
+from lightning_xai.callbacks._audit.agreement_options import check_agreement_options
 from lightning_xai.callbacks._audit.generation import (
     check_decoding,
     check_generation_methods,
@@ -27,10 +28,9 @@ from lightning_xai.callbacks._audit.generation import (
     per_step_agreement,
     place_rows,
 )
-from lightning_xai.callbacks._audit.options import check_names, check_options_of_methods
 from lightning_xai.callbacks._audit.pairs import DEFAULT_TOP_PAIRS
 from lightning_xai.callbacks.base import AuditCallback, AuditPrediction, AuditResult, BatchResult
-from lightning_xai.metrics.registry import AGREEMENT_ALIASES, AGREEMENT_METRICS, metric_label, resolve_agreement_metric
+from lightning_xai.metrics.registry import AGREEMENT_METRICS, metric_label
 
 __all__ = [
     "AttentionAudit",
@@ -178,65 +178,15 @@ class AttentionAudit(AuditCallback):
         if not isinstance(per_step, bool):
             raise MisconfigurationException(f"AttentionAudit(per_step) must be a bool, got {per_step!r}.")
         self._auto_methods = methods is None
-        methods = DEFAULT_METHODS if methods is None else methods
-        if isinstance(methods, str) or isinstance(metrics, str):
-            raise MisconfigurationException("AttentionAudit: methods and metrics are lists of names, not a string.")
-        methods = [str(m) for m in methods]
-        if not methods:
-            raise MisconfigurationException(
-                "AttentionAudit needs at least one attribution method to compare with attention."
-            )
-        if "attention" in methods:
-            raise MisconfigurationException(
-                "AttentionAudit: 'attention' is always computed; list only the other methods."
-            )
-        if len(set(methods)) != len(methods):
-            raise MisconfigurationException(f"AttentionAudit: duplicate methods in {methods}.")
-        check_names(
-            "AttentionAudit",
-            "method",
-            methods,
-            ATTRIBUTION_METHODS,
-            " (or register one with lightning_xai.attribution.register_method)",
+        methods, resolved, self._requested_pairs, method_options, metric_options = check_agreement_options(
+            DEFAULT_METHODS if methods is None else methods,
+            metrics,
+            pairs,
+            method_options,
+            metric_options,
+            impermissible_key=impermissible_key,
+            counts={"top_pairs": top_pairs, "step_examples": step_examples},
         )
-        resolved = []
-        for metric in metrics:
-            try:
-                resolved.append(resolve_agreement_metric(metric))
-            except KeyError:
-                raise MisconfigurationException(
-                    f"AttentionAudit: unknown metric {metric!r}; choose from {sorted(AGREEMENT_METRICS)} (or "
-                    "register one with lightning_xai.metrics.registry.register_agreement_metric)."
-                ) from None
-        if not resolved:
-            raise MisconfigurationException("AttentionAudit needs at least one metric.")
-        if impermissible_key is not None and (not isinstance(impermissible_key, str) or not impermissible_key):
-            raise MisconfigurationException(
-                f"AttentionAudit(impermissible_key) must be a batch key or None, got {impermissible_key!r}."
-            )
-        for name, count in (("top_pairs", top_pairs), ("step_examples", step_examples)):
-            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-                raise MisconfigurationException(f"AttentionAudit({name}) must be an int >= 0, got {count!r}.")
-        maps = ["attention", *methods]
-        self._requested_pairs = None if pairs is None else [tuple(pair) for pair in pairs]
-        for pair in self._requested_pairs or ():
-            if len(pair) != 2 or pair[0] == pair[1] or any(p not in maps for p in pair):
-                raise MisconfigurationException(
-                    f"AttentionAudit: pair {pair!r} must name two different maps among {maps}."
-                )
-        method_options = {k: dict(v) for k, v in (method_options or {}).items()}
-        metric_options = {AGREEMENT_ALIASES.get(k, k): dict(v) for k, v in (metric_options or {}).items()}
-        for key in method_options:
-            if key not in methods:
-                raise MisconfigurationException(
-                    f"AttentionAudit: method_options for {key!r}, which is not in methods {methods}."
-                )
-        check_options_of_methods("AttentionAudit", method_options)
-        for key in metric_options:
-            if key not in resolved:
-                raise MisconfigurationException(
-                    f"AttentionAudit: metric_options for {key!r}, which is not in metrics {resolved}."
-                )
         self.metrics = resolved
         self._use_methods(methods)
         self.method_options = method_options
