@@ -27,7 +27,7 @@ import hashlib
 import json
 import math
 import random
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -37,6 +37,7 @@ import torch
 import torchmetrics
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
+from translation_model import WordVocab
 
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, check_embeddings
 from lightning_xai.data import AlignedVerse
@@ -116,7 +117,7 @@ def length_baseline_accuracy(train: Sequence[AlignedVerse], test: Sequence[Align
     return float((((ratio - mean).abs() <= tau).long() == labels).double().mean())
 
 
-class PairVocab:
+class PairVocab(WordVocab):
     """Lower-cased words of both languages → ids, most frequent first (ties alphabetical), after ``SPECIALS``.
 
     Example:
@@ -126,16 +127,7 @@ class PairVocab:
     """
 
     def __init__(self, sentences: Sequence[Sequence[str]], min_count: int = 1):
-        counts = Counter(w.lower() for sentence in sentences for w in sentence)
-        words = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
-        self.words: List[str] = list(SPECIALS) + words
-        self.index: Dict[str, int] = {w: i for i, w in enumerate(self.words)}
-
-    def __len__(self) -> int:
-        return len(self.words)
-
-    def ids(self, sentence: Sequence[str]) -> List[int]:
-        return [self.index.get(w.lower(), UNK) for w in sentence]
+        super().__init__(sentences, min_count, specials=SPECIALS, unk=UNK)
 
 
 def encode_pair(verses: Sequence[AlignedVerse], pair: VersePair, vocab: PairVocab) -> Dict[str, Any]:

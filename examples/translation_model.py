@@ -36,22 +36,31 @@ CACHE = Path(__file__).resolve().parent / ".cache"
 
 
 class WordVocab:
-    """Lower-cased words → ids, most frequent first (ties alphabetical), after the three special tokens."""
+    """Lower-cased words → ids, most frequent first (ties alphabetical), after the special tokens (by default the
+    three of translation; ``unk`` is the id of an unknown word)."""
 
-    def __init__(self, sentences: Sequence[Sequence[str]], min_count: int = 1):
+    def __init__(
+        self,
+        sentences: Sequence[Sequence[str]],
+        min_count: int = 1,
+        specials: Sequence[str] = SPECIALS,
+        unk: int = UNK,
+    ):
         counts = Counter(w.lower() for sentence in sentences for w in sentence)
         words = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
-        self.words: List[str] = list(SPECIALS) + words
+        self.words: List[str] = list(specials) + words
         self.index: Dict[str, int] = {w: i for i, w in enumerate(self.words)}
+        self.specials, self.unk = len(specials), unk
 
     def __len__(self) -> int:
         return len(self.words)
 
     def ids(self, sentence: Sequence[str]) -> List[int]:
-        return [self.index.get(w.lower(), UNK) for w in sentence]
+        return [self.index.get(w.lower(), self.unk) for w in sentence]
 
     def decode(self, ids: Sequence[int]) -> List[str]:
-        return [self.words[i] for i in ids if i not in (PAD, EOS)]
+        """The words of ``ids``, special tokens other than the unknown word left out."""
+        return [self.words[i] for i in ids if i >= self.specials or i == self.unk]
 
 
 @dataclass(frozen=True)
