@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lightning_xai.adapters.sharding import sharding_restored
+from lightning_xai.adapters.sharding import sharding_restored, sharding_settled
 
 __all__ = [
     "explanation_context",
@@ -169,6 +169,7 @@ def explanation_context(model: Any, batch: Optional[Any] = None, *, freeze_param
         stack.enter_context(torch.enable_grad())
         if has_rnn and on_cuda:
             stack.enter_context(torch.backends.cudnn.flags(enabled=False))
+        stack.enter_context(sharding_settled())  # is_sharded walks the model once per explanation
         stack.enter_context(sharding_restored(model))  # exits after the flags below are restored
         try:
             for p in params:

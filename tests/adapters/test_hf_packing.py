@@ -206,3 +206,56 @@ def test_a_windowed_override_computes_the_rows_it_reads_as_the_whole_call_does()
     assert torch.allclose(part[:, first:], whole[:, first:], rtol=0, atol=1e-12)
     assert torch.equal(part[:, :first], torch.zeros_like(part[:, :first]))
     assert torch.allclose(part_weights, whole_weights[:, :, first:, :keys], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name,left", [("llama", False), ("llama", True), ("distilbert", False)])
+def test_a_packed_pass_that_needs_no_own_weights_skips_them_with_the_same_logits_bit_for_bit(name, left, monkeypatch):
+    """With no special token to keep mass on (a decoder's batch, or raw rows), the packed pass does not compute the
+    copies' own attention (scores, softmax), which the override replaces whole: the logits are those of the pass
+    that computes and discards them, bit for bit; with special tokens ([CLS]/[SEP]) the own weights are read."""
+    import lightning_xai.adapters.huggingface.attention as attention
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        adapter = HuggingFaceAdapter(family_model(name))
+    batch = family_batch(name, left)
+    rows = torch.tensor([0, 0, 0, 2, 1, 2])
+    tokens, raw = _overrides(adapter.token_mask(batch), rows, adapter.model.config.num_attention_heads)
+    eager_calls = []
+    original = attention._eager_for
+    monkeypatch.setattr(attention, "_eager_for", lambda module: eager_calls.append(module) or original(module))
+
+    def scored(read_own):
+        if read_own:  # the pass as it was: the own weights computed, then replaced
+            monkeypatch.setattr(packing, "rows_read_own", lambda *args: True)
+        else:
+            monkeypatch.undo()
+            monkeypatch.setattr(attention, "_eager_for", lambda module: eager_calls.append(module) or original(module))
+        eager_calls.clear()
+        with torch.no_grad():
+            _, scorer = adapter.override_replay(adapter.embed(batch), batch)
+            eager_calls.clear()
+            found = [scorer(rows, tokens), scorer(rows, raw.to(tokens.dtype))]
+        return found, list(eager_calls)
+
+    computed, with_own = scored(read_own=True)
+    skipped, without_own = scored(read_own=False)
+    last = adapter._attention_modules[-1]
+    has_specials = bool((adapter._attention_mask(batch).bool() & ~adapter.token_mask(batch)).any())
+    assert sum(m is last for m in with_own) == 2  # one packed pass per call computed the last layer's weights
+    assert sum(m is last for m in without_own) == (1 if has_specials else 0)  # a [B, T] override keeps [SEP]'s
+    for a, b in zip(computed, skipped):
+        assert torch.equal(a, b)
+
+
+def test_an_override_without_special_tokens_is_used_as_given():
+    from lightning_xai.adapters.huggingface.attention import override_rows
+
+    own = torch.rand(1, 2, 3, 3).softmax(-1)
+    override = torch.tensor([[0.2, 0.3, 0.5]])
+    present = torch.ones(1, 3, dtype=torch.bool)
+    plain = override_rows(override, present, present, "keep")(own)
+    assert torch.equal(plain, override[:, None, None, :].expand_as(own))
+    special_first = override_rows(torch.tensor([[0.0, 0.4, 0.6]]), present, torch.tensor([[False, True, True]]), "keep")
+    kept = special_first(own)  # each head keeps its own mass on the special token
+    assert torch.allclose(kept[..., 0], own[..., 0]) and torch.allclose(kept.sum(-1), torch.ones(1, 2, 3))

@@ -94,3 +94,24 @@ def test_an_explanation_leaves_a_sharded_model_with_its_sharded_trainable_parame
     for method in ("gradient", "leave_one_out"):
         assert found[method] == {"sharded": True, "requires_grad": []}, method
     assert found["no_gradient"] == []
+
+
+def test_inside_an_explanation_a_model_is_walked_once_to_know_whether_it_is_sharded(monkeypatch):
+    import lightning_xai.adapters.sharding as sharding
+    from lightning_xai.attribution import explanation_context
+
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    walked = []
+    original = sharding.fsdp_modules
+    monkeypatch.setattr(sharding, "fsdp_modules", lambda model: walked.append(model) or original(model))
+    is_sharded(net), is_sharded(net)
+    assert len(walked) == 2  # outside: asked each time (a model may be sharded between two calls)
+    walked.clear()
+    with explanation_context(net):
+        assert not any(is_sharded(net) for _ in range(5))
+    assert walked == [net]
+    walked.clear()
+    other = torch.nn.Linear(2, 2)
+    with sharding.sharding_settled(), sharding.sharding_settled():  # nested: one answer per model
+        assert not is_sharded(net) and not is_sharded(other) and not is_sharded(net)
+    assert walked == [net, other]

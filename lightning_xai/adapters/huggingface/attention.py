@@ -62,6 +62,7 @@ __all__ = [
     "recording_attention",
     "register_attention_implementation",
     "replace_pooled_rows",
+    "rows_read_own",
     "use_registered_attention",
 ]
 
@@ -83,6 +84,10 @@ class OverrideState:
     #: ``query_mask`` and ``make_rows`` see ``[B, T − first]`` and ``[B, H, T − first, keys]`` (a packed pass,
     #: :mod:`~lightning_xai.adapters.huggingface.packing`: the copies are its last rows, the row's own keys its first)
     window: Optional[Tuple[int, int]] = None
+    #: whether ``make_rows`` reads the values of the layer's own weights (``override_rows``' special-token mass,
+    #: :func:`rows_read_own`); ``False``: only their shape, so a windowed call, every row of which is replaced or never
+    #: read, skips computing them (the scores and the softmax of the copies' rows)
+    reads_own: bool = True
 
 
 _ACTIVE_OVERRIDE: contextvars.ContextVar[Optional[OverrideState]] = contextvars.ContextVar(
@@ -136,15 +141,22 @@ def _lightning_xai_attention(
     if attention_mask is not None and attention_mask.is_floating_point():
         floor = max(torch.finfo(attention_mask.dtype).min, torch.finfo(torch.float32).min)
         attention_mask = attention_mask.clamp_min(floor)
-    output, weights = _eager_for(module)(
-        module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
-    )
+    if window is not None and state is not None and not state.reads_own:
+        # every row of the window is a replaced row or one nothing reads, and the replacement does not read the own
+        # weights: the eager scores and softmax would be thrown away (zeros stand for them, as for unread rows)
+        output: Optional[Tensor] = None
+        weights = query.new_zeros(*query.shape[:3], key.shape[2])
+    else:
+        output, weights = _eager_for(module)(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     replaced = replace_pooled_rows(module, weights)
     if replaced is not None:
         weights = replaced
         if value.shape[1] != weights.shape[1]:  # grouped-query attention: kv head k serves heads k*g .. k*g+g-1
             value = value.repeat_interleave(weights.shape[1] // value.shape[1], dim=1)
         output = torch.matmul(weights, value).transpose(1, 2).contiguous()
+    assert output is not None  # a call that skipped the eager weights is the override's target: replaced above
     if window is not None:  # the rows before the window are not read: zeros keep the layer's shapes
         output = torch.cat([output.new_zeros(output.shape[0], window[0], *output.shape[2:]), output], 1)
     return output, weights
@@ -168,6 +180,22 @@ def replace_pooled_rows(module: nn.Module, weights: Tensor) -> Optional[Tensor]:
         )
     where = state.query_mask.to(weights.device)[:, None, :, None]
     return torch.where(where, proposed, weights)
+
+
+def rows_read_own(override: Tensor, attention_mask: Tensor, mask: Tensor, specials: str) -> bool:
+    """Whether :func:`override_rows` of these arguments reads the values of the layer's own weights: only a
+    ``[B, T]`` override that keeps each head's mass on special tokens (``specials="keep"``) where some row has a
+    special token (``attention_mask`` True, ``mask`` False) does.
+
+    Example:
+        >>> import torch
+        >>> present = torch.tensor([[True, True, True]])
+        >>> rows_read_own(torch.ones(1, 3) / 3, present, torch.tensor([[False, True, True]]), "keep")
+        True
+        >>> rows_read_own(torch.ones(1, 3) / 3, present, torch.tensor([[True, True, True]]), "keep")
+        False
+    """
+    return override.dim() == 2 and specials == "keep" and bool((attention_mask & ~mask).any())
 
 
 def override_rows(override: Tensor, attention_mask: Tensor, mask: Tensor, specials: str) -> Callable[[Tensor], Tensor]:
@@ -198,10 +226,11 @@ def override_rows(override: Tensor, attention_mask: Tensor, mask: Tensor, specia
             )
         real = override.masked_fill(~mask, 0.0)
         special = (attention_mask & ~mask)[:, None, None, :]
+        keeps = rows_read_own(override, attention_mask, mask, specials)  # no special token: no mass to keep
 
         def make_rows(own: Tensor) -> Tensor:
             proposal = real[:, None, None, :].to(own.dtype).expand_as(own)
-            if specials == "zero":
+            if not keeps:
                 return proposal
             kept = own * special
             return kept + proposal * (1 - kept.sum(dim=-1, keepdim=True))

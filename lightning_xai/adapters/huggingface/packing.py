@@ -32,6 +32,7 @@ from lightning_xai.adapters.huggingface.attention import (
     active_override,
     override_rows,
     recording_attention,
+    rows_read_own,
 )
 from lightning_xai.adapters.huggingface.pooling import pooled_logits
 from lightning_xai.adapters.sharding import is_sharded
@@ -320,19 +321,19 @@ def packed_scorer(
             heads = chosen.shape[1:-1]  # () for [N, T] distributions, (H,) for [N, H, T] raw rows
             key_index = index[seq, :keys].view(-1, *(1,) * len(heads), keys).expand(-1, *heads, keys)
             kept = own[seq, :keys].view(-1, *(1,) * len(heads), keys)
-            make = override_rows(
-                chosen.gather(-1, key_index) * kept,
-                keys_visible[seq, :keys],
-                real[seq, :keys],
-                adapter.override_specials,
-            )
+            arguments = (chosen.gather(-1, key_index) * kept, keys_visible[seq, :keys], real[seq, :keys])
+            make = override_rows(*arguments, adapter.override_specials)
             row = column - first  # each copy's row in the window
+            reads_own = rows_read_own(*arguments, adapter.override_specials)
 
             def make_rows(weights: Tensor) -> Tensor:
-                own_rows = weights[seq, :, row, :]  # [N, H, keys]: each copy's own row
-                proposed = make(own_rows[:, :, None, :])[:, :, 0, :]
-                out = weights.clone()
-                out[seq, :, row, :] = proposed
+                if reads_own:
+                    own_rows = weights[seq, :, row, None, :]  # [N, H, 1, keys]: each copy's own row
+                    out = weights.clone()
+                else:  # weights are zeros the attention made for this call (its own were not computed): filled here
+                    own_rows = weights.new_zeros(seq.numel(), weights.shape[1], 1, weights.shape[3])
+                    out = weights
+                out[seq, :, row, :] = make(own_rows)[:, :, 0, :]
                 return out
 
             token = active_override().set(
@@ -342,6 +343,7 @@ def packed_scorer(
                     make_rows,
                     calls=adapter._last_module_calls(),
                     window=(first, keys),
+                    reads_own=reads_own,
                 )
             )
         captured: List[Any] = []
