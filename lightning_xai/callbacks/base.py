@@ -44,6 +44,7 @@ from lightning_xai.callbacks._audit.results import (
 )
 from lightning_xai.callbacks._audit.runner import AuditRunner, shared_prediction
 from lightning_xai.callbacks._audit.schedule import AuditSchedule, clock_mark, trainer_callbacks
+from lightning_xai.callbacks._audit.state import audit_state, load_audit_state, state_settings
 from lightning_xai.callbacks._audit.subset import AuditBatch, AuditSubsets
 from lightning_xai.lightning_compat import Callback
 
@@ -196,17 +197,9 @@ class AuditCallback(Callback, abc.ABC):
         return self._budget.plan
 
     def _state_config(self) -> Dict[str, Any]:
-        """Settings that tell two instances of a callback class apart (extended by subclasses); a log prefix and a
-        precision join them only when not the defaults, so existing checkpoints keep their keys."""
-        config = {
-            "every_n_epochs": self.every_n_epochs,
-            "every_n_train_steps": self.every_n_train_steps,
-            "num_samples": self.num_samples,
-            "dataloader": self.dataloader,
-            "seed": self.seed,
-        }
-        optional = {"log_prefix": (self.log_prefix, self.name), "precision": (self.precision, "auto")}
-        return {**config, **{k: value for k, (value, default) in optional.items() if value != default}}
+        """Settings that tell two instances of a callback class apart (extended by subclasses; see
+        :func:`~lightning_xai.callbacks._audit.state.state_settings`)."""
+        return state_settings(self)
 
     @property
     @override
@@ -215,18 +208,12 @@ class AuditCallback(Callback, abc.ABC):
 
     @override
     def state_dict(self) -> Dict[str, Any]:
-        return {
-            "history": [dict(r, metrics=dict(r["metrics"])) for r in self.history],
-            "subsets": self._subsets.state_dict(),
-            "budget": self._budget.state_dict(),
-        }
+        return audit_state(self.history, self._subsets, self._budget)
 
     @override
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self.history = restored_history(self.history, state_dict.get("history", []))
-        self._runs.restored(self.history)
-        self._subsets.load_state_dict(state_dict.get("subsets", {}))
-        self._budget.load_state_dict(state_dict.get("budget"))
+        load_audit_state(state_dict, self.history, self._runs, self._subsets, self._budget)
 
     @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
