@@ -1,29 +1,26 @@
 """The base class of every audit callback: when to run, on which examples, without touching training.
 
-:class:`AuditCallback` holds its Lightning hooks, state and model lookup (as Lightning's ``ModelCheckpoint``); the
-mechanics live in ``lightning_xai.callbacks._audit``, one module per concept, and a concept with state of its own is
-an object it owns (``AuditBudget``, ``AuditSchedule``, ``AuditSubsets``, ...), never a mixin.
+:class:`AuditCallback` holds its Lightning hooks, state, model lookup and the hooks its subclasses override (as
+Lightning's ``ModelCheckpoint``); the mechanics live in ``lightning_xai.callbacks._audit``, one module per concept,
+and a concept with state of its own is an object it owns (``AuditBudget``, ``AuditSchedule``, ``AuditSubsets``, the
+``AuditRunner`` that runs an audit from its subset to its result, ...), never a mixin.
 """
 
 from __future__ import annotations
 
 import abc
 from functools import partial
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytorch_lightning as pl
 import torch
-from lightning_fabric.utilities.apply_func import move_data_to_device
 from typing_extensions import override
 
-from lightning_xai.adapters.capabilities import head_kind_of
 from lightning_xai.adapters.protocol import ExplainableModel
 from lightning_xai.adapters.resolve import ModelResolver, ModelSpec
-from lightning_xai.adapters.sharding import lockstep
-from lightning_xai.attribution.heads import default_output
 from lightning_xai.attribution.registry import method_record
 from lightning_xai.callbacks._audit import model as lookup
-from lightning_xai.callbacks._audit.aggregation import AuditCollector, aggregate_values, histogram_values, value_names
+from lightning_xai.callbacks._audit.aggregation import aggregate_values, histogram_values
 from lightning_xai.callbacks._audit.budget import (
     DEFAULT_EVERY_N_EPOCHS,
     DEFAULT_NUM_SAMPLES,
@@ -31,19 +28,12 @@ from lightning_xai.callbacks._audit.budget import (
     AuditBudget,
     Plan,
 )
-from lightning_xai.callbacks._audit.distributed import (
-    agreed,
-    gather_examples,
-    merge_extras,
-    refuse_unshardable,
-    replicated,
-    shared_failure,
-)
-from lightning_xai.callbacks._audit.failures import AuditFailures, audit_finite_rows, warn_undefined, with_prediction
+from lightning_xai.callbacks._audit.distributed import agreed
+from lightning_xai.callbacks._audit.failures import AuditFailures
 from lightning_xai.callbacks._audit.generation import refuse_generator
-from lightning_xai.callbacks._audit.guard import AuditPrecision, audit_guard, precision_context
+from lightning_xai.callbacks._audit.guard import AuditPrecision
 from lightning_xai.callbacks._audit.options import check_audit_batch, check_audit_options, check_placement
-from lightning_xai.callbacks._audit.output import RunCounter, ScalarLog, add_record, audit_progress, restored_history
+from lightning_xai.callbacks._audit.output import RunCounter, ScalarLog, add_record, restored_history
 from lightning_xai.callbacks._audit.results import (
     AuditExample,
     AuditPrediction,
@@ -52,8 +42,10 @@ from lightning_xai.callbacks._audit.results import (
     TokenPairs,
     example_tokens,
 )
-from lightning_xai.callbacks._audit.schedule import AuditSchedule, clock_mark, subset_size, trainer_callbacks
-from lightning_xai.callbacks._audit.subset import AUDIT_TOKEN_BUDGET, AuditBatch, AuditSubsets, find_loader
+from lightning_xai.callbacks._audit.runner import AuditRunner, shared_prediction
+from lightning_xai.callbacks._audit.schedule import AuditSchedule, clock_mark, trainer_callbacks
+from lightning_xai.callbacks._audit.state import audit_state, load_audit_state, state_settings
+from lightning_xai.callbacks._audit.subset import AuditBatch, AuditSubsets
 from lightning_xai.lightning_compat import Callback
 
 __all__ = ["AuditCallback", "AuditExample", "AuditPrediction", "AuditResult", "BatchResult", "TokenPairs"]
@@ -188,9 +180,7 @@ class AuditCallback(Callback, abc.ABC):
         self._subsets = AuditSubsets(cls)  # the drawn indices (checkpointed) and this process's batches
         self._schedule = AuditSchedule(cls, self._budget, self._subsets, self._failures)  # what ran; how one runs
         self._scalars = ScalarLog(cls)  # callback_metrics and the loggers (one warning without a logger)
-        self._warned_undefined: Set[str] = set()
-        self._checked = False
-        self._aggregated: Optional[Dict[str, float]] = None
+        self._runner = AuditRunner(cls, self._budget, self._subsets, self._precision, self._runs)  # how audits run
 
     @property
     def budget(self) -> Optional[float]:
@@ -207,17 +197,9 @@ class AuditCallback(Callback, abc.ABC):
         return self._budget.plan
 
     def _state_config(self) -> Dict[str, Any]:
-        """Settings that tell two instances of a callback class apart (extended by subclasses); a log prefix and a
-        precision join them only when not the defaults, so existing checkpoints keep their keys."""
-        config = {
-            "every_n_epochs": self.every_n_epochs,
-            "every_n_train_steps": self.every_n_train_steps,
-            "num_samples": self.num_samples,
-            "dataloader": self.dataloader,
-            "seed": self.seed,
-        }
-        optional = {"log_prefix": (self.log_prefix, self.name), "precision": (self.precision, "auto")}
-        return {**config, **{k: value for k, (value, default) in optional.items() if value != default}}
+        """Settings that tell two instances of a callback class apart (extended by subclasses; see
+        :func:`~lightning_xai.callbacks._audit.state.state_settings`)."""
+        return state_settings(self)
 
     @property
     @override
@@ -226,18 +208,12 @@ class AuditCallback(Callback, abc.ABC):
 
     @override
     def state_dict(self) -> Dict[str, Any]:
-        return {
-            "history": [dict(r, metrics=dict(r["metrics"])) for r in self.history],
-            "subsets": self._subsets.state_dict(),
-            "budget": self._budget.state_dict(),
-        }
+        return audit_state(self.history, self._subsets, self._budget)
 
     @override
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self.history = restored_history(self.history, state_dict.get("history", []))
-        self._runs.restored(self.history)
-        self._subsets.load_state_dict(state_dict.get("subsets", {}))
-        self._budget.load_state_dict(state_dict.get("budget"))
+        load_audit_state(state_dict, self.history, self._runs, self._subsets, self._budget)
 
     @override
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
@@ -248,7 +224,7 @@ class AuditCallback(Callback, abc.ABC):
             if self._runs.enter(trainer, type(self).__name__):  # a new Trainer counts its epochs and steps from 0
                 self._schedule.reset()
         refuse_generator(type(self).__name__, self.explainable(pl_module), self.refuses_generation)
-        self._checked = False
+        self._runner.checked = False
         self._subsets.batches = {}
 
     @override
@@ -305,7 +281,7 @@ class AuditCallback(Callback, abc.ABC):
             split,
             partial(self.run_audit, trainer, pl_module, stage, split),
             partial(self._log, trainer),
-            lambda: self._audit_size(trainer, split) != self.num_samples,
+            lambda: self._runner.size(trainer, split, self.num_samples) != self.num_samples,
             min_seconds=self.budget_min_seconds,
             cadence=(self.every_n_epochs, self.every_n_train_steps),
         )
@@ -328,15 +304,7 @@ class AuditCallback(Callback, abc.ABC):
         default runs :func:`~lightning_xai.callbacks._audit.model.probe_model` (the prediction step, the model's own
         ``probe(batch)``, ``[B, C]`` logits and a ``[B, T]`` attention); any failure is a
         :class:`MisconfigurationException` that names the cause, raised before training goes on."""
-        refuse_unshardable(type(self).__name__, self.attribution_methods(), trainer, pl_module)
-        model = self.explainable(pl_module)
-        batches = self._audit_batches(trainer, split)
-        if batches:
-            batch = self.audit_inputs(model, move_data_to_device(batches[0][2], pl_module.device))
-            with lockstep(replicated(trainer)):  # a sharded model: process 0's data-dependent branches on all
-                lookup.probe_model(type(self).__name__, model, pl_module, batch, self.predict, split)
-            if self.needs_attention_override:
-                lookup.check_attention_override(type(self).__name__, model)
+        self._runner.probe(self, trainer, pl_module, split)
 
     def attribution_methods(self) -> List[str]:
         """The registered attribution methods the audit runs (default none): a model sharded with FSDP2 is refused
@@ -344,105 +312,26 @@ class AuditCallback(Callback, abc.ABC):
         return []
 
     def _ensure_checked(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", split: str) -> None:
-        if not self._checked:
-            self.check_model(trainer, pl_module, split)
-            self._checked = True
-
-    def _audit_size(self, trainer: "pl.Trainer", split: str) -> Optional[int]:
-        """Size of the audit subset of ``split``: the budget's plan, else ``num_samples``, capped by the trainer's
-        ``limit_<split>_batches``."""
-        loader = find_loader(trainer, split, type(self).__name__)
-        return subset_size(self._budget.planned_samples or self.num_samples, trainer, split, loader)
+        self._runner.ensure_checked(self, trainer, pl_module, split)
 
     def audit_indices(self, trainer: "pl.Trainer", split: str) -> List[int]:
         """The fixed audit subset of ``split``: ``num_samples`` dataset indices drawn once from ``seed`` (sorted)."""
-        if split not in self._subsets.indices:
-            dataset = find_loader(trainer, split, type(self).__name__).dataset
-            self._subsets.draw(split, dataset, self._audit_size(trainer, split), self.seed)
-        return self._subsets.indices[split]
+        return self._runner.indices(trainer, split, self.num_samples, self.seed)
 
     def _audit_batches(self, trainer: "pl.Trainer", split: str) -> List[AuditBatch]:
         """This process's shard of the audit subset as collated CPU batches ``(positions, indices, batch)``."""
-        if split not in self._subsets.batches:
-            self._subsets.shard(
-                trainer,
-                split,
-                find_loader(trainer, split, type(self).__name__),
-                self.audit_indices(trainer, split),
-                self.batch_size,
-                AUDIT_TOKEN_BUDGET,
-                replicated=replicated(trainer),
-            )
-        return self._subsets.batches[split]
+        return self._runner.audit_batches(self, trainer, split)
 
     def run_audit(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str, split: str) -> AuditResult:
-        """Audit the fixed subset of ``split`` now, log the scalars and append them to :attr:`history`."""
-        with shared_failure(trainer):  # a failure on one process skips the audit on all (no gather left waiting)
-            self._ensure_checked(trainer, pl_module, split)
-            model = self.explainable(pl_module)
-            batches = self._audit_batches(trainer, split)
-            collected = AuditCollector(pl_module.device, split=split, num_report_examples=self.num_report_examples)
-            # a sharded model: every process runs every batch in lockstep (each pass is a collective; data-dependent
-            # branches take process 0's decisions, adapters.sharding); process 0 keeps the results
-            keep = not replicated(trainer) or trainer.global_rank == 0
-            with (
-                audit_progress(trainer, len(batches), f"{type(self).__name__} ({split})") as advance,
-                audit_guard(pl_module, seed=self.seed) as generator,
-                lockstep(replicated(trainer)),
-                self._precision.audit(trainer, pl_module) as context,
-            ):
-                for positions, indices, cpu_batch in batches:
-                    batch = self.audit_inputs(model, move_data_to_device(cpu_batch, pl_module.device))
-                    found, extra = self._measure(trainer, pl_module, model, batch, indices, generator, context)
-                    if keep:
-                        collected.add(model.token_mask(batch), batch, positions, indices, found, extra)
-                    advance()
-        examples = gather_examples(trainer, collected.examples)
-        merged = merge_extras(trainer, collected.extras)
-        if type(self).aggregate is AuditCallback.aggregate:  # the same class on every process: same collectives
-            self._aggregated = collected.aggregator.compute(value_names(examples))
-        with shared_failure(trainer):  # aggregate and log; kept (history) only when they worked on every process
-            try:
-                metrics = self.aggregate(examples, merged)
-            finally:
-                self._aggregated = None
-            warn_undefined(type(self).__name__, split, examples, metrics, self._warned_undefined)
-            result = AuditResult(
-                stage=stage,
-                epoch=trainer.current_epoch,
-                global_step=trainer.global_step,
-                split=split,
-                metrics=metrics,
-                examples=examples,
-                extras=merged,
-                run=self._runs.run,
-                explained_quantity=self.explained_quantity,
-            )
-            self._log(trainer, stage, metrics)
+        """Audit the fixed subset of ``split`` now, log the scalars and append them to :attr:`history` (the run's
+        steps: :class:`~lightning_xai.callbacks._audit.runner.AuditRunner`)."""
+        default = type(self).aggregate is AuditCallback.aggregate  # which aggregate: the same on every process
+        result = self._runner.run(
+            self, trainer, pl_module, stage, split, partial(self._log, trainer), default_aggregate=default
+        )
         self.history, self.latest = add_record(self.history, result.record()), result
         self.version += 1
         return result
-
-    def _measure(
-        self,
-        trainer: "pl.Trainer",
-        pl_module: "pl.LightningModule",
-        model: ExplainableModel,
-        batch: Dict[str, Any],
-        indices: List[int],
-        generator: torch.Generator,
-        context: Any,
-    ) -> Tuple[BatchResult, Dict[str, Any]]:
-        with precision_context(trainer, pl_module.device, context):
-            prediction = self.predict(model, batch)
-            with self._precision.maps(self.name, self.precision_sensitive):
-                found, extra = audit_finite_rows(
-                    lambda b, i, p: self.audit_batch(model, b, generator, i, prediction=p or self.predict(model, b)),
-                    batch,
-                    indices,
-                    prediction,
-                )
-        return with_prediction(found, prediction, self.expected_values()), extra
 
     def _log(self, trainer: "pl.Trainer", stage: str, metrics: Dict[str, float]) -> None:
         self._scalars(trainer, self.log_prefix if stage == "fit" else f"{stage}/{self.log_prefix}", metrics)
@@ -455,9 +344,7 @@ class AuditCallback(Callback, abc.ABC):
     def predict(self, model: ExplainableModel, batch: Dict[str, Any]) -> AuditPrediction:
         """The prediction step every audit shares: the protocol's forward pass (no gradients), read through the
         model's head (:meth:`AuditPrediction.from_output`: softmax and argmax for a classifier)."""
-        with torch.no_grad():
-            out = model.forward_from_embeddings(model.embed(batch), batch)
-        return AuditPrediction.from_output(out, head_kind_of(model), default_output(model))
+        return shared_prediction(model, batch)
 
     def audit_inputs(self, model: ExplainableModel, batch: Dict[str, Any]) -> Dict[str, Any]:
         """The batch the audit explains, made from an audited batch (on the module's device, in the audit's guard):
@@ -501,8 +388,8 @@ class AuditCallback(Callback, abc.ABC):
         :meth:`run_audit` they come from the :class:`~lightning_xai.metrics.ValueMean` torchmetrics each process
         fed with its shard (DDP sync by torchmetrics); called directly, the same code runs on ``examples``.
         """
-        if self._aggregated is not None:
-            return dict(self._aggregated)
+        if self._runner.aggregated is not None:
+            return dict(self._runner.aggregated)
         return aggregate_values(examples)
 
     def histogram_keys(self, examples: List[AuditExample]) -> List[str]:

@@ -5,7 +5,7 @@ import math
 import torch
 
 from lightning_xai.callbacks import AttentionAudit
-from lightning_xai.callbacks import base as callback_base
+from lightning_xai.callbacks._audit import runner as audit_runner
 
 
 def _audit_and_batches(kit, tmp_path, **options):
@@ -21,7 +21,7 @@ def test_small_batches_are_joined_within_the_token_budget(kit, tmp_path, monkeyp
     assert [len(pos) for pos, _, _ in batches] == [40]  # 5 loader batches of 8 short sentences: one pass
     assert sorted(p for pos, _, _ in batches for p in pos) == list(range(40))
 
-    monkeypatch.setattr(callback_base, "AUDIT_TOKEN_BUDGET", 16 * 30)
+    monkeypatch.setattr(audit_runner, "AUDIT_TOKEN_BUDGET", 16 * 30)
     small, small_batches = _audit_and_batches(kit, tmp_path / "small")
     sizes = [len(pos) for pos, _, _ in small_batches]
     widths = [b["input_ids"].shape[1] for _, _, b in small_batches]

@@ -12,6 +12,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from lightning_xai.attribution import explanation_context
 from lightning_xai.callbacks import AuditCallback, AuditPrediction, BatchResult
 from lightning_xai.callbacks import base as callback_base
+from lightning_xai.callbacks._audit import runner as audit_runner
 from lightning_xai.callbacks._audit import subset as audit_subset
 from lightning_xai.callbacks._audit.guard import audit_guard
 from lightning_xai.data import collate
@@ -134,7 +135,7 @@ def test_the_modules_own_dataloader_hooks_are_used(kit, tmp_path):
 
 
 def test_no_private_loop_attributes_are_read():
-    for module in (callback_base, audit_subset):
+    for module in (callback_base, audit_runner, audit_subset):
         assert "_data_source" not in inspect.getsource(module)
 
 

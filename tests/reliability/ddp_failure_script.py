@@ -107,8 +107,8 @@ def injection(stage: str) -> Any:
             return check_model
 
         return patched(AttentionAudit, "check_model", probe)
-    if stage == "prediction":  # the audit's forward pass (not the probe's: that one runs before _checked is set)
-        return patched(AttentionAudit, "predict", lambda o: fail_on(1, stage, o, lambda self, *a: self._checked))
+    if stage == "prediction":  # the audit's forward pass (not the probe's: that one runs before the check is noted)
+        return patched(AttentionAudit, "predict", lambda o: fail_on(1, stage, o, lambda self, *a: self._runner.checked))
     if stage == "metrics":  # the logged scalars from the gathered examples
         return patched(AttentionAudit, "aggregate", lambda o: fail_on(1, stage, o))
     if stage == "gather":  # one process cannot pickle its examples for the gather

@@ -3,7 +3,8 @@ protocol.
 
 One module per concern; :mod:`.families` is the one place that knows facts about model families:
 
-* :mod:`.adapter` — :class:`HuggingFaceAdapter`, the protocol on a sequence classifier;
+* :mod:`.adapter` — :class:`HuggingFaceAdapter`, the protocol on a sequence classifier; :mod:`.classifier_pass` runs
+  one pass of it from embeddings (the override installed, the logits read where the head reads) and reads its output;
 * :mod:`.generation` — :class:`HuggingFaceGenerationAdapter`, what :class:`HuggingFaceAdapter` builds for a causal LM
   or an encoder–decoder (the explained output is a target sequence; :mod:`.steps` finds its steps, :mod:`.step_copies`
   cuts one copy of a row per step for the per-step maps);

@@ -9,7 +9,8 @@ default position of the summary token):
   output is exactly Captum's ``LayerIntegratedGradients`` on the word-embedding layer.
 * ``forward_from_embeddings`` runs the model with every layer's attention probabilities recorded
   (``raw_attentions``: one ``[B, heads, T, T]`` tensor per layer) and reduces them to one ``[B, T]`` token
-  distribution (``attention``), chosen by the ``attention=`` argument:
+  distribution (``attention``; the pass and its reading: :mod:`lightning_xai.adapters.huggingface.classifier_pass`),
+  chosen by the ``attention=`` argument:
 
   the reductions of :mod:`lightning_xai.adapters.huggingface.reductions` (``"cls_last_mean"``, the default:
   the last layer's pooled query row averaged over heads; ``"cls_last_max"``, ``"L:H"``, ``"rollout"``, a callable).
@@ -36,7 +37,6 @@ default position of the summary token):
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Any, List, Optional, Tuple
 
 import torch
@@ -52,40 +52,23 @@ from lightning_xai.adapters.checks import (
 )
 from lightning_xai.adapters.huggingface.attention import (
     ATTENTION_IMPLEMENTATION,
-    OverrideState,
-    active_override,
-    override_rows,
     recording_attention,
     register_attention_implementation,
 )
+from lightning_xai.adapters.huggingface.classifier_pass import explained_output, run_pass
 from lightning_xai.adapters.huggingface.families import module_calls
 from lightning_xai.adapters.huggingface.heads import head_kind as config_head_kind
-from lightning_xai.adapters.huggingface.inputs import (
-    check_sight,
-    check_tokenizer,
-    position_offset,
-    warn_missing_token_types,
-)
-from lightning_xai.adapters.huggingface.native import native_attention_modules, native_override
-from lightning_xai.adapters.huggingface.parts import (
-    input_embedding,
-    randomization_stages,
-    recorded_attention_modules,
-)
-from lightning_xai.adapters.huggingface.pooling import detect_pooling, is_causal, pooled_logits, query_mask
-from lightning_xai.adapters.huggingface.reductions import (
-    Reduction,
-    attention_rollout,
-    parse_reduction,
-    pooled_rows,
-    renormalise,
-)
+from lightning_xai.adapters.huggingface.inputs import check_tokenizer, position_offset, warn_missing_token_types
+from lightning_xai.adapters.huggingface.native import native_attention_modules
+from lightning_xai.adapters.huggingface.parts import input_embedding, randomization_stages, recorded_attention_modules
+from lightning_xai.adapters.huggingface.pooling import detect_pooling, is_causal, query_mask
+from lightning_xai.adapters.huggingface.reductions import Reduction, attention_rollout, parse_reduction
 from lightning_xai.adapters.huggingface.replay import override_replay
 from lightning_xai.adapters.huggingface.shift import embedding_shift_refusal, shift_input_embeddings
 from lightning_xai.adapters.huggingface.tokens import real_token_mask
-from lightning_xai.adapters.huggingface.unwrap import unchecked_layers, unwrap
-from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError, check_embeddings
-from lightning_xai.adapters.sharding import gathered, routed_through_root
+from lightning_xai.adapters.huggingface.unwrap import unwrap
+from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError
+from lightning_xai.adapters.sharding import gathered
 
 __all__ = ["ATTENTION_IMPLEMENTATION", "HuggingFaceAdapter", "attention_rollout", "register_attention_implementation"]
 
@@ -333,62 +316,8 @@ class HuggingFaceAdapter(nn.Module):
         self, embeddings: Tensor, batch: Batch, attention_override: Optional[Tensor], *, maps: bool = True
     ) -> Tuple[Tensor, Any, Tensor, Tensor]:
         """``(logits, the model's output, token mask, query mask)`` of one pass; ``maps=False`` asks the model for
-        no attention maps and hidden states (the logits-only passes of
-        :mod:`~lightning_xai.adapters.huggingface.replay`)."""
-        mask = self.token_mask(batch)
-        check_embeddings(embeddings, mask)
-        attention_mask = self._attention_mask(batch)
-        qmask = self.query_mask(batch)
-        if self.causal:
-            check_sight(qmask, mask, self.query_index)
-        kwargs = {
-            "inputs_embeds": embeddings,
-            "attention_mask": attention_mask,
-            "output_attentions": maps,
-            "output_hidden_states": maps,
-            "return_dict": True,
-        }
-        if "token_type_ids" in batch:
-            kwargs["token_type_ids"] = batch["token_type_ids"]
-        token = None
-        if attention_override is not None:
-            if not self.overridable:
-                raise ProtocolError(
-                    f"{type(self.model).__name__} computes attention inside its own modeling file "
-                    "(no transformers AttentionInterface), so attention_override is not supported: "
-                    "audits that replace attention (ErasureAudit, AttentionBaselines) cannot run on "
-                    "it; attention maps and every saliency method do."
-                )
-            if not self._attention_modules:
-                raise ProtocolError(
-                    f"{type(self.model).__name__} does not declare its attention modules "
-                    "(_can_record_outputs['attentions']), so attention_override cannot find the last "
-                    "layer; use HookAdapter for this model."
-                )
-            rows = override_rows(attention_override, attention_mask.bool(), mask, self.override_specials)
-            state = OverrideState(self._attention_modules[-1], qmask, rows, calls=self._last_module_calls())
-            token = active_override().set(state)
-        hook = (
-            native_override(self._attention_modules[-1])
-            if token is not None and getattr(self, "_native", False)
-            else nullcontext()
-        )
-        try:  # un-checkpointed: a checkpointed layer would recompute in backward outside these contexts
-            with (
-                recording_attention(self.model),
-                unchecked_layers(self.model),
-                hook,
-                routed_through_root(self.model, self._embedding, kwargs, batch.get("input_ids")),
-            ):
-                if self._head_pooling == "last":  # the head reads the query row: query_index= moves it too
-                    logits, output = pooled_logits(self.model, kwargs, qmask.long().argmax(-1))
-                else:
-                    output = self.model(**kwargs)
-                    logits = output.logits
-        finally:
-            if token is not None:
-                active_override().reset(token)
-        return logits, output, mask, qmask
+        no attention maps and hidden states (:func:`~lightning_xai.adapters.huggingface.classifier_pass.run_pass`)."""
+        return run_pass(self, embeddings, batch, attention_override, maps=maps)
 
     def forward_from_embeddings(
         self, embeddings: Tensor, batch: Batch, *, attention_override: Optional[Tensor] = None
@@ -400,31 +329,7 @@ class HuggingFaceAdapter(nn.Module):
         without ``token_type_ids`` for a model with token types warns once
         (:func:`~lightning_xai.adapters.huggingface.inputs.warn_missing_token_types`)."""
         self._check_inputs(batch)
-        logits, output, mask, qmask = self._run(embeddings, batch, attention_override)
-        raw = tuple(output.attentions) if getattr(output, "attentions", None) is not None else ()
-        if not raw:
-            raise ProtocolError(
-                f"{type(self.model).__name__} returned no attention maps (attn_implementation="
-                f"{getattr(self.model.config, '_attn_implementation', None)!r}); load it with "
-                "attn_implementation='eager'."
-            )
-        reduced = self._reduce(raw, batch, qmask)
-        if reduced.shape != mask.shape:
-            raise ValueError(
-                f"the attention reduction returned shape {tuple(reduced.shape)}; expected {tuple(mask.shape)}."
-            )
-        attention = renormalise(reduced, mask)
-        hidden = output.hidden_states[-1] if getattr(output, "hidden_states", None) else None
-        extras = {
-            "cls_rows": pooled_rows(raw[-1], qmask),
-            "query_mask": qmask,
-            "all_hidden_states": getattr(output, "hidden_states", None),
-        }
-        if bool((qmask.sum(-1) == 1).all()):
-            extras["query_positions"] = qmask.long().argmax(-1)
-        return ExplainOutput(
-            logits=logits, attention=attention, hidden_states=hidden, raw_attentions=raw, extras=extras
-        )
+        return explained_output(self, embeddings, batch, attention_override)
 
     def override_replay(self, embeddings: Tensor, batch: Batch) -> Tuple[ExplainOutput, Optional[OverrideScorer]]:
         """:class:`~lightning_xai.adapters.capabilities.OverrideReplay`: a scorer of overrides that runs only the
