@@ -222,16 +222,12 @@ def test_a_packed_pass_that_needs_no_own_weights_skips_them_with_the_same_logits
     rows = torch.tensor([0, 0, 0, 2, 1, 2])
     tokens, raw = _overrides(adapter.token_mask(batch), rows, adapter.model.config.num_attention_heads)
     eager_calls = []
-    original = attention._eager_for
+    original, reads_own = attention._eager_for, packing.rows_read_own
     monkeypatch.setattr(attention, "_eager_for", lambda module: eager_calls.append(module) or original(module))
 
     def scored(read_own):
-        if read_own:  # the pass as it was: the own weights computed, then replaced
-            monkeypatch.setattr(packing, "rows_read_own", lambda *args: True)
-        else:
-            monkeypatch.undo()
-            monkeypatch.setattr(attention, "_eager_for", lambda module: eager_calls.append(module) or original(module))
-        eager_calls.clear()
+        # read_own: the pass as it was (the own weights computed, then replaced); else the adapter's own decision
+        monkeypatch.setattr(packing, "rows_read_own", (lambda *args: True) if read_own else reads_own)
         with torch.no_grad():
             _, scorer = adapter.override_replay(adapter.embed(batch), batch)
             eager_calls.clear()
