@@ -75,7 +75,9 @@ class AuditCallback(Callback, abc.ABC):
         dataloader: split audited during ``fit``: ``"val"`` (default), ``"train"`` or ``"test"``.
             ``trainer.validate`` audits ``"val"`` and ``trainer.test`` audits ``"test"``.
         batch_size: audit batch size (``None``: the dataloader's, consecutive batches joined while a padded batch
-            holds at most ``AUDIT_TOKEN_BUDGET`` = 8,192 tokens, ~195 SST-2 sentences; long documents stay apart).
+            holds at most ``AUDIT_TOKEN_BUDGET`` = 8,192 tokens, ~195 SST-2 sentences, up to 4× that for a model
+            smaller than all-MiniLM-L6-v2 (:func:`~lightning_xai.callbacks._audit.subset.join_budget`); long
+            documents stay apart).
         seed: seeds the audit subset and the audit's own randomness.
         on_validate / on_test: audit in ``trainer.validate`` / ``trainer.test``.
         log_prefix: prefix of the logged keys (default: the callback's ``name``).

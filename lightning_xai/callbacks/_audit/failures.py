@@ -56,7 +56,7 @@ def failure_fix(err: BaseException) -> str:
     if "out of memory" in text or type(err).__name__ == "OutOfMemoryError":
         return (
             "the audit ran out of memory: lower the callback's batch_size= (by default consecutive batches are "
-            "joined up to 8,192 tokens) or num_samples="
+            "joined up to 8,192 tokens, more for a model smaller than MiniLM) or num_samples="
         )
     if isinstance(err, ProtocolError):
         return "the model (or its adapter) does not give what the audit reads: fix the adapter's arguments"

@@ -36,7 +36,7 @@ from lightning_xai.callbacks._audit.guard import AuditPrecision, audit_guard, pr
 from lightning_xai.callbacks._audit.output import RunCounter, audit_progress
 from lightning_xai.callbacks._audit.results import AuditExample, AuditPrediction, AuditResult, BatchResult
 from lightning_xai.callbacks._audit.schedule import Log, subset_size
-from lightning_xai.callbacks._audit.subset import AUDIT_TOKEN_BUDGET, AuditBatch, AuditSubsets, find_loader
+from lightning_xai.callbacks._audit.subset import AUDIT_TOKEN_BUDGET, AuditBatch, AuditSubsets, find_loader, join_budget
 
 __all__ = ["AuditHooks", "AuditRunner", "shared_prediction"]
 
@@ -140,7 +140,8 @@ class AuditRunner:
     def audit_batches(self, audit: AuditHooks, trainer: "pl.Trainer", split: str) -> List[AuditBatch]:
         """This process's shard of the audit subset (``audit_indices``, asked once) as collated CPU batches
         ``(positions, indices, batch)`` of the audit's ``batch_size`` (``None``: joined within
-        ``AUDIT_TOKEN_BUDGET`` tokens)."""
+        ``AUDIT_TOKEN_BUDGET`` tokens, more for a model smaller than MiniLM:
+        :func:`~lightning_xai.callbacks._audit.subset.join_budget`)."""
         if split not in self.subsets.batches:
             self.subsets.shard(
                 trainer,
@@ -148,7 +149,7 @@ class AuditRunner:
                 find_loader(trainer, split, self.owner),
                 audit.audit_indices(trainer, split),
                 audit.batch_size,
-                AUDIT_TOKEN_BUDGET,
+                join_budget(getattr(trainer, "lightning_module", None), AUDIT_TOKEN_BUDGET),
                 replicated=replicated(trainer),
             )
         return self.subsets.batches[split]
