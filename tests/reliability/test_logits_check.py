@@ -20,6 +20,7 @@ from lightning_xai.callbacks import (
     AttentionBaselines,
     ErasureAudit,
     ImpermissibleAttentionMonitor,
+    SanityCheck,
 )
 from tests.adapters.test_families import family_batch, family_model
 
@@ -56,6 +57,7 @@ CALLBACKS = {
     "AttentionBaselines": lambda spec: AttentionBaselines(model=spec, budget=None, num_samples=6, num_permutations=2),
     "AdversarialSearchAudit": lambda spec: AdversarialSearchAudit(model=spec, budget=None, num_samples=6),
     "ImpermissibleAttentionMonitor": lambda spec: ImpermissibleAttentionMonitor(model=spec, budget=None, num_samples=6),
+    "SanityCheck": lambda spec: SanityCheck(model=spec, budget=None, num_samples=6),
 }
 
 
