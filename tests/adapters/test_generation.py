@@ -180,6 +180,13 @@ def test_step_attention_is_the_models_own_row_for_that_step(family, reduction):
     torch.testing.assert_close(step_one, out.extras["step_attention"][:, 1])
 
 
+def test_a_reduction_of_another_shape_is_refused_at_every_step_map():
+    model, batch = make("llama")
+    head_maps = lambda raw, b: raw[-1][:, :, 0]  # noqa: E731  # [B, heads, T]: not one map per row
+    with pytest.raises(ValueError, match=r"reduction returned shape \(2, \d+, \d+\); expected \(2, \d+\)"):
+        HuggingFaceAdapter(model, attention=head_maps)(batch)
+
+
 @pytest.mark.parametrize("family", CAUSAL + SEQ2SEQ)
 def test_override_with_the_models_own_rows_reproduces_its_logits_exactly(family):
     model, batch = make(family)

@@ -79,6 +79,10 @@ def test_callable_reduction_and_bad_names(make_tiny_bert, batch):
         HuggingFaceAdapter(make_tiny_bert(), attention="7:0")(batch)
     with pytest.raises(ValueError, match="head 9 does not exist"):
         HuggingFaceAdapter(make_tiny_bert(), attention="0:9")(batch)
+    head_maps = lambda raw, b: raw[0][:, :, 0]  # noqa: E731  # [B, heads, T]: not one map per row
+    T = batch["input_ids"].shape[1]
+    with pytest.raises(ValueError, match=rf"reduction returned shape \(\d+, \d+, {T}\); expected \(\d+, {T}\)"):
+        HuggingFaceAdapter(make_tiny_bert(), attention=head_maps)(batch)
 
 
 def test_rollout_matches_a_hand_computation(make_tiny_bert, batch):

@@ -31,7 +31,7 @@ from lightning_xai.adapters.huggingface.attention import (
 from lightning_xai.adapters.huggingface.inputs import check_sight
 from lightning_xai.adapters.huggingface.native import native_override
 from lightning_xai.adapters.huggingface.pooling import pooled_logits
-from lightning_xai.adapters.huggingface.reductions import pooled_rows, renormalise
+from lightning_xai.adapters.huggingface.reductions import pooled_rows, token_distribution
 from lightning_xai.adapters.huggingface.unwrap import unchecked_layers
 from lightning_xai.adapters.protocol import Batch, ExplainOutput, ProtocolError, check_embeddings
 from lightning_xai.adapters.sharding import routed_through_root
@@ -146,12 +146,7 @@ def explained_output(
             f"{getattr(adapter.model.config, '_attn_implementation', None)!r}); load it with "
             "attn_implementation='eager'."
         )
-    reduced = adapter._reduce(raw, batch, qmask)
-    if reduced.shape != mask.shape:
-        raise ValueError(
-            f"the attention reduction returned shape {tuple(reduced.shape)}; expected {tuple(mask.shape)}."
-        )
-    attention = renormalise(reduced, mask)
+    attention = token_distribution(adapter._reduce(raw, batch, qmask), mask)
     hidden = output.hidden_states[-1] if getattr(output, "hidden_states", None) else None
     extras = {
         "cls_rows": pooled_rows(raw[-1], qmask),

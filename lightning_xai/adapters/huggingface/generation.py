@@ -69,7 +69,7 @@ from lightning_xai.adapters.huggingface.decoding import DECODER_KEYS, greedy_tar
 from lightning_xai.adapters.huggingface.families import family_of, module_calls
 from lightning_xai.adapters.huggingface.inputs import check_tokenizer
 from lightning_xai.adapters.huggingface.parts import last_cross_attention
-from lightning_xai.adapters.huggingface.reductions import Reduction, renormalise
+from lightning_xai.adapters.huggingface.reductions import Reduction, renormalise, token_distribution
 from lightning_xai.adapters.huggingface.step_copies import STEP_LOGITS_ONLY, StepPass, logits_at_queries, step_passes
 from lightning_xai.adapters.huggingface.steps import IGNORE_INDEX, Steps, step_override_rows, step_rows, target_steps
 from lightning_xai.adapters.huggingface.unwrap import unchecked_layers, unwrap
@@ -353,12 +353,8 @@ class HuggingFaceGenerationAdapter(HuggingFaceAdapter):
         parts: List[Tensor] = []
         for k in range(K):
             qmask = torch.nn.functional.one_hot(queries[:, k], width).bool()
-            reduced = self._reduce(raw, batch, qmask)
-            if reduced.shape != mask.shape:
-                raise ValueError(
-                    f"the attention reduction returned shape {tuple(reduced.shape)}; expected {tuple(mask.shape)}."
-                )
-            parts.append(renormalise(reduced, mask) * steps.mask[:, k, None].to(reduced.dtype))
+            reduced = token_distribution(self._reduce(raw, batch, qmask), mask)
+            parts.append(reduced * steps.mask[:, k, None].to(reduced.dtype))
         return torch.stack(parts, 1) if parts else mask.new_zeros((B, 0, mask.shape[1]), dtype=torch.float)
 
     def step_passes(self, batch: Batch, wanted: Tensor, tokens_per_pass: int) -> List[StepPass]:

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from lightning_xai.adapters.protocol import Batch
 
-__all__ = ["Reduction", "attention_rollout", "parse_reduction", "pooled_rows", "renormalise"]
+__all__ = ["Reduction", "attention_rollout", "parse_reduction", "pooled_rows", "renormalise", "token_distribution"]
 
 Reduction = Union[str, Callable[[Tuple[Tensor, ...], Batch], Tensor]]
 #: a parsed reduction: ``f(raw_attentions, batch, query_mask [B, T]) -> [B, T]``
@@ -88,6 +88,21 @@ def renormalise(scores: Tensor, mask: Tensor) -> Tensor:
     scores = scores.masked_fill(~mask, 0.0)
     total = scores.sum(dim=-1, keepdim=True)
     return scores / total.clamp_min(torch.finfo(scores.dtype).tiny)
+
+
+def token_distribution(reduced: Tensor, mask: Tensor) -> Tensor:
+    """A reduction's ``[B, T]`` map as a distribution over ``mask`` (:func:`renormalise`); a map of another shape
+    (a user's reduction callable) is refused with both shapes.
+
+    Example:
+        >>> token_distribution(torch.tensor([[2.0, 1.0, 1.0]]), torch.tensor([[True, True, False]]))
+        tensor([[0.6667, 0.3333, 0.0000]])
+    """
+    if reduced.shape != mask.shape:
+        raise ValueError(
+            f"the attention reduction returned shape {tuple(reduced.shape)}; expected {tuple(mask.shape)}."
+        )
+    return renormalise(reduced, mask)
 
 
 def _layer(raw: Tuple[Tensor, ...], layer: int) -> Tensor:
