@@ -76,20 +76,6 @@ def _loader(family: str, left: bool) -> DataLoader:
     return DataLoader(rows, batch_size=3)
 
 
-def _trainer(tmp_path, callbacks):
-    return pl.Trainer(
-        max_epochs=2,
-        callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=str(tmp_path),
-        num_sanity_val_steps=0,
-        accelerator="cpu",
-    )
-
-
 def _audits(**options):
     return [AttentionAudit(budget=None, num_samples=6, **options), ErasureAudit(budget=None, num_samples=6, **options)]
 
@@ -101,13 +87,15 @@ WRAPPINGS = [(False, False), (True, True)]
 @pytest.mark.parametrize("checkpointing,compiled", WRAPPINGS, ids=["lora", "lora-checkpointing-compiled"])
 @pytest.mark.parametrize("family,left", CASES, ids=["bert-right", "llama-right", "llama-left"])
 def test_a_lora_run_is_audited_with_one_line_as_its_merged_model_and_trains_bit_identically(
-    family, left, checkpointing, compiled, tmp_path
+    family, left, checkpointing, compiled, kit, tmp_path
 ):
     audited = _LoraClassifier(family, checkpointing, compiled)
     callbacks = _audits()
-    _trainer(tmp_path / "audited", callbacks).fit(audited, _loader(family, left), _loader(family, left))
+    kit.make_trainer(tmp_path / "audited", callbacks, max_epochs=2).fit(
+        audited, _loader(family, left), _loader(family, left)
+    )
     plain = _LoraClassifier(family, checkpointing, compiled)
-    _trainer(tmp_path / "plain", []).fit(plain, _loader(family, left), _loader(family, left))
+    kit.make_trainer(tmp_path / "plain", max_epochs=2).fit(plain, _loader(family, left), _loader(family, left))
 
     weights, reference = audited.state_dict(), plain.state_dict()
     assert weights.keys() == reference.keys()
@@ -120,7 +108,7 @@ def test_a_lora_run_is_audited_with_one_line_as_its_merged_model_and_trains_bit_
     peft_model = getattr(audited.net, "_orig_mod", audited.net)
     merged = _Merged(copy.deepcopy(peft_model).merge_and_unload().eval())
     twins = _audits(on_validate=True)
-    _trainer(tmp_path / "merged", twins).validate(merged, _loader(family, left))
+    kit.make_trainer(tmp_path / "merged", twins).validate(merged, _loader(family, left))
     for wrapped, twin in zip(callbacks, twins):
         ours, theirs = wrapped.history[-1]["metrics"], twin.history[-1]["metrics"]
         assert ours.keys() == theirs.keys() and ours
